@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The main command: install the components, build kcpshard, start `kcpshard serve` and apply
+# manifests/dev.yaml. Runs in the foreground; Ctrl-C stops kcpshard.
+# Env: KCPSHARD_STATE_DIR (default .kcpshard/), KCPSHARD_API_LISTEN (e.g. 127.0.0.1:6443).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+hack/install-deps.sh
+export PATH="$root/bin:$PATH"
+cargo build --release
+state=${KCPSHARD_STATE_DIR:-$root/.kcpshard}
+mkdir -p "$state"
+kubeconfig=$state/kubeconfig
+rm -f "$kubeconfig"   # written anew by serve; its appearance tells us the API is listening
+args=(serve --state-dir "$state")
+[ -n "${KCPSHARD_API_LISTEN:-}" ] && args+=(--api-listen "$KCPSHARD_API_LISTEN")
+target/release/kcpshard "${args[@]}" &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+trap 'exit 130' INT TERM
+for _ in $(seq 1 600); do
+  [ -s "$kubeconfig" ] && break
+  kill -0 "$pid" 2>/dev/null || { echo "up: kcpshard serve exited before writing $kubeconfig" >&2; exit 1; }
+  sleep 0.1
+done
+[ -s "$kubeconfig" ] || { echo "up: no $kubeconfig after 60s" >&2; exit 1; }
+applied=""
+for _ in $(seq 1 30); do
+  if target/release/kcpshard apply -f manifests/dev.yaml --kubeconfig "$kubeconfig"; then applied=1; break; fi
+  kill -0 "$pid" 2>/dev/null || { echo "up: kcpshard serve exited" >&2; exit 1; }
+  sleep 1
+done
+[ -n "$applied" ] || { echo "up: applying manifests/dev.yaml failed" >&2; exit 1; }
+cat >&2 <<EOT
+up: kcpshard is serving (pid $pid), state in $state
+up: in another shell:  export KUBECONFIG=$kubeconfig PATH=$root/bin:\$PATH; kubectl get kcpshards
+EOT
+wait "$pid"
