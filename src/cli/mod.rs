@@ -1,0 +1,89 @@
+//! The `kcpshard` command: `serve` runs the API, `crd` prints the CRD, and the rest are thin
+//! kubectl-like clients of that API (for machines without kubectl) that follow kubectl's output
+//! conventions, so that what a user learns from one carries over to the other.
+//!
+//! Each subcommand lives in its own file; [`connect`] finds the API from a kubeconfig and turns
+//! transport and server errors into messages that say what to do.
+mod apply;
+mod connect;
+mod crd;
+mod delete;
+mod describe;
+mod events;
+mod get;
+mod serve;
+mod table;
+mod watch;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// Runs kcp shards as blue/green slots behind a front, driven by KcpShard objects.
+#[derive(Debug, Parser)]
+#[command(name = "kcpshard", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the KcpShard API over HTTPS from files in the state dir, and write its kubeconfig.
+    Serve(serve::Args),
+    /// Print the KcpShard CustomResourceDefinition (the same bytes as crds/kcpshards.kcpshard.io.yaml).
+    Crd,
+    /// Create or update KcpShard objects from YAML or JSON files, like `kubectl apply -f`.
+    Apply(apply::Args),
+    /// List KcpShards, or show one, like `kubectl get kcpshards`.
+    Get(get::Args),
+    /// Show a KcpShard in detail, with its conditions and events, like `kubectl describe`.
+    Describe(describe::Args),
+    /// Delete a KcpShard and wait until it is gone, like `kubectl delete`.
+    Delete(delete::Args),
+    /// List events, like `kubectl events`.
+    Events(events::Args),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(matches!(cli.command, Command::Serve(_)));
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Crd => crd::run(),
+        Command::Apply(args) => apply::run(args).await,
+        Command::Get(args) => get::run(args).await,
+        Command::Describe(args) => describe::run(args).await,
+        Command::Delete(args) => delete::run(args).await,
+        Command::Events(args) => events::run(args).await,
+    }
+}
+
+/// Logs go to stderr so that stdout stays parseable (`get -o json`, `crd > file`). `serve` logs at
+/// info by default; the clients stay quiet unless something is wrong. `RUST_LOG` overrides both.
+fn init_tracing(serving: bool) {
+    let default = if serving { "info" } else { "warn" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
