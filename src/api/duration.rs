@@ -1,0 +1,63 @@
+//! Durations in the spec are strings such as `500ms`, `30s`, `2m` or `1h`: one integer and one unit,
+//! the subset of Go's `time.ParseDuration` that a reader of the YAML can check at a glance. The schema
+//! carries [`DURATION_PATTERN`]; [`parse_duration`] turns a value into a [`Duration`].
+use std::time::Duration;
+
+/// The schema pattern every duration field carries.
+pub const DURATION_PATTERN: &str = r"^\d+(ms|s|m|h)$";
+
+/// Parses `<integer><unit>` with unit `ms`, `s`, `m` or `h`. The error says what to write instead.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let hint = "write an integer and one unit (ms, s, m or h), e.g. \"500ms\", \"30s\", \"2m\"";
+    if digits.is_empty() {
+        return Err(format!("{text:?} is not a duration: {hint}"));
+    }
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is too large: {hint}"))?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(format!("{text:?} is not a duration: {hint}")),
+    };
+    n.checked_mul(millis_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?} is too large: {hint}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_each_unit() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn refuses_what_go_would_write_differently() {
+        for bad in [
+            "",
+            "s",
+            "30",
+            "1.5s",
+            "1m30s",
+            "-1s",
+            "30 s",
+            "30sec",
+            "99999999999999999999h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! The `KcpShard` resource (`kcpshard.io/v1alpha1`, cluster-scoped): the spec a user writes (which kcp
+//! release, where its data lives, where clients dial it, how a roll may proceed) and the status the
+//! controller reports (the slots it runs, the front's backend, the last roll's timings, conditions).
+//!
+//! Every field carries a doc comment: it becomes the field's `description` in the CRD, which is what
+//! `kubectl explain ks.spec.store` prints. Defaults live here too (`#[serde(default)]`), so the
+//! schema carries them and the API server fills them in as a real kube-apiserver would.
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+use super::duration::{DURATION_PATTERN, parse_duration};
+
+/// API group of the KcpShard resource.
+pub const GROUP: &str = "kcpshard.io";
+/// API version of the KcpShard resource.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` as written in objects.
+pub const API_VERSION: &str = "kcpshard.io/v1alpha1";
+/// Kind of the KcpShard resource.
+pub const KIND: &str = "KcpShard";
+/// Plural resource name (the URL segment).
+pub const PLURAL: &str = "kcpshards";
+/// Singular resource name.
+pub const SINGULAR: &str = "kcpshard";
+/// Short name, as in `kubectl get ks`.
+pub const SHORT_NAME: &str = "ks";
+/// Setting this annotation to a new value (a timestamp, by convention) asks for a roll to a fresh
+/// slot with the same version, like `kubectl rollout restart`.
+pub const RESTARTED_AT_ANNOTATION: &str = "kcpshard.io/restartedAt";
+/// The finalizer the controller puts on every KcpShard so it can stop slots and fronts on delete.
+pub const FINALIZER: &str = "kcpshard.io/cleanup";
+
+/// The pattern `spec.version` must match: a kcp release tag.
+pub const VERSION_PATTERN: &str = r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$";
+/// The pattern `spec.front.listen` must match: `host:port`, an IPv6 host in brackets.
+pub const LISTEN_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+):\d{1,5}$";
+
+/// The desired state of one kcp shard: which kcp release serves it, where its data lives, where
+/// clients dial it, and how a roll from one slot to the next may proceed.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kcpshard.io",
+    version = "v1alpha1",
+    kind = "KcpShard",
+    plural = "kcpshards",
+    singular = "kcpshard",
+    shortname = "ks",
+    status = "KcpShardStatus",
+    derive = "PartialEq",
+    doc = "A kcp shard run as blue/green slots behind a front, on a shared store. Changing spec.version (or the kcpshard.io/restartedAt annotation) rolls the shard to a new slot without a failed request.",
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.version",
+        description = "The kcp release the shard should run."
+    ),
+    printcolumn(
+        name = "Active",
+        type_ = "string",
+        json_path = ".status.activeSlot",
+        description = "The slot the front forwards to."
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Where the shard is in its life cycle."
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether the shard serves through its front."
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct KcpShardSpec {
+    /// The kcp release tag the shard runs, e.g. v0.32.3. Changing it rolls the shard to a new slot
+    /// running that release (see rollout for which changes are allowed).
+    #[schemars(pattern(VERSION_PATTERN))]
+    pub version: String,
+    /// How each slot's kcp process is started.
+    #[serde(default)]
+    pub kcp: KcpSettings,
+    /// Where the shard's data lives. Every slot of the shard uses the same store.
+    pub store: StoreSpec,
+    /// The address clients dial; it forwards each connection to the active slot.
+    #[serde(default)]
+    pub front: FrontSpec,
+    /// How a roll to a new slot proceeds and which version changes it may make.
+    #[serde(default)]
+    pub rollout: RolloutSpec,
+}
+
+/// How each slot's kcp process is started.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct KcpSettings {
+    /// Path of the kcp binary. "{version}" is replaced by spec.version; a relative path is resolved
+    /// against the directory kcpshard serve runs in. hack/install-deps.sh installs bin/kcp-<version>.
+    #[schemars(length(min = 1))]
+    pub binary: String,
+    /// Extra command-line flags passed to every slot's kcp, after the ones kcpshard sets, e.g.
+    /// ["--v=2"]. Flags kcpshard owns (--root-directory, --secure-port, --etcd-servers, ...) are refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    /// How long a slot keeps serving after SIGTERM before closing its listener
+    /// (kcp's --shutdown-delay-duration), e.g. "2s".
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub shutdown_delay: String,
+}
+
+impl Default for KcpSettings {
+    fn default() -> Self {
+        Self {
+            binary: "bin/kcp-{version}".into(),
+            extra_args: Vec::new(),
+            shutdown_delay: "2s".into(),
+        }
+    }
+}
+
+impl KcpSettings {
+    /// The binary path for a release: the template with `{version}` replaced.
+    pub fn binary_for(&self, version: &str) -> String {
+        self.binary.replace("{version}", version)
+    }
+
+    /// `shutdownDelay` as a [`Duration`] (validation has checked it parses).
+    pub fn shutdown_delay(&self) -> Result<Duration, String> {
+        parse_duration(&self.shutdown_delay)
+    }
+}
+
+/// Where the shard's data lives. Set type, and the settings block of that type (kinePostgres or etcd;
+/// kineSqlite needs none).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreSpec {
+    /// The kind of store: KineSqlite (kine over a sqlite file in the state dir, one host, for
+    /// development), KinePostgres (each slot runs its own kine over one PostgreSQL database), or Etcd
+    /// (existing etcd endpoints).
+    #[serde(rename = "type")]
+    pub type_: StoreType,
+    /// Settings for type KineSqlite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kine_sqlite: Option<KineSqliteStore>,
+    /// Settings for type KinePostgres.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kine_postgres: Option<KinePostgresStore>,
+    /// Settings for type Etcd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdStore>,
+}
+
+/// The kind of store.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum StoreType {
+    KineSqlite,
+    KinePostgres,
+    Etcd,
+}
+
+impl StoreType {
+    /// The name as written in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreType::KineSqlite => "KineSqlite",
+            StoreType::KinePostgres => "KinePostgres",
+            StoreType::Etcd => "Etcd",
+        }
+    }
+
+    /// The camelCase name of this type's settings block in spec.store.
+    pub fn settings_field(self) -> &'static str {
+        match self {
+            StoreType::KineSqlite => "kineSqlite",
+            StoreType::KinePostgres => "kinePostgres",
+            StoreType::Etcd => "etcd",
+        }
+    }
+}
+
+/// Settings for kine over sqlite. The database file lives in the shard's directory under the state
+/// dir; there is nothing to set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct KineSqliteStore {}
+
+/// Settings for kine over PostgreSQL. Each slot runs its own kine against this database.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KinePostgresStore {
+    /// Host name or IP address of the PostgreSQL server.
+    #[schemars(length(min = 1))]
+    pub host: String,
+    /// TCP port of the PostgreSQL server.
+    #[serde(default = "default_postgres_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// Database name; kine creates it when missing.
+    #[serde(default = "default_postgres_database")]
+    #[schemars(length(min = 1))]
+    pub database: String,
+    /// User name kine connects as.
+    #[serde(default = "default_postgres_user")]
+    #[schemars(length(min = 1))]
+    pub user: String,
+    /// Where the password comes from. A password is never written in the object itself. Omit it for
+    /// trust or peer authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_from: Option<PasswordSource>,
+    /// PostgreSQL sslmode for kine's connection.
+    #[serde(default)]
+    pub ssl_mode: SslMode,
+    /// When true, kcpshard runs a PostgreSQL cluster for this shard itself (initdb and pg_ctl under
+    /// the shard's directory) on host:port; when false it uses a server someone else runs.
+    #[serde(default)]
+    pub managed: bool,
+}
+
+fn default_postgres_port() -> u16 {
+    5432
+}
+fn default_postgres_database() -> String {
+    "kcp".into()
+}
+fn default_postgres_user() -> String {
+    "kcp".into()
+}
+
+/// Where a secret comes from: exactly one of file or env.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PasswordSource {
+    /// Path of a file holding the password (trailing newline ignored). Keep it mode 0600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Name of an environment variable of the kcpshard serve process holding the password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+}
+
+/// PostgreSQL sslmode.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    #[default]
+    Disable,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    /// The value as written in a PostgreSQL connection string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// Settings for an existing etcd cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdStore {
+    /// Client URLs of the etcd members, e.g. ["https://127.0.0.1:2379"].
+    #[schemars(length(min = 1))]
+    pub endpoints: Vec<String>,
+    /// Path of the CA bundle that verifies the etcd members' certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// Path of the client certificate kcp presents to etcd (set together with keyFile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<String>,
+    /// Path of the client certificate's private key (set together with certFile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<String>,
+}
+
+/// The address clients dial. It forwards each TCP connection (TLS passes through) to the active slot.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FrontSpec {
+    /// The kind of front: Tcp (kcpshard's own TCP forwarder, listening on listen) or Caddy (a caddy
+    /// you run; kcpshard changes its upstream through caddy's admin API).
+    #[serde(rename = "type")]
+    pub type_: FrontType,
+    /// host:port clients dial, an IP address and a port, e.g. 127.0.0.1:6443 or [::1]:6443. Every
+    /// slot is told this is the shard's URL.
+    #[schemars(pattern(LISTEN_PATTERN))]
+    pub listen: String,
+    /// Settings for type Caddy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caddy: Option<CaddyFront>,
+}
+
+impl Default for FrontSpec {
+    fn default() -> Self {
+        Self {
+            type_: FrontType::Tcp,
+            listen: "127.0.0.1:6443".into(),
+            caddy: None,
+        }
+    }
+}
+
+/// The kind of front.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum FrontType {
+    #[default]
+    Tcp,
+    Caddy,
+}
+
+impl FrontType {
+    /// The name as written in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontType::Tcp => "Tcp",
+            FrontType::Caddy => "Caddy",
+        }
+    }
+}
+
+/// A caddy you run, whose layer4 or reverse_proxy handler forwards to the active slot.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaddyFront {
+    /// host:port of caddy's admin API.
+    #[serde(default = "default_caddy_admin")]
+    #[schemars(pattern(LISTEN_PATTERN))]
+    pub admin_address: String,
+    /// The @id of the caddy handler whose upstreams kcpshard replaces
+    /// (PATCH /id/<upstreamId>/upstreams), e.g. kcp-proxy.
+    #[schemars(length(min = 1))]
+    pub upstream_id: String,
+}
+
+fn default_caddy_admin() -> String {
+    "127.0.0.1:2019".into()
+}
+
+/// How a roll to a new slot proceeds and which version changes it may make.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RolloutSpec {
+    /// How long a new slot may take to answer /readyz on its own port before the roll is abandoned
+    /// (the new slot is stopped, the old one keeps serving), e.g. "120s". At most 1h.
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub readiness_timeout: String,
+    /// How long the old slot may take to exit after SIGTERM before it is killed, e.g. "30s". At most 1h.
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub drain_timeout: String,
+    /// Snapshot the store (pg_dump for KinePostgres, a copy of the sqlite file for KineSqlite)
+    /// before a roll that changes spec.version.
+    pub snapshot_before_version_change: bool,
+    /// Allow a roll that changes the minor version (v0.31.x to v0.32.y). Patch changes are always
+    /// allowed; major changes never.
+    pub allow_minor_version_change: bool,
+    /// Allow a roll to an older version than the one running. kcp does not promise its storage
+    /// can be read by an older release: restore the snapshot instead where you can.
+    pub allow_downgrade: bool,
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        Self {
+            readiness_timeout: "120s".into(),
+            drain_timeout: "30s".into(),
+            snapshot_before_version_change: true,
+            allow_minor_version_change: false,
+            allow_downgrade: false,
+        }
+    }
+}
+
+impl RolloutSpec {
+    /// `readinessTimeout` as a [`Duration`].
+    pub fn readiness_timeout(&self) -> Result<Duration, String> {
+        parse_duration(&self.readiness_timeout)
+    }
+
+    /// `drainTimeout` as a [`Duration`].
+    pub fn drain_timeout(&self) -> Result<Duration, String> {
+        parse_duration(&self.drain_timeout)
+    }
+}
+
+/// What the controller observed and did. Written only by the controller, through /status.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KcpShardStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Where the shard is in its life cycle: Pending, Progressing (a roll runs), Ready, Degraded
+    /// (no slot serves, or a roll failed) or Deleting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Name of the slot the front forwards to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_slot: Option<String>,
+    /// The slots that exist: the active one and, during a roll, the new one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<SlotStatus>,
+    /// The front as observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front: Option<FrontStatus>,
+    /// The store as observed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreStatus>,
+    /// When each step of the latest roll happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_roll: Option<RollStatus>,
+    /// The latest observations of the shard's state. Ready is True when the front forwards to a
+    /// slot that answers /readyz.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Where the shard is in its life cycle.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum Phase {
+    Pending,
+    Progressing,
+    Ready,
+    Degraded,
+    Deleting,
+}
+
+impl Phase {
+    /// The name as written in YAML.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Progressing => "Progressing",
+            Phase::Ready => "Ready",
+            Phase::Degraded => "Degraded",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// One kcp process serving the shard.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotStatus {
+    /// The slot's name, e.g. blue or green; its root directory is named after it.
+    pub name: String,
+    /// The kcp release the slot runs.
+    pub version: String,
+    /// Process id of the slot's kcp, while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// The slot's own secure port on loopback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<u16>,
+    /// Whether the slot answered /readyz on its own port at the last observation.
+    pub ready: bool,
+    /// When the slot's process started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+}
+
+/// The front as observed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontStatus {
+    /// The address the front listens on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// host:port the front forwards new connections to (the active slot's port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+}
+
+/// The store as observed.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreStatus {
+    /// The kind of store in use.
+    #[serde(rename = "type")]
+    pub type_: StoreType,
+    /// The etcd-protocol endpoints slots use (a kine's listen address, or the etcd members).
+    /// Never includes a password.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
+    /// Whether the store accepted connections at the last observation.
+    pub ready: bool,
+    /// Why the store is not ready, or what it is doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// When each step of a roll happened (DESIGN.md section 3), and what it rolled between.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollStatus {
+    /// When the roll began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the new slot's process started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_slot_started_at: Option<Time>,
+    /// When the new slot first answered /readyz on its own port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_slot_ready_at: Option<Time>,
+    /// When the front began forwarding new connections to the new slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_switched_at: Option<Time>,
+    /// When the old slot's process exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_slot_exited_at: Option<Time>,
+    /// When the kcp-controllers Lease was deleted, so the new slot could take leadership.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_released_at: Option<Time>,
+    /// When a probe workspace reached phase Ready (a leader runs controllers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_succeeded_at: Option<Time>,
+    /// When the roll finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    /// The version the old slot ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_version: Option<String>,
+    /// The version the new slot runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_version: Option<String>,
+    /// Path of the store snapshot taken before the roll, if one was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}

@@ -1,0 +1,651 @@
+//! Server-side checks on a KcpShard that its schema cannot express: the settings block matches the
+//! store and front types, addresses and URLs parse, durations are sane, no flag fights the ones
+//! kcpshard sets, and no password is written into the object. The API server runs [`validate`] after
+//! the structural schema check (so types, enums and patterns already hold) and answers 422 with
+//! these causes. Each message says what to write instead.
+use std::fmt::Display;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::duration::parse_duration;
+use super::kcpshard::{FrontType, KcpShard, StoreType};
+use crate::apiserver::error::FieldCause;
+
+/// kcp flags kcpshard sets for every slot; `spec.kcp.extraArgs` may not set them again.
+pub const OWNED_KCP_FLAGS: &[&str] = &[
+    "--root-directory",
+    "--secure-port",
+    "--bind-address",
+    "--etcd-servers",
+    "--etcd-cafile",
+    "--etcd-certfile",
+    "--etcd-keyfile",
+    "--shard-base-url",
+    "--shard-external-url",
+    "--enable-leader-election",
+    "--shutdown-delay-duration",
+];
+
+/// The longest readinessTimeout or drainTimeout accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The longest shutdownDelay accepted.
+pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(300);
+
+/// Every problem found in `obj.spec`, as field causes with dotted paths. Empty when valid.
+pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
+    let mut causes = Vec::new();
+    let spec = &obj.spec;
+    check_kcp(obj, &mut causes);
+    check_store(obj, &mut causes);
+    check_front(obj, &mut causes);
+
+    let readiness = check_duration(
+        &mut causes,
+        "spec.rollout.readinessTimeout",
+        &spec.rollout.readiness_timeout,
+        Duration::from_secs(1),
+        MAX_TIMEOUT,
+    );
+    let drain = check_duration(
+        &mut causes,
+        "spec.rollout.drainTimeout",
+        &spec.rollout.drain_timeout,
+        Duration::from_secs(1),
+        MAX_TIMEOUT,
+    );
+    let delay = check_duration(
+        &mut causes,
+        "spec.kcp.shutdownDelay",
+        &spec.kcp.shutdown_delay,
+        Duration::ZERO,
+        MAX_SHUTDOWN_DELAY,
+    );
+    let _ = readiness;
+    if let (Some(delay), Some(drain)) = (delay, drain)
+        && delay >= drain
+    {
+        causes.push(invalid(
+            "spec.kcp.shutdownDelay",
+            &spec.kcp.shutdown_delay,
+            format!(
+                "must be shorter than spec.rollout.drainTimeout ({}), or the old slot is killed while it still drains: lower shutdownDelay or raise drainTimeout",
+                spec.rollout.drain_timeout
+            ),
+        ));
+    }
+    causes
+}
+
+fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
+    let kcp = &obj.spec.kcp;
+    let binary = kcp.binary.as_str();
+    if binary.trim().is_empty() || binary.contains('\0') {
+        causes.push(invalid(
+            "spec.kcp.binary",
+            binary,
+            "write a path such as \"bin/kcp-{version}\" or \"/usr/local/bin/kcp\"",
+        ));
+    } else if binary.replace("{version}", "").contains(['{', '}']) {
+        causes.push(invalid(
+            "spec.kcp.binary",
+            binary,
+            "the only placeholder is \"{version}\", e.g. \"bin/kcp-{version}\"",
+        ));
+    } else if binary.ends_with('/') {
+        causes.push(invalid(
+            "spec.kcp.binary",
+            binary,
+            "names a directory: write the path of the kcp binary itself",
+        ));
+    }
+    for (i, arg) in kcp.extra_args.iter().enumerate() {
+        let flag = arg.split('=').next().unwrap_or(arg);
+        if OWNED_KCP_FLAGS.contains(&flag) {
+            let hint = match flag {
+                "--shutdown-delay-duration" => "set spec.kcp.shutdownDelay instead",
+                "--etcd-servers" | "--etcd-cafile" | "--etcd-certfile" | "--etcd-keyfile" => {
+                    "set spec.store instead"
+                }
+                "--shard-base-url" | "--shard-external-url" | "--bind-address" => {
+                    "set spec.front.listen instead"
+                }
+                _ => "kcpshard sets it for each slot: remove it",
+            };
+            causes.push(FieldCause {
+                reason: "FieldValueForbidden",
+                field: format!("spec.kcp.extraArgs[{i}]"),
+                message: format!("Forbidden: {flag} is set by kcpshard: {hint}"),
+            });
+        }
+    }
+}
+
+fn check_store(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
+    let store = &obj.spec.store;
+    let present = [
+        (StoreType::KineSqlite, store.kine_sqlite.is_some()),
+        (StoreType::KinePostgres, store.kine_postgres.is_some()),
+        (StoreType::Etcd, store.etcd.is_some()),
+    ];
+    for (kind, is_set) in present {
+        if is_set && kind != store.type_ {
+            causes.push(forbidden(
+                format!("spec.store.{}", kind.settings_field()),
+                format!(
+                    "may only be set when spec.store.type is {}: remove it, or set type: {}",
+                    kind.as_str(),
+                    kind.as_str()
+                ),
+            ));
+        }
+    }
+    match store.type_ {
+        StoreType::KineSqlite => {}
+        StoreType::KinePostgres => match &store.kine_postgres {
+            None => causes.push(required(
+                "spec.store.kinePostgres",
+                "type KinePostgres needs its settings, e.g. kinePostgres: {host: 127.0.0.1, passwordFrom: {file: /etc/kcpshard/pgpass}}",
+            )),
+            Some(pg) => {
+                if pg.host.contains("://") || pg.host.contains(['@', '/', '?', ' ']) {
+                    causes.push(invalid(
+                        "spec.store.kinePostgres.host",
+                        &pg.host,
+                        "write a bare host name or IP address; set port, database, user and passwordFrom in their own fields (never a password in the object)",
+                    ));
+                }
+                if pg.user.contains([':', '@', '/', ' ']) {
+                    causes.push(invalid(
+                        "spec.store.kinePostgres.user",
+                        &pg.user,
+                        "write the user name alone; the password comes from passwordFrom.file or passwordFrom.env",
+                    ));
+                }
+                if pg.managed && !is_loopback_host(&pg.host) {
+                    causes.push(invalid(
+                        "spec.store.kinePostgres.host",
+                        &pg.host,
+                        "a managed PostgreSQL runs on this host: write 127.0.0.1, ::1 or localhost, or set managed: false",
+                    ));
+                }
+                if let Some(from) = &pg.password_from {
+                    match (&from.file, &from.env) {
+                        (Some(_), Some(_)) => causes.push(invalid(
+                            "spec.store.kinePostgres.passwordFrom",
+                            "file and env",
+                            "set exactly one of file or env",
+                        )),
+                        (None, None) => causes.push(required(
+                            "spec.store.kinePostgres.passwordFrom",
+                            "set file (a path holding the password) or env (a variable name), or remove passwordFrom for password-less authentication",
+                        )),
+                        (Some(file), None) if file.trim().is_empty() => causes.push(invalid(
+                            "spec.store.kinePostgres.passwordFrom.file",
+                            file,
+                            "write the path of a file holding the password, e.g. /etc/kcpshard/pgpass",
+                        )),
+                        (None, Some(env)) if !is_env_name(env) => causes.push(invalid(
+                            "spec.store.kinePostgres.passwordFrom.env",
+                            env,
+                            "write the name of an environment variable, e.g. KCPSHARD_PG_PASSWORD (the value itself never goes in the object)",
+                        )),
+                        _ => {}
+                    }
+                }
+            }
+        },
+        StoreType::Etcd => match &store.etcd {
+            None => causes.push(required(
+                "spec.store.etcd",
+                "type Etcd needs its settings, e.g. etcd: {endpoints: [\"https://127.0.0.1:2379\"]}",
+            )),
+            Some(etcd) => {
+                if etcd.endpoints.is_empty() {
+                    causes.push(required("spec.store.etcd.endpoints", "list at least one URL, e.g. https://127.0.0.1:2379"));
+                }
+                for (i, endpoint) in etcd.endpoints.iter().enumerate() {
+                    if let Err(why) = check_endpoint_url(endpoint) {
+                        causes.push(invalid(format!("spec.store.etcd.endpoints[{i}]"), endpoint, why));
+                    }
+                }
+                match (&etcd.cert_file, &etcd.key_file) {
+                    (Some(_), None) => causes.push(required("spec.store.etcd.keyFile", "certFile is set: set keyFile to its private key, or remove certFile")),
+                    (None, Some(_)) => causes.push(required("spec.store.etcd.certFile", "keyFile is set: set certFile to its certificate, or remove keyFile")),
+                    _ => {}
+                }
+                for (field, value) in [("caFile", &etcd.ca_file), ("certFile", &etcd.cert_file), ("keyFile", &etcd.key_file)] {
+                    if let Some(path) = value
+                        && path.trim().is_empty()
+                    {
+                        causes.push(invalid(format!("spec.store.etcd.{field}"), path, "write a file path, or remove the field"));
+                    }
+                }
+            }
+        },
+    }
+}
+
+fn check_front(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
+    let front = &obj.spec.front;
+    match front.listen.parse::<SocketAddr>() {
+        Ok(addr) if addr.port() == 0 => causes.push(invalid(
+            "spec.front.listen",
+            &front.listen,
+            "clients need a fixed port: write one such as 127.0.0.1:6443",
+        )),
+        Ok(_) => {}
+        Err(_) => causes.push(invalid(
+            "spec.front.listen",
+            &front.listen,
+            "write an IP address and a port, e.g. 127.0.0.1:6443, 0.0.0.0:6443 or [::1]:6443",
+        )),
+    }
+    match (front.type_, &front.caddy) {
+        (FrontType::Tcp, Some(_)) => causes.push(forbidden(
+            "spec.front.caddy",
+            "may only be set when spec.front.type is Caddy: remove it, or set type: Caddy",
+        )),
+        (FrontType::Caddy, None) => causes.push(required(
+            "spec.front.caddy",
+            "type Caddy needs its settings, e.g. caddy: {adminAddress: \"127.0.0.1:2019\", upstreamId: kcp-proxy}",
+        )),
+        (FrontType::Caddy, Some(caddy)) => {
+            if let Err(why) = check_host_port(&caddy.admin_address) {
+                causes.push(invalid("spec.front.caddy.adminAddress", &caddy.admin_address, why));
+            }
+            if caddy.upstream_id.contains(['/', '?', '#', ' ']) {
+                causes.push(invalid(
+                    "spec.front.caddy.upstreamId",
+                    &caddy.upstream_id,
+                    "write the @id of the caddy handler alone, e.g. kcp-proxy",
+                ));
+            }
+        }
+        (FrontType::Tcp, None) => {}
+    }
+}
+
+/// Parses a duration field and checks its bounds; pushes a cause and returns None when it fails.
+fn check_duration(
+    causes: &mut Vec<FieldCause>,
+    field: &str,
+    text: &str,
+    min: Duration,
+    max: Duration,
+) -> Option<Duration> {
+    match parse_duration(text) {
+        Err(why) => {
+            causes.push(invalid(field, text, why));
+            None
+        }
+        Ok(d) if d < min => {
+            causes.push(invalid(
+                field,
+                text,
+                format!("must be at least {}", human(min)),
+            ));
+            None
+        }
+        Ok(d) if d > max => {
+            causes.push(invalid(
+                field,
+                text,
+                format!("must be at most {}", human(max)),
+            ));
+            None
+        }
+        Ok(d) => Some(d),
+    }
+}
+
+fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        "0s".into()
+    } else if ms % 3_600_000 == 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// `http(s)://host:port` with an optional trailing `/`, no credentials and no path.
+fn check_endpoint_url(url: &str) -> Result<(), String> {
+    let hint = "write a URL such as https://127.0.0.1:2379";
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!("has no scheme: {hint}"));
+    };
+    if scheme != "http" && scheme != "https" {
+        return Err(format!("the scheme must be http or https: {hint}"));
+    }
+    if rest.contains('@') {
+        return Err(format!(
+            "must not carry credentials (use certFile and keyFile): {hint}"
+        ));
+    }
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#']) {
+        return Err(format!("must not have a path: {hint}"));
+    }
+    check_host_port(authority).map_err(|_| format!("needs a host and a port: {hint}"))
+}
+
+/// `host:port` where host is an IP address (IPv6 in brackets) or a DNS name, and port is 1..65535.
+fn check_host_port(text: &str) -> Result<(), String> {
+    let hint = "write host:port, e.g. 127.0.0.1:2019 or localhost:2019";
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return if addr.port() == 0 {
+            Err(format!("port 0 is not dialable: {hint}"))
+        } else {
+            Ok(())
+        };
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("has no port: {hint}"));
+    };
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if port_ok && host_ok {
+        Ok(())
+    } else {
+        Err(hint.to_string())
+    }
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn invalid(field: impl Into<String>, value: impl Display, why: impl Display) -> FieldCause {
+    FieldCause::invalid(field, format!("Invalid value: \"{value}\": {why}"))
+}
+
+fn required(field: impl Into<String>, hint: impl Display) -> FieldCause {
+    FieldCause {
+        reason: "FieldValueRequired",
+        field: field.into(),
+        message: format!("Required value: {hint}"),
+    }
+}
+
+fn forbidden(field: impl Into<String>, why: impl Display) -> FieldCause {
+    FieldCause {
+        reason: "FieldValueForbidden",
+        field: field.into(),
+        message: format!("Forbidden: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::kcpshard::*;
+
+    fn shard(yaml: &str) -> KcpShard {
+        serde_yaml::from_str(yaml).expect("test object parses")
+    }
+
+    fn dev() -> KcpShard {
+        shard(
+            "apiVersion: kcpshard.io/v1alpha1\nkind: KcpShard\nmetadata: {name: dev}\nspec:\n  version: v0.32.3\n  store: {type: KineSqlite}\n",
+        )
+    }
+
+    fn fields(causes: &[FieldCause]) -> Vec<&str> {
+        causes.iter().map(|c| c.field.as_str()).collect()
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(validate(&dev()), vec![]);
+    }
+
+    #[test]
+    fn the_checked_in_manifests_are_valid() {
+        for path in ["manifests/dev.yaml", "manifests/postgres.yaml"] {
+            let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let obj: KcpShard =
+                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert_eq!(validate(&obj), vec![], "{path}");
+        }
+    }
+
+    #[test]
+    fn store_settings_must_match_the_type() {
+        let mut obj = dev();
+        obj.spec.store.etcd = Some(EtcdStore {
+            endpoints: vec!["https://127.0.0.1:2379".into()],
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+        });
+        let causes = validate(&obj);
+        assert_eq!(fields(&causes), ["spec.store.etcd"]);
+        assert_eq!(causes[0].reason, "FieldValueForbidden");
+        assert!(
+            causes[0].message.contains("set type: Etcd"),
+            "{}",
+            causes[0].message
+        );
+
+        obj.spec.store.type_ = StoreType::KinePostgres;
+        let causes = validate(&obj);
+        assert_eq!(
+            fields(&causes),
+            ["spec.store.etcd", "spec.store.kinePostgres"]
+        );
+        assert_eq!(causes[1].reason, "FieldValueRequired");
+    }
+
+    fn postgres() -> KcpShard {
+        shard(
+            "apiVersion: kcpshard.io/v1alpha1\nkind: KcpShard\nmetadata: {name: pg}\nspec:\n  version: v0.32.3\n  store:\n    type: KinePostgres\n    kinePostgres: {host: 127.0.0.1, passwordFrom: {file: /etc/pgpass}}\n",
+        )
+    }
+
+    #[test]
+    fn postgres_passwords_come_from_a_file_or_env_only() {
+        assert_eq!(validate(&postgres()), vec![]);
+
+        let mut obj = postgres();
+        obj.spec.store.kine_postgres.as_mut().unwrap().host =
+            "postgres://kcp:secret@db:5432/kcp".into();
+        assert_eq!(fields(&validate(&obj)), ["spec.store.kinePostgres.host"]);
+
+        let mut obj = postgres();
+        obj.spec.store.kine_postgres.as_mut().unwrap().user = "kcp:secret".into();
+        assert_eq!(fields(&validate(&obj)), ["spec.store.kinePostgres.user"]);
+
+        let mut obj = postgres();
+        obj.spec.store.kine_postgres.as_mut().unwrap().password_from = Some(PasswordSource {
+            file: Some("/x".into()),
+            env: Some("PW".into()),
+        });
+        assert_eq!(
+            fields(&validate(&obj)),
+            ["spec.store.kinePostgres.passwordFrom"]
+        );
+
+        let mut obj = postgres();
+        obj.spec.store.kine_postgres.as_mut().unwrap().password_from =
+            Some(PasswordSource::default());
+        assert_eq!(
+            fields(&validate(&obj)),
+            ["spec.store.kinePostgres.passwordFrom"]
+        );
+
+        let mut obj = postgres();
+        obj.spec.store.kine_postgres.as_mut().unwrap().password_from = Some(PasswordSource {
+            file: None,
+            env: Some("hunter2!".into()),
+        });
+        assert_eq!(
+            fields(&validate(&obj)),
+            ["spec.store.kinePostgres.passwordFrom.env"]
+        );
+    }
+
+    #[test]
+    fn a_managed_postgres_runs_on_loopback() {
+        let mut obj = postgres();
+        let pg = obj.spec.store.kine_postgres.as_mut().unwrap();
+        pg.managed = true;
+        assert_eq!(validate(&obj), vec![]);
+        obj.spec.store.kine_postgres.as_mut().unwrap().host = "db.example.com".into();
+        assert_eq!(fields(&validate(&obj)), ["spec.store.kinePostgres.host"]);
+    }
+
+    #[test]
+    fn etcd_endpoints_are_urls_and_client_certs_come_in_pairs() {
+        let mut obj = dev();
+        obj.spec.store.type_ = StoreType::Etcd;
+        obj.spec.store.etcd = Some(EtcdStore {
+            endpoints: vec![
+                "https://127.0.0.1:2379".into(),
+                "http://etcd-0.local:2379/".into(),
+                "[::1]:2379".into(),
+                "127.0.0.1:2379".into(),
+                "unix:///run/etcd.sock".into(),
+                "https://user:pw@127.0.0.1:2379".into(),
+                "https://127.0.0.1".into(),
+                "https://127.0.0.1:2379/v3".into(),
+            ],
+            ca_file: None,
+            cert_file: Some("/etc/etcd/client.crt".into()),
+            key_file: None,
+        });
+        assert_eq!(
+            fields(&validate(&obj)),
+            [
+                "spec.store.etcd.endpoints[2]",
+                "spec.store.etcd.endpoints[3]",
+                "spec.store.etcd.endpoints[4]",
+                "spec.store.etcd.endpoints[5]",
+                "spec.store.etcd.endpoints[6]",
+                "spec.store.etcd.endpoints[7]",
+                "spec.store.etcd.keyFile",
+            ]
+        );
+    }
+
+    #[test]
+    fn listen_must_be_an_ip_and_a_fixed_port() {
+        for (listen, ok) in [
+            ("127.0.0.1:6443", true),
+            ("0.0.0.0:443", true),
+            ("[::1]:6443", true),
+            ("localhost:6443", false),
+            ("127.0.0.1:0", false),
+            ("127.0.0.1:70000", false),
+        ] {
+            let mut obj = dev();
+            obj.spec.front.listen = listen.into();
+            let causes = validate(&obj);
+            assert_eq!(causes.is_empty(), ok, "{listen}: {causes:?}");
+        }
+    }
+
+    #[test]
+    fn caddy_settings_go_with_the_caddy_type() {
+        let mut obj = dev();
+        obj.spec.front.type_ = FrontType::Caddy;
+        assert_eq!(fields(&validate(&obj)), ["spec.front.caddy"]);
+        obj.spec.front.caddy = Some(CaddyFront {
+            admin_address: "localhost:2019".into(),
+            upstream_id: "kcp-proxy".into(),
+        });
+        assert_eq!(validate(&obj), vec![]);
+        obj.spec.front.caddy.as_mut().unwrap().upstream_id = "kcp/proxy".into();
+        assert_eq!(fields(&validate(&obj)), ["spec.front.caddy.upstreamId"]);
+        obj.spec.front.type_ = FrontType::Tcp;
+        assert_eq!(fields(&validate(&obj)), ["spec.front.caddy"]);
+    }
+
+    #[test]
+    fn durations_parse_and_stay_within_bounds() {
+        let mut obj = dev();
+        obj.spec.rollout.readiness_timeout = "2h".into();
+        obj.spec.rollout.drain_timeout = "0s".into();
+        obj.spec.kcp.shutdown_delay = "1.5s".into();
+        assert_eq!(
+            fields(&validate(&obj)),
+            [
+                "spec.rollout.readinessTimeout",
+                "spec.rollout.drainTimeout",
+                "spec.kcp.shutdownDelay"
+            ]
+        );
+
+        let mut obj = dev();
+        obj.spec.kcp.shutdown_delay = "30s".into();
+        let causes = validate(&obj);
+        assert_eq!(fields(&causes), ["spec.kcp.shutdownDelay"]);
+        assert!(
+            causes[0].message.contains("drainTimeout"),
+            "{}",
+            causes[0].message
+        );
+    }
+
+    #[test]
+    fn the_binary_template_knows_one_placeholder() {
+        for (binary, ok) in [
+            ("bin/kcp-{version}", true),
+            ("/opt/kcp/{version}/bin/kcp", true),
+            ("/usr/local/bin/kcp", true),
+            ("bin/kcp-{ver}", false),
+            ("bin/", false),
+            ("  ", false),
+        ] {
+            let mut obj = dev();
+            obj.spec.kcp.binary = binary.into();
+            assert_eq!(validate(&obj).is_empty(), ok, "{binary}");
+        }
+        assert_eq!(dev().spec.kcp.binary_for("v0.32.3"), "bin/kcp-v0.32.3");
+    }
+
+    #[test]
+    fn extra_args_may_not_set_the_flags_kcpshard_owns() {
+        let mut obj = dev();
+        obj.spec.kcp.extra_args = vec![
+            "--v=2".into(),
+            "--etcd-servers=http://x:2379".into(),
+            "--secure-port".into(),
+            "7000".into(),
+        ];
+        let causes = validate(&obj);
+        assert_eq!(
+            fields(&causes),
+            ["spec.kcp.extraArgs[1]", "spec.kcp.extraArgs[2]"]
+        );
+        assert!(
+            causes[0].message.contains("spec.store"),
+            "{}",
+            causes[0].message
+        );
+    }
+}
