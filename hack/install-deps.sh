@@ -100,11 +100,13 @@ done
 
 # ---------------------------------------------------------------- kine
 out=$cache/bin/kine-$KINE_VERSION
-if [ ! -x "$out" ]; then
+if [ ! -x "$out" ] || ! "$out" --version 2>/dev/null | grep -qF "$KINE_VERSION"; then
   need_go
   say "building kine $KINE_VERSION (log: $cache/logs/build-kine-$KINE_VERSION.log)"
   gobin=$cache/gobin-kine-$KINE_VERSION
-  (cd "$cache" && GOBIN=$gobin GOFLAGS= go install "github.com/k3s-io/kine@$KINE_VERSION") \
+  (cd "$cache" && GOBIN=$gobin GOFLAGS= go install -trimpath \
+      -ldflags "-X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION -X github.com/k3s-io/kine/pkg/version.GitCommit=go-install" \
+      "github.com/k3s-io/kine@$KINE_VERSION") \
     >"$cache/logs/build-kine-$KINE_VERSION.log" 2>&1 \
     || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "go install github.com/k3s-io/kine@$KINE_VERSION failed"; }
   cp -f "$gobin/kine" "$out.tmp" && mv -f "$out.tmp" "$out"

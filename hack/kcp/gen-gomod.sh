@@ -7,7 +7,8 @@
 #   - swaps kcp's `./staging/...` replaces for the published github.com/kcp-dev/* modules
 #     (version-less replaces, because kcp requires placeholders such as v0.0.0).
 # Usage: hack/kcp/gen-gomod.sh KCP_VERSION SDK_CLIENTGO_VERSION APIMACHINERY_VERSION CODEGEN_VERSION VWF_VERSION
-# e.g.   hack/kcp/gen-gomod.sh v0.32.3 v0.32.3 v2.32.3 v3.32.3 v0.31.2
+# e.g.   hack/kcp/gen-gomod.sh v0.32.3 v0.32.3 v2.32.3 v3.32.3 ../staging/virtual-workspace-framework@v0.32.3
+# (VWF_VERSION may be a ./ or ../ path relative to hack/kcp/<KCP_VERSION>: see hack/kcp/staging/README.md)
 # Only needed when adding a kcp pin; the generated files are committed.
 set -euo pipefail
 kcp=${1:?KCP_VERSION}; sdk=${2:?SDK_CLIENTGO_VERSION}; apim=${3:?APIMACHINERY_VERSION}
@@ -32,7 +33,10 @@ goline=$(printf '%s\n' "$upstream" | grep -m1 '^go ')
   echo "	github.com/kcp-dev/client-go => github.com/kcp-dev/client-go $sdk"
   echo "	github.com/kcp-dev/code-generator/v3 => github.com/kcp-dev/code-generator/v3 $codegen"
   echo "	github.com/kcp-dev/sdk => github.com/kcp-dev/sdk $sdk"
-  echo "	github.com/kcp-dev/virtual-workspace-framework => github.com/kcp-dev/virtual-workspace-framework $vwf"
+  case $vwf in
+    ./*|../*) echo "	github.com/kcp-dev/virtual-workspace-framework => $vwf" ;;
+    *) echo "	github.com/kcp-dev/virtual-workspace-framework => github.com/kcp-dev/virtual-workspace-framework $vwf" ;;
+  esac
   echo ")"
   echo
   echo "// Mirrored from github.com/kcp-dev/kcp@$kcp go.mod."
