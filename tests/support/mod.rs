@@ -1,0 +1,673 @@
+//! Test support for the real components: kcp, kine, PostgreSQL, kubectl and etcdctl, all taken from
+//! `bin/` (installed by `hack/install-deps.sh`; `KCPSHARD_BIN_DIR` overrides the directory).
+//!
+//! Rules:
+//! - A missing component is a test failure with an install hint, never a skip (with or without
+//!   `CI=true`).
+//! - Every process is started in its own process group, with `PR_SET_PDEATHSIG=SIGKILL`, and is
+//!   killed (the whole group) when its handle drops, so nothing outlives a failing test.
+//! - Everything listens on 127.0.0.1 only, on ports picked free at start.
+//!
+//! Use from an integration test with `mod support;`.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub use tempfile::TempDir;
+
+// ------------------------------------------------------------------------------------------------
+// Locating components
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("KCPSHARD_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("bin"))
+}
+
+pub fn in_ci() -> bool {
+    matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
+}
+
+fn is_executable(p: &Path) -> bool {
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Path of `bin/<component>`; panics with the install hint when it is missing. Tests that need a
+/// real component fail without it, whether `CI=true` or not: they never skip.
+pub fn require(component: &str) -> PathBuf {
+    let p = bin_dir().join(component);
+    if is_executable(&p) {
+        return p;
+    }
+    panic!(
+        "required component `{component}` is missing: {} is not an executable file.\n\
+         Install the pinned components with `hack/install-deps.sh` (hack/test.sh runs it first), \
+         or point KCPSHARD_BIN_DIR at a directory that has them.{}",
+        p.display(),
+        if in_ci() { " (CI=true: a missing component is a failure, never a skip)" } else { "" }
+    )
+}
+
+/// Pins from hack/versions.env (KEY=VALUE lines, optional double quotes).
+pub fn pins() -> &'static BTreeMap<String, String> {
+    static PINS: OnceLock<BTreeMap<String, String>> = OnceLock::new();
+    PINS.get_or_init(|| {
+        let path = repo_root().join("hack/versions.env");
+        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        text.lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                if l.starts_with('#') {
+                    return None;
+                }
+                let (k, v) = l.split_once('=')?;
+                Some((k.trim().to_string(), v.trim().trim_matches('"').to_string()))
+            })
+            .collect()
+    })
+}
+
+pub fn pin(key: &str) -> String {
+    pins().get(key).cloned().unwrap_or_else(|| panic!("hack/versions.env has no {key}"))
+}
+
+/// The kcp release tests run by default.
+pub fn kcp_newer() -> String {
+    pin("KCP_VERSION_NEWER")
+}
+
+/// The older kcp release, for version-bump tests.
+pub fn kcp_older() -> String {
+    pin("KCP_VERSION_OLDER")
+}
+
+pub fn kcp_bin(version: &str) -> PathBuf {
+    require(&format!("kcp-{version}"))
+}
+
+// ------------------------------------------------------------------------------------------------
+// Ports
+
+/// A TCP port on 127.0.0.1 that was free a moment ago and that this test binary has not handed
+/// out before.
+pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = l.local_addr().unwrap().port();
+        let mut given = GIVEN.lock().unwrap();
+        if given.get_or_insert_with(HashSet::new).insert(port) {
+            return port;
+        }
+    }
+}
+
+pub fn port_accepts(port: u16) -> bool {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+/// Poll `f` every `every` until it returns Some or `timeout` passes.
+pub fn poll<T>(timeout: Duration, every: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(every);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Processes
+
+/// A child process in its own process group; the group is killed on drop.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+    pub started: Instant,
+    /// Signal sent to the group first on stop; SIGKILL follows after `grace`.
+    pub stop_signal: i32,
+    pub grace: Duration,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Spawn `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
+        cmd.stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Killed when the thread that started it goes away (test thread ends, test binary
+                // is killed): a second line of defence behind Drop.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                Ok(())
+            });
+        }
+        let started = Instant::now();
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name} ({:?}): {e}", cmd.get_program()));
+        Proc {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+            started,
+            stop_signal: libc::SIGTERM,
+            grace: Duration::from_secs(10),
+            exited: None,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status if the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.exited().is_none()
+    }
+
+    /// Resident set size of the process (not its children), in KiB.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let mut f = match File::open(&self.log) {
+            Ok(f) => f,
+            Err(e) => return format!("(no log {}: {e})", self.log.display()),
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+        let mut s = String::new();
+        let _ = f.read_to_string(&mut s);
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal_group(&self, sig: i32) {
+        // SAFETY: plain syscall; the group id is the child's pid (process_group(0)).
+        unsafe {
+            libc::kill(-(self.pid() as i32), sig);
+        }
+    }
+
+    /// Stop the whole process group: `stop_signal`, then SIGKILL after `grace`. Idempotent.
+    pub fn stop(&mut self) {
+        if self.exited().is_none() {
+            self.signal_group(self.stop_signal);
+            let deadline = Instant::now() + self.grace;
+            while self.exited().is_none() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // Always SIGKILL the group: children may outlive the leader.
+        self.signal_group(libc::SIGKILL);
+        if self.exited.is_none() {
+            self.exited = self.child.wait().ok();
+        }
+    }
+
+    /// Panic with `msg` and the last lines of the log.
+    pub fn fail(&self, msg: &str) -> ! {
+        panic!(
+            "{}: {msg}\n--- last lines of {} ---\n{}\n---",
+            self.name,
+            self.log.display(),
+            self.log_tail(60)
+        )
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!(
+                "--- {} (pid {}) last lines of {} ---\n{}\n---",
+                self.name,
+                self.pid(),
+                self.log.display(),
+                self.log_tail(40)
+            );
+        }
+        self.stop();
+    }
+}
+
+/// Run a short command to completion, with a timeout (its group is killed past it).
+pub fn run(mut cmd: Command, timeout: Duration) -> Output {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out_path, err_path) = (tmp.path().join("out"), tmp.path().join("err"));
+    cmd.stdin(Stdio::null())
+        .stdout(File::create(&out_path).unwrap())
+        .stderr(File::create(&err_path).unwrap())
+        .process_group(0);
+    let program = format!("{cmd:?}");
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("run {program}: {e}"));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            unsafe {
+                libc::kill(-(child.id() as i32), libc::SIGKILL);
+            }
+            let _ = child.wait();
+            panic!("{program} did not finish within {timeout:?}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    Output { status, stdout: fs::read(&out_path).unwrap(), stderr: fs::read(&err_path).unwrap() }
+}
+
+// ------------------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// A throwaway PostgreSQL cluster: initdb in a temp dir, `postgres` on a free port on 127.0.0.1,
+/// trust auth, user `postgres`. Killed and removed on drop.
+///
+/// The postmaster runs as our direct child (not daemonised by `pg_ctl start`) so that its process
+/// group dies with the handle. As root, it runs as the `postgres` user (Debian's package creates
+/// it), or `nobody`, because PostgreSQL refuses to run as root.
+pub struct Postgres {
+    pub port: u16,
+    pub proc: Proc,
+    pub ready_in: Duration,
+    dir: TempDir,
+}
+
+fn user_ids(user: &str) -> Option<(u32, u32)> {
+    let passwd = fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        if f.len() > 3 && f[0] == user {
+            Some((f[2].parse().ok()?, f[3].parse().ok()?))
+        } else {
+            None
+        }
+    })
+}
+
+impl Postgres {
+    pub fn start() -> Postgres {
+        let initdb = require("initdb");
+        let postgres = require("postgres");
+        require("psql");
+        let dir = tempfile::Builder::new().prefix("kcpshard-pg-").tempdir().unwrap();
+        let data = dir.path().join("data");
+        let sock = dir.path().join("sock");
+        fs::create_dir(&sock).unwrap();
+        // SAFETY: plain syscall.
+        let as_root = unsafe { libc::geteuid() } == 0;
+        let ids = if as_root {
+            Some(user_ids("postgres").or_else(|| user_ids("nobody")).expect("no postgres or nobody user"))
+        } else {
+            None
+        };
+        if let Some((uid, gid)) = ids {
+            for p in [dir.path(), sock.as_path()] {
+                std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+            }
+        }
+        let as_user = |cmd: &mut Command| {
+            if let Some((uid, gid)) = ids {
+                cmd.uid(uid).gid(gid);
+            }
+        };
+
+        let mut cmd = Command::new(&initdb);
+        cmd.args(["-D"])
+            .arg(&data)
+            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions"])
+            .current_dir(dir.path());
+        as_user(&mut cmd);
+        let out = run(cmd, Duration::from_secs(120));
+        assert!(
+            out.status.success(),
+            "initdb failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let port = free_port();
+        let log = dir.path().join("postgres.log");
+        File::create(&log).unwrap();
+        if let Some((uid, gid)) = ids {
+            std::os::unix::fs::chown(&log, Some(uid), Some(gid)).unwrap();
+        }
+        let mut cmd = Command::new(&postgres);
+        cmd.arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-k"])
+            .arg(&sock)
+            .args([
+                "-c", "listen_addresses=127.0.0.1",
+                "-c", "fsync=off",
+                "-c", "synchronous_commit=off",
+                "-c", "full_page_writes=off",
+                "-c", "max_connections=200",
+            ])
+            .current_dir(dir.path());
+        as_user(&mut cmd);
+        let mut proc = Proc::spawn("postgres", cmd, &log);
+        proc.stop_signal = libc::SIGQUIT; // immediate shutdown: throwaway data
+        proc.grace = Duration::from_secs(5);
+        let mut pg = Postgres { port, ready_in: Duration::ZERO, proc, dir };
+        let ok = poll(Duration::from_secs(60), Duration::from_millis(100), || {
+            if !pg.proc.is_running() {
+                pg.proc.fail("exited during startup");
+            }
+            pg.try_psql("postgres", "select 1").ok().filter(|s| s.trim() == "1")
+        });
+        if ok.is_none() {
+            pg.proc.fail("not ready within 60s");
+        }
+        pg.ready_in = pg.proc.started.elapsed();
+        pg
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A kine endpoint for database `db` (kine creates it when missing).
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres:postgres@127.0.0.1:{}/{db}?sslmode=disable", self.port)
+    }
+
+    pub fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
+        let mut cmd = Command::new(require("psql"));
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-d", db])
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql]);
+        let out = run(cmd, Duration::from_secs(30));
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        self.try_psql(db, sql).unwrap_or_else(|e| panic!("psql {sql:?}: {e}"))
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// kine
+
+/// A kine process serving the etcd v3 API on a free port of 127.0.0.1, metrics off,
+/// `--compact-interval=0` (the apiserver compacts). Killed on drop.
+pub struct Kine {
+    pub port: u16,
+    pub endpoint: String,
+    pub proc: Proc,
+    pub ready_in: Option<Duration>,
+    dir: TempDir,
+}
+
+impl Kine {
+    /// A sqlite database in a fresh temp dir; waits until ready.
+    pub fn sqlite() -> Kine {
+        let dir = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let endpoint = format!("sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000", db.display());
+        let mut k = Kine::spawn_in(dir, &endpoint);
+        k.wait_ready(Duration::from_secs(60)).unwrap_or_else(|e| k.proc.fail(&e));
+        k
+    }
+
+    /// kine on `endpoint` (e.g. `Postgres::url`); waits until ready.
+    pub fn start(endpoint: &str) -> Kine {
+        let mut k = Kine::spawn(endpoint);
+        k.wait_ready(Duration::from_secs(60)).unwrap_or_else(|e| k.proc.fail(&e));
+        k
+    }
+
+    /// Start kine without waiting.
+    pub fn spawn(endpoint: &str) -> Kine {
+        let dir = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
+        Kine::spawn_in(dir, endpoint)
+    }
+
+    fn spawn_in(dir: TempDir, endpoint: &str) -> Kine {
+        let kine = require("kine");
+        let port = free_port();
+        let mut cmd = Command::new(kine);
+        cmd.arg(format!("--endpoint={endpoint}"))
+            .arg(format!("--listen-address=127.0.0.1:{port}"))
+            .arg("--metrics-bind-address=0")
+            .arg("--compact-interval=0")
+            .current_dir(dir.path());
+        let proc = Proc::spawn("kine", cmd, &dir.path().join("kine.log"));
+        Kine { port, endpoint: endpoint.to_string(), proc, ready_in: None, dir }
+    }
+
+    /// Wait until kine accepts connections (its schema is ready by then), or it exits.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<Duration, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.proc.exited() {
+                return Err(format!("kine exited during startup: {status}"));
+            }
+            if port_accepts(self.port) {
+                let d = self.proc.started.elapsed();
+                self.ready_in = Some(d);
+                return Ok(d);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("kine did not accept on 127.0.0.1:{} within {timeout:?}", self.port));
+            }
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`, for `--etcd-servers` and etcdctl.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Run `bin/etcdctl --endpoints <this kine> <args>`.
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(require("etcdctl"));
+        cmd.arg(format!("--endpoints={}", self.url()))
+            .arg("--dial-timeout=2s")
+            .arg("--command-timeout=5s")
+            .args(args)
+            .env("ETCDCTL_API", "3");
+        run(cmd, Duration::from_secs(20))
+    }
+
+    pub fn put(&self, key: &str, value: &str) {
+        let out = self.etcdctl(&["put", key, value]);
+        assert!(
+            out.status.success(),
+            "etcdctl put {key} via {}: {}",
+            self.url(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The value of `key`, or None when absent.
+    pub fn get(&self, key: &str) -> Option<String> {
+        let out = self.etcdctl(&["get", key, "--print-value-only"]);
+        assert!(
+            out.status.success(),
+            "etcdctl get {key} via {}: {}",
+            self.url(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s = String::from_utf8_lossy(&out.stdout).trim_end_matches('\n').to_string();
+        (!s.is_empty()).then_some(s)
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// kcp
+
+pub struct KcpOptions {
+    pub version: String,
+    pub root_dir: PathBuf,
+    pub port: u16,
+    /// `--etcd-servers`, e.g. `Kine::url()`.
+    pub etcd_servers: String,
+    pub extra_flags: Vec<String>,
+    pub ready_timeout: Duration,
+}
+
+impl KcpOptions {
+    pub fn new(root_dir: &Path, etcd_servers: &str) -> KcpOptions {
+        KcpOptions {
+            version: kcp_newer(),
+            root_dir: root_dir.to_path_buf(),
+            port: free_port(),
+            etcd_servers: etcd_servers.to_string(),
+            extra_flags: Vec::new(),
+            ready_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A real kcp (`kcp start`) on 127.0.0.1. Killed on drop.
+pub struct Kcp {
+    pub version: String,
+    pub port: u16,
+    pub root_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub proc: Proc,
+    /// Start to the first `/readyz` = ok.
+    pub ready_in: Duration,
+}
+
+impl Kcp {
+    /// Start kcp and wait for `/readyz`; panics (with the log tail) when it does not get there.
+    pub fn start(opts: KcpOptions) -> Kcp {
+        let bin = kcp_bin(&opts.version);
+        require("kubectl");
+        fs::create_dir_all(&opts.root_dir).unwrap();
+        let mut cmd = Command::new(bin);
+        cmd.arg("start")
+            .arg(format!("--root-directory={}", opts.root_dir.display()))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", opts.port))
+            .arg(format!("--etcd-servers={}", opts.etcd_servers))
+            .args(&opts.extra_flags)
+            .current_dir(&opts.root_dir);
+        let mut proc = Proc::spawn("kcp", cmd, &opts.root_dir.join("kcp.log"));
+        proc.grace = Duration::from_secs(15);
+        let mut kcp = Kcp {
+            version: opts.version,
+            port: opts.port,
+            kubeconfig: opts.root_dir.join("admin.kubeconfig"),
+            root_dir: opts.root_dir,
+            proc,
+            ready_in: Duration::ZERO,
+        };
+        let ok = poll(opts.ready_timeout, Duration::from_millis(250), || {
+            if let Some(status) = kcp.proc.exited() {
+                kcp.proc.fail(&format!("exited during startup: {status}"));
+            }
+            if !kcp.kubeconfig.exists() {
+                return None;
+            }
+            kcp.get_raw("/readyz").ok().filter(|s| s.trim() == "ok")
+        });
+        if ok.is_none() {
+            let why = kcp.get_raw("/readyz?verbose").unwrap_or_else(|e| e);
+            kcp.proc.fail(&format!("/readyz not ok within {:?}:\n{why}", opts.ready_timeout));
+        }
+        kcp.ready_in = kcp.proc.started.elapsed();
+        kcp
+    }
+
+    /// `bin/kubectl --kubeconfig admin.kubeconfig --context shard-base <args>` (the shard admin,
+    /// whose token persists across restarts; base URL without /clusters).
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(require("kubectl"));
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .arg("--context=shard-base")
+            .arg("--request-timeout=10s")
+            .args(args);
+        if let Some(input) = stdin {
+            let f = tempfile::NamedTempFile::new().unwrap();
+            fs::write(f.path(), input).unwrap();
+            // `-f <file>` form keeps run() free of stdin plumbing.
+            let path = f.into_temp_path().keep().unwrap();
+            cmd.arg("-f").arg(&path);
+            let out = run(cmd, Duration::from_secs(30));
+            let _ = fs::remove_file(path);
+            return out;
+        }
+        run(cmd, Duration::from_secs(30))
+    }
+
+    /// `kubectl get --raw <path>`: Ok(body) on success, Err(stderr) otherwise.
+    pub fn get_raw(&self, path: &str) -> Result<String, String> {
+        let out = self.kubectl(&["get", "--raw", path]);
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// `kubectl create --raw <path> -f <body>`.
+    pub fn create_raw(&self, path: &str, body: &str) -> Result<String, String> {
+        let out = self.kubectl_stdin(&["create", "--raw", path], Some(body));
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
