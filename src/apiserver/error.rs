@@ -1,0 +1,140 @@
+//! The errors the API answers with. Each becomes a `metav1.Status` body with the HTTP code, `reason`
+//! and `details.causes` that the real kube-apiserver uses, so kubectl and kube-rs print them as they
+//! would for a cluster (k8s.io/apimachinery/pkg/api/errors).
+use serde_json::{Value, json};
+
+/// Why one field of an object is refused (`metav1.StatusCause`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldCause {
+    /// Kubernetes cause type, e.g. `FieldValueInvalid`, `FieldValueRequired`,
+    /// `FieldValueNotSupported`, `FieldValueDuplicate`, `FieldValueTypeInvalid`.
+    pub reason: &'static str,
+    /// Dotted path of the field, e.g. `spec.store.type`.
+    pub field: String,
+    /// What is wrong and, where it helps, what to write instead.
+    pub message: String,
+}
+
+impl FieldCause {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { reason: "FieldValueInvalid", field: field.into(), message: message.into() }
+    }
+    pub fn required(field: impl Into<String>) -> Self {
+        Self { reason: "FieldValueRequired", field: field.into(), message: "Required value".into() }
+    }
+    pub fn not_supported(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { reason: "FieldValueNotSupported", field: field.into(), message: message.into() }
+    }
+    pub fn unknown(field: impl Into<String>) -> Self {
+        let field = field.into();
+        Self { reason: "FieldValueInvalid", message: format!("unknown field \"{field}\""), field }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("Unauthorized")]
+    Unauthorized,
+    #[error("{resource} \"{name}\" not found")]
+    NotFound { resource: String, name: String },
+    #[error("the server could not find the requested resource")]
+    NoRoute,
+    #[error("{resource} \"{name}\" already exists")]
+    AlreadyExists { resource: String, name: String },
+    #[error("Operation cannot be fulfilled on {resource} \"{name}\": {message}")]
+    Conflict { resource: String, name: String, message: String },
+    #[error("{kind}.{group} \"{name}\" is invalid: {}", causes_text(.causes))]
+    Invalid { kind: String, group: String, name: String, causes: Vec<FieldCause> },
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("the server does not allow this method on the requested resource")]
+    MethodNotAllowed,
+    #[error("request entity too large: limit is {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("too old resource version: {requested} ({oldest})")]
+    Expired { requested: u64, oldest: u64 },
+    #[error("{0}")]
+    NotAcceptable(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error("the server is shutting down")]
+    Unavailable,
+}
+
+fn causes_text(causes: &[FieldCause]) -> String {
+    let parts: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+    if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) }
+}
+
+impl ApiError {
+    pub fn code(&self) -> u16 {
+        match self {
+            ApiError::BadRequest(_) => 400,
+            ApiError::Unauthorized => 401,
+            ApiError::NotFound { .. } | ApiError::NoRoute => 404,
+            ApiError::MethodNotAllowed => 405,
+            ApiError::NotAcceptable(_) => 406,
+            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::Expired { .. } => 410,
+            ApiError::TooLarge { .. } => 413,
+            ApiError::UnsupportedMediaType(_) => 415,
+            ApiError::Invalid { .. } => 422,
+            ApiError::Internal(_) => 500,
+            ApiError::Unavailable => 503,
+        }
+    }
+
+    /// The `metav1.StatusReason`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) => "BadRequest",
+            ApiError::Unauthorized => "Unauthorized",
+            ApiError::NotFound { .. } | ApiError::NoRoute => "NotFound",
+            ApiError::MethodNotAllowed => "MethodNotAllowed",
+            ApiError::NotAcceptable(_) => "NotAcceptable",
+            ApiError::AlreadyExists { .. } => "AlreadyExists",
+            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Expired { .. } => "Expired",
+            ApiError::TooLarge { .. } => "RequestEntityTooLarge",
+            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            ApiError::Invalid { .. } => "Invalid",
+            ApiError::Internal(_) => "InternalError",
+            ApiError::Unavailable => "ServiceUnavailable",
+        }
+    }
+
+    /// The `metav1.Status` body.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.to_string(),
+            "reason": self.reason(),
+            "code": self.code(),
+        });
+        let details = match self {
+            ApiError::NotFound { resource, name }
+            | ApiError::AlreadyExists { resource, name }
+            | ApiError::Conflict { resource, name, .. } => Some(json!({"name": name, "kind": resource})),
+            ApiError::Invalid { kind, group, name, causes } => Some(json!({
+                "name": name,
+                "group": group,
+                "kind": kind,
+                "causes": causes.iter().map(|c| json!({
+                    "reason": c.reason, "message": c.message, "field": c.field,
+                })).collect::<Vec<_>>(),
+            })),
+            _ => None,
+        };
+        if let Some(details) = details {
+            status["details"] = details;
+        }
+        status
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

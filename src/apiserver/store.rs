@@ -1,0 +1,399 @@
+//! The object store: one JSON file per object under `<state>/objects/`, a resourceVersion counter,
+//! and the change feed that watches read.
+//!
+//! Invariants:
+//! - A write is acknowledged only after its file is durable: temp file, fsync, rename, fsync of the
+//!   directory. A store killed mid-write leaves at most a `*.tmp` file, which `open` removes.
+//! - resourceVersions never go backwards, across restarts too: on open the counter is the largest of
+//!   every object's resourceVersion and `objects/resource-version`, which is written before any
+//!   delete (a delete removes the only file that carried the largest version).
+//! - Every change gets exactly one resourceVersion and reaches watchers in that order: writes are
+//!   serialised under one lock, and a watcher subscribes under the same lock.
+use std::collections::{BTreeMap, VecDeque};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use crate::fsutil;
+
+/// How many past changes a watch can resume from. Older resourceVersions get 410 Expired.
+const HISTORY: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot {action} {path}: {source}")]
+    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("cannot encode an object for {path}: {source}")]
+    Encode { path: PathBuf, source: serde_json::Error },
+}
+
+/// Where an object lives: its resource's storage name, its namespace (None when cluster-scoped),
+/// and its name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    pub resource: &'static str,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeType::Added => "ADDED",
+            ChangeType::Modified => "MODIFIED",
+            ChangeType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One write, as watchers see it. `previous` lets a filtered watch turn a change that moves an
+/// object out of (or into) its selection into DELETED (or ADDED), as the real server does.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub resource_version: u64,
+    pub change_type: ChangeType,
+    pub key: Key,
+    pub object: Value,
+    pub previous: Option<Value>,
+}
+
+/// What a new watch starts from: the changes after its resourceVersion, then the live feed.
+pub struct Subscription {
+    pub backlog: Vec<Change>,
+    pub live: broadcast::Receiver<Change>,
+}
+
+pub struct Store {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+    feed: broadcast::Sender<Change>,
+}
+
+struct Inner {
+    objects: BTreeMap<Key, Value>,
+    resource_version: u64,
+    history: VecDeque<Change>,
+}
+
+impl Store {
+    /// Loads every object under `dir`, removing the temp files of writes that never finished.
+    /// `resources` names the storage directories to load.
+    pub fn open(dir: &Path, resources: &[&'static str]) -> Result<Store, StoreError> {
+        create_private_dir(dir)?;
+        let mut objects = BTreeMap::new();
+        let mut resource_version = read_counter(&dir.join("resource-version"))?;
+        for &resource in resources {
+            let resource_dir = dir.join(resource);
+            create_private_dir(&resource_dir)?;
+            for scope in read_dir(&resource_dir)? {
+                if !scope.is_dir() {
+                    continue;
+                }
+                let namespace = match scope.file_name().and_then(|n| n.to_str()) {
+                    Some(CLUSTER_SCOPE) => None,
+                    Some(ns) => Some(ns.to_string()),
+                    None => continue,
+                };
+                for file in read_dir(&scope)? {
+                    if let Some(object) = load_object(&file)? {
+                        let name = file.file_stem().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+                        resource_version = resource_version.max(resource_version_of(&object));
+                        objects.insert(Key { resource, namespace: namespace.clone(), name }, object);
+                    }
+                }
+            }
+        }
+        let (feed, _) = broadcast::channel(HISTORY);
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(Inner { objects, resource_version, history: VecDeque::new() }),
+            feed,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-applied write: memory is updated only
+        // after the file is durable. So a poisoned lock is still consistent.
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Value> {
+        self.lock().objects.get(key).cloned()
+    }
+
+    /// Every object of `resource` (in `namespace` when given), with the resourceVersion of the list.
+    pub fn list(&self, resource: &'static str, namespace: Option<&str>) -> (Vec<Value>, u64) {
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .iter()
+            .filter(|(k, _)| k.resource == resource && namespace.is_none_or(|ns| k.namespace.as_deref() == Some(ns)))
+            .map(|(_, v)| v.clone())
+            .collect();
+        (items, inner.resource_version)
+    }
+
+    pub fn current_resource_version(&self) -> u64 {
+        self.lock().resource_version
+    }
+
+    /// Changes the object under `key` in one atomic step: `decide` sees the current object (if any)
+    /// under the store's lock and says what to do. A written object gets the next resourceVersion;
+    /// a deleted one is announced with one.
+    pub fn modify<E>(&self, key: &Key, decide: impl FnOnce(Option<&Value>) -> Result<Action, E>) -> Result<Outcome, E>
+    where
+        E: From<StoreError>,
+    {
+        let mut inner = self.lock();
+        let previous = inner.objects.get(key).cloned();
+        let resource_version = inner.resource_version + 1;
+        let (change_type, object) = match decide(previous.as_ref())? {
+            Action::Nothing => return Ok(Outcome::Unchanged(previous)),
+            Action::Put(mut object) => {
+                object["metadata"]["resourceVersion"] = Value::String(resource_version.to_string());
+                write_object(&self.object_path(key), &object)?;
+                inner.objects.insert(key.clone(), object.clone());
+                (if previous.is_some() { ChangeType::Modified } else { ChangeType::Added }, object)
+            }
+            Action::Delete => {
+                let Some(mut object) = previous.clone() else {
+                    return Ok(Outcome::Unchanged(None));
+                };
+                // The counter is made durable first: once the file is gone, nothing else carries it.
+                write_object(&self.dir.join("resource-version"), &Value::from(resource_version))?;
+                let path = self.object_path(key);
+                let io = |action: &'static str| {
+                    let path = path.clone();
+                    move |source| StoreError::Io { action, path, source }
+                };
+                fs::remove_file(&path).map_err(io("remove"))?;
+                fsutil::sync_dir(path.parent().unwrap_or(&self.dir)).map_err(io("fsync the directory of"))?;
+                inner.objects.remove(key);
+                object["metadata"]["resourceVersion"] = Value::String(resource_version.to_string());
+                (ChangeType::Deleted, object)
+            }
+        };
+        inner.resource_version = resource_version;
+        self.publish(&mut inner, Change { resource_version, change_type, key: key.clone(), object: object.clone(), previous });
+        Ok(match change_type {
+            ChangeType::Deleted => Outcome::Deleted(object),
+            _ => Outcome::Written(object),
+        })
+    }
+
+    /// The changes after `resource_version` and a receiver for the ones to come, taken together
+    /// so that nothing falls between them. `Err(oldest)` when the history no longer reaches back
+    /// that far (the caller answers 410 Expired).
+    pub fn subscribe(&self, resource_version: u64) -> Result<Subscription, u64> {
+        let inner = self.lock();
+        // History starts empty at open and drops its oldest entry when full, so its first entry
+        // (or, when empty, the current version) marks how far back a watch can resume.
+        let floor = inner.history.front().map_or(inner.resource_version, |c| c.resource_version - 1);
+        if resource_version < floor {
+            return Err(floor);
+        }
+        let backlog = inner.history.iter().filter(|c| c.resource_version > resource_version).cloned().collect();
+        Ok(Subscription { backlog, live: self.feed.subscribe() })
+    }
+
+    /// A snapshot of `resource` and a live receiver taken together: for watches that start with the
+    /// current state (resourceVersion unset or 0, or sendInitialEvents).
+    pub fn snapshot_and_subscribe(&self, resource: &'static str, namespace: Option<&str>) -> (Vec<Value>, u64, broadcast::Receiver<Change>) {
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .iter()
+            .filter(|(k, _)| k.resource == resource && namespace.is_none_or(|ns| k.namespace.as_deref() == Some(ns)))
+            .map(|(_, v)| v.clone())
+            .collect();
+        (items, inner.resource_version, self.feed.subscribe())
+    }
+
+    fn publish(&self, inner: &mut Inner, change: Change) {
+        if inner.history.len() == HISTORY {
+            inner.history.pop_front();
+        }
+        inner.history.push_back(change.clone());
+        // No receivers is fine: nobody is watching.
+        let _ = self.feed.send(change);
+    }
+
+    fn object_path(&self, key: &Key) -> PathBuf {
+        let scope = key.namespace.as_deref().unwrap_or(CLUSTER_SCOPE);
+        self.dir.join(key.resource).join(scope).join(format!("{}.json", key.name))
+    }
+}
+
+/// What [`Store::modify`] should do.
+#[derive(Debug)]
+pub enum Action {
+    Put(Value),
+    Delete,
+    /// A no-op: nothing persisted, no resourceVersion used, no watch event.
+    Nothing,
+}
+
+/// What [`Store::modify`] did, with the object as written (or as deleted).
+#[derive(Debug)]
+pub enum Outcome {
+    Written(Value),
+    Deleted(Value),
+    /// Nothing changed; the current object, if any.
+    Unchanged(Option<Value>),
+}
+
+/// The directory name for cluster-scoped objects (not a valid namespace name, so no clash).
+const CLUSTER_SCOPE: &str = "_cluster";
+
+pub fn resource_version_of(object: &Value) -> u64 {
+    object["metadata"]["resourceVersion"].as_str().and_then(|rv| rv.parse().ok()).unwrap_or(0)
+}
+
+fn read_counter(path: &Path) -> Result<u64, StoreError> {
+    let bytes = fsutil::read_optional(path).map_err(|source| StoreError::Io { action: "read", path: path.to_path_buf(), source })?;
+    Ok(bytes.and_then(|b| String::from_utf8(b).ok()).and_then(|t| t.trim().parse().ok()).unwrap_or(0))
+}
+
+fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let entries = fs::read_dir(dir).map_err(|source| StoreError::Io { action: "list", path: dir.to_path_buf(), source })?;
+    let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    Ok(paths)
+}
+
+/// Reads one object file. A leftover temp file (a write killed before its rename) is removed. A file
+/// that does not parse is moved aside as `*.corrupt` and reported, so one bad file cannot stop the
+/// server from starting.
+fn load_object(path: &Path) -> Result<Option<Value>, StoreError> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("tmp") => {
+            fs::remove_file(path).map_err(|source| StoreError::Io { action: "remove", path: path.to_path_buf(), source })?;
+            Ok(None)
+        }
+        Some("json") => {
+            let bytes = fs::read(path).map_err(|source| StoreError::Io { action: "read", path: path.to_path_buf(), source })?;
+            match serde_json::from_slice::<Value>(&bytes) {
+                Ok(object) if object.is_object() => Ok(Some(object)),
+                _ => {
+                    let aside = path.with_extension("json.corrupt");
+                    tracing::error!(path = %path.display(), moved_to = %aside.display(), "object file does not parse; moved aside");
+                    fs::rename(path, &aside).map_err(|source| StoreError::Io { action: "move aside", path: path.to_path_buf(), source })?;
+                    Ok(None)
+                }
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Writes `value` to `path` durably (see [`crate::fsutil::write_atomically`]).
+fn write_object(path: &Path, value: &Value) -> Result<(), StoreError> {
+    let bytes = serde_json::to_vec_pretty(value).map_err(|source| StoreError::Encode { path: path.to_path_buf(), source })?;
+    fsutil::write_atomically(path, &bytes).map_err(|source| StoreError::Io { action: "write", path: path.to_path_buf(), source })
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    fsutil::create_private_dir(dir).map_err(|source| StoreError::Io { action: "create directory", path: dir.to_path_buf(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(name: &str) -> Key {
+        Key { resource: "things", namespace: None, name: name.into() }
+    }
+
+    fn put(store: &Store, name: &str, value: Value) -> Value {
+        match store.modify::<StoreError>(&key(name), |_| Ok(Action::Put(value))).unwrap() {
+            Outcome::Written(v) => v,
+            other => panic!("expected a write, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn objects_and_the_counter_survive_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        put(&store, "a", json!({"metadata": {"name": "a"}}));
+        put(&store, "b", json!({"metadata": {"name": "b"}}));
+        store.modify::<StoreError>(&key("b"), |_| Ok(Action::Delete)).unwrap();
+        assert_eq!(store.current_resource_version(), 3);
+        drop(store);
+
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        assert_eq!(store.current_resource_version(), 3, "a delete's version must not be reused");
+        assert!(store.get(&key("a")).is_some());
+        assert!(store.get(&key("b")).is_none());
+        assert_eq!(resource_version_of(&put(&store, "c", json!({"metadata": {}}))), 4);
+    }
+
+    #[test]
+    fn a_write_killed_before_its_rename_leaves_the_old_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        put(&store, "a", json!({"metadata": {"name": "a"}, "v": 1}));
+        drop(store);
+        let tmp = dir.path().join("things/_cluster/a.tmp");
+        fs::write(&tmp, b"{\"metadata\": {\"na").unwrap();
+
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        assert_eq!(store.get(&key("a")).unwrap()["v"], 1);
+        assert!(!tmp.exists(), "the leftover temp file is cleaned up");
+    }
+
+    #[test]
+    fn a_corrupt_file_is_moved_aside_and_the_rest_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        put(&store, "a", json!({"metadata": {"name": "a"}}));
+        put(&store, "b", json!({"metadata": {"name": "b"}}));
+        drop(store);
+        fs::write(dir.path().join("things/_cluster/b.json"), b"garbage").unwrap();
+
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        assert!(store.get(&key("a")).is_some());
+        assert!(store.get(&key("b")).is_none());
+        assert!(dir.path().join("things/_cluster/b.json.corrupt").exists());
+    }
+
+    #[test]
+    fn a_no_op_write_persists_nothing_and_notifies_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        put(&store, "a", json!({"metadata": {"name": "a"}}));
+        let mut sub = store.subscribe(1).unwrap();
+        let outcome = store.modify::<StoreError>(&key("a"), |_| Ok(Action::Nothing)).unwrap();
+        assert!(matches!(outcome, Outcome::Unchanged(Some(_))));
+        assert_eq!(store.current_resource_version(), 1);
+        assert!(sub.live.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_watch_resumes_after_its_version_and_refuses_one_from_before_the_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        put(&store, "a", json!({"metadata": {}}));
+        put(&store, "b", json!({"metadata": {}}));
+        put(&store, "a", json!({"metadata": {}, "x": 1}));
+        let sub = store.subscribe(1).unwrap();
+        let versions: Vec<u64> = sub.backlog.iter().map(|c| c.resource_version).collect();
+        assert_eq!(versions, vec![2, 3]);
+        drop(store);
+
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        assert!(store.subscribe(1).is_err(), "history from before the restart is gone");
+        assert!(store.subscribe(3).is_ok());
+    }
+}

@@ -1,0 +1,14 @@
+//! kcpshard runs a kcp shard as blue/green *slots* behind a *front*, on a shared *store*, and rolls it
+//! to a new version or a restart without a failed request.
+//!
+//! How the pieces fit:
+//! - [`api`] holds the `KcpShard` type (`kcpshard.io/v1alpha1`), its CRD and the checks its schema
+//!   cannot express.
+//! - [`apiserver`] serves a small, real Kubernetes API from files under the state dir, so that the
+//!   unmodified `kubectl`, kube-runtime and GitOps tools can read and write `KcpShard` objects on a
+//!   single host with no cluster.
+//! - [`cli`] is the `kcpshard` command: `serve`, `crd`, and thin kubectl-like clients.
+pub mod api;
+pub mod apiserver;
+pub mod cli;
+pub mod fsutil;
