@@ -51,35 +51,11 @@ pub const LISTEN_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+):\d{1,5}$
     status = "KcpShardStatus",
     derive = "PartialEq",
     doc = "A kcp shard run as blue/green slots behind a front, on a shared store. Changing spec.version (or the kcpshard.io/restartedAt annotation) rolls the shard to a new slot without a failed request.",
-    printcolumn(
-        name = "Version",
-        type_ = "string",
-        json_path = ".spec.version",
-        description = "The kcp release the shard should run."
-    ),
-    printcolumn(
-        name = "Active",
-        type_ = "string",
-        json_path = ".status.activeSlot",
-        description = "The slot the front forwards to."
-    ),
-    printcolumn(
-        name = "Phase",
-        type_ = "string",
-        json_path = ".status.phase",
-        description = "Where the shard is in its life cycle."
-    ),
-    printcolumn(
-        name = "Ready",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
-        description = "Whether the shard serves through its front."
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name": "Version", "type": "string", "jsonPath": ".spec.version", "description": "The kcp release the shard should run."}"#,
+    printcolumn = r#"{"name": "Active", "type": "string", "jsonPath": ".status.activeSlot", "description": "The slot the front forwards to."}"#,
+    printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the shard is in its life cycle."}"#,
+    printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "Whether the shard serves through its front."}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KcpShardSpec {
