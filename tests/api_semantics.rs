@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::Resource;
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::{Value, json};
@@ -164,7 +165,7 @@ async fn a_streaming_list_ends_with_the_initial_events_bookmark() {
     let f = fixture();
     f.shards.create(&PostParams::default(), &shard("a")).await.unwrap();
     f.shards.create(&PostParams::default(), &shard("b")).await.unwrap();
-    let params = WatchParams::default().streaming_lists();
+    let params = WatchParams::streaming_lists();
     let mut stream = f.shards.watch(&params, "0").await.unwrap().boxed();
     let mut added = Vec::new();
     loop {
