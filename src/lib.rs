@@ -11,4 +11,5 @@
 pub mod api;
 pub mod apiserver;
 pub mod cli;
+pub mod front;
 pub mod fsutil;

@@ -95,10 +95,23 @@ fn schema_is_structural() {
         if s.definitions.is_some() {
             problems.push(format!("{path}: definitions"));
         }
-        if let Some(values) = &s.enum_ {
-            if values.iter().any(|v| v.0.is_null()) {
-                problems.push(format!("{path}: null in enum"));
-            }
+        if s.enum_.iter().flatten().any(|v| v.0.is_null()) {
+            problems.push(format!("{path}: null in enum"));
+        }
+        if let Some(format) = s.format.as_deref()
+            && ![
+                "int32",
+                "int64",
+                "float",
+                "double",
+                "byte",
+                "date",
+                "date-time",
+                "password",
+            ]
+            .contains(&format)
+        {
+            problems.push(format!("{path}: format {format} unknown to Kubernetes"));
         }
     });
     assert!(
@@ -173,4 +186,24 @@ fn enums_and_patterns_guard_the_spec() {
         spec.required.as_deref(),
         Some(&["store".to_string(), "version".to_string()][..])
     );
+}
+
+/// What the API server does with a body: schema check (prune, default, validate), then the checks
+/// the schema cannot express. The example manifests pass both, in Strict mode.
+#[test]
+fn example_manifests_pass_the_servers_checks() {
+    use kcpshard::apiserver::schema::{StructuralSchema, UnknownFields};
+    let schema = StructuralSchema::try_new(&root_schema()).expect("the schema compiles");
+    for name in ["dev.yaml", "postgres.yaml"] {
+        let path = format!("{}/manifests/{name}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut obj: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+        assert_eq!(
+            schema.check(&mut obj, UnknownFields::Strict),
+            Ok(vec![]),
+            "{name}"
+        );
+        let shard: kcpshard::api::KcpShard = serde_json::from_value(obj).unwrap();
+        assert_eq!(kcpshard::api::validate(&shard), vec![], "{name}");
+    }
 }

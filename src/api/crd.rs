@@ -2,9 +2,10 @@
 //! `crds/kcpshards.kcpshard.io.yaml` holds [`crd_yaml`]'s exact bytes and `kcpshard crd` prints them;
 //! tests/crd.rs fails when the two drift.
 //!
-//! Two touches after the derive: the root gets `apiVersion`, `kind` and `metadata` properties (as
-//! controller-gen writes them, so `kubectl explain ks` lists them), and `null` is dropped from enums
-//! (schemars adds it for `Option<enum>`; `nullable: true` already says it).
+//! Touches after the derive: the root gets `apiVersion`, `kind` and `metadata` properties (as
+//! controller-gen writes them, so `kubectl explain ks` lists them); `null` is dropped from enums
+//! (schemars adds it for `Option<enum>`; `nullable: true` already says it); and schemars' `uint16`
+//! and `uint32` formats become the `int32` and `int64` that Kubernetes knows (the bounds stay).
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
@@ -30,7 +31,7 @@ pub fn crd() -> CustomResourceDefinition {
             .and_then(|s| s.open_api_v3_schema.as_mut())
         {
             add_object_meta_properties(root);
-            drop_null_from_enums(root);
+            tidy(root);
         }
     }
     crd
@@ -71,21 +72,24 @@ fn add_object_meta_properties(root: &mut JSONSchemaProps) {
     );
 }
 
-fn drop_null_from_enums(schema: &mut JSONSchemaProps) {
+fn tidy(schema: &mut JSONSchemaProps) {
     if let Some(values) = schema.enum_.as_mut() {
         values.retain(|v| !v.0.is_null());
     }
+    match schema.format.as_deref() {
+        Some("uint8" | "uint16" | "int8" | "int16") => schema.format = Some("int32".into()),
+        Some("uint32" | "uint64" | "uint") => schema.format = Some("int64".into()),
+        _ => {}
+    }
     for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
-        drop_null_from_enums(child);
+        tidy(child);
     }
     match schema.items.as_mut() {
-        Some(JSONSchemaPropsOrArray::Schema(item)) => drop_null_from_enums(item),
-        Some(JSONSchemaPropsOrArray::Schemas(items)) => {
-            items.iter_mut().for_each(drop_null_from_enums)
-        }
+        Some(JSONSchemaPropsOrArray::Schema(item)) => tidy(item),
+        Some(JSONSchemaPropsOrArray::Schemas(items)) => items.iter_mut().for_each(tidy),
         None => {}
     }
     if let Some(JSONSchemaPropsOrBool::Schema(extra)) = schema.additional_properties.as_mut() {
-        drop_null_from_enums(extra);
+        tidy(extra);
     }
 }

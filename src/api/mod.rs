@@ -6,12 +6,15 @@
 //! - [`validation`]: server-side checks beyond the schema (settings block matches the store type,
 //!   addresses parse, durations are sane, no inline secrets).
 //! - [`duration`]: the `30s`-style durations the spec uses.
+//! - [`version`]: kcp release tags, their order, and which changes `spec.rollout` allows.
 pub mod crd;
 pub mod duration;
 pub mod kcpshard;
 pub mod validation;
+pub mod version;
 
 pub use crd::{crd, crd_yaml};
 pub use duration::parse_duration;
 pub use kcpshard::*;
 pub use validation::validate;
+pub use version::KcpVersion;

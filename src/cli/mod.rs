@@ -10,6 +10,7 @@ mod crd;
 mod delete;
 mod describe;
 mod events;
+mod front;
 mod get;
 mod serve;
 mod table;
@@ -44,11 +45,13 @@ enum Command {
     Delete(delete::Args),
     /// List events, like `kubectl events`.
     Events(events::Args),
+    /// Run the TCP front (started and adopted by `serve`; see docs/front.md).
+    Front(front::Args),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(matches!(cli.command, Command::Serve(_)));
+    init_tracing(matches!(cli.command, Command::Serve(_) | Command::Front(_)));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -74,6 +77,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Describe(args) => describe::run(args).await,
         Command::Delete(args) => delete::run(args).await,
         Command::Events(args) => events::run(args).await,
+        Command::Front(args) => front::run(args).await,
     }
 }
 

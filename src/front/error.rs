@@ -1,0 +1,94 @@
+//! One error type for everything the front does, each message saying what to do next. The
+//! controller copies these messages into the KcpShard's FrontReady condition, so they name the
+//! address, the file or the spec field the user has to look at.
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrontError {
+    #[error(
+        "front address {address} is in use by another program; choose another spec.front.listen"
+    )]
+    AddressInUse { address: SocketAddr },
+
+    #[error("the front cannot listen on {address}: {message}; choose another spec.front.listen")]
+    CannotListen {
+        address: SocketAddr,
+        message: String,
+    },
+
+    #[error(
+        "no front answers on {socket} ({source}); `kcpshard serve` starts one, its log is {log}"
+    )]
+    NotRunning {
+        socket: PathBuf,
+        log: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("talking to the front on {socket} failed: {source}; see its log {log}")]
+    Control {
+        socket: PathBuf,
+        log: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "the front on {socket} gave an answer this kcpshard cannot read ({detail}); \
+         run the same kcpshard version for serve and front, or restart the front"
+    )]
+    Protocol { socket: PathBuf, detail: String },
+
+    #[error("the front refused the request: {message}")]
+    Refused { message: String },
+
+    #[error("invalid backend: {0}")]
+    InvalidBackend(String),
+
+    #[error(
+        "cannot start the front binary {binary}: {source}; check that the path exists and is executable"
+    )]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("the front exited while starting ({status}); see {log}, which ends with:\n{tail}")]
+    Exited {
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+
+    #[error(
+        "the front (pid {pid}) did not answer on {socket} within {seconds} s; it was killed, see {log}"
+    )]
+    StartTimeout {
+        pid: u32,
+        socket: PathBuf,
+        log: PathBuf,
+        seconds: u64,
+    },
+
+    #[error("front handover failed: {0}; the old front keeps serving")]
+    Handover(String),
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl FrontError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        FrontError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

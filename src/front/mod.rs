@@ -1,0 +1,36 @@
+//! The front: the one address clients dial (default `127.0.0.1:6443`). It forwards each TCP
+//! connection, bytes untouched (TLS stays end-to-end between client and kcp), to the active slot.
+//!
+//! It runs as its own long-lived process, `kcpshard front --listen ADDR --dir DIR`, so that the
+//! controller (`kcpshard serve`) can crash, restart or be upgraded without closing a connection.
+//! `serve` starts or adopts it with [`ensure_running`], points it at a slot with
+//! [`FrontClient::switch`], reads its counts with [`FrontClient::status`], replaces its binary
+//! without closing the listening socket with [`upgrade`], and ends it with [`stop`].
+//!
+//! Files:
+//! - [`proxy`]: accept, pick the backend at accept time, connect with a bounded retry, copy.
+//! - [`server`]: the `kcpshard front` process: start order, control socket, shutdown, handover.
+//! - [`protocol`]: the control protocol's messages and the files kept in DIR.
+//! - [`client`], [`lifecycle`]: the controller's side (talk to, start, adopt, stop).
+//! - [`handover`]: SCM_RIGHTS passing of the listening socket to a successor.
+//! - [`metrics`]: Prometheus text from a status snapshot.
+//!
+//! See docs/front.md for the protocol, the files and what survives what.
+mod client;
+mod error;
+mod handover;
+mod lifecycle;
+mod metrics;
+mod protocol;
+mod proxy;
+mod server;
+
+pub use client::FrontClient;
+pub use error::FrontError;
+pub use lifecycle::{START_TIMEOUT, STOP_TIMEOUT, ensure_running, stop, upgrade};
+pub use protocol::{
+    BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE,
+    SlotConnections,
+};
+pub use proxy::{RETRY_STEP, RETRY_WINDOW};
+pub use server::{FrontConfig, run};

@@ -1,0 +1,329 @@
+//! What the front and its clients say to each other, and the files the front keeps in its dir.
+//!
+//! The control protocol is one JSON object per line each way: a request carries `"op"`, an answer
+//! carries `"ok"` and either `"status"` or `"error"`. Every successful answer carries the status
+//! *after* the request took effect, so a client never needs a second round trip to see it.
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// The Unix socket the front is controlled through (mode 0600, in a 0700 dir).
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// The backend, written before it is applied, read at start.
+pub const BACKEND_FILE: &str = "backend.json";
+/// The pid and start time of the front that owns the dir.
+pub const PID_FILE: &str = "front.pid.json";
+/// The front's stdout and stderr, appended to by every front started in the dir.
+pub const LOG_FILE: &str = "front.log";
+/// Why the last front failed to start (removed when one starts).
+pub const ERROR_FILE: &str = "front.error";
+
+/// Longest request or answer line; anything longer is a protocol error, not a reason to buffer.
+pub(crate) const MAX_LINE: usize = 64 * 1024;
+
+/// A slot the front forwards to: its name (used in counts and metrics) and its address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Backend {
+    pub slot: String,
+    pub address: SocketAddr,
+}
+
+/// Connections forwarded to one slot since the front started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotConnections {
+    /// Client connections pinned to the slot now.
+    pub open: u64,
+    /// Client connections ever given to the slot.
+    pub total: u64,
+    /// Of those, the ones closed because the slot could not be reached within the retry window.
+    #[serde(default)]
+    pub failed: u64,
+}
+
+/// What `status` answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontStatus {
+    pub pid: u32,
+    pub listen: SocketAddr,
+    pub backend: Option<Backend>,
+    pub connections: BTreeMap<String, SlotConnections>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(crate) enum Request {
+    Status,
+    Switch(Backend),
+    /// From a successor front: send me the listening socket (the answer carries it, SCM_RIGHTS).
+    Handover {
+        pid: u32,
+    },
+    /// From the successor, on the same connection: I accept now; stop accepting and drain.
+    Commit,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<FrontStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Set when asking again shortly will work (this front is handing over to a successor).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retry: bool,
+}
+
+impl Response {
+    pub fn ok(status: FrontStatus) -> Self {
+        Response {
+            ok: true,
+            status: Some(status),
+            error: None,
+            retry: false,
+        }
+    }
+
+    pub fn error(message: impl Into<String>) -> Self {
+        Response {
+            ok: false,
+            status: None,
+            error: Some(message.into()),
+            retry: false,
+        }
+    }
+
+    pub fn retry_later(message: impl Into<String>) -> Self {
+        Response {
+            retry: true,
+            ..Response::error(message)
+        }
+    }
+
+    /// One line of JSON, newline included.
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut line = serde_json::to_vec(self).expect("a response always serializes");
+        line.push(b'\n');
+        line
+    }
+}
+
+impl Request {
+    pub fn to_line(&self) -> Vec<u8> {
+        let mut line = serde_json::to_vec(self).expect("a request always serializes");
+        line.push(b'\n');
+        line
+    }
+}
+
+/// Slot names become metric label values and file content: keep them short and plain.
+pub fn validate_backend(backend: &Backend) -> Result<(), String> {
+    let slot = &backend.slot;
+    if slot.is_empty() || slot.len() > 253 {
+        return Err(format!(
+            "slot name must have 1 to 253 characters, got {}",
+            slot.len()
+        ));
+    }
+    if let Some(c) = slot
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_')))
+    {
+        return Err(format!(
+            "slot name {slot:?} contains {c:?}; use letters, digits, '-', '.' and '_'"
+        ));
+    }
+    if backend.address.port() == 0 {
+        return Err(format!("backend address {} has port 0", backend.address));
+    }
+    if backend.address.ip().is_unspecified() {
+        return Err(format!(
+            "backend address {} is unspecified; name the slot's own address",
+            backend.address
+        ));
+    }
+    Ok(())
+}
+
+/// The contents of `backend.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BackendFile {
+    pub backend: Option<Backend>,
+}
+
+/// The contents of `front.pid.json`. `start_time` is field 22 of `/proc/<pid>/stat` (clock ticks
+/// since boot), so a pid reused by another process is not mistaken for the front.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PidRecord {
+    pub pid: u32,
+    pub start_time: u64,
+    pub listen: SocketAddr,
+    #[serde(default)]
+    pub binary: Option<PathBuf>,
+}
+
+/// The contents of `front.error`: why the front could not start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StartError {
+    /// `address_in_use` or `cannot_listen`, or `other`.
+    pub reason: String,
+    pub address: SocketAddr,
+    pub message: String,
+}
+
+impl StartError {
+    pub fn into_error(self) -> crate::front::FrontError {
+        use crate::front::FrontError;
+        match self.reason.as_str() {
+            "address_in_use" => FrontError::AddressInUse {
+                address: self.address,
+            },
+            "cannot_listen" => FrontError::CannotListen {
+                address: self.address,
+                message: self.message,
+            },
+            _ => FrontError::Refused {
+                message: self.message,
+            },
+        }
+    }
+}
+
+/// Reads one line (without its newline); `None` at a clean end of stream. A line longer than
+/// [`MAX_LINE`] is an error rather than a reason to buffer without bound.
+pub(crate) async fn read_line<R>(reader: &mut R) -> std::io::Result<Option<String>>
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let mut line = String::new();
+    let n = reader.take(MAX_LINE as u64).read_line(&mut line).await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if !line.ends_with('\n') {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            if n >= MAX_LINE {
+                "line too long"
+            } else {
+                "stream ended inside a line"
+            },
+        ));
+    }
+    line.pop();
+    Ok(Some(line))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(slot: &str, address: &str) -> Backend {
+        Backend {
+            slot: slot.into(),
+            address: address.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn requests_have_the_documented_shape() {
+        let switch: Request =
+            serde_json::from_str(r#"{"op":"switch","slot":"blue","address":"127.0.0.1:7001"}"#)
+                .unwrap();
+        assert_eq!(switch, Request::Switch(backend("blue", "127.0.0.1:7001")));
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"status"}"#).unwrap(),
+            Request::Status
+        );
+        assert_eq!(
+            String::from_utf8(Request::Handover { pid: 7 }.to_line()).unwrap(),
+            "{\"op\":\"handover\",\"pid\":7}\n"
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"reboot"}"#).is_err());
+    }
+
+    #[test]
+    fn a_status_answer_carries_the_status_and_no_error() {
+        let status = FrontStatus {
+            pid: 42,
+            listen: "127.0.0.1:6443".parse().unwrap(),
+            backend: Some(backend("green", "127.0.0.1:7002")),
+            connections: BTreeMap::from([(
+                "green".to_string(),
+                SlotConnections {
+                    open: 1,
+                    total: 3,
+                    failed: 0,
+                },
+            )]),
+        };
+        let line = String::from_utf8(Response::ok(status.clone()).to_line()).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["ok"], true);
+        assert_eq!(value["status"]["backend"]["slot"], "green");
+        assert_eq!(value["status"]["connections"]["green"]["total"], 3);
+        assert!(value.get("error").is_none());
+        let back: Response = serde_json::from_str(&line).unwrap();
+        assert_eq!(back.status, Some(status));
+        let error = String::from_utf8(Response::error("no").to_line()).unwrap();
+        assert_eq!(error, "{\"ok\":false,\"error\":\"no\"}\n");
+    }
+
+    #[tokio::test]
+    async fn lines_are_bounded() {
+        let mut input: &[u8] = b"{\"op\":\"status\"}\nrest";
+        assert_eq!(
+            read_line(&mut input).await.unwrap().as_deref(),
+            Some("{\"op\":\"status\"}")
+        );
+        assert!(read_line(&mut input).await.is_err());
+        let mut empty: &[u8] = b"";
+        assert_eq!(read_line(&mut empty).await.unwrap(), None);
+        let long = vec![b'x'; MAX_LINE + 10];
+        let mut long: &[u8] = &long;
+        assert_eq!(
+            read_line(&mut long).await.unwrap_err().to_string(),
+            "line too long"
+        );
+    }
+
+    #[test]
+    fn slot_connections_read_without_failed() {
+        let c: SlotConnections = serde_json::from_str(r#"{"open":2,"total":5}"#).unwrap();
+        assert_eq!(
+            c,
+            SlotConnections {
+                open: 2,
+                total: 5,
+                failed: 0
+            }
+        );
+    }
+
+    #[test]
+    fn backends_are_validated() {
+        assert!(validate_backend(&backend("slot-1.a_b", "127.0.0.1:1")).is_ok());
+        assert!(validate_backend(&backend("", "127.0.0.1:1")).is_err());
+        assert!(validate_backend(&backend("a b", "127.0.0.1:1")).is_err());
+        assert!(validate_backend(&backend("a\"", "127.0.0.1:1")).is_err());
+        assert!(validate_backend(&backend("a", "127.0.0.1:0")).is_err());
+        assert!(validate_backend(&backend("a", "0.0.0.0:80")).is_err());
+        assert!(validate_backend(&backend(&"x".repeat(254), "127.0.0.1:1")).is_err());
+    }
+
+    #[test]
+    fn a_start_error_maps_to_the_user_facing_error() {
+        let e = StartError {
+            reason: "address_in_use".into(),
+            address: "127.0.0.1:6443".parse().unwrap(),
+            message: "Address already in use (os error 98)".into(),
+        };
+        assert_eq!(
+            e.into_error().to_string(),
+            "front address 127.0.0.1:6443 is in use by another program; choose another spec.front.listen"
+        );
+    }
+}

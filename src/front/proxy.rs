@@ -1,0 +1,234 @@
+//! The data path: accept, pick the backend, connect to it, copy bytes both ways.
+//!
+//! Invariants (DESIGN.md section 6, "The front"):
+//! - The backend is read once per connection from a watch channel (an atomic pointer swap for the
+//!   writer, a short read lock for the reader); a switch never touches an open connection, which
+//!   stays pinned to its slot until one side closes.
+//! - The front connects to the backend *before* reading a byte from the client, retrying a refused
+//!   connect every [`RETRY_STEP`] for up to [`RETRY_WINDOW`]: a slot restarting its listener or a
+//!   switch racing a connect costs latency, not a failed request. While no byte has flowed, a
+//!   retry may follow a switch to the new backend; after that the connection is pinned.
+//! - With no backend yet, a connection waits up to [`RETRY_WINDOW`] for one, then is closed.
+//! - TCP_NODELAY on both sides, EOF propagated as a half-close (`copy_bidirectional` shuts down the
+//!   write side), and no idle timeout: kcp watches stay open for hours.
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::front::protocol::{Backend, SlotConnections};
+
+/// How long a new connection may wait for a backend to accept (or to exist).
+pub const RETRY_WINDOW: Duration = Duration::from_secs(2);
+/// Pause between two connect attempts.
+pub const RETRY_STEP: Duration = Duration::from_millis(50);
+
+#[derive(Default, Debug)]
+struct SlotCounters {
+    open: AtomicU64,
+    total: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// The backend in force and the counters of its slot, swapped as one value.
+#[derive(Debug)]
+struct Active {
+    backend: Backend,
+    counters: Arc<SlotCounters>,
+}
+
+/// Shared by the accept loop, every connection and the control server.
+#[derive(Debug)]
+pub struct Router {
+    active: watch::Sender<Option<Arc<Active>>>,
+    slots: Mutex<BTreeMap<String, Arc<SlotCounters>>>,
+    /// Connections open in this process, whatever their slot; drained to 0 on shutdown.
+    open: watch::Sender<u64>,
+}
+
+impl Router {
+    pub fn new(initial: Option<Backend>) -> Arc<Router> {
+        let router = Arc::new(Router {
+            active: watch::Sender::new(None),
+            slots: Mutex::new(BTreeMap::new()),
+            open: watch::Sender::new(0),
+        });
+        if let Some(backend) = initial {
+            router.switch(backend);
+        }
+        router
+    }
+
+    /// Makes `backend` the target of new connections. Open connections are not touched.
+    pub fn switch(&self, backend: Backend) {
+        let counters = self
+            .slots
+            .lock()
+            .expect("slot counters lock")
+            .entry(backend.slot.clone())
+            .or_default()
+            .clone();
+        self.active
+            .send_replace(Some(Arc::new(Active { backend, counters })));
+    }
+
+    pub fn backend(&self) -> Option<Backend> {
+        self.active.borrow().as_ref().map(|a| a.backend.clone())
+    }
+
+    pub fn connections(&self) -> BTreeMap<String, SlotConnections> {
+        self.slots
+            .lock()
+            .expect("slot counters lock")
+            .iter()
+            .map(|(slot, c)| {
+                let counts = SlotConnections {
+                    open: c.open.load(Ordering::Relaxed),
+                    total: c.total.load(Ordering::Relaxed),
+                    failed: c.failed.load(Ordering::Relaxed),
+                };
+                (slot.clone(), counts)
+            })
+            .collect()
+    }
+
+    pub fn open_connections(&self) -> u64 {
+        *self.open.borrow()
+    }
+
+    /// Waits until every connection of this process has closed, or `bound` has passed; returns the
+    /// number still open.
+    pub async fn drain(&self, bound: Duration) -> u64 {
+        let mut open = self.open.subscribe();
+        let _ = tokio::time::timeout(bound, open.wait_for(|n| *n == 0)).await;
+        self.open_connections()
+    }
+
+    fn current(&self) -> Option<Arc<Active>> {
+        self.active.borrow().clone()
+    }
+
+    async fn wait_for_backend(&self, deadline: Instant) -> Option<Arc<Active>> {
+        let mut rx = self.active.subscribe();
+        let found = tokio::time::timeout_at(deadline, async {
+            rx.wait_for(|a| a.is_some()).await.ok().map(|a| a.clone())
+        });
+        found.await.ok().flatten().flatten()
+    }
+}
+
+/// Counts one connection in its slot: total at once, open for as long as it lives.
+struct Pin(Arc<SlotCounters>);
+
+impl Pin {
+    fn new(counters: &Arc<SlotCounters>) -> Pin {
+        counters.total.fetch_add(1, Ordering::Relaxed);
+        counters.open.fetch_add(1, Ordering::Relaxed);
+        Pin(counters.clone())
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a connection in the process total, from accept to close.
+struct Tracked(Arc<Router>);
+
+impl Tracked {
+    fn new(router: &Arc<Router>) -> Tracked {
+        router.open.send_modify(|n| *n += 1);
+        Tracked(router.clone())
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.open.send_modify(|n| *n -= 1);
+    }
+}
+
+/// Accepts until `stop` turns true. The listener is shared so that a handover can send its fd to
+/// a successor while this loop still accepts.
+pub async fn accept_loop(
+    listener: Arc<TcpListener>,
+    router: Arc<Router>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    tokio::spawn(forward(router.clone(), stream, peer));
+                }
+                Err(err) => {
+                    // Out of fds or memory, or an aborted handshake: keep the listener, back off
+                    // a little so that a persistent error does not spin.
+                    warn!(error = %err, "accept failed");
+                    tokio::time::sleep(RETRY_STEP).await;
+                }
+            },
+        }
+    }
+}
+
+async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
+    let _tracked = Tracked::new(&router);
+    let _ = client.set_nodelay(true);
+    let deadline = Instant::now() + RETRY_WINDOW;
+    let mut active = match router.current() {
+        Some(active) => active,
+        None => match router.wait_for_backend(deadline).await {
+            Some(active) => active,
+            None => {
+                warn!(%peer, "closing a client connection: the front has no backend yet");
+                return;
+            }
+        },
+    };
+    let mut pin = Pin::new(&active.counters);
+    let mut upstream = loop {
+        let attempt =
+            tokio::time::timeout_at(deadline, TcpStream::connect(active.backend.address)).await;
+        let err = match attempt {
+            Ok(Ok(stream)) => break Some(stream),
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => "connect timed out".to_string(),
+        };
+        if Instant::now() + RETRY_STEP >= deadline {
+            warn!(%peer, slot = %active.backend.slot, address = %active.backend.address, error = %err,
+                "closing a client connection: its slot did not accept within {:?}", RETRY_WINDOW);
+            active.counters.failed.fetch_add(1, Ordering::Relaxed);
+            break None;
+        }
+        tokio::time::sleep(RETRY_STEP).await;
+        // Nothing has flowed yet, so following a switch is still safe.
+        if let Some(now) = router.current()
+            && now.backend != active.backend
+        {
+            active = now;
+            pin = Pin::new(&active.counters);
+        }
+    };
+    let Some(upstream) = upstream.as_mut() else {
+        return;
+    };
+    let _ = upstream.set_nodelay(true);
+    match tokio::io::copy_bidirectional(&mut client, upstream).await {
+        Ok((up, down)) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
+        Err(err) => {
+            debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error")
+        }
+    }
+    drop(pin);
+}
