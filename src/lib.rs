@@ -11,5 +11,6 @@
 pub mod api;
 pub mod apiserver;
 pub mod cli;
+pub mod controller;
 pub mod front;
 pub mod fsutil;

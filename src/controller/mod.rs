@@ -1,0 +1,2 @@
+//! The controller: observe, plan, act, one step per reconcile.
+pub mod plan;

@@ -1,0 +1,477 @@
+//! The plan: a pure function from the desired state (the spec) and the observed state (processes,
+//! readiness, the front's backend, the persisted roll record) to the ONE next step.
+//!
+//! The order is the roll of DESIGN.md section 3 (research section 7.4); the invariants it keeps
+//! (DESIGN.md section 5, checked by the property tests below):
+//! - the front is only ever switched to a slot that is running and answered `/readyz` on its own
+//!   port (research run 1: switching before that failed 8 polls);
+//! - the slot the front forwards to is never stopped while no other slot is ready (the last ready
+//!   slot keeps serving whatever else fails);
+//! - at most two slots run, and a slot is only started when fewer than two run;
+//! - the Lease is released only when no slot but the new one runs: a live old leader would renew it
+//!   (research section 0.3);
+//! - a roll that failed for a spec is not retried until the spec changes (no crash loop).
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// What a slot runs: everything that, when changed, needs a new slot. Two slots with equal
+/// templates are interchangeable.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotTemplate {
+    pub version: String,
+    /// The kcp binary, resolved from the spec's template.
+    pub binary: String,
+    pub extra_args: Vec<String>,
+    pub shutdown_delay: String,
+    /// The URL every slot advertises (the front's).
+    pub front_url: String,
+    /// The `kcpshard.io/restartedAt` annotation: a new value asks for a fresh slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub template: SlotTemplate,
+    /// Whether the binary for the template exists.
+    pub binary_present: bool,
+    pub readiness_timeout: Duration,
+    /// The object is being deleted.
+    pub deleting: bool,
+}
+
+/// The front, as observed through its control socket.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FrontObservation {
+    /// Not running (or not answering).
+    Down,
+    /// Running; the slot new connections go to, if any.
+    Up { backend: Option<String> },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotObservation {
+    pub name: String,
+    pub template: SlotTemplate,
+    /// The recorded process is alive (same pid, same start time).
+    pub running: bool,
+    /// It answered `/readyz` on its own port just now.
+    pub ready: bool,
+    pub started_at: DateTime<Utc>,
+}
+
+/// A roll that could not go on, kept until the spec changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocked {
+    pub template: SlotTemplate,
+    pub cause: BlockCause,
+}
+
+/// Why a roll cannot go on. Each says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "reason")]
+pub enum BlockCause {
+    /// The binary for the version does not exist.
+    NoBinary { path: String },
+    /// The new slot did not answer `/readyz` in time.
+    SlotNotReady { slot: String, timeout_seconds: u64 },
+    /// The new slot's process exited before it was ready.
+    SlotCrashed { slot: String },
+}
+
+impl BlockCause {
+    /// The CamelCase reason for conditions and events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BlockCause::NoBinary { .. } => "BinaryMissing",
+            BlockCause::SlotNotReady { .. } => "SlotNotReady",
+            BlockCause::SlotCrashed { .. } => "SlotCrashed",
+        }
+    }
+
+    /// What happened and what to do about it.
+    pub fn message(&self) -> String {
+        match self {
+            BlockCause::NoBinary { path } => format!(
+                "no kcp binary at {path}: install it (hack/install-deps.sh builds bin/kcp-<version>) or set spec.version or spec.kcp.binary to one that exists; the running slot keeps serving"
+            ),
+            BlockCause::SlotNotReady { slot, timeout_seconds } => format!(
+                "slot {slot} did not answer /readyz on its own port within {timeout_seconds}s and was stopped; the old slot keeps serving. See the slot's log under the state dir, then fix spec.version, spec.kcp or raise spec.rollout.readinessTimeout to retry"
+            ),
+            BlockCause::SlotCrashed { slot } => format!(
+                "slot {slot} exited before it was ready; the old slot keeps serving. See the slot's log under the state dir, then fix spec.version or spec.kcp to retry"
+            ),
+        }
+    }
+}
+
+/// The roll in progress, persisted so that a restarted controller carries on where it stopped.
+/// Steps that cannot be observed (the Lease released, the probe passed) are recorded here.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RollRecord {
+    /// The slot that served when the roll began, if any.
+    pub from: Option<String>,
+    pub from_version: Option<String>,
+    pub to: String,
+    pub to_version: String,
+    pub started_at: DateTime<Utc>,
+    pub new_slot_started_at: Option<DateTime<Utc>>,
+    pub new_slot_ready_at: Option<DateTime<Utc>>,
+    pub front_switched_at: Option<DateTime<Utc>>,
+    pub old_slot_exited_at: Option<DateTime<Utc>>,
+    pub lease_released_at: Option<DateTime<Utc>>,
+    pub probe_succeeded_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    pub now: DateTime<Utc>,
+    /// The store accepts connections.
+    pub store_up: bool,
+    pub front: FrontObservation,
+    pub slots: Vec<SlotObservation>,
+    pub roll: Option<RollRecord>,
+    pub blocked: Option<Blocked>,
+}
+
+/// The one thing to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Deleting: stop the slots, the store's processes and the front; keep the data.
+    Cleanup,
+    EnsureStore,
+    EnsureFront,
+    /// Start a slot with the desired template.
+    StartSlot { name: String },
+    /// A new slot runs but is not ready yet: look again soon.
+    AwaitReady { name: String },
+    SwitchFront { to: String },
+    /// Stop a slot that is no longer needed (SIGTERM, bounded wait, SIGKILL).
+    StopSlot { name: String },
+    /// A slot's process is gone: drop its record (and report it if it served).
+    ForgetSlot { name: String, was_active: bool },
+    /// Stop the new slot and remember that this spec cannot roll.
+    AbortRoll { name: String, cause: BlockCause },
+    ReleaseLease,
+    Probe,
+    CompleteRoll,
+    /// Nothing to do until the spec changes; the old slot keeps serving.
+    Blocked { cause: BlockCause },
+    /// Converged.
+    Idle,
+}
+
+/// The slot names, used in turn: the new slot takes the name no running slot has.
+pub const SLOT_NAMES: [&str; 2] = ["a", "b"];
+
+pub fn plan(desired: &Desired, observed: &Observed) -> Step {
+    if desired.deleting {
+        let anything_runs = observed.store_up || observed.front != FrontObservation::Down || observed.slots.iter().any(|s| s.running);
+        return if anything_runs { Step::Cleanup } else { Step::Idle };
+    }
+    if !observed.store_up {
+        return Step::EnsureStore;
+    }
+    let backend = match &observed.front {
+        FrontObservation::Down => return Step::EnsureFront,
+        FrontObservation::Up { backend } => backend.as_deref(),
+    };
+    let roll_target = observed.roll.as_ref().map(|r| r.to.as_str());
+
+    // A slot whose process is gone: the new slot of a roll failed; any other is forgotten (and a
+    // replacement started below).
+    if let Some(dead) = observed.slots.iter().find(|s| !s.running) {
+        if roll_target == Some(dead.name.as_str()) && backend != Some(dead.name.as_str()) && dead.template == desired.template {
+            return Step::AbortRoll { name: dead.name.clone(), cause: BlockCause::SlotCrashed { slot: dead.name.clone() } };
+        }
+        return Step::ForgetSlot { name: dead.name.clone(), was_active: backend == Some(dead.name.as_str()) };
+    }
+
+    let running: Vec<&SlotObservation> = observed.slots.iter().collect();
+    let current = running.iter().find(|s| s.template == desired.template).copied();
+    let Some(current) = current else {
+        if let Some(blocked) = &observed.blocked
+            && blocked.template == desired.template
+        {
+            return Step::Blocked { cause: blocked.cause.clone() };
+        }
+        if !desired.binary_present {
+            return Step::Blocked { cause: BlockCause::NoBinary { path: desired.template.binary.clone() } };
+        }
+        if running.len() >= 2 {
+            // Two slots of older templates (the spec changed again mid-roll): stop the one that does
+            // not serve before starting a third.
+            let spare = running.iter().find(|s| Some(s.name.as_str()) != backend).expect("two slots, one backend");
+            return Step::StopSlot { name: spare.name.clone() };
+        }
+        let name = SLOT_NAMES.iter().find(|n| running.iter().all(|s| s.name != **n)).expect("fewer than two slots run");
+        return Step::StartSlot { name: name.to_string() };
+    };
+
+    if !current.ready {
+        let waited = (observed.now - current.started_at).to_std().unwrap_or_default();
+        if waited > desired.readiness_timeout && backend != Some(current.name.as_str()) {
+            return Step::AbortRoll {
+                name: current.name.clone(),
+                cause: BlockCause::SlotNotReady { slot: current.name.clone(), timeout_seconds: desired.readiness_timeout.as_secs() },
+            };
+        }
+        return Step::AwaitReady { name: current.name.clone() };
+    }
+    if backend != Some(current.name.as_str()) {
+        return Step::SwitchFront { to: current.name.clone() };
+    }
+    if let Some(old) = running.iter().find(|s| s.name != current.name) {
+        return Step::StopSlot { name: old.name.clone() };
+    }
+    match &observed.roll {
+        Some(roll) if roll.lease_released_at.is_none() => Step::ReleaseLease,
+        Some(roll) if roll.probe_succeeded_at.is_none() => Step::Probe,
+        Some(_) => Step::CompleteRoll,
+        None => Step::Idle,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use proptest::prelude::*;
+
+    fn template(version: &str) -> SlotTemplate {
+        SlotTemplate {
+            version: version.into(),
+            binary: format!("bin/kcp-{version}"),
+            extra_args: vec![],
+            shutdown_delay: "2s".into(),
+            front_url: "https://127.0.0.1:6443".into(),
+            restarted_at: None,
+        }
+    }
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + seconds, 0).unwrap()
+    }
+
+    fn desired(version: &str) -> Desired {
+        Desired { template: template(version), binary_present: true, readiness_timeout: Duration::from_secs(120), deleting: false }
+    }
+
+    fn slot(name: &str, version: &str, running: bool, ready: bool) -> SlotObservation {
+        SlotObservation { name: name.into(), template: template(version), running, ready, started_at: at(0) }
+    }
+
+    fn observed(backend: Option<&str>, slots: Vec<SlotObservation>) -> Observed {
+        Observed {
+            now: at(10),
+            store_up: true,
+            front: FrontObservation::Up { backend: backend.map(str::to_string) },
+            slots,
+            roll: None,
+            blocked: None,
+        }
+    }
+
+    fn roll(from: Option<&str>, to: &str) -> RollRecord {
+        RollRecord { from: from.map(str::to_string), to: to.into(), to_version: "v2".into(), started_at: at(0), ..Default::default() }
+    }
+
+    #[test]
+    fn a_new_shard_gets_its_store_then_its_front_then_slot_a() {
+        let mut o = observed(None, vec![]);
+        o.store_up = false;
+        o.front = FrontObservation::Down;
+        assert_eq!(plan(&desired("v1"), &o), Step::EnsureStore);
+        o.store_up = true;
+        assert_eq!(plan(&desired("v1"), &o), Step::EnsureFront);
+        o.front = FrontObservation::Up { backend: None };
+        assert_eq!(plan(&desired("v1"), &o), Step::StartSlot { name: "a".into() });
+    }
+
+    #[test]
+    fn the_first_slot_is_waited_for_then_switched_to() {
+        let o = observed(None, vec![slot("a", "v1", true, false)]);
+        assert_eq!(plan(&desired("v1"), &o), Step::AwaitReady { name: "a".into() });
+        let o = observed(None, vec![slot("a", "v1", true, true)]);
+        assert_eq!(plan(&desired("v1"), &o), Step::SwitchFront { to: "a".into() });
+    }
+
+    #[test]
+    fn a_version_change_walks_the_whole_roll() {
+        let d = desired("v2");
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+        o.roll = Some(roll(Some("a"), "b"));
+        o.slots.push(slot("b", "v2", true, false));
+        assert_eq!(plan(&d, &o), Step::AwaitReady { name: "b".into() });
+        o.slots[1].ready = true;
+        assert_eq!(plan(&d, &o), Step::SwitchFront { to: "b".into() });
+        o.front = FrontObservation::Up { backend: Some("b".into()) };
+        assert_eq!(plan(&d, &o), Step::StopSlot { name: "a".into() });
+        o.slots.remove(0);
+        assert_eq!(plan(&d, &o), Step::ReleaseLease);
+        o.roll.as_mut().unwrap().lease_released_at = Some(at(5));
+        assert_eq!(plan(&d, &o), Step::Probe);
+        o.roll.as_mut().unwrap().probe_succeeded_at = Some(at(6));
+        assert_eq!(plan(&d, &o), Step::CompleteRoll);
+        o.roll = None;
+        assert_eq!(plan(&d, &o), Step::Idle);
+    }
+
+    #[test]
+    fn a_restart_request_is_a_roll_to_the_same_version() {
+        let mut d = desired("v1");
+        d.template.restarted_at = Some("2026-11-29T10:00:00Z".into());
+        let o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+    }
+
+    #[test]
+    fn a_missing_binary_blocks_and_leaves_the_old_slot_alone() {
+        let mut d = desired("v9");
+        d.binary_present = false;
+        let o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        assert!(matches!(plan(&d, &o), Step::Blocked { cause: BlockCause::NoBinary { .. } }));
+    }
+
+    #[test]
+    fn a_new_slot_that_is_not_ready_in_time_is_aborted() {
+        let mut d = desired("v2");
+        d.readiness_timeout = Duration::from_secs(5);
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true), slot("b", "v2", true, false)]);
+        o.roll = Some(roll(Some("a"), "b"));
+        assert!(matches!(plan(&d, &o), Step::AbortRoll { ref name, cause: BlockCause::SlotNotReady { .. } } if name == "b"));
+    }
+
+    #[test]
+    fn a_new_slot_that_crashes_is_aborted_and_not_retried_until_the_spec_changes() {
+        let d = desired("v2");
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true), slot("b", "v2", false, false)]);
+        o.roll = Some(roll(Some("a"), "b"));
+        assert!(matches!(plan(&d, &o), Step::AbortRoll { cause: BlockCause::SlotCrashed { .. }, .. }));
+
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        o.blocked = Some(Blocked { template: template("v2"), cause: BlockCause::SlotCrashed { slot: "b".into() } });
+        assert!(matches!(plan(&d, &o), Step::Blocked { .. }));
+        assert_eq!(plan(&desired("v3"), &o), Step::StartSlot { name: "b".into() }, "a new spec retries");
+    }
+
+    #[test]
+    fn a_crashed_active_slot_is_forgotten_then_replaced() {
+        let d = desired("v1");
+        let o = observed(Some("a"), vec![slot("a", "v1", false, false)]);
+        assert_eq!(plan(&d, &o), Step::ForgetSlot { name: "a".into(), was_active: true });
+        let o = observed(Some("a"), vec![]);
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+    }
+
+    #[test]
+    fn a_second_spec_change_mid_roll_stops_the_spare_slot_first() {
+        let d = desired("v3");
+        let o = observed(Some("a"), vec![slot("a", "v1", true, true), slot("b", "v2", true, true)]);
+        assert_eq!(plan(&d, &o), Step::StopSlot { name: "b".into() });
+    }
+
+    #[test]
+    fn deletion_cleans_up_until_nothing_runs() {
+        let mut d = desired("v1");
+        d.deleting = true;
+        let o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        assert_eq!(plan(&d, &o), Step::Cleanup);
+        let mut o = observed(None, vec![]);
+        o.store_up = false;
+        o.front = FrontObservation::Down;
+        assert_eq!(plan(&d, &o), Step::Idle);
+    }
+
+    fn arb_slot() -> impl Strategy<Value = SlotObservation> {
+        (prop::sample::select(vec!["a", "b"]), prop::sample::select(vec!["v1", "v2", "v3"]), any::<bool>(), any::<bool>(), 0i64..300).prop_map(
+            |(name, version, running, ready, started)| SlotObservation {
+                name: name.into(),
+                template: template(version),
+                running,
+                ready: ready && running,
+                started_at: at(started),
+            },
+        )
+    }
+
+    fn arb_observed() -> impl Strategy<Value = Observed> {
+        (
+            any::<bool>(),
+            prop::option::of(prop::option::of(prop::sample::select(vec!["a", "b"]))),
+            prop::collection::vec(arb_slot(), 0..=2),
+            prop::option::of((prop::sample::select(vec!["a", "b"]), any::<bool>(), any::<bool>())),
+            0i64..400,
+        )
+            .prop_map(|(store_up, front, mut slots, rolling, now)| {
+                slots.dedup_by(|a, b| a.name == b.name);
+                Observed {
+                    now: at(now),
+                    store_up,
+                    front: match front {
+                        None => FrontObservation::Down,
+                        Some(backend) => FrontObservation::Up { backend: backend.map(str::to_string) },
+                    },
+                    slots,
+                    roll: rolling.map(|(to, released, probed)| RollRecord {
+                        lease_released_at: released.then(|| at(1)),
+                        probe_succeeded_at: (released && probed).then(|| at(2)),
+                        ..roll(Some("a"), to)
+                    }),
+                    blocked: None,
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn the_front_only_ever_switches_to_a_running_ready_slot(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
+            if let Step::SwitchFront { to } = plan(&desired(version), &o) {
+                let target = o.slots.iter().find(|s| s.name == to).expect("switches to an observed slot");
+                prop_assert!(target.running && target.ready);
+            }
+        }
+
+        #[test]
+        fn the_slot_the_front_serves_from_is_never_stopped_while_it_is_the_only_ready_one(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
+            let backend = match &o.front { FrontObservation::Up { backend } => backend.clone(), FrontObservation::Down => None };
+            match plan(&desired(version), &o) {
+                Step::StopSlot { name } | Step::AbortRoll { name, .. } => {
+                    let serving = backend.as_deref() == Some(name.as_str()) && o.slots.iter().any(|s| s.name == name && s.ready);
+                    let other_ready = o.slots.iter().any(|s| s.name != name && s.running && s.ready);
+                    prop_assert!(!serving || other_ready, "stopped {name}, the last ready slot behind the front");
+                }
+                _ => {}
+            }
+        }
+
+        #[test]
+        fn a_slot_is_started_only_when_fewer_than_two_run_and_under_a_free_name(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
+            if let Step::StartSlot { name } = plan(&desired(version), &o) {
+                prop_assert!(o.slots.iter().filter(|s| s.running).count() < 2);
+                prop_assert!(o.slots.iter().all(|s| s.name != name));
+            }
+        }
+
+        #[test]
+        fn the_lease_is_released_only_when_the_new_slot_runs_alone(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
+            if plan(&desired(version), &o) == Step::ReleaseLease {
+                prop_assert_eq!(o.slots.iter().filter(|s| s.running).count(), 1);
+            }
+        }
+
+        #[test]
+        fn nothing_runs_before_the_store_is_up(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
+            let step = plan(&desired(version), &o);
+            if !o.store_up {
+                prop_assert_eq!(step, Step::EnsureStore);
+            }
+        }
+    }
+}
