@@ -135,6 +135,13 @@ impl StructuralSchema {
         unknown
     }
 
+    /// The dotted paths of the fields [`StructuralSchema::prune`] would drop, leaving `obj` as it is.
+    /// kube-apiserver refuses these in Strict mode with a 400 before it validates anything: see
+    /// [`strict_decoding_error`].
+    pub fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        self.prune(&mut obj.clone())
+    }
+
     /// Fills in schema defaults for missing (or null, non-nullable) fields.
     pub fn default(&self, obj: &mut Value) {
         apply_defaults(obj, &self.root);
@@ -155,6 +162,20 @@ impl StructuralSchema {
         check_lists(obj, &self.root, "", &mut causes);
         causes
     }
+}
+
+/// kube-apiserver's message for a body refused in Strict mode (it answers 400 BadRequest), e.g.
+/// `KcpShard in version "v1alpha1" cannot be handled as a KcpShard: strict decoding error: unknown
+/// field "spec.foo"`.
+pub fn strict_decoding_error(kind: &str, version: &str, unknown_paths: &[String]) -> String {
+    let fields: Vec<String> = unknown_paths
+        .iter()
+        .map(|p| format!("unknown field \"{p}\""))
+        .collect();
+    format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
+        fields.join(", ")
+    )
 }
 
 impl Node {
@@ -667,6 +688,25 @@ mod tests {
             .collect();
         assert_eq!(warnings, want);
         assert!(obj["spec"].get("foo").is_none());
+
+        let obj = with_unknown();
+        assert_eq!(kcpshard_schema().unknown_fields(&obj), expected);
+        assert_eq!(
+            obj,
+            with_unknown(),
+            "unknown_fields leaves the object alone"
+        );
+        assert_eq!(
+            strict_decoding_error(
+                "KcpShard",
+                "v1alpha1",
+                &expected[..1]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+            ),
+            r#"KcpShard in version "v1alpha1" cannot be handled as a KcpShard: strict decoding error: unknown field "spec.foo""#
+        );
 
         let mut obj = with_unknown();
         let causes = check(&mut obj, UnknownFields::Strict).unwrap_err();
