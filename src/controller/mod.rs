@@ -1,2 +1,3 @@
 //! The controller: observe, plan, act, one step per reconcile.
+pub mod conditions;
 pub mod plan;
