@@ -25,7 +25,7 @@ fn workspace_reaches_ready(kcp: &Kcp, name: &str) -> Duration {
     let path = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
     // The tenancy API can lag /readyz by a moment: retry the create briefly.
     let created = poll(Duration::from_secs(60), Duration::from_millis(500), || {
-        match kcp.create_raw(path, &body) {
+        match kcp.create_raw_as("base", path, &body) {
             Ok(_) => Some(Ok(())),
             Err(e) if e.contains("AlreadyExists") || e.contains("already exists") => Some(Ok(())),
             Err(e) if e.contains("NotFound") || e.contains("the server could not find") => None,

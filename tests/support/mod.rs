@@ -267,16 +267,21 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        self.stop();
         if thread::panicking() {
+            // The log usually sits in a TempDir that goes next: keep a copy for the post-mortem.
+            let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("failed-test-logs");
+            let copy = keep.join(format!("{}-{}.log", self.name, self.pid()));
+            let kept = fs::create_dir_all(&keep).and_then(|_| fs::copy(&self.log, &copy)).is_ok();
             eprintln!(
-                "--- {} (pid {}) last lines of {} ---\n{}\n---",
+                "--- {} (pid {}) last lines of {}{} ---\n{}\n---",
                 self.name,
                 self.pid(),
                 self.log.display(),
-                self.log_tail(40)
+                if kept { format!(", full log kept at {}", copy.display()) } else { String::new() },
+                self.log_tail(25)
             );
         }
-        self.stop();
     }
 }
 
@@ -633,9 +638,15 @@ impl Kcp {
     }
 
     pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        self.kubectl_as("shard-base", args, stdin)
+    }
+
+    /// kubectl with another admin.kubeconfig context: `base` is kcp-admin (not system:masters; its
+    /// token is new on every kcp start), `shard-base` the shard admin (system:masters, persistent).
+    pub fn kubectl_as(&self, context: &str, args: &[&str], stdin: Option<&str>) -> Output {
         let mut cmd = Command::new(require("kubectl"));
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .arg("--context=shard-base")
+            .arg(format!("--context={context}"))
             .arg("--request-timeout=10s")
             .args(args);
         if let Some(input) = stdin {
@@ -661,9 +672,17 @@ impl Kcp {
         }
     }
 
-    /// `kubectl create --raw <path> -f <body>`.
+    /// `kubectl create --raw <path> -f <body>` as the shard admin.
     pub fn create_raw(&self, path: &str, body: &str) -> Result<String, String> {
-        let out = self.kubectl_stdin(&["create", "--raw", path], Some(body));
+        self.create_raw_as("shard-base", path, body)
+    }
+
+    /// `kubectl create --raw <path> -f <body>` with `context`. Create workspaces as `base`
+    /// (kcp-admin): the workspace admission records no owner for system:masters users, and the
+    /// apibinding initializer then fails ("LogicalCluster ... had no createdBy recorded"), leaving
+    /// the workspace in phase Initializing for ever.
+    pub fn create_raw_as(&self, context: &str, path: &str, body: &str) -> Result<String, String> {
+        let out = self.kubectl_as(context, &["create", "--raw", path], Some(body));
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
