@@ -138,12 +138,20 @@ async fn server_side(
 /// annotation.
 fn with_last_applied(object: &Value) -> anyhow::Result<Value> {
     let mut bare = object.clone();
-    if let Some(annotations) = bare["metadata"]["annotations"].as_object_mut() {
-        annotations.remove(LAST_APPLIED);
-        if annotations.is_empty() {
-            bare["metadata"]
-                .as_object_mut()
-                .map(|m| m.remove("annotations"));
+    // `get_mut`, not indexing: indexing a missing key would insert a null.
+    if let Some(metadata) = bare.get_mut("metadata").and_then(Value::as_object_mut) {
+        let emptied = match metadata
+            .get_mut("annotations")
+            .and_then(Value::as_object_mut)
+        {
+            Some(annotations) => {
+                annotations.remove(LAST_APPLIED);
+                annotations.is_empty()
+            }
+            None => false,
+        };
+        if emptied {
+            metadata.remove("annotations");
         }
     }
     let recorded = serde_json::to_string(&bare)?;
@@ -212,11 +220,11 @@ fn filter_nulls(patch: &Value, keep_null: bool) -> Value {
                     out.insert(key.clone(), Value::Null);
                 }
                 Value::Null => {}
-                Value::Object(sub) if sub.is_empty() => {
-                    if !keep_null {
-                        out.insert(key.clone(), value.clone());
-                    }
+                // An explicitly empty map is a value, not an empty patch.
+                Value::Object(sub) if sub.is_empty() && !keep_null => {
+                    out.insert(key.clone(), value.clone());
                 }
+                Value::Object(sub) if sub.is_empty() => {}
                 Value::Object(_) => {
                     let sub = filter_nulls(value, keep_null);
                     if sub.as_object().is_some_and(|m| !m.is_empty()) {
