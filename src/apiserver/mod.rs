@@ -114,10 +114,9 @@ impl StateLock {
     }
 }
 
-/// Serves the API until SIGINT or SIGTERM.
-pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
-    let _lock = StateLock::acquire(&config.state_dir)?;
-    let server = ApiServer::open(&config.state_dir)?;
+/// Serves `server` over HTTPS on `config.api_listen` until `shutdown` resolves, after writing
+/// `<state>/kubeconfig` for the address it got. The caller holds the [`StateLock`].
+pub async fn serve(config: &ServeConfig, server: Arc<ApiServer>, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let pki = pki::load_or_create(&config.state_dir, config.api_listen.ip()).context("cannot prepare the API's certificates and token")?;
     let listener = tokio::net::TcpListener::bind(config.api_listen)
         .await
@@ -125,15 +124,5 @@ pub async fn run(config: ServeConfig) -> anyhow::Result<()> {
     let address = listener.local_addr()?;
     let kubeconfig = kubeconfig::write(&config.state_dir, address, &pki)?;
     tracing::info!(%address, kubeconfig = %kubeconfig.display(), "serving the kcpshard API");
-    listener::serve(listener, server, &pki, shutdown_signal()).await
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM can be handled");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
+    listener::serve(listener, server, &pki, shutdown).await
 }

@@ -1,23 +1,51 @@
-//! `kcpshard serve`: runs the API server (and, in later issues, the controller and the fronts).
+//! `kcpshard serve`: the API server and the controller in one process. The fronts it starts are
+//! processes of their own and outlive it.
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use crate::apiserver::{self, ServeConfig};
+use tokio::sync::watch;
+
+use crate::apiserver::{self, ApiServer, ServeConfig, StateLock};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Directory holding the objects, the PKI and the kubeconfig this command writes.
+    /// Directory holding the objects, the PKI, the kubeconfig this command writes, and each shard's
+    /// slots, store and front.
     #[arg(long, env = "KCPSHARD_STATE_DIR", default_value = ".kcpshard")]
     state_dir: PathBuf,
     /// Address of the HTTPS API; port 0 picks a free port (the kubeconfig names the real one).
     #[arg(long, default_value = "127.0.0.1:6440")]
     api_listen: SocketAddr,
+    /// The kine binary the KineSqlite store runs.
+    #[arg(long, env = "KCPSHARD_KINE", default_value = "bin/kine")]
+    kine_binary: PathBuf,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    apiserver::run(ServeConfig {
-        state_dir: args.state_dir,
-        api_listen: args.api_listen,
-    })
-    .await
+    let config = ServeConfig { state_dir: args.state_dir.clone(), api_listen: args.api_listen };
+    let _lock = StateLock::acquire(&config.state_dir)?;
+    let server = ApiServer::open(&config.state_dir)?;
+    let (stop, stopped) = watch::channel(false);
+    let until_stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let api = apiserver::serve(&config, server, until_stopped(stopped.clone()));
+    tokio::pin!(api);
+    tokio::select! {
+        result = &mut api => return result,
+        _ = shutdown_signal() => {}
+    }
+    let _ = stop.send(true);
+    api.await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM can be handled");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down; slots, stores and fronts keep running");
 }

@@ -1,0 +1,186 @@
+//! What the controller keeps on disk per shard, under `<state>/shards/<name>/`:
+//!
+//! ```text
+//! controller.json        the roll in progress, a blocked spec, the last completed roll
+//! shared/                key material every slot must share (research 2.2), 0700
+//! slots/<a|b>/slot.json  the slot's template and port, written before its process starts
+//! slots/<a|b>/process.json, kcp.log, root/   its process record, log and kcp root directory
+//! store/                 the store's processes and data (kine, sqlite)
+//! front/                 the front's control socket, backend, pid and log
+//! ```
+//!
+//! Everything else the controller needs after a crash is observed (processes, ports, `/readyz`,
+//! the front's backend). Every file is written atomically before the step that depends on it.
+use std::io;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::plan::{Blocked, RollRecord, SlotTemplate};
+use crate::fsutil;
+
+/// The directories of one shard.
+#[derive(Debug, Clone)]
+pub struct ShardDirs {
+    root: PathBuf,
+}
+
+impl ShardDirs {
+    pub fn new(state_dir: &Path, shard: &str) -> ShardDirs {
+        ShardDirs { root: state_dir.join("shards").join(shard) }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn shared(&self) -> PathBuf {
+        self.root.join("shared")
+    }
+
+    pub fn store(&self) -> PathBuf {
+        self.root.join("store")
+    }
+
+    pub fn front(&self) -> PathBuf {
+        self.root.join("front")
+    }
+
+    pub fn slot(&self, name: &str) -> SlotDirs {
+        SlotDirs { dir: self.root.join("slots").join(name) }
+    }
+
+    fn controller_file(&self) -> PathBuf {
+        self.root.join("controller.json")
+    }
+
+    /// The controller's record for this shard (empty when there is none yet).
+    pub fn load_state(&self) -> io::Result<ControllerState> {
+        read_json(&self.controller_file()).map(Option::unwrap_or_default)
+    }
+
+    pub fn save_state(&self, state: &ControllerState) -> io::Result<()> {
+        write_json(&self.controller_file(), state)
+    }
+
+    /// The slots that have a record.
+    pub fn slot_records(&self) -> io::Result<Vec<SlotRecord>> {
+        let mut records = Vec::new();
+        for name in super::plan::SLOT_NAMES {
+            if let Some(record) = read_json::<SlotRecord>(&self.slot(name).record())? {
+                records.push(record);
+            }
+        }
+        Ok(records)
+    }
+}
+
+/// The files of one slot.
+#[derive(Debug, Clone)]
+pub struct SlotDirs {
+    dir: PathBuf,
+}
+
+impl SlotDirs {
+    /// kcp's `--root-directory`.
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    pub fn record(&self) -> PathBuf {
+        self.dir.join("slot.json")
+    }
+
+    pub fn process(&self) -> PathBuf {
+        self.dir.join("process.json")
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("kcp.log")
+    }
+
+    /// The kubeconfig kcp writes into its root on every start.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.root().join("admin.kubeconfig")
+    }
+
+    pub fn save(&self, record: &SlotRecord) -> io::Result<()> {
+        write_json(&self.record(), record)
+    }
+
+    /// Drops the slot's records; its root directory and log stay for inspection.
+    pub fn forget(&self) -> io::Result<()> {
+        for file in [self.record(), self.process()] {
+            match std::fs::remove_file(&file) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A slot as decided before its process starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotRecord {
+    pub name: String,
+    pub template: SlotTemplate,
+    pub port: u16,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The controller's memory of a shard: what cannot be observed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerState {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roll: Option<RollRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<Blocked>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_roll: Option<CompletedRoll>,
+}
+
+/// A finished roll, for `status.lastRoll`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletedRoll {
+    #[serde(flatten)]
+    pub roll: RollRecord,
+    pub completed_at: DateTime<Utc>,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
+    match fsutil::read_optional(path)? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{} does not parse: {e}", path.display()))),
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    bytes.push(b'\n');
+    fsutil::write_atomically(path, &bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_controller_state_round_trips_and_starts_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = ShardDirs::new(dir.path(), "dev");
+        assert_eq!(dirs.load_state().unwrap(), ControllerState::default());
+        let state = ControllerState {
+            roll: Some(RollRecord { to: "b".into(), to_version: "v0.32.3".into(), started_at: Utc::now(), ..Default::default() }),
+            ..Default::default()
+        };
+        dirs.save_state(&state).unwrap();
+        assert_eq!(dirs.load_state().unwrap(), state);
+    }
+}
