@@ -207,3 +207,23 @@ fn example_manifests_pass_the_servers_checks() {
         assert_eq!(kcpshard::api::validate(&shard), vec![], "{name}");
     }
 }
+
+#[test]
+fn descriptions_are_not_hard_wrapped() {
+    let mut wrapped = Vec::new();
+    walk("", &root_schema(), &mut |path, s| {
+        if s.description
+            .as_deref()
+            .unwrap_or("")
+            .replace("\n\n", "")
+            .contains('\n')
+        {
+            wrapped.push(path.to_string());
+        }
+    });
+    assert!(
+        wrapped.is_empty(),
+        "kubectl explain wraps these badly:\n{}",
+        wrapped.join("\n")
+    );
+}

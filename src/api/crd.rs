@@ -5,7 +5,8 @@
 //! Touches after the derive: the root gets `apiVersion`, `kind` and `metadata` properties (as
 //! controller-gen writes them, so `kubectl explain ks` lists them); `null` is dropped from enums
 //! (schemars adds it for `Option<enum>`; `nullable: true` already says it); and schemars' `uint16`
-//! and `uint32` formats become the `int32` and `int64` that Kubernetes knows (the bounds stay).
+//! and `uint32` formats become the `int32` and `int64` that Kubernetes knows (the bounds stay); and
+//! the line breaks of wrapped doc comments go, so `kubectl explain` can wrap descriptions itself.
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
@@ -73,6 +74,9 @@ fn add_object_meta_properties(root: &mut JSONSchemaProps) {
 }
 
 fn tidy(schema: &mut JSONSchemaProps) {
+    if let Some(description) = schema.description.as_mut() {
+        *description = unwrap_lines(description);
+    }
     if let Some(values) = schema.enum_.as_mut() {
         values.retain(|v| !v.0.is_null());
     }
@@ -92,4 +96,18 @@ fn tidy(schema: &mut JSONSchemaProps) {
     if let Some(JSONSchemaPropsOrBool::Schema(extra)) = schema.additional_properties.as_mut() {
         tidy(extra);
     }
+}
+
+/// Joins the lines of each paragraph with spaces; paragraphs stay apart.
+fn unwrap_lines(text: &str) -> String {
+    text.split("\n\n")
+        .map(|paragraph| {
+            paragraph
+                .lines()
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
