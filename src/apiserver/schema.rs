@@ -159,6 +159,13 @@ impl StructuralSchema {
                 }
             }
         }
+        // A value of the wrong type also fails its enum or pattern; the type is the news.
+        let mistyped: BTreeSet<String> = causes
+            .iter()
+            .filter(|c| c.reason == "FieldValueTypeInvalid")
+            .map(|c| c.field.clone())
+            .collect();
+        causes.retain(|c| c.reason == "FieldValueTypeInvalid" || !mistyped.contains(&c.field));
         check_lists(obj, &self.root, "", &mut causes);
         causes
     }
@@ -617,6 +624,20 @@ mod tests {
     }
 
     #[test]
+    fn checking_a_checked_object_changes_nothing() {
+        // The server's no-op rule depends on it: a re-applied object must come out byte-identical.
+        let mut postgres = dev();
+        postgres["spec"]["store"] = json!({"type": "KinePostgres", "kinePostgres": {"host": "db", "passwordFrom": {"env": "PW"}}});
+        postgres["status"] = json!({"phase": "Ready", "slots": [{"name": "blue", "version": "v0.32.3", "ready": true}]});
+        for mut obj in [dev(), postgres] {
+            check(&mut obj, UnknownFields::Strict).unwrap();
+            let once = obj.clone();
+            assert_eq!(check(&mut obj, UnknownFields::Strict), Ok(vec![]));
+            assert_eq!(obj, once);
+        }
+    }
+
+    #[test]
     fn nested_defaults_fill_partial_objects() {
         let mut obj = dev();
         obj["spec"]["front"] = json!({"type": "Caddy", "caddy": {"upstreamId": "kcp-proxy"}});
@@ -806,6 +827,14 @@ mod tests {
         let mut obj = dev();
         obj["spec"]["kcp"] = json!({"extraArgs": "--v=2"});
         assert_eq!(only_cause(obj).field, "spec.kcp.extraArgs");
+
+        let mut obj = dev();
+        obj["spec"]["store"]["type"] = json!(3);
+        let cause = only_cause(obj);
+        assert_eq!(
+            (cause.reason, cause.field.as_str()),
+            ("FieldValueTypeInvalid", "spec.store.type")
+        );
     }
 
     #[test]
