@@ -227,3 +227,24 @@ fn descriptions_are_not_hard_wrapped() {
         wrapped.join("\n")
     );
 }
+
+/// The example manifests run the newer pinned kcp, the one `hack/install-deps.sh` builds.
+#[test]
+fn example_manifests_use_the_newer_pinned_kcp() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let pins =
+        std::fs::read_to_string(format!("{root}/hack/versions.env")).expect("hack/versions.env");
+    let newer = pins
+        .lines()
+        .find_map(|line| line.strip_prefix("KCP_VERSION_NEWER="))
+        .expect("hack/versions.env sets KCP_VERSION_NEWER")
+        .trim_matches('"');
+    for name in ["dev.yaml", "postgres.yaml"] {
+        let text = std::fs::read_to_string(format!("{root}/manifests/{name}")).unwrap();
+        let shard: kcpshard::api::KcpShard = serde_yaml::from_str(&text).unwrap();
+        assert_eq!(
+            shard.spec.version, newer,
+            "manifests/{name}: set spec.version to KCP_VERSION_NEWER"
+        );
+    }
+}
