@@ -5,7 +5,7 @@
 //! Every field carries a doc comment: it becomes the field's `description` in the CRD, which is what
 //! `kubectl explain ks.spec.store` prints. Defaults live here too (`#[serde(default)]`), so the
 //! schema carries them and the API server fills them in as a real kube-apiserver would.
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -482,34 +482,35 @@ pub struct StoreStatus {
     pub message: Option<String>,
 }
 
-/// When each step of a roll happened (DESIGN.md section 3), and what it rolled between.
+/// When each step of a roll happened (DESIGN.md section 3), and what it rolled between. Times have
+/// microseconds: the steps of a roll are often less than a second apart.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RollStatus {
     /// When the roll began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<Time>,
+    pub started_at: Option<MicroTime>,
     /// When the new slot's process started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_slot_started_at: Option<Time>,
+    pub new_slot_started_at: Option<MicroTime>,
     /// When the new slot first answered /readyz on its own port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_slot_ready_at: Option<Time>,
+    pub new_slot_ready_at: Option<MicroTime>,
     /// When the front began forwarding new connections to the new slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub front_switched_at: Option<Time>,
+    pub front_switched_at: Option<MicroTime>,
     /// When the old slot's process exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub old_slot_exited_at: Option<Time>,
+    pub old_slot_exited_at: Option<MicroTime>,
     /// When the kcp-controllers Lease was deleted, so the new slot could take leadership.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_released_at: Option<Time>,
+    pub lease_released_at: Option<MicroTime>,
     /// When a probe workspace reached phase Ready (a leader runs controllers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe_succeeded_at: Option<Time>,
+    pub probe_succeeded_at: Option<MicroTime>,
     /// When the roll finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<Time>,
+    pub completed_at: Option<MicroTime>,
     /// The version the old slot ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_version: Option<String>,

@@ -318,6 +318,11 @@ fn validate(resource: &Resource, object: &mut Value, unknown: UnknownFields) -> 
     let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
     let mut warnings = Vec::new();
     if let Some(schema) = &resource.schema {
+        // Strict mode fails while decoding, before validation, as a 400 (as kube-apiserver does).
+        let unknown_paths = if unknown == UnknownFields::Strict { schema.unknown_fields(object) } else { Vec::new() };
+        if !unknown_paths.is_empty() {
+            return Err(ApiError::BadRequest(super::schema::strict_decoding_error(&resource.kind, resource.version, &unknown_paths)));
+        }
         warnings = schema.check(object, unknown).map_err(|causes| invalid(resource, &name, causes))?;
     }
     let causes = resource.semantic_check(object);
