@@ -214,6 +214,19 @@ fn first_fatal_line(log: &str) -> String {
 }
 
 #[test]
+fn each_pinned_kcp_binary_reports_its_version() {
+    for version in [support::kcp_older(), support::kcp_newer()] {
+        let mut cmd = std::process::Command::new(support::kcp_bin(&version));
+        cmd.arg("--version");
+        let out = support::run(cmd, Duration::from_secs(30));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "kcp-{version} --version failed: {text}");
+        // e.g. "kcp version v1.36.0+kcp-v0.32.3" (ldflags set by hack/build-kcp.sh)
+        assert!(text.contains(&format!("+kcp-{version}")), "kcp-{version} --version says: {text}");
+    }
+}
+
+#[test]
 fn missing_component_fails_with_the_install_hint() {
     let err = std::panic::catch_unwind(|| support::require("no-such-component-for-kcpshard"))
         .expect_err("require must fail for a missing component");
