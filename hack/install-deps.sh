@@ -31,22 +31,26 @@ stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
 # ---------------------------------------------------------------- Debian packages
 pg_bindir() {
   local d
-  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k4,4n -r); do
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5,5n -r); do
     if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && [ -x "$d/postgres" ]; then echo "$d"; return 0; fi
   done
   return 1
 }
 
+# A command on PATH or in the sbin directories (absent from some users' PATH).
+have() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+which_of() { command -v "$1" 2>/dev/null || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || echo "$1"; }
+
 missing_pkgs=()
 pg_bindir >/dev/null || missing_pkgs+=(postgresql)
-command -v psql >/dev/null || missing_pkgs+=(postgresql-client)
-command -v caddy >/dev/null || missing_pkgs+=(caddy)
-command -v haproxy >/dev/null || missing_pkgs+=(haproxy)
-command -v wrk >/dev/null || missing_pkgs+=(wrk)
+have psql || missing_pkgs+=(postgresql-client)
+have caddy || missing_pkgs+=(caddy)
+have haproxy || missing_pkgs+=(haproxy)
+have wrk || missing_pkgs+=(wrk)
 [ -x /usr/bin/time ] || missing_pkgs+=(time)
-command -v python3 >/dev/null || missing_pkgs+=(python3)
+have python3 || missing_pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing_pkgs+=(python3-venv)
-command -v gcc >/dev/null || missing_pkgs+=(gcc)
+have gcc || missing_pkgs+=(gcc)
 if [ ${#missing_pkgs[@]} -gt 0 ]; then
   [ -z "${KCPSHARD_SKIP_APT:-}" ] || die "missing Debian packages: ${missing_pkgs[*]} (KCPSHARD_SKIP_APT is set)"
   sudo=""
@@ -151,7 +155,7 @@ first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
   echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
   echo "psql:           $("$bin/psql" --version 2>&1 | first)"
   echo "caddy:          $(caddy version 2>&1 | first)"
-  echo "haproxy:        $(haproxy -v 2>&1 | first)"
+  echo "haproxy:        $("$(which_of haproxy)" -v 2>&1 | first)"
   echo "wrk:            $(wrk -v 2>&1 | first)"
   echo "go:             $(go env GOVERSION 2>/dev/null || echo missing)"
 } >&2
