@@ -14,3 +14,6 @@ pub mod cli;
 pub mod controller;
 pub mod front;
 pub mod fsutil;
+pub mod process;
+pub mod slot;
+pub mod store;

@@ -1,0 +1,127 @@
+//! What Linux's `/proc` tells about a process: its start time (to tell a process from a later one
+//! that reuses its pid), its state (a zombie is not running) and its argv.
+use std::fs;
+use std::path::PathBuf;
+
+/// The parts of `/proc/<pid>/stat` that identify a process and say whether it still runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    /// Field 3: `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub state: char,
+    /// Field 5.
+    pub pgrp: i32,
+    /// Field 6.
+    pub session: i32,
+    /// Field 22: clock ticks after boot at which the process started. With the pid, it names one
+    /// process for the lifetime of the machine.
+    pub start_time: u64,
+}
+
+impl Stat {
+    /// The process is gone or only waits to be reaped.
+    pub fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
+}
+
+/// Parses the text of `/proc/<pid>/stat`. The command name (field 2) is in parentheses and may
+/// itself hold spaces and parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    // rest = " S ppid pgrp session ..."; its first field is field 3 of the file.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3).copied();
+    Some(Stat {
+        state: field(3)?.chars().next()?,
+        pgrp: field(5)?.parse().ok()?,
+        session: field(6)?.parse().ok()?,
+        start_time: field(22)?.parse().ok()?,
+    })
+}
+
+/// `/proc/<pid>/stat`, or None when there is no such process.
+pub fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// The argv of a process (`/proc/<pid>/cmdline`, NUL separated), or None when it is gone. A zombie
+/// or kernel thread has an empty argv.
+pub fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let bytes = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        bytes
+            .split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+/// The executable of a process, when readable (our own user's processes are).
+pub fn exe(pid: u32) -> Option<PathBuf> {
+    fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
+/// Every pid in `/proc`.
+pub fn pids() -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Seconds since the epoch at which the machine booted (`btime` in `/proc/stat`).
+pub fn boot_time() -> Option<u64> {
+    fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Clock ticks per second, the unit of [`Stat::start_time`].
+pub fn clock_ticks() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .map(|t| t as u64)
+        .unwrap_or(100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_after_the_last_parenthesis() {
+        let text = "4242 (my (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10 \
+                    18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 3 0 0 0 0 0";
+        let s = parse_stat(text).unwrap();
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.pgrp, 4242);
+        assert_eq!(s.session, 4242);
+        assert_eq!(s.start_time, 987654);
+        assert!(!s.is_dead());
+    }
+
+    #[test]
+    fn zombies_are_dead() {
+        let text = "7 (x) Z 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0";
+        assert!(parse_stat(text).unwrap().is_dead());
+    }
+
+    #[test]
+    fn our_own_stat_and_cmdline_are_readable() {
+        let me = std::process::id();
+        let s = stat(me).unwrap();
+        assert!(!s.is_dead());
+        assert!(s.start_time > 0);
+        assert!(!cmdline(me).unwrap().is_empty());
+        assert!(pids().contains(&me));
+        assert!(boot_time().unwrap() > 1_000_000_000);
+    }
+}

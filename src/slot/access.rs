@@ -1,0 +1,275 @@
+//! Talking to one slot directly: readiness, the controllers lease, the workspace probe.
+//!
+//! - The client always dials the slot's OWN port, never the front and never the server URL in the
+//!   kubeconfig (which names the front, or an older slot): the spike's run 1 checked readiness
+//!   through a copied kubeconfig, reached the old slot, and switched too early (research 0.2, 5).
+//! - It authenticates as the shard admin (`shard-admin` user of the `shard-base` context): that
+//!   token is persistent through `.admin-token-store`, so it works on every slot of the shard. The
+//!   `root`/`base` contexts carry a kcp-admin token that is new in every process (research 2.2).
+//! - TLS is verified with the CA data in the kubeconfig (the shard's shared `apiserver.crt`).
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use super::SlotError;
+
+/// The context of `admin.kubeconfig` whose user is the shard admin and whose cluster is the base
+/// URL (no `/clusters/...` suffix). kcp writes `system:admin` (same user, cluster
+/// `<base>/clusters/system:admin`) and `shard-base`.
+pub const SHARD_ADMIN_CONTEXT: &str = "shard-base";
+/// The user kcp names the shard admin in `admin.kubeconfig`.
+pub const SHARD_ADMIN_USER: &str = "shard-admin";
+/// The context with the per-process kcp-admin token on the base URL. Valid only for the process
+/// that wrote the kubeconfig, i.e. use a slot's own `admin.kubeconfig` against that slot.
+pub const KCP_ADMIN_CONTEXT: &str = "base";
+
+/// The Lease that kcp's controllers elect a leader with, in the `system:admin` logical cluster.
+pub const CONTROLLERS_LEASE_PATH: &str = "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
+const WORKSPACES_PATH: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
+/// Label on probe workspaces, so that leftovers of an interrupted probe can be found.
+pub const PROBE_LABEL: &str = "kcpshard.io/probe";
+
+/// `https://127.0.0.1:<port>`: a slot's own URL.
+pub fn slot_url(port: u16) -> String {
+    format!("https://127.0.0.1:{port}")
+}
+
+/// A client for the shard admin of the slot whose `admin.kubeconfig` is given, dialing `server`
+/// (a slot's own URL, see [`slot_url`]).
+pub async fn shard_admin_client(
+    kubeconfig: &Path,
+    server: &str,
+) -> Result<kube::Client, SlotError> {
+    client_for_context(kubeconfig, SHARD_ADMIN_CONTEXT, server).await
+}
+
+/// A client for the kcp admin (`base` context) of the slot that wrote `kubeconfig` (its own root's
+/// `admin.kubeconfig`), dialing that slot's own URL. The workspace probe needs it: a workspace
+/// created by the shard admin never leaves Initializing (kcp records no `createdBy` for the
+/// privileged shard admin: "LogicalCluster ... had no createdBy recorded"; seen on v0.32.3 and in
+/// the research spike, 2.5).
+pub async fn kcp_admin_client(kubeconfig: &Path, server: &str) -> Result<kube::Client, SlotError> {
+    client_for_context(kubeconfig, KCP_ADMIN_CONTEXT, server).await
+}
+
+/// A client for `context` of an `admin.kubeconfig`, with its server replaced by `server`. Short
+/// connect and read timeouts: a slot that does not answer within seconds is not ready.
+pub async fn client_for_context(
+    kubeconfig: &Path,
+    context: &str,
+    server: &str,
+) -> Result<kube::Client, SlotError> {
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| SlotError::Kubeconfig {
+        path: kubeconfig.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    if !kc.contexts.iter().any(|c| c.name == context) {
+        return Err(SlotError::Kubeconfig {
+            path: kubeconfig.to_path_buf(),
+            message: format!(
+                "no context {context:?} (a kcp admin.kubeconfig has root, base, system:admin, shard-base)"
+            ),
+        });
+    }
+    let options = KubeConfigOptions {
+        context: Some(context.to_string()),
+        ..Default::default()
+    };
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &options)
+        .await
+        .map_err(|e| SlotError::Kubeconfig {
+            path: kubeconfig.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    config.cluster_url = server.parse().map_err(|e| SlotError::Kubeconfig {
+        path: kubeconfig.to_path_buf(),
+        message: format!("server {server:?}: {e}"),
+    })?;
+    config.connect_timeout = Some(Duration::from_secs(2));
+    config.read_timeout = Some(Duration::from_secs(10));
+    config.write_timeout = Some(Duration::from_secs(10));
+    kube::Client::try_from(config).map_err(|e| SlotError::Client(e.to_string()))
+}
+
+/// One request; the status and body, whatever the status. Err only when no answer came.
+async fn call(
+    client: &kube::Client,
+    method: Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<(StatusCode, Vec<u8>), SlotError> {
+    let mut req = Request::builder()
+        .method(method.clone())
+        .uri(path)
+        .header(http::header::ACCEPT, "application/json");
+    let bytes = match body {
+        Some(v) => {
+            req = req.header(http::header::CONTENT_TYPE, "application/json");
+            serde_json::to_vec(v).expect("JSON serialises")
+        }
+        None => Vec::new(),
+    };
+    let req = req
+        .body(kube::client::Body::from(bytes))
+        .map_err(|e| SlotError::Client(e.to_string()))?;
+    let unreachable = |e: String| SlotError::Unreachable {
+        method: method.to_string(),
+        path: path.to_string(),
+        message: e,
+    };
+    let res = client
+        .send(req)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let status = res.status();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?
+        .to_bytes();
+    Ok((status, body.to_vec()))
+}
+
+fn unexpected(method: &str, path: &str, status: StatusCode, body: &[u8]) -> SlotError {
+    let text = String::from_utf8_lossy(body);
+    SlotError::Unexpected {
+        method: method.to_string(),
+        path: path.to_string(),
+        status: status.as_u16(),
+        body: text.chars().take(500).collect(),
+    }
+}
+
+/// `GET /readyz` answers `ok`. Ok(false) when the slot answers anything else (starting, or
+/// shutting down); Err when it does not answer at all.
+pub async fn readyz(client: &kube::Client) -> Result<bool, SlotError> {
+    let (status, body) = call(client, Method::GET, "/readyz", None).await?;
+    Ok(status == StatusCode::OK && String::from_utf8_lossy(&body).trim() == "ok")
+}
+
+/// Deletes Lease `kube-system/kcp-controllers` in `system:admin`, so that a waiting slot leads
+/// the controllers within its retry period instead of after the 60 s lease (kcp sets no
+/// ReleaseOnCancel; research 2.3, run 3b). Call it only after the old leader has exited: a live
+/// leader just renews it. Ok(true): a lease was deleted; Ok(false): there was none (also released).
+pub async fn release_controllers_lease(client: &kube::Client) -> Result<bool, SlotError> {
+    let (status, body) = call(client, Method::DELETE, CONTROLLERS_LEASE_PATH, None).await?;
+    match status {
+        s if s.is_success() => Ok(true),
+        StatusCode::NOT_FOUND => Ok(false),
+        s => Err(unexpected("DELETE", CONTROLLERS_LEASE_PATH, s, &body)),
+    }
+}
+
+/// The holder of the controllers lease (`hostname_<uuid>` of the leading kcp), if any.
+pub async fn controllers_lease_holder(client: &kube::Client) -> Result<Option<String>, SlotError> {
+    let (status, body) = call(client, Method::GET, CONTROLLERS_LEASE_PATH, None).await?;
+    match status {
+        StatusCode::OK => {
+            let lease: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            Ok(lease["spec"]["holderIdentity"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(String::from))
+        }
+        StatusCode::NOT_FOUND => Ok(None),
+        s => Err(unexpected("GET", CONTROLLERS_LEASE_PATH, s, &body)),
+    }
+}
+
+/// Proves that some slot leads the controllers: creates a throwaway workspace
+/// `kcpshard-probe-<random>` in `root`, waits (at most `timeout`) for its phase to be `Ready`
+/// (only the leader's controllers get it there), deletes it, and returns the time from the create
+/// to Ready. The workspace is deleted on timeout too.
+///
+/// `client` must be a real identity, i.e. [`kcp_admin_client`] of the slot it dials, not the shard
+/// admin (whose workspaces stay in Initializing).
+pub async fn probe_workspace(
+    client: &kube::Client,
+    timeout: Duration,
+) -> Result<Duration, SlotError> {
+    let mut random = [0u8; 4];
+    getrandom::fill(&mut random).map_err(|e| SlotError::Client(format!("random name: {e}")))?;
+    let name = format!(
+        "kcpshard-probe-{}",
+        random
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let body = serde_json::json!({
+        "apiVersion": "tenancy.kcp.io/v1alpha1",
+        "kind": "Workspace",
+        "metadata": { "name": name, "labels": { PROBE_LABEL: "true" } },
+    });
+    let started = Instant::now();
+    let (status, resp) = call(client, Method::POST, WORKSPACES_PATH, Some(&body)).await?;
+    if !status.is_success() {
+        return Err(unexpected("POST", WORKSPACES_PATH, status, &resp));
+    }
+    let path = format!("{WORKSPACES_PATH}/{name}");
+    let mut phase = String::new();
+    let outcome = loop {
+        match call(client, Method::GET, &path, None).await {
+            Ok((StatusCode::OK, resp)) => {
+                let ws: serde_json::Value = serde_json::from_slice(&resp).unwrap_or_default();
+                phase = ws["status"]["phase"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if phase == "Ready" {
+                    break Ok(started.elapsed());
+                }
+            }
+            // A slot under a roll may briefly not answer; the deadline bounds the wait.
+            Ok(_) | Err(SlotError::Unreachable { .. }) => {}
+            Err(e) => break Err(e),
+        }
+        if started.elapsed() >= timeout {
+            break Err(SlotError::ProbeTimeout {
+                workspace: name.clone(),
+                phase: phase.clone(),
+                waited: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    match call(client, Method::DELETE, &path, None).await {
+        Ok((s, _)) if s.is_success() || s == StatusCode::NOT_FOUND => {}
+        Ok((s, resp)) => {
+            tracing::warn!(workspace = %name, status = s.as_u16(), body = %String::from_utf8_lossy(&resp), "could not delete the probe workspace")
+        }
+        Err(e) => {
+            tracing::warn!(workspace = %name, error = %e, "could not delete the probe workspace")
+        }
+    }
+    outcome
+}
+
+/// Deletes probe workspaces left by interrupted probes (a crash between create and delete).
+/// Returns how many it deleted.
+pub async fn delete_stale_probes(client: &kube::Client) -> Result<usize, SlotError> {
+    let list_path = format!("{WORKSPACES_PATH}?labelSelector={PROBE_LABEL}%3Dtrue");
+    let (status, body) = call(client, Method::GET, &list_path, None).await?;
+    if status != StatusCode::OK {
+        return Err(unexpected("GET", &list_path, status, &body));
+    }
+    let list: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let mut deleted = 0;
+    for item in list["items"].as_array().into_iter().flatten() {
+        let Some(name) = item["metadata"]["name"].as_str() else {
+            continue;
+        };
+        let path = format!("{WORKSPACES_PATH}/{name}");
+        let (status, body) = call(client, Method::DELETE, &path, None).await?;
+        match status {
+            s if s.is_success() => deleted += 1,
+            StatusCode::NOT_FOUND => {}
+            s => return Err(unexpected("DELETE", &path, s, &body)),
+        }
+    }
+    Ok(deleted)
+}

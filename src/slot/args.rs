@@ -1,0 +1,371 @@
+//! The kcp command line of a slot (DESIGN.md section 3, step 3; research sections 2 and 7.2).
+//!
+//! Every slot of a shard runs with:
+//! - `--etcd-servers=<the shard's store>`: never kcp's embedded etcd, which one process owns.
+//! - `--enable-leader-election`: kcp's default is off, and two slots without it double-run every
+//!   controller (research 2.3: 120-150 write conflicts per second during the overlap).
+//! - `--shard-base-url` and `--shard-external-url` = the front: every start rewrites the Shard
+//!   object and every workspace URL with these (research 2.4); a slot's own port would leak to
+//!   clients and be cut by the next roll.
+//! - its own `--root-directory`, `--secure-port` on `--bind-address=127.0.0.1`, and
+//!   `--shutdown-delay-duration` so that in-flight requests finish after the front has moved on.
+//!
+//! Extra arguments from the slot template may add flags but never replace one of these: a
+//! template that tries is refused with the flag named.
+//!
+//! Flag names verified against `kcp start options` of v0.32.2 and v0.32.3 (and
+//! `pkg/server/options/{options,controllers,flags}.go` of v0.32.3). `--batteries-included` may be
+//! given but must keep the `admin` battery, which writes the `admin.kubeconfig` the controller uses.
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Everything that makes one slot's kcp command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotLaunch {
+    /// The slot's name (`a`, `b`); for logs.
+    pub name: String,
+    /// The kcp version this slot runs, e.g. `v0.32.3`.
+    pub version: String,
+    /// The kcp binary for `version`.
+    pub binary: PathBuf,
+    /// The slot's own root directory (absolute), seeded with the shared material before start.
+    pub root_dir: PathBuf,
+    /// Where the slot listens: loopback, where only the front and the controller reach it.
+    pub bind_address: IpAddr,
+    /// The slot's own secure port (not the front's).
+    pub port: u16,
+    /// `--etcd-servers`: the shard's store, e.g. `http://127.0.0.1:2379`.
+    pub etcd_servers: String,
+    /// The front's URL, e.g. `https://127.0.0.1:6443`.
+    pub front_url: String,
+    /// `--shutdown-delay-duration`: after SIGTERM, /readyz fails but requests are still served
+    /// for this long.
+    pub shutdown_delay: Duration,
+    /// More flags from the slot template, appended after the safety flags.
+    pub extra_args: Vec<String>,
+}
+
+/// Flags that kcpshard sets for every slot and that extra arguments may not set again.
+pub const SAFETY_FLAGS: [&str; 12] = [
+    "root-directory",
+    "bind-address",
+    "secure-port",
+    "etcd-servers",
+    "enable-leader-election",
+    // The lease kcpshard deletes after the old slot exits (kube-system/kcp-controllers).
+    "leader-election-name",
+    "leader-election-namespace",
+    "shard-base-url",
+    "shard-external-url",
+    "shutdown-delay-duration",
+    // The admin kubeconfig and shard-admin token hash must stay in the root directory, where the
+    // shared material is seeded and captured.
+    "kubeconfig-path",
+    "authentication-admin-token-path",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    #[error(
+        "extra argument {arg:?} sets --{flag}, which kcpshard sets for every slot (it keeps slots safe to run side by side); remove it from the slot template"
+    )]
+    SafetyFlagOverridden { flag: String, arg: String },
+    #[error(
+        "extra argument {arg:?} drops the admin battery, which writes the admin.kubeconfig kcpshard needs; keep `admin` in --batteries-included"
+    )]
+    AdminBatteryDropped { arg: String },
+    #[error("extra argument {arg:?} is not a flag (kcpshard runs `kcp start` with flags only)")]
+    NotAFlag { arg: String },
+    #[error("slot {slot}: {what}")]
+    Invalid { slot: String, what: String },
+}
+
+/// The `--root-directory=<dir>` argument, which also identifies a slot's process by its argv
+/// (see [`crate::process::Runtime::find_by_argument`]).
+pub fn root_dir_arg(root_dir: &Path) -> String {
+    format!("--root-directory={}", root_dir.display())
+}
+
+/// A duration as Go's `time.ParseDuration` reads it: whole seconds as `3s`, else milliseconds.
+pub fn go_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// `kcp start ...` arguments (without the program) for a slot.
+pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
+    let invalid = |what: String| ArgsError::Invalid {
+        slot: launch.name.clone(),
+        what,
+    };
+    if !launch.root_dir.is_absolute() {
+        return Err(invalid(format!(
+            "root directory {} is not absolute",
+            launch.root_dir.display()
+        )));
+    }
+    if launch.port == 0 {
+        return Err(invalid(
+            "port 0: the controller picks and records a free port".into(),
+        ));
+    }
+    if launch.etcd_servers.trim().is_empty() {
+        return Err(invalid(
+            "no store (--etcd-servers would be empty, and kcp would run its own etcd)".into(),
+        ));
+    }
+    if !launch.front_url.starts_with("https://") {
+        return Err(invalid(format!(
+            "front URL {:?} is not https://",
+            launch.front_url
+        )));
+    }
+    check_extra_args(&launch.extra_args)?;
+
+    let mut args = vec![
+        "start".to_string(),
+        root_dir_arg(&launch.root_dir),
+        format!("--bind-address={}", launch.bind_address),
+        format!("--secure-port={}", launch.port),
+        format!("--etcd-servers={}", launch.etcd_servers),
+        "--enable-leader-election=true".to_string(),
+        format!("--shard-base-url={}", launch.front_url),
+        format!("--shard-external-url={}", launch.front_url),
+        format!(
+            "--shutdown-delay-duration={}",
+            go_duration(launch.shutdown_delay)
+        ),
+    ];
+    args.extend(launch.extra_args.iter().cloned());
+    Ok(args)
+}
+
+/// Refuses extra arguments that set a safety flag, in any spelling pflag accepts
+/// (`--flag`, `--flag=value`, `--flag value`).
+pub fn check_extra_args(extra: &[String]) -> Result<(), ArgsError> {
+    let mut after_flag = false;
+    for (i, arg) in extra.iter().enumerate() {
+        let Some(body) = arg.strip_prefix("--") else {
+            // A value for the flag before it (`--audit-log-path /x`), or a stray word.
+            if after_flag || arg.starts_with('-') {
+                after_flag = false;
+                continue;
+            }
+            return Err(ArgsError::NotAFlag { arg: arg.clone() });
+        };
+        let name = body.split_once('=').map_or(body, |(n, _)| n);
+        if let Some(flag) = SAFETY_FLAGS.iter().find(|f| **f == name) {
+            return Err(ArgsError::SafetyFlagOverridden {
+                flag: flag.to_string(),
+                arg: arg.clone(),
+            });
+        }
+        if name == "batteries-included" {
+            let value = match body.split_once('=') {
+                Some((_, v)) => v,
+                None => extra.get(i + 1).map_or("", String::as_str),
+            };
+            let batteries: Vec<&str> = value.split(',').map(str::trim).collect();
+            let prefixed = batteries
+                .iter()
+                .all(|b| b.starts_with('+') || b.starts_with('-'));
+            // A list of +x/-x edits the default set, which has admin; a plain list replaces it.
+            let keeps_admin = if prefixed {
+                !batteries.contains(&"-admin")
+            } else {
+                batteries.contains(&"admin")
+            };
+            if !keeps_admin {
+                return Err(ArgsError::AdminBatteryDropped { arg: arg.clone() });
+            }
+        }
+        after_flag = !body.contains('=');
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch() -> SlotLaunch {
+        SlotLaunch {
+            name: "b".into(),
+            version: "v0.32.3".into(),
+            binary: "/opt/bin/kcp-v0.32.3".into(),
+            root_dir: "/state/shards/dev/slot-b".into(),
+            bind_address: "127.0.0.1".parse().unwrap(),
+            port: 16444,
+            etcd_servers: "http://127.0.0.1:23790".into(),
+            front_url: "https://127.0.0.1:6443".into(),
+            shutdown_delay: Duration::from_secs(2),
+            extra_args: vec!["--feature-gates=WorkspaceMounts=true".into()],
+        }
+    }
+
+    fn has(args: &[String], want: &str) -> bool {
+        args.iter().any(|a| a == want)
+    }
+
+    #[test]
+    fn the_first_argument_is_the_start_command() {
+        assert_eq!(kcp_args(&launch()).unwrap()[0], "start");
+    }
+
+    #[test]
+    fn leader_election_is_always_on() {
+        let args = kcp_args(&launch()).unwrap();
+        assert!(has(&args, "--enable-leader-election=true"), "{args:?}");
+    }
+
+    #[test]
+    fn the_store_is_external() {
+        let args = kcp_args(&launch()).unwrap();
+        assert!(
+            has(&args, "--etcd-servers=http://127.0.0.1:23790"),
+            "{args:?}"
+        );
+    }
+
+    #[test]
+    fn both_shard_urls_are_the_front() {
+        let args = kcp_args(&launch()).unwrap();
+        assert!(
+            has(&args, "--shard-base-url=https://127.0.0.1:6443"),
+            "{args:?}"
+        );
+        assert!(
+            has(&args, "--shard-external-url=https://127.0.0.1:6443"),
+            "{args:?}"
+        );
+    }
+
+    #[test]
+    fn the_slot_has_its_own_root_port_and_loopback_address() {
+        let args = kcp_args(&launch()).unwrap();
+        assert!(
+            has(&args, "--root-directory=/state/shards/dev/slot-b"),
+            "{args:?}"
+        );
+        assert!(has(&args, "--secure-port=16444"), "{args:?}");
+        assert!(has(&args, "--bind-address=127.0.0.1"), "{args:?}");
+    }
+
+    #[test]
+    fn the_shutdown_delay_is_a_go_duration() {
+        assert!(has(
+            &kcp_args(&launch()).unwrap(),
+            "--shutdown-delay-duration=2s"
+        ));
+        let mut l = launch();
+        l.shutdown_delay = Duration::from_millis(1500);
+        assert!(has(
+            &kcp_args(&l).unwrap(),
+            "--shutdown-delay-duration=1500ms"
+        ));
+        l.shutdown_delay = Duration::ZERO;
+        assert!(has(&kcp_args(&l).unwrap(), "--shutdown-delay-duration=0s"));
+    }
+
+    #[test]
+    fn extra_args_come_after_the_safety_flags() {
+        let args = kcp_args(&launch()).unwrap();
+        assert_eq!(args.last().unwrap(), "--feature-gates=WorkspaceMounts=true");
+    }
+
+    #[test]
+    fn every_safety_flag_is_refused_in_extra_args_in_every_spelling() {
+        for flag in SAFETY_FLAGS {
+            for extra in [
+                vec![format!("--{flag}=x")],
+                vec![format!("--{flag}"), "x".to_string()],
+                vec![format!("--{flag}")],
+            ] {
+                let mut l = launch();
+                l.extra_args = extra.clone();
+                match kcp_args(&l) {
+                    Err(ArgsError::SafetyFlagOverridden { flag: f, .. }) => assert_eq!(f, flag),
+                    other => panic!("{extra:?} gave {other:?}"),
+                }
+            }
+        }
+        let mut l = launch();
+        l.extra_args = vec!["--enable-leader-election=false".into()];
+        let err = kcp_args(&l).unwrap_err().to_string();
+        assert!(err.contains("--enable-leader-election"), "{err}");
+    }
+
+    #[test]
+    fn flags_with_values_in_the_next_argument_are_allowed() {
+        let mut l = launch();
+        l.extra_args = vec![
+            "--audit-log-path".into(),
+            "/var/log/kcp-audit.log".into(),
+            "--v=2".into(),
+        ];
+        assert!(kcp_args(&l).is_ok());
+        l.extra_args = vec!["stray".into()];
+        assert_eq!(
+            kcp_args(&l),
+            Err(ArgsError::NotAFlag {
+                arg: "stray".into()
+            })
+        );
+    }
+
+    #[test]
+    fn the_admin_battery_stays() {
+        let mut l = launch();
+        for ok in [
+            "--batteries-included=admin,user",
+            "--batteries-included=+user",
+            "--batteries-included=-workspace-types",
+        ] {
+            l.extra_args = vec![ok.into()];
+            assert!(kcp_args(&l).is_ok(), "{ok}");
+        }
+        for bad in [
+            "--batteries-included=workspace-types",
+            "--batteries-included=-admin",
+            "--batteries-included=",
+        ] {
+            l.extra_args = vec![bad.into()];
+            assert!(
+                matches!(kcp_args(&l), Err(ArgsError::AdminBatteryDropped { .. })),
+                "{bad}"
+            );
+        }
+        l.extra_args = vec!["--batteries-included".into(), "user".into()];
+        assert!(matches!(
+            kcp_args(&l),
+            Err(ArgsError::AdminBatteryDropped { .. })
+        ));
+    }
+
+    #[test]
+    fn a_similar_but_different_flag_is_not_a_safety_flag() {
+        let mut l = launch();
+        l.extra_args = vec!["--shard-virtual-workspace-url=https://127.0.0.1:6443".into()];
+        assert!(kcp_args(&l).is_ok());
+    }
+
+    #[test]
+    fn nonsense_launches_are_refused() {
+        let mut l = launch();
+        l.etcd_servers = String::new();
+        assert!(matches!(kcp_args(&l), Err(ArgsError::Invalid { .. })));
+        let mut l = launch();
+        l.port = 0;
+        assert!(matches!(kcp_args(&l), Err(ArgsError::Invalid { .. })));
+        let mut l = launch();
+        l.front_url = "http://127.0.0.1:6443".into();
+        assert!(matches!(kcp_args(&l), Err(ArgsError::Invalid { .. })));
+        let mut l = launch();
+        l.root_dir = "relative".into();
+        assert!(matches!(kcp_args(&l), Err(ArgsError::Invalid { .. })));
+    }
+}

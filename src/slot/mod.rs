@@ -1,0 +1,51 @@
+//! Slots: the kcp processes that serve one shard, at most two at a time (the active one and, in a
+//! roll, the next one), all on the shard's store and behind its front.
+//!
+//! - [`args`]: the kcp command line, with the flags that make two slots safe side by side.
+//! - [`material`]: the shared key material every slot root is seeded with before it starts.
+//! - [`access`]: readiness on a slot's own port, the controllers lease and the workspace probe.
+//!
+//! Processes themselves are started, recorded and stopped by [`crate::process::Runtime`].
+pub mod access;
+pub mod args;
+pub mod material;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use access::{
+    client_for_context, controllers_lease_holder, kcp_admin_client, probe_workspace, readyz,
+    release_controllers_lease, shard_admin_client, slot_url,
+};
+pub use args::{ArgsError, SlotLaunch, kcp_args};
+pub use material::{SHARED_FILES, capture_shared, seed_root};
+
+/// Failures talking to a slot.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: PathBuf, message: String },
+    #[error("building a client: {0}")]
+    Client(String),
+    #[error("{method} {path}: no answer: {message}")]
+    Unreachable {
+        method: String,
+        path: String,
+        message: String,
+    },
+    #[error("{method} {path}: HTTP {status}: {body}")]
+    Unexpected {
+        method: String,
+        path: String,
+        status: u16,
+        body: String,
+    },
+    #[error(
+        "probe workspace {workspace} not Ready within {waited:?} (phase {phase:?}): is a slot leading the controllers?"
+    )]
+    ProbeTimeout {
+        workspace: String,
+        phase: String,
+        waited: Duration,
+    },
+}
