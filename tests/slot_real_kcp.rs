@@ -1,0 +1,294 @@
+//! Two real kcp slots on one real kine (sqlite), started and stopped by the process runtime: the
+//! slot argv, the shared material, readiness on each slot's own port, the shard-admin token
+//! across slots, the lease hand-over and the workspace probe.
+//!
+//! Needs `bin/kcp-v0.32.3` and `bin/kine` (`hack/install-deps.sh`); without them the test fails,
+//! it never skips. Every process it starts is SIGKILLed at the end, pass or fail.
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
+use kcpshard::slot::{self, SlotLaunch};
+use kcpshard::store;
+
+const KCP_VERSION: &str = "v0.32.3";
+
+fn bin_dir() -> PathBuf {
+    std::env::var_os("KCPSHARD_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("bin"))
+}
+
+fn require(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    if !p.is_file() {
+        panic!(
+            "{} is missing: run hack/install-deps.sh (a missing component fails this test, it never skips{})",
+            p.display(),
+            if std::env::var("CI").as_deref() == Ok("true") {
+                "; CI=true"
+            } else {
+                ""
+            }
+        );
+    }
+    p
+}
+
+/// SIGKILLs every process it was given (and its group) when dropped, and prints their log tails
+/// when the test is failing.
+struct Reaper {
+    procs: Vec<(ProcessRecord, PathBuf)>,
+}
+
+impl Reaper {
+    fn add(&mut self, rec: &ProcessRecord, log: &Path) {
+        self.procs.push((rec.clone(), log.to_path_buf()));
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for (rec, log) in &self.procs {
+            if std::thread::panicking() {
+                eprintln!(
+                    "--- {} (pid {}) {} ---\n{}",
+                    rec.program.display(),
+                    rec.pid,
+                    log.display(),
+                    store::kine::log_tail(log)
+                );
+            }
+            let same = procfs::stat(rec.pid).is_some_and(|s| s.start_time == rec.start_time);
+            if same {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(-(rec.pid as i32)),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(rec.pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+struct Slot {
+    port: u16,
+    root: PathBuf,
+    log: PathBuf,
+    record: ProcessRecord,
+    started: Instant,
+}
+
+fn start_slot(
+    runtime: &Runtime,
+    reaper: &mut Reaper,
+    base: &Path,
+    name: &str,
+    kcp: &Path,
+    etcd: &str,
+    front: &str,
+) -> Slot {
+    let dir = base.join(format!("slot-{name}"));
+    let root = dir.join("root");
+    let port = free_port().unwrap();
+    let launch = SlotLaunch {
+        name: name.to_string(),
+        version: KCP_VERSION.to_string(),
+        binary: kcp.to_path_buf(),
+        root_dir: root.clone(),
+        bind_address: IpAddr::from([127, 0, 0, 1]),
+        port,
+        etcd_servers: etcd.to_string(),
+        front_url: front.to_string(),
+        shutdown_delay: Duration::from_secs(1),
+        extra_args: Vec::new(),
+    };
+    let args = slot::kcp_args(&launch).unwrap();
+    let spec = ProcessSpec {
+        name: format!("slot-{name}"),
+        program: kcp.to_path_buf(),
+        args,
+        env: Vec::new(),
+        log: dir.join("kcp.log"),
+        record: dir.join("process.json"),
+    };
+    let started = Instant::now();
+    let record = runtime.start(&spec).unwrap();
+    reaper.add(&record, &spec.log);
+    assert_eq!(Runtime::load(&spec.record).unwrap().as_ref(), Some(&record));
+    Slot {
+        port,
+        root,
+        log: spec.log,
+        record,
+        started,
+    }
+}
+
+/// Polls /readyz on the slot's own port with its own admin.kubeconfig until ok.
+async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Duration {
+    let kubeconfig = slot.root.join("admin.kubeconfig");
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        assert!(
+            runtime.is_running(&slot.record),
+            "slot exited during startup: {last}\n{}",
+            store::kine::log_tail(&slot.log)
+        );
+        if kubeconfig.exists() {
+            match slot::shard_admin_client(&kubeconfig, &slot::slot_url(slot.port)).await {
+                Ok(client) => match slot::readyz(&client).await {
+                    Ok(true) => return slot.started.elapsed(),
+                    Ok(false) => last = "readyz not ok".into(),
+                    Err(e) => last = e.to_string(),
+                },
+                Err(e) => last = e.to_string(),
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "slot not ready within {timeout:?}: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_lease() {
+    let kcp = require(&format!("kcp-{KCP_VERSION}"));
+    let kine = require("kine");
+    let tmp = tempfile::Builder::new()
+        .prefix("kcpshard-slots-")
+        .tempdir()
+        .unwrap();
+    let base = tmp.path();
+    let shared = base.join("shared");
+    let runtime = Runtime::new();
+    let mut reaper = Reaper { procs: Vec::new() };
+    // The front is not part of this test; its URL only has to be what every slot advertises.
+    let front = format!("https://127.0.0.1:{}", free_port().unwrap());
+
+    let t = Instant::now();
+    let k = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"))
+        .await
+        .unwrap();
+    reaper.add(&k.record, &base.join("store").join(store::kine::LOG_FILE));
+    let kine_ready = t.elapsed();
+    assert!(!k.adopted);
+    // A second call adopts the same kine instead of starting another on the sqlite file.
+    let again = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"))
+        .await
+        .unwrap();
+    assert!(again.adopted);
+    assert_eq!(again.record, k.record);
+
+    // Slot a: the first slot makes the shard's material.
+    let root_a = base.join("slot-a").join("root");
+    assert!(!slot::seed_root(&shared, &root_a).unwrap());
+    let a = start_slot(&runtime, &mut reaper, base, "a", &kcp, &k.endpoint, &front);
+    assert_ne!(
+        procfs::stat(a.record.pid).unwrap().session,
+        procfs::stat(std::process::id()).unwrap().session,
+        "a slot runs in its own session"
+    );
+    let a_ready = wait_ready(&runtime, &a, Duration::from_secs(180)).await;
+    slot::capture_shared(&a.root, &shared).unwrap();
+    for f in slot::SHARED_FILES {
+        assert!(shared.join(f).is_file(), "{f} captured");
+    }
+
+    // The kubeconfig names the front (the shard URL), not the slot's port.
+    let kc = std::fs::read_to_string(a.root.join("admin.kubeconfig")).unwrap();
+    assert!(
+        kc.contains(&front),
+        "admin.kubeconfig server is the front:\n{kc}"
+    );
+    for ctx in ["root", "base", "system:admin", "shard-base"] {
+        assert!(
+            kc.contains(&format!("name: {ctx}")),
+            "context {ctx} in admin.kubeconfig"
+        );
+    }
+
+    // Slot b: seeded from the shard's material, same store.
+    let root_b = base.join("slot-b").join("root");
+    assert!(slot::seed_root(&shared, &root_b).unwrap());
+    let b = start_slot(&runtime, &mut reaper, base, "b", &kcp, &k.endpoint, &front);
+    let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
+    slot::capture_shared(&b.root, &shared).unwrap();
+
+    // b's shard-admin token (and CA) work on a: one identity for the shard.
+    let b_on_a =
+        slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(a.port))
+            .await
+            .unwrap();
+    assert!(
+        slot::readyz(&b_on_a).await.unwrap(),
+        "b's shard-admin token works on a"
+    );
+    // ...whereas the kcp-admin token is per process (research 2.2): b's is rejected by a.
+    let b_kcp_admin_on_a = slot::client_for_context(
+        &b.root.join("admin.kubeconfig"),
+        slot::access::KCP_ADMIN_CONTEXT,
+        &slot::slot_url(a.port),
+    )
+    .await
+    .unwrap();
+    let kcp_admin_ok = slot::readyz(&b_kcp_admin_on_a).await.unwrap_or(false);
+
+    let client_b =
+        slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
+            .await
+            .unwrap();
+    let holder_before = slot::controllers_lease_holder(&client_b).await.unwrap();
+    assert!(holder_before.is_some(), "a leads the controllers");
+
+    // Hand over: stop a, delete the lease, prove b leads with a workspace.
+    let stop = runtime
+        .terminate(&a.record, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(!stop.killed, "kcp exits on SIGTERM");
+    assert!(!runtime.is_running(&a.record));
+    let released_at = Instant::now();
+    assert!(
+        slot::release_controllers_lease(&client_b).await.unwrap(),
+        "a's lease was there to delete"
+    );
+    // The probe needs a real identity: b's own kcp-admin (the shard admin's workspaces stay in
+    // Initializing: "no createdBy recorded").
+    let kcp_admin_b =
+        slot::kcp_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
+            .await
+            .unwrap();
+    let probe = slot::probe_workspace(&kcp_admin_b, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let release_to_ready = released_at.elapsed();
+    let holder_after = slot::controllers_lease_holder(&client_b).await.unwrap();
+    assert_ne!(holder_after, holder_before, "b leads now");
+    // Deleting again is fine: released either way.
+    assert!(slot::readyz(&client_b).await.unwrap());
+
+    let stop_b = runtime
+        .terminate(&b.record, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let stop_kine = store::stop_kine_sqlite(&runtime, &base.join("store"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(stop_kine.is_some());
+    assert!(!runtime.is_running(&k.record));
+
+    eprintln!(
+        "TIMINGS kine start->accepting {kine_ready:?}; slot a start->ready {a_ready:?} (fresh store); slot b start->ready {b_ready:?} (existing store); \
+         a SIGTERM->exit {:?} (shutdown delay 1s); lease release->probe Ready {release_to_ready:?} (probe create->Ready {probe:?}); \
+         b SIGTERM->exit {:?}; kcp-admin token of b accepted by a: {kcp_admin_ok}; lease holder {holder_before:?} -> {holder_after:?}",
+        stop.exited_after, stop_b.exited_after
+    );
+}
