@@ -96,19 +96,19 @@ impl FrontClient {
         }
     }
 
-    fn not_running(&self, source: std::io::Error) -> FrontError {
+    fn not_running(&self, cause: std::io::Error) -> FrontError {
         FrontError::NotRunning {
             socket: self.socket.clone(),
             log: self.dir.join(LOG_FILE),
-            source,
+            cause,
         }
     }
 
-    fn control(&self, source: std::io::Error) -> FrontError {
+    fn control(&self, cause: std::io::Error) -> FrontError {
         FrontError::Control {
             socket: self.socket.clone(),
             log: self.dir.join(LOG_FILE),
-            source,
+            cause,
         }
     }
 

@@ -1,6 +1,7 @@
 //! One error type for everything the front does, each message saying what to do next. The
 //! controller copies these messages into the KcpShard's FrontReady condition, so they name the
-//! address, the file or the spec field the user has to look at.
+//! address, the file or the spec field the user has to look at. Each message includes its cause
+//! (an `io::Error` is part of the text, not a `source()`), so `to_string()` is the whole story.
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -18,21 +19,19 @@ pub enum FrontError {
     },
 
     #[error(
-        "no front answers on {socket} ({source}); `kcpshard serve` starts one, its log is {log}"
+        "no front answers on {socket} ({cause}); `kcpshard serve` starts one, its log is {log}"
     )]
     NotRunning {
         socket: PathBuf,
         log: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
-    #[error("talking to the front on {socket} failed: {source}; see its log {log}")]
+    #[error("talking to the front on {socket} failed: {cause}; see its log {log}")]
     Control {
         socket: PathBuf,
         log: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     #[error(
@@ -48,12 +47,11 @@ pub enum FrontError {
     InvalidBackend(String),
 
     #[error(
-        "cannot start the front binary {binary}: {source}; check that the path exists and is executable"
+        "cannot start the front binary {binary}: {cause}; check that the path exists and is executable"
     )]
     Spawn {
         binary: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     #[error("the front exited while starting ({status}); see {log}, which ends with:\n{tail}")]
@@ -76,19 +74,18 @@ pub enum FrontError {
     #[error("front handover failed: {0}; the old front keeps serving")]
     Handover(String),
 
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
 impl FrontError {
-    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(context: impl Into<String>, cause: std::io::Error) -> Self {
         FrontError::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
 }

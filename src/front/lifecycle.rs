@@ -123,11 +123,29 @@ pub(crate) fn read_pid_record(dir: &Path) -> Option<PidRecord> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// Written by the spawner right after the spawn and by the front itself once it is up (a front
+/// started by hand, or a successor, has no other writer), so each writer uses its own temp file.
 pub(crate) fn write_pid_record(dir: &Path, record: &PidRecord) -> Result<(), FrontError> {
+    use std::io::Write as _;
     let path = dir.join(PID_FILE);
     let bytes = serde_json::to_vec_pretty(record).expect("a pid record always serializes");
-    fsutil::write_atomically(&path, &bytes)
-        .map_err(|e| FrontError::io(format!("cannot write {}", path.display()), e))
+    let tmp = dir.join(format!("{PID_FILE}.{}.tmp", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        fsutil::sync_dir(dir)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        FrontError::io(format!("cannot write {}", path.display()), e)
+    })
 }
 
 /// Field 22 of `/proc/<pid>/stat`, or `None` if the process is gone.
@@ -222,6 +240,7 @@ async fn start(
         .arg(listen.to_string())
         .arg("--dir")
         .arg(dir)
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err);
@@ -237,9 +256,9 @@ async fn start(
             Ok(())
         });
     }
-    let mut child = command.spawn().map_err(|source| FrontError::Spawn {
+    let mut child = command.spawn().map_err(|cause| FrontError::Spawn {
         binary: binary.to_path_buf(),
-        source,
+        cause,
     })?;
     let pid = child.id().expect("a child that was just spawned has a pid");
     let record = PidRecord {

@@ -1,0 +1,735 @@
+//! The front as a real process (`kcpshard front`) with real loopback sockets: backends are small
+//! TCP servers in this test process that greet each connection with their name and echo lines.
+//!
+//! Every front a test starts is SIGKILLed when its [`Fixture`] drops, pass or fail (fronts run in
+//! their own session by design, so nothing else would end them).
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kcpshard::front::{self, Backend, FrontClient, FrontError, FrontStatus};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kcpshard");
+const HELPER_ENV: &str = "KCPSHARD_FRONT_TEST_HELPER_DIR";
+const HELPER_BACKEND_ENV: &str = "KCPSHARD_FRONT_TEST_HELPER_BACKEND";
+const ANY_PORT: &str = "127.0.0.1:0";
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn bin() -> &'static Path {
+    Path::new(BIN)
+}
+
+fn any_port() -> SocketAddr {
+    ANY_PORT.parse().unwrap()
+}
+
+// ------------------------------------------------------------------------------------------------
+// Fixture: a front dir, and every process started for it killed at the end.
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    pids: Mutex<BTreeSet<(u32, u64)>>,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("fronts").join("shard");
+        Fixture {
+            _tmp: tmp,
+            dir,
+            pids: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// Remembers a process to kill at the end (with its start time, so a reused pid is spared).
+    fn track(&self, pid: u32) {
+        if let Some(start) = start_time(pid) {
+            self.pids.lock().unwrap().insert((pid, start));
+        }
+    }
+
+    async fn start(&self) -> (FrontClient, FrontStatus) {
+        let client = front::ensure_running(bin(), &self.dir, any_port())
+            .await
+            .unwrap();
+        let status = client.status().await.unwrap();
+        self.track(status.pid);
+        (client, status)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(pid) = recorded_pid(&self.dir) {
+            self.track(pid);
+        }
+        for (pid, start) in self.pids.lock().unwrap().iter() {
+            if start_time(*pid) == Some(*start) {
+                unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+fn recorded_pid(dir: &Path) -> Option<u32> {
+    let bytes = std::fs::read(dir.join(front::PID_FILE)).ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    value["pid"].as_u64().map(|p| p as u32)
+}
+
+/// Fields of `/proc/<pid>/stat` after the command name: index 0 is field 3 (state).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(String::from).collect())
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+fn running(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|f| !matches!(f[0].as_str(), "Z" | "X"))
+}
+
+fn session_of(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(3)?.parse().ok()
+}
+
+async fn eventually(what: &str, bound: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + bound;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {bound:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Backends and clients
+
+/// Greets each connection with `hello from NAME`, answers each line with `NAME: LINE`, and
+/// answers the client's half-close with `NAME: eof` before closing.
+struct EchoBackend {
+    address: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EchoBackend {
+    async fn start(name: &str) -> EchoBackend {
+        let listener = TcpListener::bind(ANY_PORT).await.unwrap();
+        EchoBackend::on(listener, name)
+    }
+
+    fn on(listener: TcpListener, name: &str) -> EchoBackend {
+        let address = listener.local_addr().unwrap();
+        let name = name.to_string();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let name = name.clone();
+                tokio::spawn(async move {
+                    let mut stream = BufReader::new(stream);
+                    let _ = stream
+                        .get_mut()
+                        .write_all(format!("hello from {name}\n").as_bytes())
+                        .await;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        match stream.read_line(&mut line).await {
+                            Ok(0) => {
+                                let _ = stream
+                                    .get_mut()
+                                    .write_all(format!("{name}: eof\n").as_bytes())
+                                    .await;
+                                return;
+                            }
+                            Ok(_) => {
+                                let answer = format!("{name}: {}\n", line.trim_end());
+                                if stream.get_mut().write_all(answer.as_bytes()).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Err(_) => return,
+                        }
+                    }
+                });
+            }
+        });
+        EchoBackend { address, task }
+    }
+
+    fn backend(&self, slot: &str) -> Backend {
+        Backend {
+            slot: slot.into(),
+            address: self.address,
+        }
+    }
+}
+
+impl Drop for EchoBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Client(BufReader<TcpStream>);
+
+impl Client {
+    async fn dial(address: SocketAddr) -> Client {
+        Client(BufReader::new(TcpStream::connect(address).await.unwrap()))
+    }
+
+    async fn line(&mut self) -> String {
+        let mut line = String::new();
+        let n = tokio::time::timeout(IO_TIMEOUT, self.0.read_line(&mut line))
+            .await
+            .expect("no answer within 5 s")
+            .expect("read failed");
+        assert!(n > 0, "the connection was closed");
+        line.trim_end().to_string()
+    }
+
+    async fn ask(&mut self, message: &str) -> String {
+        self.0
+            .get_mut()
+            .write_all(format!("{message}\n").as_bytes())
+            .await
+            .unwrap();
+        self.line().await
+    }
+
+    /// Waits for the end of the stream; returns how long it took.
+    async fn closed_within(&mut self, bound: Duration) -> Duration {
+        let started = Instant::now();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(bound, self.0.read_to_end(&mut rest)).await;
+        assert!(
+            read.is_ok(),
+            "the front kept the connection open for more than {bound:?}"
+        );
+        assert!(rest.is_empty(), "unexpected bytes {rest:?}");
+        started.elapsed()
+    }
+}
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind(ANY_PORT)
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+// ------------------------------------------------------------------------------------------------
+// Routing
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let b = EchoBackend::start("b").await;
+    let (client, status) = f.start().await;
+    assert_eq!(status.backend, None);
+    assert_ne!(status.listen.port(), 0);
+
+    client.switch(&a.backend("a")).await.unwrap();
+    let mut first = Client::dial(status.listen).await;
+    assert_eq!(first.line().await, "hello from a");
+    assert_eq!(first.ask("1").await, "a: 1");
+
+    client.switch(&b.backend("b")).await.unwrap();
+    let mut second = Client::dial(status.listen).await;
+    assert_eq!(second.line().await, "hello from b");
+    assert_eq!(
+        first.ask("2").await,
+        "a: 2",
+        "an open connection stays on its slot after a switch"
+    );
+    assert_eq!(second.ask("3").await, "b: 3");
+
+    let status = client.status().await.unwrap();
+    assert_eq!(status.backend, Some(b.backend("b")));
+    assert_eq!(
+        (status.connections["a"].open, status.connections["a"].total),
+        (1, 1)
+    );
+    assert_eq!(
+        (status.connections["b"].open, status.connections["b"].total),
+        (1, 1)
+    );
+
+    drop(first);
+    eventually(
+        "slot a has no open connection",
+        Duration::from_secs(3),
+        async || client.status().await.unwrap().connections["a"].open == 0,
+    )
+    .await;
+    let status = client.status().await.unwrap();
+    assert_eq!(
+        (status.connections["a"].open, status.connections["a"].total),
+        (0, 1)
+    );
+    assert_eq!(status.connections["b"].open, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_is_dialled_before_the_client_sends_a_byte_and_half_closes_pass_through() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (client, status) = f.start().await;
+    client.switch(&a.backend("a")).await.unwrap();
+    let mut c = Client::dial(status.listen).await;
+    // A server-speaks-first greeting arrives although the client has sent nothing.
+    assert_eq!(c.line().await, "hello from a");
+    // The client's FIN reaches the backend, whose answer still comes back on the open half.
+    c.0.get_mut().shutdown().await.unwrap();
+    assert_eq!(c.line().await, "a: eof");
+    c.closed_within(IO_TIMEOUT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_refuses_for_a_moment_still_gets_the_connection() {
+    let f = Fixture::new();
+    let (client, status) = f.start().await;
+    let late = free_port();
+    client
+        .switch(&Backend {
+            slot: "late".into(),
+            address: late,
+        })
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let opener = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        EchoBackend::on(TcpListener::bind(late).await.unwrap(), "late")
+    });
+    let mut c = Client::dial(status.listen).await;
+    assert_eq!(c.line().await, "hello from late");
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    let _backend = opener.await.unwrap();
+    let counts = client.status().await.unwrap().connections["late"];
+    assert_eq!((counts.open, counts.total, counts.failed), (1, 1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_never_accepts_gets_the_client_closed_after_the_retry_window() {
+    let f = Fixture::new();
+    let (client, status) = f.start().await;
+    client
+        .switch(&Backend {
+            slot: "gone".into(),
+            address: free_port(),
+        })
+        .await
+        .unwrap();
+    let mut c = Client::dial(status.listen).await;
+    let waited = c.closed_within(Duration::from_secs(6)).await;
+    assert!(
+        waited >= front::RETRY_WINDOW - Duration::from_millis(200),
+        "closed after {waited:?}"
+    );
+    let counts = client.status().await.unwrap().connections["gone"];
+    assert_eq!((counts.open, counts.total, counts.failed), (0, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_backend_a_connection_waits_briefly_for_one_then_is_closed() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (client, status) = f.start().await;
+
+    let mut unlucky = Client::dial(status.listen).await;
+    let waited = unlucky.closed_within(Duration::from_secs(6)).await;
+    assert!(
+        waited >= Duration::from_millis(1500),
+        "closed after {waited:?}"
+    );
+
+    let mut lucky = Client::dial(status.listen).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.switch(&a.backend("a")).await.unwrap();
+    assert_eq!(lucky.line().await, "hello from a");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Persistence, lifecycle and errors
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_front_comes_back_on_the_persisted_backend() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (client, first) = f.start().await;
+    client.switch(&a.backend("a")).await.unwrap();
+    let persisted: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join(front::BACKEND_FILE)).unwrap()).unwrap();
+    assert_eq!(persisted["backend"]["slot"], "a");
+    assert_eq!(persisted["backend"]["address"], a.address.to_string());
+
+    front::stop(&f.dir).await.unwrap();
+    assert!(!running(first.pid), "stop leaves no front behind");
+    assert!(FrontClient::connect(&f.dir).await.is_err());
+
+    let (_client, second) = f.start().await;
+    assert_ne!(second.pid, first.pid);
+    assert_eq!(second.backend, Some(a.backend("a")));
+    let mut c = Client::dial(second.listen).await;
+    assert_eq!(c.line().await, "hello from a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_front_is_adopted_not_duplicated() {
+    let f = Fixture::new();
+    let (_, first) = f.start().await;
+    let again = front::ensure_running(bin(), &f.dir, first.listen)
+        .await
+        .unwrap();
+    assert_eq!(again.status().await.unwrap().pid, first.pid);
+    let any = front::ensure_running(bin(), &f.dir, any_port())
+        .await
+        .unwrap();
+    assert_eq!(any.status().await.unwrap().pid, first.pid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_asked_for_another_address_is_replaced() {
+    let f = Fixture::new();
+    let (_, first) = f.start().await;
+    let wanted = free_port();
+    let client = front::ensure_running(bin(), &f.dir, wanted).await.unwrap();
+    let second = client.status().await.unwrap();
+    f.track(second.pid);
+    assert_eq!(second.listen, wanted);
+    assert_ne!(second.pid, first.pid);
+    assert!(!running(first.pid));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_address_taken_by_another_program_gives_a_clear_error() {
+    let f = Fixture::new();
+    let squatter = std::net::TcpListener::bind(ANY_PORT).unwrap();
+    let taken = squatter.local_addr().unwrap();
+    let err = front::ensure_running(bin(), &f.dir, taken)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, FrontError::AddressInUse { address } if address == taken),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "front address {taken} is in use by another program; choose another spec.front.listen"
+        )
+    );
+    let pid = recorded_pid(&f.dir).expect("the attempt is recorded");
+    assert!(!running(pid), "the failed front exited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_socket_and_state_files_are_private() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (client, _) = f.start().await;
+    client.switch(&a.backend("a")).await.unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&f.dir), 0o700);
+    assert_eq!(mode(&f.dir.join(front::CONTROL_SOCKET)), 0o600);
+    assert_eq!(mode(&f.dir.join(front::BACKEND_FILE)), 0o600);
+    assert_eq!(mode(&f.dir.join(front::PID_FILE)), 0o600);
+    assert_eq!(mode(&f.dir.join(front::LOG_FILE)), 0o600);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_protocol_is_one_json_object_per_line() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (_, status) = f.start().await;
+    let stream = UnixStream::connect(f.dir.join(front::CONTROL_SOCKET))
+        .await
+        .unwrap();
+    let mut conn = BufReader::new(stream);
+    let mut ask = async |line: String| -> serde_json::Value {
+        conn.get_mut().write_all(line.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        conn.read_line(&mut answer).await.unwrap();
+        serde_json::from_str(&answer).unwrap()
+    };
+    let answer = ask(format!(
+        "{{\"op\":\"switch\",\"slot\":\"a\",\"address\":\"{}\"}}\n",
+        a.address
+    ))
+    .await;
+    assert_eq!(answer["ok"], true);
+    assert_eq!(answer["status"]["backend"]["slot"], "a");
+    let answer = ask("{\"op\":\"status\"}\n".into()).await;
+    assert_eq!(answer["status"]["pid"], status.pid);
+    assert_eq!(answer["status"]["listen"], status.listen.to_string());
+    assert_eq!(answer["status"]["connections"]["a"]["open"], 0);
+    let answer = ask("not json\n".into()).await;
+    assert_eq!(answer["ok"], false);
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("one JSON object per line")
+    );
+    let answer =
+        ask("{\"op\":\"switch\",\"slot\":\"a b\",\"address\":\"127.0.0.1:1\"}\n".into()).await;
+    assert_eq!(answer["ok"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_accepting_and_lets_open_connections_finish() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (client, status) = f.start().await;
+    client.switch(&a.backend("a")).await.unwrap();
+    let mut open = Client::dial(status.listen).await;
+    assert_eq!(open.line().await, "hello from a");
+
+    let dir = f.dir.clone();
+    let stopping = tokio::spawn(async move { front::stop(&dir).await });
+    eventually(
+        "the listening socket is closed",
+        Duration::from_secs(5),
+        async || TcpStream::connect(status.listen).await.is_err(),
+    )
+    .await;
+    assert_eq!(open.ask("still there").await, "a: still there");
+    assert!(!stopping.is_finished());
+    assert!(running(status.pid));
+
+    drop(open);
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!running(status.pid));
+    assert!(!f.dir.join(front::CONTROL_SOCKET).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_connections_per_slot() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let metrics = free_port();
+    let child = std::process::Command::new(BIN)
+        .args([
+            "front",
+            "--listen",
+            ANY_PORT,
+            "--metrics-listen",
+            &metrics.to_string(),
+            "--dir",
+        ])
+        .arg(&f.dir)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    f.track(child.id());
+    let mut client = None;
+    eventually("the front answers", Duration::from_secs(5), async || {
+        client = FrontClient::connect(&f.dir).await.ok();
+        client.is_some()
+    })
+    .await;
+    let client = client.unwrap();
+    client.switch(&a.backend("a")).await.unwrap();
+    let status = client.status().await.unwrap();
+    let mut c = Client::dial(status.listen).await;
+    assert_eq!(c.line().await, "hello from a");
+
+    let mut http = TcpStream::connect(metrics).await.unwrap();
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    http.read_to_string(&mut text).await.unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    for line in [
+        "kcpshard_front_connections_open{slot=\"a\"} 1",
+        "kcpshard_front_connections_total{slot=\"a\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Surviving the starter, and handing over
+
+/// Not a test on its own: run by `the_front_survives_the_death_of_the_process_that_started_it` in
+/// a child process (the stand-in for `serve`), which that test then SIGKILLs.
+#[test]
+fn helper_starts_a_front_and_waits() {
+    let Some(dir) = std::env::var_os(HELPER_ENV) else {
+        return;
+    };
+    let backend: SocketAddr = std::env::var(HELPER_BACKEND_ENV).unwrap().parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = front::ensure_running(bin(), Path::new(&dir), any_port())
+            .await
+            .unwrap();
+        client
+            .switch(&Backend {
+                slot: "a".into(),
+                address: backend,
+            })
+            .await
+            .unwrap();
+        let status = client.status().await.unwrap();
+        println!("READY {} {}", status.pid, status.listen);
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_survives_the_death_of_the_process_that_started_it() {
+    use std::io::BufRead;
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "helper_starts_a_front_and_waits",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HELPER_ENV, &f.dir)
+        .env(HELPER_BACKEND_ENV, a.address.to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    f.track(helper.id());
+    let stdout = helper.stdout.take().unwrap();
+    let ready = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            // libtest prints "test NAME ... " on the same line first.
+            .find_map(|l| l.find("READY ").map(|at| l[at..].to_string()))
+    });
+    let ready = tokio::time::timeout(Duration::from_secs(20), ready)
+        .await
+        .unwrap()
+        .unwrap();
+    let ready = ready.expect("the helper started a front");
+    let mut words = ready.split_whitespace().skip(1);
+    let pid: u32 = words.next().unwrap().parse().unwrap();
+    let listen: SocketAddr = words.next().unwrap().parse().unwrap();
+    f.track(pid);
+    assert_eq!(
+        session_of(pid),
+        Some(pid),
+        "the front leads its own session"
+    );
+
+    let mut live = Client::dial(listen).await;
+    assert_eq!(live.line().await, "hello from a");
+    assert_eq!(live.ask("before").await, "a: before");
+
+    unsafe { libc::kill(helper.id() as i32, libc::SIGKILL) };
+    helper.wait().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    assert!(running(pid), "the front outlives its starter");
+    assert_eq!(
+        live.ask("after").await,
+        "a: after",
+        "the open connection was not cut"
+    );
+    let mut fresh = Client::dial(listen).await;
+    assert_eq!(fresh.line().await, "hello from a");
+    let adopted = front::ensure_running(bin(), &f.dir, listen).await.unwrap();
+    assert_eq!(
+        adopted.status().await.unwrap().pid,
+        pid,
+        "a new starter adopts the front"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connection() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (client, old) = f.start().await;
+    client.switch(&a.backend("a")).await.unwrap();
+    let mut pinned = Client::dial(old.listen).await;
+    assert_eq!(pinned.line().await, "hello from a");
+
+    // Dial continuously through the upgrade; every dial must be answered by the backend.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let poller = {
+        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let answered = async {
+                    let mut c = BufReader::new(TcpStream::connect(old.listen).await.ok()?);
+                    let mut line = String::new();
+                    c.read_line(&mut line).await.ok()?;
+                    (line == "hello from a\n").then_some(())
+                };
+                match tokio::time::timeout(IO_TIMEOUT, answered).await {
+                    Ok(Some(())) => ok.fetch_add(1, Ordering::Relaxed),
+                    _ => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let upgraded = front::upgrade(bin(), &f.dir).await.unwrap();
+    let new = upgraded.status().await.unwrap();
+    f.track(new.pid);
+    assert_ne!(new.pid, old.pid);
+    assert_eq!(new.listen, old.listen);
+    assert_eq!(new.backend, Some(a.backend("a")));
+    assert_eq!(recorded_pid(&f.dir), Some(new.pid));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    poller.await.unwrap();
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "{} dials answered",
+        ok.load(Ordering::Relaxed)
+    );
+    assert!(ok.load(Ordering::Relaxed) > 10);
+
+    // The old front drains: its open connection works until the client closes it, then it exits.
+    assert!(running(old.pid));
+    assert_eq!(pinned.ask("still old").await, "a: still old");
+    drop(pinned);
+    eventually(
+        "the old front exits once drained",
+        Duration::from_secs(5),
+        async || !running(old.pid),
+    )
+    .await;
+
+    // The successor is fully in charge: switches and connections work, the socket path is its own.
+    let b = EchoBackend::start("b").await;
+    upgraded.switch(&b.backend("b")).await.unwrap();
+    let mut c = Client::dial(new.listen).await;
+    assert_eq!(c.line().await, "hello from b");
+}
