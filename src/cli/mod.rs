@@ -84,7 +84,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
 /// Logs go to stderr so that stdout stays parseable (`get -o json`, `crd > file`). `serve` logs at
 /// info by default; the clients stay quiet unless something is wrong. `RUST_LOG` overrides both.
 fn init_tracing(serving: bool) {
-    let default = if serving { "info" } else { "warn" };
+    // kube-client logs every 5xx of the clients built from a kubeconfig as an error; kcp answers
+    // /readyz with 500 while a slot starts, which the controller polls on purpose.
+    let default = if serving { "info,kube_client::client::builder=off" } else { "warn" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

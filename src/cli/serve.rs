@@ -3,9 +3,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use anyhow::Context as _;
 use tokio::sync::watch;
 
 use crate::apiserver::{self, ApiServer, ServeConfig, StateLock};
+use crate::controller;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -19,17 +21,34 @@ pub struct Args {
     /// The kine binary the KineSqlite store runs.
     #[arg(long, env = "KCPSHARD_KINE", default_value = "bin/kine")]
     kine_binary: PathBuf,
+    /// Run the controller (slots, stores, fronts). `--controller=false` serves the API alone: for
+    /// tests of the API itself, or to inspect a state dir without touching its processes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_missing_value = "true")]
+    controller: bool,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let config = ServeConfig { state_dir: args.state_dir.clone(), api_listen: args.api_listen };
     let _lock = StateLock::acquire(&config.state_dir)?;
     let server = ApiServer::open(&config.state_dir)?;
+    let working_dir = std::env::current_dir().context("cannot read the working directory")?;
+    let ctx = controller::Context {
+        client: server.client(),
+        reporter: controller::reporter(),
+        runtime: crate::process::Runtime::new(),
+        state_dir: working_dir.join(&config.state_dir),
+        kine_binary: working_dir.join(&args.kine_binary),
+        front_binary: std::env::current_exe().context("cannot find this binary to run the front")?,
+    };
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let api = apiserver::serve(&config, server, until_stopped(stopped.clone()));
+    let controller = args
+        .controller
+        .then(|| tokio::spawn(controller::run(ctx, until_stopped(stopped))));
     tokio::pin!(api);
     tokio::select! {
         result = &mut api => return result,
@@ -37,6 +56,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let _ = stop.send(true);
     api.await?;
+    if let Some(controller) = controller {
+        let _ = controller.await;
+    }
     Ok(())
 }
 

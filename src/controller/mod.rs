@@ -1,4 +1,212 @@
-//! The controller: observe, plan, act, one step per reconcile.
+//! The controller: a kube-runtime `Controller` over the local API (in-process client). Each
+//! reconcile of a `KcpShard` observes what runs ([`observe`]), asks the pure [`plan`] for the one
+//! next step, performs it ([`act`]), then writes status (conditions, phase, slots, front, lastRoll)
+//! and an event per thing that happened. It requeues at once after a step, shortly while a slot
+//! starts, and every few seconds when idle, so a crashed slot is noticed within seconds.
+//!
+//! A finalizer makes deletion a step of its own: the slots, the store's processes and the front
+//! stop; the data stays under the state dir.
+pub mod act;
 pub mod conditions;
+pub mod observe;
 pub mod plan;
 pub mod state;
+pub mod status;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+
+use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION};
+use crate::process::Runtime;
+use crate::store::StoreBackend;
+use plan::{Desired, SlotTemplate, Step};
+use state::ShardDirs;
+
+/// Requeue after a step that changed something: take the next one at once.
+const NEXT_STEP: Duration = Duration::from_millis(10);
+/// Requeue while a slot starts.
+const WHILE_STARTING: Duration = Duration::from_millis(200);
+/// Requeue when converged or blocked: how soon a crashed slot is noticed.
+const WHEN_IDLE: Duration = Duration::from_secs(2);
+
+/// Something the user should hear about, as an event.
+#[derive(Debug, Clone)]
+pub struct Note {
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: kube::Client,
+    pub reporter: Reporter,
+    pub runtime: Runtime,
+    pub state_dir: PathBuf,
+    /// The kine binary the store runs.
+    pub kine_binary: PathBuf,
+    /// This binary, which runs `kcpshard front`.
+    pub front_binary: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0:#}")]
+    Step(#[from] anyhow::Error),
+    #[error("cannot write the status of KcpShard {name}: {source}")]
+    Status { name: String, source: kube::Error },
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Context {
+    fn store(&self, dirs: &ShardDirs) -> StoreBackend {
+        StoreBackend::KineSqlite { kine_binary: self.kine_binary.clone(), dir: dirs.store() }
+    }
+
+    /// The store's endpoint when its kine runs and accepts; nothing is started.
+    pub async fn running_store(&self, dirs: &ShardDirs) -> Option<String> {
+        let record = Runtime::load(&dirs.store().join(crate::store::kine::RECORD_FILE)).ok().flatten()?;
+        let port = crate::store::kine::listen_port(&record.args)?;
+        (self.runtime.is_running(&record) && crate::store::kine::port_accepts(port).await).then(|| format!("http://127.0.0.1:{port}"))
+    }
+
+    /// Starts the store, or adopts it; returns the `--etcd-servers` for slots.
+    pub async fn ensure_store(&self, dirs: &ShardDirs) -> anyhow::Result<String> {
+        Ok(self.store(dirs).ensure(&self.runtime).await?.etcd_servers)
+    }
+
+    pub async fn stop_store(&self, dirs: &ShardDirs) -> anyhow::Result<()> {
+        self.store(dirs).stop(&self.runtime, Duration::from_secs(10)).await?;
+        Ok(())
+    }
+}
+
+/// The desired state from the spec: the template every current slot must have.
+pub fn desired(shard: &KcpShard, working_dir: &Path) -> anyhow::Result<Desired> {
+    let spec = &shard.spec;
+    let binary = working_dir.join(spec.kcp.binary_for(&spec.version));
+    let template = SlotTemplate {
+        version: spec.version.clone(),
+        binary: binary.display().to_string(),
+        extra_args: spec.kcp.extra_args.clone(),
+        shutdown_delay: spec.kcp.shutdown_delay.clone(),
+        front_url: format!("https://{}", spec.front.listen),
+        restarted_at: shard.annotations().get(RESTARTED_AT_ANNOTATION).cloned(),
+    };
+    Ok(Desired {
+        binary_present: binary.is_file(),
+        template,
+        readiness_timeout: spec.rollout.readiness_timeout().map_err(anyhow::Error::msg)?,
+        deleting: shard.meta().deletion_timestamp.is_some(),
+    })
+}
+
+async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api: Api<KcpShard> = Api::all(ctx.client.clone());
+    finalizer(&api, FINALIZER, shard, |event| async {
+        match event {
+            Finalizer::Apply(shard) => step(&shard, &ctx).await,
+            Finalizer::Cleanup(shard) => {
+                // Deleting: take cleanup steps until nothing runs, then let the finalizer go.
+                loop {
+                    let action = step(&shard, &ctx).await?;
+                    if action == Action::await_change() {
+                        return Ok(action);
+                    }
+                }
+            }
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+/// One observe-plan-act-report round.
+async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
+    let name = shard.name_any();
+    let dirs = ShardDirs::new(&ctx.state_dir, &name);
+    let working_dir = std::env::current_dir().map_err(anyhow::Error::from)?;
+    let desired = desired(shard, &working_dir)?;
+    let world = observe::observe(ctx, &dirs).await?;
+    let next = plan::plan(&desired, &world.observed);
+    tracing::debug!(shard = %name, step = ?next, "planned");
+    let actor = act::Actor { ctx, shard, dirs: &dirs, desired: &desired, world: &world };
+    let outcome = actor.act(&next).await;
+    let (notes, failure) = match outcome {
+        Ok(notes) => (notes, None),
+        Err(e) => {
+            tracing::warn!(shard = %name, step = ?next, error = %format!("{e:#}"), "step failed");
+            (vec![Note::warning("StepFailed", format!("{e:#}"))], Some(format!("{e:#}")))
+        }
+    };
+    let previous_degraded = shard.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded")).map(|c| (c.status.clone(), c.reason.clone()));
+    for note in notes {
+        // A blocked roll is reported once, not on every look.
+        let repeat = note.reason == "RollBlocked"
+            && matches!(next, Step::Blocked { ref cause } if previous_degraded == Some(("True".into(), cause.reason().into())));
+        if !repeat {
+            publish(ctx, shard, note).await;
+        }
+    }
+    let world = if matches!(next, Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. }) { world } else { observe::observe(ctx, &dirs).await? };
+    let status = status::build(shard, &desired, &world, &plan::plan(&desired, &world.observed), failure.as_deref());
+    let api: Api<KcpShard> = Api::all(ctx.client.clone());
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status::as_patch(&status)))
+        .await
+        .map_err(|source| Error::Status { name: name.clone(), source })?;
+    Ok(match (&next, failure) {
+        (_, Some(_)) => Action::requeue(WHEN_IDLE),
+        (Step::Idle, _) if desired.deleting => Action::await_change(),
+        (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
+        (Step::AwaitReady { .. }, _) => Action::requeue(WHILE_STARTING),
+        _ => Action::requeue(NEXT_STEP),
+    })
+}
+
+async fn publish(ctx: &Context, shard: &KcpShard, note: Note) {
+    let event = Event { type_: note.type_, reason: note.reason.into(), note: Some(note.message), action: "Reconcile".into(), secondary: None };
+    // A recorder per event: a shared one folds events of the same reason into one series and keeps
+    // the first message ("started slot a" would hide "started slot b").
+    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    if let Err(e) = recorder.publish(&event, &shard.object_ref(&())).await {
+        tracing::warn!(error = %e, "cannot record an event");
+    }
+}
+
+fn error_policy(shard: Arc<KcpShard>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(shard = %shard.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(WHEN_IDLE)
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let api: Api<KcpShard> = Api::all(ctx.client.clone());
+    Controller::new(api, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, Arc::new(ctx))
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile ended with an error");
+            }
+        })
+        .await;
+}
+
+/// The recorder's identity: controller `kcpshard`, instance the host name.
+pub fn reporter() -> Reporter {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).ok();
+    Reporter { controller: "kcpshard".into(), instance: host }
+}

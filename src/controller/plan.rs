@@ -230,7 +230,8 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         return Step::StopSlot { name: old.name.clone() };
     }
     match &observed.roll {
-        Some(roll) if roll.lease_released_at.is_none() => Step::ReleaseLease,
+        // Only a roll from an earlier slot has a leader's Lease to hand over.
+        Some(roll) if roll.from.is_some() && roll.lease_released_at.is_none() => Step::ReleaseLease,
         Some(roll) if roll.probe_succeeded_at.is_none() => Step::Probe,
         Some(_) => Step::CompleteRoll,
         None => Step::Idle,
@@ -321,6 +322,13 @@ mod tests {
         assert_eq!(plan(&d, &o), Step::CompleteRoll);
         o.roll = None;
         assert_eq!(plan(&d, &o), Step::Idle);
+    }
+
+    #[test]
+    fn a_first_start_has_no_lease_to_release() {
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        o.roll = Some(roll(None, "a"));
+        assert_eq!(plan(&desired("v1"), &o), Step::Probe);
     }
 
     #[test]

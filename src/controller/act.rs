@@ -1,0 +1,264 @@
+//! Act: perform exactly the step the plan chose, record it in the controller's state file before
+//! the effect that depends on it, and tell the user with an event.
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::Utc;
+use kube::runtime::events::EventType;
+
+use super::observe::World;
+use super::plan::{Blocked, BlockCause, Desired, RollRecord, Step};
+use super::state::{CompletedRoll, ShardDirs, SlotRecord};
+use super::{Context, Note};
+use crate::api::KcpShard;
+use crate::front::{self, Backend, FrontClient};
+use crate::process::{ProcessSpec, free_port};
+use crate::slot;
+
+/// How long the probe workspace may take to become Ready.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a step did that the user should hear about.
+pub type Notes = Vec<Note>;
+
+pub struct Actor<'a> {
+    pub ctx: &'a Context,
+    pub shard: &'a KcpShard,
+    pub dirs: &'a ShardDirs,
+    pub desired: &'a Desired,
+    pub world: &'a World,
+}
+
+impl Actor<'_> {
+    pub async fn act(&self, step: &Step) -> anyhow::Result<Notes> {
+        match step {
+            Step::Idle | Step::AwaitReady { .. } => Ok(vec![]),
+            Step::Blocked { cause } => Ok(vec![Note::warning("RollBlocked", cause.message())]),
+            Step::EnsureStore => {
+                let endpoint = self.ctx.ensure_store(self.dirs).await?;
+                Ok(vec![Note::normal("StoreStarted", format!("the store accepts connections at {endpoint}"))])
+            }
+            Step::EnsureFront => {
+                let listen = self.front_listen()?;
+                front::ensure_running(&self.ctx.front_binary, &self.dirs.front(), listen).await?;
+                Ok(vec![Note::normal("FrontStarted", format!("the front listens on {listen}"))])
+            }
+            Step::StartSlot { name } => self.start_slot(name).await,
+            Step::SwitchFront { to } => self.switch_front(to).await,
+            Step::StopSlot { name } => self.stop_slot(name).await,
+            Step::ForgetSlot { name, was_active } => {
+                self.dirs.slot(name).forget()?;
+                if *was_active {
+                    return Ok(vec![Note::warning("SlotCrashed", format!("slot {name}, which served the shard, exited; starting a replacement (see {})", self.dirs.slot(name).log().display()))]);
+                }
+                Ok(vec![Note::warning("SlotCrashed", format!("slot {name} exited"))])
+            }
+            Step::AbortRoll { name, cause } => self.abort_roll(name, cause).await,
+            Step::ReleaseLease => self.release_lease().await,
+            Step::Probe => self.probe().await,
+            Step::CompleteRoll => self.complete_roll(),
+            Step::Cleanup => self.cleanup().await,
+        }
+    }
+
+    fn front_listen(&self) -> anyhow::Result<SocketAddr> {
+        let listen = &self.shard.spec.front.listen;
+        listen.parse().map_err(|e| anyhow::anyhow!("spec.front.listen {listen:?} is not an IP address and port: {e}"))
+    }
+
+    fn update_roll(&self, change: impl FnOnce(&mut RollRecord)) -> anyhow::Result<()> {
+        let mut state = self.dirs.load_state()?;
+        if let Some(roll) = state.roll.as_mut() {
+            change(roll);
+            self.dirs.save_state(&state)?;
+        }
+        Ok(())
+    }
+
+    async fn start_slot(&self, name: &str) -> anyhow::Result<Notes> {
+        let template = &self.desired.template;
+        let slot_dirs = self.dirs.slot(name);
+        // A process left with this root directory (the controller stopped right after starting
+        // it) would fight the new one: stop it first.
+        let marker = format!("--root-directory={}", slot_dirs.root().display());
+        for pid in crate::process::Runtime::find_by_argument(&marker) {
+            if let Some(orphan) = crate::process::Runtime::observe(pid) {
+                tracing::warn!(pid, slot = name, "stopping a leftover process of this slot");
+                self.ctx.runtime.terminate(&orphan, Duration::from_secs(10)).await?;
+            }
+        }
+        let port = free_port()?;
+        let now = Utc::now();
+        let mut state = self.dirs.load_state()?;
+        if state.roll.as_ref().is_none_or(|r| r.to != name) {
+            let backend = match &self.world.observed.front {
+                super::plan::FrontObservation::Up { backend } => backend.clone(),
+                super::plan::FrontObservation::Down => None,
+            };
+            let from_version = backend.as_ref().and_then(|b| self.world.slots.iter().find(|s| &s.record.name == b)).map(|s| s.record.template.version.clone());
+            state.roll = Some(RollRecord { from: backend, from_version, to: name.to_string(), to_version: template.version.clone(), started_at: now, ..Default::default() });
+        }
+        state.blocked = None;
+        self.dirs.save_state(&state)?;
+        slot_dirs.save(&SlotRecord { name: name.to_string(), template: template.clone(), port, created_at: now })?;
+
+        slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
+        let launch = slot::args::SlotLaunch {
+            name: name.to_string(),
+            version: template.version.clone(),
+            binary: PathBuf::from(&template.binary),
+            root_dir: slot_dirs.root(),
+            bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
+            port,
+            etcd_servers: self.world.store_endpoint.clone().ok_or_else(|| anyhow::anyhow!("the store is not running"))?,
+            front_url: template.front_url.clone(),
+            shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(anyhow::Error::msg)?,
+            extra_args: template.extra_args.clone(),
+        };
+        let args = slot::args::kcp_args(&launch)?;
+        let spec = ProcessSpec {
+            name: format!("slot-{name}"),
+            program: launch.binary.clone(),
+            args,
+            env: vec![],
+            log: slot_dirs.log(),
+            record: slot_dirs.process(),
+        };
+        let process = self.ctx.runtime.start(&spec)?;
+        self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
+        Ok(vec![Note::normal(
+            "SlotStarting",
+            format!("started slot {name} (kcp {}, pid {}, port {port}); waiting for /readyz on its own port", template.version, process.pid),
+        )])
+    }
+
+    async fn switch_front(&self, to: &str) -> anyhow::Result<Notes> {
+        let slot = self.world.slots.iter().find(|s| s.record.name == to).ok_or_else(|| anyhow::anyhow!("slot {to} has no record"))?;
+        let ready_at = Utc::now();
+        self.update_roll(|roll| {
+            roll.new_slot_ready_at.get_or_insert(ready_at);
+        })?;
+        // The first slot made the shard's key material; every later slot gets a copy before it starts.
+        slot::material::capture_shared(&self.dirs.slot(to).root(), &self.dirs.shared())?;
+        let client = FrontClient::connect(&self.dirs.front()).await?;
+        let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
+        client.switch(&Backend { slot: to.to_string(), address }).await?;
+        self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
+        Ok(vec![
+            Note::normal("SlotReady", format!("slot {to} answers /readyz on its own port {}", slot.record.port)),
+            Note::normal("FrontSwitched", format!("the front forwards new connections to slot {to} ({address}); open connections stay on their slot")),
+        ])
+    }
+
+    async fn stop_slot(&self, name: &str) -> anyhow::Result<Notes> {
+        let slot = self.world.slots.iter().find(|s| s.record.name == name).ok_or_else(|| anyhow::anyhow!("slot {name} has no record"))?;
+        let drain = self.shard.spec.rollout.drain_timeout().map_err(anyhow::Error::msg)?;
+        let termination = self.ctx.runtime.terminate(&slot.process, drain).await?;
+        let exited_at = Utc::now();
+        self.update_roll(|roll| {
+            if roll.from.as_deref() == Some(name) {
+                roll.old_slot_exited_at = Some(exited_at);
+            }
+        })?;
+        self.dirs.slot(name).forget()?;
+        let mut notes = vec![Note::normal("SlotStopped", format!("slot {name} exited {:.1}s after SIGTERM", termination.exited_after.as_secs_f64()))];
+        if termination.killed {
+            notes.push(Note::warning("SlotKilled", format!("slot {name} did not exit within spec.rollout.drainTimeout ({drain:?}) and was killed")));
+        }
+        Ok(notes)
+    }
+
+    async fn abort_roll(&self, name: &str, cause: &BlockCause) -> anyhow::Result<Notes> {
+        if let Some(slot) = self.world.slots.iter().find(|s| s.record.name == name) {
+            self.ctx.runtime.terminate(&slot.process, Duration::from_secs(10)).await?;
+        }
+        self.dirs.slot(name).forget()?;
+        let mut state = self.dirs.load_state()?;
+        state.roll = None;
+        state.blocked = Some(Blocked { template: self.desired.template.clone(), cause: cause.clone() });
+        self.dirs.save_state(&state)?;
+        Ok(vec![Note::warning(cause.reason(), cause.message()), Note::warning("RollBlocked", format!("the roll to slot {name} stopped; the old slot keeps serving"))])
+    }
+
+    /// A client of the active slot on its own port: the shard admin, or with `kcp_admin` the
+    /// slot's own kcp-admin (a real identity, needed to create workspaces).
+    async fn active_client(&self, kcp_admin: bool) -> anyhow::Result<kube::Client> {
+        let super::plan::FrontObservation::Up { backend: Some(active) } = &self.world.observed.front else {
+            anyhow::bail!("the front has no backend");
+        };
+        let slot = self.world.slots.iter().find(|s| &s.record.name == active).ok_or_else(|| anyhow::anyhow!("slot {active} has no record"))?;
+        let (kubeconfig, url) = (self.dirs.slot(active).admin_kubeconfig(), slot::access::slot_url(slot.record.port));
+        Ok(match kcp_admin {
+            true => slot::access::kcp_admin_client(&kubeconfig, &url).await?,
+            false => slot::access::shard_admin_client(&kubeconfig, &url).await?,
+        })
+    }
+
+    async fn release_lease(&self) -> anyhow::Result<Notes> {
+        // Only now that the old slot has exited: a live leader would take the Lease back
+        // (research section 0.3: without this, controllers stop for ~61 s).
+        let deleted = slot::access::release_controllers_lease(&self.active_client(false).await?).await?;
+        self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
+        let message = if deleted { "deleted Lease kube-system/kcp-controllers so the new slot leads at once" } else { "no kcp-controllers Lease to release" };
+        Ok(vec![Note::normal("LeaseReleased", message)])
+    }
+
+    async fn probe(&self) -> anyhow::Result<Notes> {
+        let took = slot::access::probe_workspace(&self.active_client(true).await?, PROBE_TIMEOUT).await?;
+        self.update_roll(|roll| roll.probe_succeeded_at = Some(Utc::now()))?;
+        Ok(vec![Note::normal("ProbeSucceeded", format!("a probe workspace reached Ready in {:.2}s: a leader runs the controllers", took.as_secs_f64()))])
+    }
+
+    fn complete_roll(&self) -> anyhow::Result<Notes> {
+        let mut state = self.dirs.load_state()?;
+        let Some(roll) = state.roll.take() else {
+            return Ok(vec![]);
+        };
+        let completed = CompletedRoll { roll, completed_at: Utc::now() };
+        let message = roll_summary(&completed);
+        state.last_roll = Some(completed);
+        self.dirs.save_state(&state)?;
+        Ok(vec![Note::normal("RollComplete", message)])
+    }
+
+    async fn cleanup(&self) -> anyhow::Result<Notes> {
+        for slot in &self.world.slots {
+            let drain = self.shard.spec.rollout.drain_timeout().unwrap_or(Duration::from_secs(30));
+            self.ctx.runtime.terminate(&slot.process, drain).await?;
+            self.dirs.slot(&slot.record.name).forget()?;
+        }
+        self.ctx.stop_store(self.dirs).await?;
+        front::stop(&self.dirs.front()).await?;
+        Ok(vec![Note::normal("Stopped", format!("stopped the slots, the store's processes and the front; the data stays in {}", self.dirs.root().display()))])
+    }
+}
+
+fn roll_summary(done: &CompletedRoll) -> String {
+    let r = &done.roll;
+    let since = |t: Option<chrono::DateTime<Utc>>| t.map(|t| format!("{:.2}s", (t - r.started_at).num_milliseconds() as f64 / 1000.0)).unwrap_or_else(|| "-".into());
+    let what = match &r.from {
+        Some(from) => format!("rolled slot {from} to slot {}", r.to),
+        None => format!("started slot {}", r.to),
+    };
+    format!(
+        "{what} ({}): new slot ready {}, front switched {}, old slot exited {}, lease released {}, probe Ready {}, done {}",
+        r.to_version,
+        since(r.new_slot_ready_at),
+        since(r.front_switched_at),
+        since(r.old_slot_exited_at),
+        since(r.lease_released_at),
+        since(r.probe_succeeded_at),
+        since(Some(done.completed_at)),
+    )
+}
+
+impl Note {
+    pub fn normal(reason: &'static str, message: impl Into<String>) -> Note {
+        Note { type_: EventType::Normal, reason, message: message.into() }
+    }
+
+    pub fn warning(reason: &'static str, message: impl Into<String>) -> Note {
+        Note { type_: EventType::Warning, reason, message: message.into() }
+    }
+}

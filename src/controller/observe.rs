@@ -1,0 +1,89 @@
+//! Observe: what runs now. Slot processes (by their records: same pid, same start time), each
+//! slot's `/readyz` on its own port, the front's backend through its control socket, the store's
+//! port, and the controller's own record of the roll.
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::Context;
+use super::plan::{FrontObservation, Observed, SlotObservation};
+use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
+use crate::front::FrontClient;
+use crate::process::{ProcessRecord, Runtime};
+use crate::slot::access;
+
+/// How long one `/readyz` may take before the slot counts as not ready.
+const READYZ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The observation, and the details status shows that the plan does not need.
+pub struct World {
+    pub observed: Observed,
+    pub state: ControllerState,
+    pub slots: Vec<ObservedSlot>,
+    pub front_backend_address: Option<String>,
+    /// The store's `--etcd-servers` when it runs.
+    pub store_endpoint: Option<String>,
+}
+
+/// A slot with its record and process.
+pub struct ObservedSlot {
+    pub record: SlotRecord,
+    pub process: ProcessRecord,
+}
+
+/// The slot's process record; if the controller stopped between starting the process and writing
+/// its record, the process is found by its root directory argument and adopted.
+fn process_of(slot: &SlotDirs) -> anyhow::Result<Option<ProcessRecord>> {
+    if let Some(record) = Runtime::load(&slot.process())? {
+        return Ok(Some(record));
+    }
+    let marker = format!("--root-directory={}", slot.root().display());
+    let Some(record) = Runtime::find_by_argument(&marker).into_iter().find_map(Runtime::observe) else {
+        return Ok(None);
+    };
+    tracing::info!(pid = record.pid, root = %slot.root().display(), "adopting a slot process that has no record");
+    record.save(&slot.process())?;
+    Ok(Some(record))
+}
+
+pub async fn observe(ctx: &Context, dirs: &ShardDirs) -> anyhow::Result<World> {
+    let state = dirs.load_state()?;
+    let store_endpoint = ctx.running_store(dirs).await;
+    let (front, front_backend_address) = match FrontClient::connect(&dirs.front()).await {
+        Ok(client) => match client.status().await {
+            Ok(status) => (
+                FrontObservation::Up { backend: status.backend.as_ref().map(|b| b.slot.clone()) },
+                status.backend.map(|b| b.address.to_string()),
+            ),
+            Err(_) => (FrontObservation::Down, None),
+        },
+        Err(_) => (FrontObservation::Down, None),
+    };
+    let mut slots = Vec::new();
+    let mut observations = Vec::new();
+    for record in dirs.slot_records()? {
+        let slot_dirs = dirs.slot(&record.name);
+        let Some(process) = process_of(&slot_dirs)? else {
+            // Decided but never started (the controller stopped in between): nothing runs.
+            slot_dirs.forget()?;
+            continue;
+        };
+        let running = ctx.runtime.is_running(&process);
+        let ready = running && slot_ready(&slot_dirs.admin_kubeconfig(), record.port).await;
+        let started_at = process.started_at.parse::<DateTime<Utc>>().unwrap_or(record.created_at);
+        observations.push(SlotObservation { name: record.name.clone(), template: record.template.clone(), running, ready, started_at });
+        slots.push(ObservedSlot { record, process });
+    }
+    let observed = Observed { now: Utc::now(), store_up: store_endpoint.is_some(), front, slots: observations, roll: state.roll.clone(), blocked: state.blocked.clone() };
+    Ok(World { observed, state, slots, front_backend_address, store_endpoint })
+}
+
+/// `/readyz` on the slot's own port with the shard-admin credentials, never through the front
+/// (research section 5, run 1: readiness read through the front flipped clients to a slot that was
+/// not ready).
+pub async fn slot_ready(admin_kubeconfig: &std::path::Path, port: u16) -> bool {
+    let Ok(client) = access::shard_admin_client(admin_kubeconfig, &access::slot_url(port)).await else {
+        return false;
+    };
+    matches!(tokio::time::timeout(READYZ_TIMEOUT, access::readyz(&client)).await, Ok(Ok(true)))
+}
