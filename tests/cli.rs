@@ -90,18 +90,22 @@ async fn apply_shares_kubectls_last_applied_annotation() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn apply_server_side_creates() {
+async fn apply_server_side_creates_then_updates() {
     let serve = Serve::start().await;
     let out = ok(&serve, &["apply", "--server-side", "-f", &dev_yaml()]);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
-    let out = serve.kubectl_ok(&[
-        "get",
-        "ks",
-        "dev",
-        "-o",
-        "jsonpath={.metadata.managedFields[*].manager}",
-    ]);
-    assert!(out.contains("kcpshard"), "field manager kcpshard: {out}");
+    let mut edited = dev_manifest();
+    edited["spec"]["version"] = json!("v0.32.2");
+    let args = ["apply", "--server-side", "-f", "-"];
+    let out = checked(
+        &serve,
+        &args,
+        kcpshard_with_stdin(&serve, &args, &edited.to_string()),
+    );
+    assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
+    let client = serve.client().await;
+    let dev = kcpshards(&client).get("dev").await.unwrap();
+    assert_eq!(dev.data["spec"]["version"], "v0.32.2");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -254,7 +258,7 @@ async fn describe_and_events_show_recorded_events_and_conditions() {
     );
     assert!(
         out.contains("SlotStarted")
-            && out.contains("kcpshard/dev")
+            && out.contains("KcpShard/dev")
             && out.contains("Started slot blue"),
         "{out}"
     );
@@ -315,7 +319,8 @@ async fn delete_waits_until_the_finalizer_is_removed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_server_gets_a_message_that_says_to_start_serve() {
     let serve = Serve::start().await;
-    let kept = serve.state_dir().with_file_name("kubeconfig.copy");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let kept = elsewhere.path().join("kubeconfig");
     std::fs::copy(&serve.kubeconfig, &kept).unwrap();
     drop(serve);
     let output = Command::new(env!("CARGO_BIN_EXE_kcpshard"))

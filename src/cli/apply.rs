@@ -135,38 +135,47 @@ async fn server_side(
 }
 
 /// The manifest as kubectl sends it: itself, plus an annotation holding itself without that
-/// annotation.
+/// annotation, byte for byte as kubectl writes it (sorted keys, `"annotations":{}` kept, a trailing
+/// newline), so that kubectl sees no change after `kcpshard apply` of the same file and vice versa.
 fn with_last_applied(object: &Value) -> anyhow::Result<Value> {
-    let mut bare = object.clone();
-    // `get_mut`, not indexing: indexing a missing key would insert a null.
-    if let Some(metadata) = bare.get_mut("metadata").and_then(Value::as_object_mut) {
-        let emptied = match metadata
-            .get_mut("annotations")
-            .and_then(Value::as_object_mut)
-        {
-            Some(annotations) => {
-                annotations.remove(LAST_APPLIED);
-                annotations.is_empty()
-            }
-            None => false,
-        };
-        if emptied {
-            metadata.remove("annotations");
-        }
-    }
-    let recorded = serde_json::to_string(&bare)?;
-    let mut modified = bare;
-    let metadata = modified["metadata"]
-        .as_object_mut()
+    let mut modified = sorted(object);
+    let metadata = modified
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
         .ok_or_else(|| anyhow!("metadata is not an object"))?;
     let annotations = metadata
         .entry("annotations")
         .or_insert_with(|| Value::Object(Map::new()));
-    annotations
+    if annotations.is_null() {
+        *annotations = Value::Object(Map::new());
+    }
+    let annotations = annotations
         .as_object_mut()
-        .ok_or_else(|| anyhow!("metadata.annotations is not an object"))?
-        .insert(LAST_APPLIED.into(), Value::String(recorded));
+        .ok_or_else(|| anyhow!("metadata.annotations is not an object"))?;
+    annotations.remove(LAST_APPLIED);
+    let recorded = serde_json::to_string(&sorted(&modified))? + "\n";
+    if let Some(annotations) = modified["metadata"]["annotations"].as_object_mut() {
+        annotations.insert(LAST_APPLIED.into(), Value::String(recorded));
+    }
     Ok(modified)
+}
+
+/// A copy with every object's keys in order (Go's encoding/json order), whatever serde_json's
+/// map type is.
+fn sorted(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&map[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
 }
 
 /// kubectl's `CreateThreeWayJSONMergePatch`: deletions come from (original -> modified), additions
@@ -367,6 +376,17 @@ mod tests {
         assert_eq!(
             three_way_merge_patch(&original, &modified, &current),
             json!({})
+        );
+    }
+
+    #[test]
+    fn last_applied_is_written_as_kubectl_writes_it() {
+        let manifest = json!({"kind": "KcpShard", "apiVersion": "kcpshard.io/v1alpha1",
+            "metadata": {"name": "dev"}, "spec": {"version": "v1"}});
+        let modified = with_last_applied(&manifest).unwrap();
+        assert_eq!(
+            modified["metadata"]["annotations"][LAST_APPLIED],
+            "{\"apiVersion\":\"kcpshard.io/v1alpha1\",\"kind\":\"KcpShard\",\"metadata\":{\"annotations\":{},\"name\":\"dev\"},\"spec\":{\"version\":\"v1\"}}\n"
         );
     }
 

@@ -1,6 +1,6 @@
 //! `kcpshard events [--for kcpshard/NAME]`: what `kubectl events` prints (LAST SEEN, TYPE, REASON,
-//! OBJECT, MESSAGE), oldest first, over every namespace (KcpShards are cluster-scoped, so their
-//! events land in `default`).
+//! OBJECT as Kind/name, MESSAGE), oldest first, over every namespace (KcpShards are
+//! cluster-scoped, so their events land in `default`).
 use anyhow::bail;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
@@ -63,7 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             table::age(last_seen(event).as_deref()),
             event.type_.as_deref().unwrap_or(""),
             event.reason.as_deref().unwrap_or(""),
-            object.kind.as_deref().unwrap_or("").to_lowercase(),
+            object.kind.as_deref().unwrap_or(""),
             object.name.as_deref().unwrap_or(""),
             event.message.as_deref().unwrap_or("").trim()
         ));

@@ -66,8 +66,18 @@ pub struct Serve {
 }
 
 impl Serve {
-    /// Starts `serve` and returns once its kubeconfig exists and /readyz answers `ok`.
+    /// Starts `serve` with the API alone (`--controller=false`), so that tests of the API see
+    /// only their own writes; returns once its kubeconfig exists and /readyz answers `ok`.
     pub async fn start() -> Serve {
+        Serve::start_with(&["--controller=false"]).await
+    }
+
+    /// Starts `serve` with the controller too.
+    pub async fn start_with_controller() -> Serve {
+        Serve::start_with(&[]).await
+    }
+
+    async fn start_with(extra: &[&str]) -> Serve {
         let dir = tempfile::Builder::new()
             .prefix("kcpshard-serve-")
             .tempdir()
@@ -80,6 +90,7 @@ impl Serve {
             .arg("--state-dir")
             .arg(&state)
             .args(["--api-listen", "127.0.0.1:0"])
+            .args(extra)
             .env("RUST_LOG", "info,kcpshard=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
