@@ -733,3 +733,72 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     let mut c = Client::dial(new.listen).await;
     assert_eq!(c.line().await, "hello from b");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let (client, old) = f.start().await;
+    client.switch(&a.backend("a")).await.unwrap();
+    let mut pinned = Client::dial(old.listen).await;
+    assert_eq!(pinned.line().await, "hello from a");
+
+    // A new release: another file (another inode) at another path.
+    let release = f._tmp.path().join("kcpshard-next");
+    std::fs::copy(BIN, &release).unwrap();
+    let upgraded = front::ensure_running(&release, &f.dir, old.listen)
+        .await
+        .unwrap();
+    let new = upgraded.status().await.unwrap();
+    f.track(new.pid);
+    assert_ne!(new.pid, old.pid, "the front was replaced");
+    assert_eq!(
+        (new.listen, new.backend.clone()),
+        (old.listen, Some(a.backend("a")))
+    );
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/exe", new.pid)).unwrap(),
+        release
+    );
+    assert_eq!(
+        pinned.ask("across").await,
+        "a: across",
+        "the old front drains, it does not cut"
+    );
+
+    // Asked again with the same release, the successor is adopted as it is.
+    let again = front::ensure_running(&release, &f.dir, old.listen)
+        .await
+        .unwrap();
+    assert_eq!(again.status().await.unwrap().pid, new.pid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_upgrade_leaves_the_old_front_serving() {
+    let f = Fixture::new();
+    let (_, old) = f.start().await;
+    let broken = f._tmp.path().join("kcpshard-broken");
+    std::fs::write(
+        &broken,
+        "#!/bin/sh\necho this release is broken >&2\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let client = front::ensure_running(&broken, &f.dir, old.listen)
+        .await
+        .unwrap();
+    assert_eq!(client.status().await.unwrap().pid, old.pid);
+    assert!(f.dir.join(front::UPGRADE_FAILED_FILE).exists());
+    let err = front::upgrade(&broken, &f.dir).await.unwrap_err();
+    assert!(err.to_string().contains("this release is broken"), "{err}");
+    assert_eq!(
+        FrontClient::connect(&f.dir)
+            .await
+            .unwrap()
+            .status()
+            .await
+            .unwrap()
+            .pid,
+        old.pid
+    );
+}

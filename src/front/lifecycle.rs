@@ -26,12 +26,19 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long `stop` waits after SIGTERM (the front drains for up to 30 s by default) before SIGKILL.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(40);
 const POLL: Duration = Duration::from_millis(50);
+/// Names the binary (device and inode) whose upgrade failed, so it is not retried on every call.
+pub const UPGRADE_FAILED_FILE: &str = "upgrade.failed";
 
 /// Returns a client of the front serving `dir` on `listen`, starting `binary front` if none runs.
 ///
 /// A running front whose control socket answers is adopted when it listens on `listen` (port 0
 /// matches any port on the same IP). One that listens elsewhere is stopped and replaced. One that
 /// is alive but does not answer within [`START_TIMEOUT`] is killed and replaced.
+///
+/// An adopted front that runs another binary than `binary` (another file, or the same path
+/// rebuilt) is upgraded in place with [`upgrade`], without closing its listening socket. If that
+/// fails, the old front keeps serving, the failure is logged and written to `DIR/upgrade.failed`,
+/// and the same binary is not tried again (a rebuilt or different binary is).
 pub async fn ensure_running(
     binary: &Path,
     dir: &Path,
@@ -40,7 +47,7 @@ pub async fn ensure_running(
     prepare_dir(dir)?;
     if let Some((client, status)) = answering(dir).await {
         if listen_matches(listen, status.listen) {
-            return Ok(client);
+            return Ok(adopt(binary, dir, client, &status).await);
         }
         info!(dir = %dir.display(), running = %status.listen, wanted = %listen,
             "the front listens on another address; replacing it");
@@ -68,6 +75,46 @@ pub async fn ensure_running(
         }
     }
     start(binary, dir, listen, None).await
+}
+
+/// The adopted front, upgraded first if it runs another binary than `binary`.
+async fn adopt(
+    binary: &Path,
+    dir: &Path,
+    client: FrontClient,
+    status: &FrontStatus,
+) -> FrontClient {
+    let (Some(running), Some(wanted)) = (exe_identity(status.pid), file_identity(binary)) else {
+        return client;
+    };
+    let failed_path = dir.join(UPGRADE_FAILED_FILE);
+    let marker = format!("{} {}\n", wanted.0, wanted.1);
+    if running == wanted || std::fs::read_to_string(&failed_path).is_ok_and(|m| m == marker) {
+        return client;
+    }
+    info!(pid = status.pid, binary = %binary.display(), "the front runs another binary; upgrading it");
+    match upgrade(binary, dir).await {
+        Ok(upgraded) => {
+            let _ = std::fs::remove_file(&failed_path);
+            upgraded
+        }
+        Err(err) => {
+            warn!(error = %err, "front upgrade failed; the old front keeps serving");
+            let _ = fsutil::write_atomically(&failed_path, marker.as_bytes());
+            client
+        }
+    }
+}
+
+/// Device and inode of the file a process runs (`/proc/<pid>/exe` resolves even when the file was
+/// replaced or deleted since).
+fn exe_identity(pid: u32) -> Option<(u64, u64)> {
+    file_identity(Path::new(&format!("/proc/{pid}/exe")))
+}
+
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// Replaces the running front with `binary` without closing the listening socket: the successor

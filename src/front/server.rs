@@ -185,6 +185,17 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     let listen = listener
         .local_addr()
         .map_err(|e| FrontError::io("cannot read the listening address", e))?;
+    // Bound before anything is announced, so that a bad metrics address fails the start cleanly.
+    let metrics_listener = match config.metrics_listen {
+        Some(address) => {
+            let bound = TcpListener::bind(address)
+                .await
+                .map_err(|e| FrontError::io(format!("cannot serve metrics on {address}"), e))?;
+            info!(%address, "serving metrics at /metrics");
+            Some(bound)
+        }
+        None => None,
+    };
     let listener = Arc::new(listener);
     let front = Arc::new(Front {
         dir: config.dir.clone(),
@@ -258,16 +269,7 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     info!(%listen, dir = %config.dir.display(), backend = ?router.backend(), "front ready");
 
     let control_task = tokio::spawn(serve_control(control, front.clone()));
-    let metrics_task = match config.metrics_listen {
-        Some(address) => {
-            let metrics_listener = TcpListener::bind(address)
-                .await
-                .map_err(|e| FrontError::io(format!("cannot serve metrics on {address}"), e))?;
-            info!(%address, "serving metrics at /metrics");
-            Some(tokio::spawn(serve_metrics(metrics_listener, front.clone())))
-        }
-        None => None,
-    };
+    let metrics_task = metrics_listener.map(|l| tokio::spawn(serve_metrics(l, front.clone())));
 
     let mut sigterm =
         signal(SignalKind::terminate()).map_err(|e| FrontError::io("cannot handle SIGTERM", e))?;
