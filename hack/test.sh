@@ -7,4 +7,4 @@ cd "$root"
 hack/install-deps.sh
 export PATH="$root/bin:$PATH"
 export KCPSHARD_BIN_DIR="$root/bin"
-exec cargo test --workspace "$@"
+exec cargo test --workspace --no-fail-fast "$@"
