@@ -154,6 +154,10 @@ pub struct Proc {
 
 impl Proc {
     /// Spawn `cmd` with stdout and stderr appended to `log`.
+    ///
+    /// Call it from the test's own thread (or one that lives as long as the process should):
+    /// `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, so spawning from a
+    /// short-lived thread (e.g. tokio's `spawn_blocking` pool) would SIGKILL the child early.
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
         let out = File::options()
             .create(true)
