@@ -802,3 +802,25 @@ async fn a_failed_upgrade_leaves_the_old_front_serving() {
         old.pid
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_is_not_stopped_for_an_address_it_cannot_get() {
+    let f = Fixture::new();
+    let (_, old) = f.start().await;
+    let squatter = std::net::TcpListener::bind(ANY_PORT).unwrap();
+    let taken = squatter.local_addr().unwrap();
+    let err = front::ensure_running(bin(), &f.dir, taken)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, FrontError::AddressInUse { address } if address == taken),
+        "{err:?}"
+    );
+    let still = FrontClient::connect(&f.dir)
+        .await
+        .unwrap()
+        .status()
+        .await
+        .unwrap();
+    assert_eq!((still.pid, still.listen), (old.pid, old.listen));
+}

@@ -32,7 +32,8 @@ pub const UPGRADE_FAILED_FILE: &str = "upgrade.failed";
 /// Returns a client of the front serving `dir` on `listen`, starting `binary front` if none runs.
 ///
 /// A running front whose control socket answers is adopted when it listens on `listen` (port 0
-/// matches any port on the same IP). One that listens elsewhere is stopped and replaced. One that
+/// matches any port on the same IP). One that listens elsewhere is stopped and replaced, but only
+/// if the new address is free: otherwise it keeps serving and the error says so. One that
 /// is alive but does not answer within [`START_TIMEOUT`] is killed and replaced.
 ///
 /// An adopted front that runs another binary than `binary` (another file, or the same path
@@ -48,6 +49,16 @@ pub async fn ensure_running(
     if let Some((client, status)) = answering(dir).await {
         if listen_matches(listen, status.listen) {
             return Ok(adopt(binary, dir, client, &status).await);
+        }
+        // Never stop a serving front for an address it could not get.
+        if let Err(err) = std::net::TcpListener::bind(listen) {
+            return Err(match err.kind() {
+                std::io::ErrorKind::AddrInUse => FrontError::AddressInUse { address: listen },
+                _ => FrontError::CannotListen {
+                    address: listen,
+                    message: err.to_string(),
+                },
+            });
         }
         info!(dir = %dir.display(), running = %status.listen, wanted = %listen,
             "the front listens on another address; replacing it");
