@@ -129,30 +129,21 @@ fn start_slot(
     }
 }
 
-/// Polls /readyz on the slot's own port with its own admin.kubeconfig until ok.
+/// Polls /readyz on the slot's own port with the shard-admin token of its root's kubeconfig.
 async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Duration {
-    let kubeconfig = slot.root.join("admin.kubeconfig");
     let deadline = Instant::now() + timeout;
-    let mut last = String::new();
     loop {
         assert!(
             runtime.is_running(&slot.record),
-            "slot exited during startup: {last}\n{}",
+            "slot exited during startup:\n{}",
             store::kine::log_tail(&slot.log)
         );
-        if kubeconfig.exists() {
-            match slot::shard_admin_client(&kubeconfig, &slot::slot_url(slot.port)).await {
-                Ok(client) => match slot::readyz(&client).await {
-                    Ok(true) => return slot.started.elapsed(),
-                    Ok(false) => last = "readyz not ok".into(),
-                    Err(e) => last = e.to_string(),
-                },
-                Err(e) => last = e.to_string(),
-            }
+        if slot::slot_ready(&slot.root, slot.port).await.unwrap() {
+            return slot.started.elapsed();
         }
         assert!(
             Instant::now() < deadline,
-            "slot not ready within {timeout:?}: {last}"
+            "slot not ready within {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -290,5 +281,111 @@ async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_
          a SIGTERM->exit {:?} (shutdown delay 1s); lease release->probe Ready {release_to_ready:?} (probe create->Ready {probe:?}); \
          b SIGTERM->exit {:?}; kcp-admin token of b accepted by a: {kcp_admin_ok}; lease holder {holder_before:?} -> {holder_after:?}",
         stop.exited_after, stop_b.exited_after
+    );
+}
+
+#[tokio::test]
+async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_doubled() {
+    let kine = require("kine");
+    let tmp = tempfile::Builder::new()
+        .prefix("kcpshard-kine-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().join("store");
+    let log = dir.join(store::kine::LOG_FILE);
+    let mut reaper = Reaper { procs: Vec::new() };
+    let runtime = Runtime::new();
+
+    let first = store::ensure_kine_sqlite(&runtime, &kine, &dir)
+        .await
+        .unwrap();
+    reaper.add(&first.record, &log);
+    assert!(!first.adopted);
+    assert!(store::kine::port_accepts(first.port).await);
+    assert!(dir.join(store::kine::DB_FILE).exists());
+
+    // A restarted serve (a new runtime) adopts it from its record.
+    let restarted = Runtime::new();
+    let adopted = store::ensure_kine_sqlite(&restarted, &kine, &dir)
+        .await
+        .unwrap();
+    assert!(adopted.adopted);
+    assert_eq!(adopted.record, first.record);
+    assert_eq!(adopted.endpoint, first.endpoint);
+
+    // The record was lost (serve died between the spawn and the write): found by its argv.
+    std::fs::remove_file(dir.join(store::kine::RECORD_FILE)).unwrap();
+    let found = store::ensure_kine_sqlite(&restarted, &kine, &dir)
+        .await
+        .unwrap();
+    assert!(found.adopted);
+    assert_eq!(
+        (found.record.pid, found.record.start_time),
+        (first.record.pid, first.record.start_time)
+    );
+    assert_eq!(
+        Runtime::load(&dir.join(store::kine::RECORD_FILE))
+            .unwrap()
+            .unwrap()
+            .pid,
+        first.record.pid
+    );
+
+    // A second kine on the same sqlite file (never ours to keep): stopped, the first stays.
+    let extra_port = free_port().unwrap();
+    let extra = runtime
+        .start(&ProcessSpec {
+            name: "extra-kine".into(),
+            program: kine.clone(),
+            args: store::kine::kine_args(
+                &store::kine::sqlite_endpoint(&std::path::absolute(&dir).unwrap()),
+                extra_port,
+            ),
+            env: Vec::new(),
+            log: tmp.path().join("extra.log"),
+            record: tmp.path().join("extra.json"),
+        })
+        .unwrap();
+    reaper.add(&extra, &tmp.path().join("extra.log"));
+    let one = store::ensure_kine_sqlite(&restarted, &kine, &dir)
+        .await
+        .unwrap();
+    assert_eq!(one.record.pid, first.record.pid);
+    assert!(
+        !runtime.is_running(&extra),
+        "the extra kine on the same database was stopped"
+    );
+
+    // kine died: a new one starts on the same database.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.record.pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while runtime.is_running(&first.record) {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = store::ensure_kine_sqlite(&restarted, &kine, &dir)
+        .await
+        .unwrap();
+    reaper.add(&second.record, &log);
+    assert!(!second.adopted);
+    assert_ne!(second.record.pid, first.record.pid);
+
+    let stopped = store::stop_kine_sqlite(&restarted, &dir, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(stopped.is_some_and(|t| !t.killed));
+    assert!(!dir.join(store::kine::RECORD_FILE).exists());
+    let endpoint = store::kine::sqlite_endpoint(&std::path::absolute(&dir).unwrap());
+    assert!(Runtime::find_by_argument(&store::kine::endpoint_arg(&endpoint)).is_empty());
+    // Stopping again is a no-op.
+    assert!(
+        store::stop_kine_sqlite(&restarted, &dir, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
     );
 }

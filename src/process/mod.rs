@@ -293,6 +293,21 @@ impl Runtime {
         }
     }
 
+    /// Reaps exited children every `every` in a background task, so that a slot that crashes
+    /// while nobody asks about it does not stay a zombie. Needs a tokio runtime; the task ends
+    /// when the handle is aborted.
+    pub fn spawn_reaper(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let runtime = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                runtime.reap();
+            }
+        })
+    }
+
     /// Stops the recorded process: SIGTERM, up to `grace` for it to exit, then SIGKILL. Signals go to
     /// the process group when the process leads one (it does when this runtime started it), so
     /// helpers it forked go too. A process that is not running (any more) is success at once.

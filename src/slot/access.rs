@@ -151,6 +151,23 @@ pub async fn readyz(client: &kube::Client) -> Result<bool, SlotError> {
     Ok(status == StatusCode::OK && String::from_utf8_lossy(&body).trim() == "ok")
 }
 
+/// Is the slot with root `root_dir` ready on its own `port`? Uses the shard-admin token of the
+/// root's `admin.kubeconfig` (the seeded copy works before the slot rewrites it: the token and CA
+/// are the shard's). Ok(false) while there is no kubeconfig yet or the slot does not answer;
+/// Err only for a kubeconfig that cannot be used.
+pub async fn slot_ready(root_dir: &Path, port: u16) -> Result<bool, SlotError> {
+    let kubeconfig = root_dir.join(super::material::ADMIN_KUBECONFIG);
+    if !kubeconfig.exists() {
+        return Ok(false);
+    }
+    let client = shard_admin_client(&kubeconfig, &slot_url(port)).await?;
+    match readyz(&client).await {
+        Ok(ready) => Ok(ready),
+        Err(SlotError::Unreachable { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Deletes Lease `kube-system/kcp-controllers` in `system:admin`, so that a waiting slot leads
 /// the controllers within its retry period instead of after the 60 s lease (kcp sets no
 /// ReleaseOnCancel; research 2.3, run 3b). Call it only after the old leader has exited: a live
