@@ -232,3 +232,71 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     }
     drop(pin);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(slot: &str, port: u16) -> Backend {
+        Backend {
+            slot: slot.into(),
+            address: SocketAddr::from(([127, 0, 0, 1], port)),
+        }
+    }
+
+    #[test]
+    fn a_switch_changes_the_backend_and_keeps_each_slots_counts() {
+        let router = Router::new(Some(backend("blue", 1)));
+        let blue = router.current().unwrap();
+        let pinned = Pin::new(&blue.counters);
+        router.switch(backend("green", 2));
+        assert_eq!(router.backend(), Some(backend("green", 2)));
+        let green = Pin::new(&router.current().unwrap().counters);
+        let counts = router.connections();
+        assert_eq!((counts["blue"].open, counts["blue"].total), (1, 1));
+        assert_eq!((counts["green"].open, counts["green"].total), (1, 1));
+        drop(pinned);
+        drop(green);
+        // Back to blue: the same counters continue.
+        router.switch(backend("blue", 1));
+        let _again = Pin::new(&router.current().unwrap().counters);
+        let counts = router.connections();
+        assert_eq!((counts["blue"].open, counts["blue"].total), (1, 2));
+        assert_eq!((counts["green"].open, counts["green"].total), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn drain_waits_for_the_last_connection_or_the_bound() {
+        let router = Router::new(None);
+        assert_eq!(router.drain(Duration::from_secs(5)).await, 0);
+        let tracked = Tracked::new(&router);
+        assert_eq!(router.drain(Duration::from_millis(50)).await, 1);
+        let closer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(tracked);
+        });
+        assert_eq!(router.drain(Duration::from_secs(5)).await, 0);
+        closer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_a_backend_waits_for_a_switch() {
+        let router = Router::new(None);
+        let waiter = {
+            let router = router.clone();
+            tokio::spawn(async move {
+                router
+                    .wait_for_backend(Instant::now() + Duration::from_secs(5))
+                    .await
+                    .map(|a| a.backend.clone())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        router.switch(backend("blue", 1));
+        assert_eq!(waiter.await.unwrap(), Some(backend("blue", 1)));
+        let none = Router::new(None)
+            .wait_for_backend(Instant::now() + Duration::from_millis(20))
+            .await;
+        assert!(none.is_none());
+    }
+}

@@ -3,8 +3,11 @@
 //!
 //! Start order, chosen so that every failure leaves the dir in a state `ensure_running` can read:
 //! refuse if another front already answers on the control socket; load `backend.json`; bind the
-//! TCP address (on failure write `front.error` and exit non-zero); bind the control socket under a
-//! temp name, chmod 0600, rename it into place; write `front.pid.json`; remove `front.error`.
+//! TCP address (on failure write `front.error` and exit non-zero); bind the metrics address; start
+//! accepting; bind the control socket under a temp name, chmod 0600, rename it into place; write
+//! `front.pid.json`; remove `front.error`. A successor (`--inherit-from`) receives the listening
+//! socket instead of binding it, and renames its control socket into place only once the old
+//! front has confirmed the handover.
 //!
 //! Shutdown: on SIGTERM or SIGINT the front stops accepting and closes its listening socket (so the
 //! address is free at once), removes its control socket and pid file if they are still its own,
@@ -156,6 +159,11 @@ impl Front {
 
 /// Runs the front until it is told to stop (or hands over), then drains.
 pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
+    // Installed first: a SIGTERM during start-up must still mean "drain and exit", not "die".
+    let mut sigterm =
+        signal(SignalKind::terminate()).map_err(|e| FrontError::io("cannot handle SIGTERM", e))?;
+    let mut sigint =
+        signal(SignalKind::interrupt()).map_err(|e| FrontError::io("cannot handle SIGINT", e))?;
     lifecycle::prepare_dir(&config.dir)?;
     let control_path = config.dir.join(CONTROL_SOCKET);
 
@@ -271,10 +279,6 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     let control_task = tokio::spawn(serve_control(control, front.clone()));
     let metrics_task = metrics_listener.map(|l| tokio::spawn(serve_metrics(l, front.clone())));
 
-    let mut sigterm =
-        signal(SignalKind::terminate()).map_err(|e| FrontError::io("cannot handle SIGTERM", e))?;
-    let mut sigint =
-        signal(SignalKind::interrupt()).map_err(|e| FrontError::io("cannot handle SIGINT", e))?;
     let mut handed_over = front.handed_over.subscribe();
     let reason = tokio::select! {
         _ = sigterm.recv() => "SIGTERM",
