@@ -1,6 +1,7 @@
-//! kube-runtime against `kcpshard serve` over HTTPS, with a client built from the kubeconfig serve
-//! writes: a `Controller` over KcpShards (with the finalizer helper, as our own controller will use
-//! it) sees creates, updates and deletes, and a status write that changes nothing does not wake it.
+//! kube-runtime against our API, both ways the project uses it: over HTTPS with a client built
+//! from the kubeconfig `kcpshard serve` writes, and in-process (`ApiServer::client`, as serve's own
+//! controller does). A `Controller` over KcpShards, with the finalizer helper, sees creates,
+//! updates and deletes, and a status write that changes nothing does not wake it.
 mod common;
 
 use std::convert::Infallible;
@@ -10,11 +11,12 @@ use std::time::Duration;
 use common::{Serve, dev_manifest};
 use futures::StreamExt;
 use kcpshard::api::KcpShard;
-use kube::ResourceExt;
+use kcpshard::apiserver::ApiServer;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{self, Event as Finalizer, finalizer};
 use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -64,23 +66,22 @@ fn error_policy(_: Arc<KcpShard>, err: &finalizer::Error<Infallible>, _: Arc<Con
     Action::requeue(Duration::from_millis(500))
 }
 
-/// Receives the next thing the controller saw, failing the test after `timeout`.
-async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>, serve: &Serve, what: &str) -> Seen {
+/// Receives the next thing the controller saw, failing the test after a while.
+async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>, what: &str) -> Seen {
     match tokio::time::timeout(Duration::from_secs(15), seen.recv()).await {
         Ok(Some(seen)) => seen,
-        _ => serve.fail(&format!("the controller did not reconcile {what}")),
+        _ => panic!("the controller did not reconcile {what}"),
     }
 }
 
 /// Waits until a reconcile matches, skipping others (the finalizer's own write wakes it too).
 async fn until(
     seen: &mut mpsc::UnboundedReceiver<Seen>,
-    serve: &Serve,
     what: &str,
     matches: impl Fn(&Seen) -> bool,
 ) -> Seen {
     loop {
-        let next = next(seen, serve, what).await;
+        let next = next(seen, what).await;
         if matches(&next) {
             return next;
         }
@@ -96,6 +97,20 @@ async fn settle(seen: &mut mpsc::UnboundedReceiver<Seen>) {
 async fn controller_over_https_sees_creates_updates_and_deletes_and_not_no_op_status_writes() {
     let serve = Serve::start().await;
     let client = serve.client().await;
+    let outcome = tokio::spawn(controller_sees_creates_updates_and_deletes(client)).await;
+    if let Err(err) = outcome {
+        serve.fail(&format!("{err}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn controller_in_process_sees_creates_updates_and_deletes_and_not_no_op_status_writes() {
+    let state = tempfile::tempdir().unwrap();
+    let server = ApiServer::open(state.path()).expect("open the API in-process");
+    controller_sees_creates_updates_and_deletes(server.client()).await;
+}
+
+async fn controller_sees_creates_updates_and_deletes(client: Client) {
     let api: Api<KcpShard> = Api::all(client.clone());
     let (tx, mut seen) = mpsc::unbounded_channel();
     let context = Arc::new(Context {
@@ -113,7 +128,7 @@ async fn controller_over_https_sees_creates_updates_and_deletes_and_not_no_op_st
     api.create(&PostParams::default(), &dev)
         .await
         .expect("create dev");
-    until(&mut seen, &serve, "the create", |s| {
+    until(&mut seen, "the create", |s| {
         matches!(s, Seen::Applied { generation: 1, .. })
     })
     .await;
@@ -129,7 +144,7 @@ async fn controller_over_https_sees_creates_updates_and_deletes_and_not_no_op_st
     api.patch("dev", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("spec patch");
-    until(&mut seen, &serve, "the spec update", |s| {
+    until(&mut seen, "the spec update", |s| {
         matches!(s, Seen::Applied { generation: 2, .. })
     })
     .await;
@@ -143,7 +158,6 @@ async fn controller_over_https_sees_creates_updates_and_deletes_and_not_no_op_st
     let rv = written.resource_version().unwrap();
     until(
         &mut seen,
-        &serve,
         "the status change",
         |s| matches!(s, Seen::Applied { phase: Some(p), .. } if p == "Ready"),
     )
@@ -161,16 +175,14 @@ async fn controller_over_https_sees_creates_updates_and_deletes_and_not_no_op_st
         "a no-op write must not persist a new resourceVersion"
     );
     if let Ok(Some(woke)) = tokio::time::timeout(Duration::from_secs(3), seen.recv()).await {
-        serve.fail(&format!(
-            "a status patch that changed nothing caused a reconcile: {woke:?}"
-        ));
+        panic!("a status patch that changed nothing caused a reconcile: {woke:?}");
     }
 
     // Delete: the controller runs its cleanup, removes its finalizer, and the object goes.
     api.delete("dev", &DeleteParams::default())
         .await
         .expect("delete");
-    until(&mut seen, &serve, "the delete", |s| *s == Seen::Cleanup).await;
+    until(&mut seen, "the delete", |s| *s == Seen::Cleanup).await;
     common::eventually(
         Duration::from_secs(10),
         "dev to be gone after cleanup",

@@ -76,9 +76,8 @@ fn render(object: &Value, events: &[Event]) -> String {
     let mut out = String::new();
     let text = |key: &str| metadata.get(key).and_then(Value::as_str).unwrap_or("");
     let _ = writeln!(out, "Name:\t{}", text("name"));
-    if metadata.contains_key("namespace") {
-        let _ = writeln!(out, "Namespace:\t{}", text("namespace"));
-    }
+    // kubectl prints the line, empty, for cluster-scoped objects too.
+    let _ = writeln!(out, "Namespace:\t{}", text("namespace"));
     write_pairs(&mut out, "Labels", metadata.get("labels"), "=");
     write_pairs(&mut out, "Annotations", metadata.get("annotations"), ": ");
     let _ = writeln!(
