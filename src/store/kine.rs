@@ -99,37 +99,36 @@ pub async fn ensure_kine_sqlite_within(
 
     // Every kine on this database: the recorded one first, then any unrecorded ones.
     let mut candidates: Vec<ProcessRecord> = Vec::new();
-    if let Some(rec) = Runtime::load(&record_path)? {
-        if runtime.is_running(&rec) {
-            candidates.push(rec);
-        }
+    if let Some(rec) = Runtime::load(&record_path)?
+        && runtime.is_running(&rec)
+    {
+        candidates.push(rec);
     }
     for pid in Runtime::find_by_argument(&endpoint_arg(&endpoint)) {
-        if !candidates.iter().any(|c| c.pid == pid) {
-            if let Some(rec) = Runtime::observe(pid) {
-                candidates.push(rec);
-            }
+        if !candidates.iter().any(|c| c.pid == pid)
+            && let Some(rec) = Runtime::observe(pid)
+        {
+            candidates.push(rec);
         }
     }
 
     let mut adopted: Option<Kine> = None;
     for rec in candidates {
-        if adopted.is_none() {
-            if let Some(port) = listen_port(&rec.args) {
-                if wait_accepting(runtime, &rec, port, ready_timeout).await {
-                    if Runtime::load(&record_path)?.as_ref() != Some(&rec) {
-                        rec.save(&record_path)?;
-                    }
-                    tracing::info!(pid = rec.pid, port, "adopted the running kine");
-                    adopted = Some(Kine {
-                        endpoint: format!("http://127.0.0.1:{port}"),
-                        port,
-                        record: rec,
-                        adopted: true,
-                    });
-                    continue;
-                }
+        if adopted.is_none()
+            && let Some(port) = listen_port(&rec.args)
+            && wait_accepting(runtime, &rec, port, ready_timeout).await
+        {
+            if Runtime::load(&record_path)?.as_ref() != Some(&rec) {
+                rec.save(&record_path)?;
             }
+            tracing::info!(pid = rec.pid, port, "adopted the running kine");
+            adopted = Some(Kine {
+                endpoint: format!("http://127.0.0.1:{port}"),
+                port,
+                record: rec,
+                adopted: true,
+            });
+            continue;
         }
         // sqlite takes one kine: stop one that does not accept or is one too many.
         tracing::warn!(
@@ -207,10 +206,10 @@ pub async fn stop_kine_sqlite(
     })?;
     let record_path = dir.join(RECORD_FILE);
     let mut result = None;
-    if let Some(rec) = Runtime::load(&record_path)? {
-        if runtime.is_running(&rec) {
-            result = Some(runtime.terminate(&rec, grace).await?);
-        }
+    if let Some(rec) = Runtime::load(&record_path)?
+        && runtime.is_running(&rec)
+    {
+        result = Some(runtime.terminate(&rec, grace).await?);
     }
     for pid in Runtime::find_by_argument(&endpoint_arg(&sqlite_endpoint(&dir))) {
         if let Some(rec) = Runtime::observe(pid) {
