@@ -10,7 +10,9 @@
 //!   retry may follow a switch to the new backend; after that the connection is pinned.
 //! - With no backend yet, a connection waits up to [`RETRY_WINDOW`] for one, then is closed.
 //! - TCP_NODELAY on both sides, EOF propagated as a half-close (`copy_bidirectional` shuts down the
-//!   write side), and no idle timeout: kcp watches stay open for hours.
+//!   write side), and no idle timeout: kcp watches stay open for hours. TCP keepalive (idle 60 s,
+//!   then 4 probes 15 s apart) on both sides instead finds peers that vanished without a FIN, so a
+//!   dead client does not hold a slot connection (and its watch) forever.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -182,9 +184,39 @@ pub async fn accept_loop(
     }
 }
 
+const KEEPALIVE_IDLE_SECS: libc::c_int = 60;
+const KEEPALIVE_INTERVAL_SECS: libc::c_int = 15;
+const KEEPALIVE_PROBES: libc::c_int = 4;
+
+fn tune(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let _ = stream.set_nodelay(true);
+    let fd = stream.as_raw_fd();
+    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                &value as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS);
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        KEEPALIVE_INTERVAL_SECS,
+    );
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
+}
+
 async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     let _tracked = Tracked::new(&router);
-    let _ = client.set_nodelay(true);
+    tune(&client);
     let deadline = Instant::now() + RETRY_WINDOW;
     let mut active = match router.current() {
         Some(active) => active,
@@ -223,7 +255,7 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     let Some(upstream) = upstream.as_mut() else {
         return;
     };
-    let _ = upstream.set_nodelay(true);
+    tune(upstream);
     match tokio::io::copy_bidirectional(&mut client, upstream).await {
         Ok((up, down)) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
         Err(err) => {
@@ -263,6 +295,38 @@ mod tests {
         let counts = router.connections();
         assert_eq!((counts["blue"].open, counts["blue"].total), (1, 2));
         assert_eq!((counts["green"].open, counts["green"].total), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn both_sides_get_nodelay_and_keepalive() {
+        use std::os::fd::AsRawFd;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        tune(&stream);
+        assert!(stream.nodelay().unwrap());
+        let get = |level, name| {
+            let mut value: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            let rc = unsafe {
+                libc::getsockopt(
+                    stream.as_raw_fd(),
+                    level,
+                    name,
+                    &mut value as *mut libc::c_int as *mut libc::c_void,
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            value
+        };
+        assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(
+            get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+            KEEPALIVE_IDLE_SECS
+        );
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), KEEPALIVE_PROBES);
     }
 
     #[tokio::test]
