@@ -12,7 +12,8 @@ use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
 use kcpshard::slot::{self, SlotLaunch};
 use kcpshard::store;
 
-const KCP_VERSION: &str = "v0.32.3";
+const KCP_NEWER: &str = "v0.32.3";
+const KCP_OLDER: &str = "v0.32.2";
 
 fn bin_dir() -> PathBuf {
     std::env::var_os("KCPSHARD_BIN_DIR")
@@ -88,16 +89,17 @@ fn start_slot(
     reaper: &mut Reaper,
     base: &Path,
     name: &str,
-    kcp: &Path,
+    version: &str,
     etcd: &str,
     front: &str,
 ) -> Slot {
+    let kcp = &require(&format!("kcp-{version}"));
     let dir = base.join(format!("slot-{name}"));
     let root = dir.join("root");
     let port = free_port().unwrap();
     let launch = SlotLaunch {
         name: name.to_string(),
-        version: KCP_VERSION.to_string(),
+        version: version.to_string(),
         binary: kcp.to_path_buf(),
         root_dir: root.clone(),
         bind_address: IpAddr::from([127, 0, 0, 1]),
@@ -151,7 +153,18 @@ async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Durati
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_lease() {
-    let kcp = require(&format!("kcp-{KCP_VERSION}"));
+    hand_over(KCP_NEWER, KCP_NEWER).await;
+}
+
+/// The same hand-over from the older pinned kcp to the newer one (a version roll's slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_bump_hands_over_from_the_older_kcp_to_the_newer() {
+    hand_over(KCP_OLDER, KCP_NEWER).await;
+}
+
+async fn hand_over(version_a: &str, version_b: &str) {
+    require(&format!("kcp-{version_a}"));
+    require(&format!("kcp-{version_b}"));
     let kine = require("kine");
     let tmp = tempfile::Builder::new()
         .prefix("kcpshard-slots-")
@@ -181,7 +194,15 @@ async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_
     // Slot a: the first slot makes the shard's material.
     let root_a = base.join("slot-a").join("root");
     assert!(!slot::seed_root(&shared, &root_a).unwrap());
-    let a = start_slot(&runtime, &mut reaper, base, "a", &kcp, &k.endpoint, &front);
+    let a = start_slot(
+        &runtime,
+        &mut reaper,
+        base,
+        "a",
+        version_a,
+        &k.endpoint,
+        &front,
+    );
     assert_ne!(
         procfs::stat(a.record.pid).unwrap().session,
         procfs::stat(std::process::id()).unwrap().session,
@@ -209,7 +230,15 @@ async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_
     // Slot b: seeded from the shard's material, same store.
     let root_b = base.join("slot-b").join("root");
     assert!(slot::seed_root(&shared, &root_b).unwrap());
-    let b = start_slot(&runtime, &mut reaper, base, "b", &kcp, &k.endpoint, &front);
+    let b = start_slot(
+        &runtime,
+        &mut reaper,
+        base,
+        "b",
+        version_b,
+        &k.endpoint,
+        &front,
+    );
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
 
@@ -277,7 +306,7 @@ async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_
     assert!(!runtime.is_running(&k.record));
 
     eprintln!(
-        "TIMINGS kine start->accepting {kine_ready:?}; slot a start->ready {a_ready:?} (fresh store); slot b start->ready {b_ready:?} (existing store); \
+        "TIMINGS {version_a}->{version_b}: kine start->accepting {kine_ready:?}; slot a start->ready {a_ready:?} (fresh store); slot b start->ready {b_ready:?} (existing store); \
          a SIGTERM->exit {:?} (shutdown delay 1s); lease release->probe Ready {release_to_ready:?} (probe create->Ready {probe:?}); \
          b SIGTERM->exit {:?}; kcp-admin token of b accepted by a: {kcp_admin_ok}; lease holder {holder_before:?} -> {holder_after:?}",
         stop.exited_after, stop_b.exited_after
