@@ -1,0 +1,721 @@
+//! End-to-end helpers: a real `kcpshard serve` (with its controller) on a throwaway state dir that
+//! can be killed and restarted on the same dir, KcpShards applied through its API, clients that
+//! reach kcp THROUGH THE FRONT, a `/readyz` poller, and a sweep of every process that names the
+//! state dir in its argv (slots, kine, front) so that nothing outlives a test, pass or fail.
+//!
+//! Rules:
+//! - Components come from `bin/` (`KCPSHARD_BIN_DIR` overrides). A missing one is a failure with
+//!   the hint `run hack/install-deps.sh`, never a skip (and never with `CI=true`).
+//! - kcp versions come from hack/versions.env at run time (KCP_VERSION_OLDER / KCP_VERSION_NEWER).
+//! - `serve` runs with the repo root as its working directory, so `bin/kcp-{version}` and
+//!   `bin/kine` resolve as they do for a user.
+//!
+//! Use with `mod e2e;` from a tests/e2e_*.rs file.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("KCPSHARD_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("bin"))
+}
+
+pub fn in_ci() -> bool {
+    matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
+}
+
+/// `bin/<component>`, or a failure that says how to install it. Never a skip.
+pub fn require(component: &str) -> PathBuf {
+    let path = bin_dir().join(component);
+    let ok = std::fs::metadata(&path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    assert!(
+        ok,
+        "required component `{component}` is missing: {} is not an executable file; run hack/install-deps.sh \
+         (or point KCPSHARD_BIN_DIR at a directory that has it). End-to-end tests never skip{}.",
+        path.display(),
+        if in_ci() { " (CI=true: a missing component is a failure)" } else { "" }
+    );
+    path
+}
+
+/// A pin from hack/versions.env, read at run time.
+pub fn pin(key: &str) -> String {
+    let path = repo_root().join("hack/versions.env");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("hack/versions.env has no {key}"))
+}
+
+pub fn kcp_older() -> String {
+    pin("KCP_VERSION_OLDER")
+}
+
+pub fn kcp_newer() -> String {
+    pin("KCP_VERSION_NEWER")
+}
+
+/// Fails (with the install hint) unless kine and the kcp binaries of `versions` exist.
+pub fn require_components(versions: &[&str]) {
+    require("kine");
+    for version in versions {
+        require(&format!("kcp-{version}"));
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Real-kcp scenarios run one at a time (kcp is heavy): hold this for the whole test.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Seconds since the test started, for progress lines.
+pub fn stamp(start: Instant) -> String {
+    format!("[{:7.2}s]", start.elapsed().as_secs_f64())
+}
+
+// ------------------------------------------------------------------------------------------------
+// Processes by argv
+
+/// Every process (other than this one) whose argv contains `needle`: (pid, argv joined by spaces).
+pub fn processes_with(needle: &str) -> Vec<(i32, String)> {
+    let me = std::process::id() as i32;
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        if raw.is_empty() || is_zombie(pid) {
+            continue;
+        }
+        let argv = raw.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect::<Vec<_>>().join(" ");
+        if argv.contains(needle) {
+            found.push((pid, argv.trim().to_string()));
+        }
+    }
+    found
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}
+
+pub fn alive(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid)
+}
+
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// SIGTERM every process naming `needle`, then SIGKILL what is left after `grace`.
+pub fn sweep(needle: &str, grace: Duration) -> Vec<(i32, String)> {
+    let found = processes_with(needle);
+    for (pid, _) in &found {
+        signal(*pid, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && found.iter().any(|(pid, _)| alive(*pid)) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (pid, _) in &found {
+        if alive(*pid) {
+            signal(*pid, libc::SIGKILL);
+        }
+    }
+    found
+}
+
+// ------------------------------------------------------------------------------------------------
+// serve
+
+/// The KcpShard resource for dynamic clients.
+pub fn kcpshard_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kcpshard.io", "v1alpha1", "KcpShard"), "kcpshards")
+}
+
+/// A state dir and the `kcpshard serve` running on it (restartable).
+pub struct Env {
+    dir: tempfile::TempDir,
+    pub state: PathBuf,
+    serve: Option<Child>,
+    pub serve_starts: u32,
+    pub client: Option<Client>,
+    pub started: Instant,
+}
+
+impl Env {
+    pub async fn start() -> Env {
+        let dir = tempfile::Builder::new().prefix("kcpshard-e2e-").tempdir().expect("temp dir");
+        let state = dir.path().join("state");
+        let mut env = Env { dir, state, serve: None, serve_starts: 0, client: None, started: Instant::now() };
+        env.start_serve().await;
+        env
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn serve_log(&self) -> PathBuf {
+        self.dir.path().join("serve.log")
+    }
+
+    pub fn log(&self, line: &str) {
+        println!("{} {line}", stamp(self.started));
+    }
+
+    /// Starts `serve` on the state dir (again); returns once its API answers /readyz.
+    pub async fn start_serve(&mut self) {
+        assert!(self.serve.is_none(), "serve already runs");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.serve_log()).expect("serve.log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
+        command
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(["--api-listen", "127.0.0.1:0"])
+            .arg("--kine-binary")
+            .arg(bin_dir().join("kine"))
+            .current_dir(repo_root())
+            .env("RUST_LOG", "info,kcpshard=debug")
+            .env_remove("KCPSHARD_STATE_DIR")
+            .env_remove("KCPSHARD_KINE")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0);
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("spawn kcpshard serve");
+        self.serve = Some(child);
+        self.serve_starts += 1;
+        self.client = None;
+        let kubeconfig = self.state.join("kubeconfig");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut last = String::from("no kubeconfig yet");
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(status))) = self.serve.as_mut().map(|c| c.try_wait()) {
+                self.fail(&format!("kcpshard serve exited early ({status})"));
+            }
+            if kubeconfig.is_file() {
+                match api_client(&kubeconfig).await {
+                    Ok(client) => {
+                        let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
+                        match tokio::time::timeout(Duration::from_secs(2), client.request_text(request)).await {
+                            Ok(Ok(body)) if body.trim() == "ok" => {
+                                self.client = Some(client);
+                                return;
+                            }
+                            other => last = format!("/readyz: {other:?}"),
+                        }
+                    }
+                    Err(e) => last = format!("kubeconfig not usable yet: {e}"),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.fail(&format!("kcpshard serve did not answer within 60s: {last}"));
+    }
+
+    pub fn serve_pid(&self) -> Option<i32> {
+        self.serve.as_ref().map(|c| c.id() as i32)
+    }
+
+    /// SIGKILL `serve` (its process group: serve alone; slots, kine and the front are detached).
+    pub fn kill_serve(&mut self) {
+        if let Some(mut child) = self.serve.take() {
+            signal(-(child.id() as i32), libc::SIGKILL);
+            let _ = child.wait();
+        }
+        self.client = None;
+    }
+
+    /// SIGTERM `serve`, SIGKILL after 15 s.
+    pub fn stop_serve(&mut self) {
+        if let Some(mut child) = self.serve.take() {
+            signal(child.id() as i32, libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            signal(-(child.id() as i32), libc::SIGKILL);
+            let _ = child.wait();
+        }
+        self.client = None;
+    }
+
+    pub fn client(&self) -> Client {
+        self.client.clone().unwrap_or_else(|| self.fail("serve is not running"))
+    }
+
+    pub fn shards(&self) -> Api<DynamicObject> {
+        Api::all_with(self.client(), &kcpshard_resource())
+    }
+
+    pub fn shard_dir(&self, name: &str) -> PathBuf {
+        self.state.join("shards").join(name)
+    }
+
+    /// Creates a KcpShard (KineSqlite store, Tcp front on `listen`).
+    pub async fn apply(&self, name: &str, version: &str, listen: &str) -> DynamicObject {
+        let object = json!({
+            "apiVersion": "kcpshard.io/v1alpha1",
+            "kind": "KcpShard",
+            "metadata": { "name": name },
+            "spec": {
+                "version": version,
+                "store": { "type": "KineSqlite" },
+                "front": { "type": "Tcp", "listen": listen },
+            },
+        });
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        match self.shards().create(&PostParams::default(), &object).await {
+            Ok(created) => created,
+            Err(e) => self.fail(&format!("create KcpShard {name}: {e}")),
+        }
+    }
+
+    pub async fn patch(&self, name: &str, patch: Value) -> DynamicObject {
+        match self.shards().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(o) => o,
+            Err(e) => self.fail(&format!("patch KcpShard {name} with {patch}: {e}")),
+        }
+    }
+
+    /// What `kubectl rollout restart` does: a new `kcpshard.io/restartedAt`.
+    pub async fn request_restart(&self, name: &str) -> DynamicObject {
+        let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        self.patch(name, json!({ "metadata": { "annotations": { "kcpshard.io/restartedAt": at } } })).await
+    }
+
+    /// The object as JSON (metadata and status), or None when it does not exist.
+    pub async fn get(&self, name: &str) -> Option<Value> {
+        for _ in 0..20 {
+            match self.shards().get_opt(name).await {
+                Ok(o) => return o.map(|o| serde_json::to_value(o).unwrap()),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        self.fail(&format!("cannot read KcpShard {name}"))
+    }
+
+    pub async fn status(&self, name: &str) -> Value {
+        self.get(name).await.map(|o| o["status"].clone()).unwrap_or(Value::Null)
+    }
+
+    /// Polls until `check` on the whole object returns Some, or fails after `timeout`.
+    pub async fn until<T>(&self, name: &str, timeout: Duration, what: &str, mut check: impl FnMut(&Value) -> Option<T>) -> T {
+        let deadline = Instant::now() + timeout;
+        let mut last = Value::Null;
+        loop {
+            if let Some(object) = self.get(name).await {
+                if let Some(v) = check(&object) {
+                    return v;
+                }
+                last = object;
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "timed out after {timeout:?} waiting for {what}; KcpShard {name} status:\n{}",
+                    serde_json::to_string_pretty(&last["status"]).unwrap()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// kubectl-wait: Ready=True at the object's current generation.
+    pub async fn wait_ready(&self, name: &str, timeout: Duration) -> Value {
+        self.until(name, timeout, "Ready=True at the current generation", |o| ready_now(o).then(|| o.clone())).await
+    }
+
+    /// Events about KcpShard `name`, oldest first.
+    pub async fn events(&self, name: &str) -> Vec<Event> {
+        let api: Api<Event> = Api::all(self.client());
+        let params = ListParams::default().fields(&format!("involvedObject.name={name}"));
+        let mut events = match api.list(&params).await {
+            Ok(list) => list.items,
+            Err(e) => self.fail(&format!("list events: {e}")),
+        };
+        events.retain(|e| e.involved_object.name.as_deref() == Some(name));
+        events.sort_by_key(event_time);
+        events
+    }
+
+    /// Deletes KcpShard `name` and waits (bounded) until it is gone (the finalizer stopped its
+    /// processes).
+    pub async fn delete_and_wait(&self, name: &str, timeout: Duration) -> bool {
+        if self.client.is_none() {
+            return false;
+        }
+        let _ = self.shards().delete(name, &DeleteParams::default()).await;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(None) = self.shards().get_opt(name).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+
+    /// The end of serve's log, for failure messages.
+    pub fn serve_log_tail(&self, lines: usize) -> String {
+        tail(&self.serve_log(), lines)
+    }
+
+    pub fn fail(&self, message: &str) -> ! {
+        panic!("{message}\n--- last lines of kcpshard serve's log ({}) ---\n{}", self.serve_log().display(), self.serve_log_tail(40))
+    }
+
+    /// Orderly end: delete the shards, wait for them to go, SIGTERM serve; then report anything
+    /// still running with the state dir in its argv (and kill it).
+    pub async fn shutdown(&mut self, shards: &[&str]) -> Vec<(i32, String)> {
+        for name in shards {
+            if !self.delete_and_wait(name, Duration::from_secs(90)).await {
+                self.log(&format!("KcpShard {name} did not disappear within 90s of its delete"));
+            }
+        }
+        self.stop_serve();
+        let needle = self.state.display().to_string();
+        let left = processes_with(&needle);
+        sweep(&needle, Duration::from_secs(10));
+        left
+    }
+
+    /// Copies the logs of a state dir next to the target dir (for a failed run's post-mortem).
+    pub fn keep_logs(&self) -> PathBuf {
+        let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs").join(self.dir.path().file_name().unwrap());
+        let _ = std::fs::create_dir_all(&keep);
+        let _ = std::fs::copy(self.serve_log(), keep.join("serve.log"));
+        if let Ok(shards) = std::fs::read_dir(self.state.join("shards")) {
+            for shard in shards.flatten() {
+                let name = shard.file_name().to_string_lossy().into_owned();
+                for rel in ["slots/a/kcp.log", "slots/b/kcp.log", "store/kine.log", "front/front.log", "controller.json"] {
+                    let from = shard.path().join(rel);
+                    if from.is_file() {
+                        let to = keep.join(format!("{name}-{}", rel.replace('/', "-")));
+                        let _ = std::fs::copy(from, to);
+                    }
+                }
+            }
+        }
+        keep
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let kept = self.keep_logs();
+            eprintln!("logs of the failed test kept in {}", kept.display());
+        }
+        self.kill_serve();
+        let left = sweep(&self.state.display().to_string(), Duration::from_secs(10));
+        if !left.is_empty() {
+            eprintln!("killed {} process(es) left with the state dir in argv: {:?}", left.len(), left.iter().map(|(p, _)| p).collect::<Vec<_>>());
+        }
+    }
+}
+
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+async fn api_client(kubeconfig: &Path) -> anyhow::Result<Client> {
+    let config = Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+pub fn event_time(e: &Event) -> String {
+    e.last_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()))
+        .unwrap_or_default()
+}
+
+/// How many times an event happened (a series counts more than once).
+pub fn event_count(e: &Event) -> i32 {
+    e.count.unwrap_or(1).max(1)
+}
+
+pub fn summarize_events(events: &[Event]) -> String {
+    events
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {} x{}: {}",
+                event_time(e),
+                e.type_.as_deref().unwrap_or(""),
+                e.reason.as_deref().unwrap_or(""),
+                event_count(e),
+                e.message.as_deref().unwrap_or("")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ------------------------------------------------------------------------------------------------
+// Status
+
+pub fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
+    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+}
+
+pub fn condition_is(object: &Value, type_: &str, status: &str) -> bool {
+    condition(object, type_).is_some_and(|c| c["status"] == status)
+}
+
+/// Ready=True, observed at the object's current generation.
+pub fn ready_now(object: &Value) -> bool {
+    let generation = &object["metadata"]["generation"];
+    condition(object, "Ready").is_some_and(|c| c["status"] == "True" && &c["observedGeneration"] == generation)
+        && &object["status"]["observedGeneration"] == generation
+}
+
+pub fn active_slot(object: &Value) -> Option<String> {
+    object["status"]["activeSlot"].as_str().map(str::to_string)
+}
+
+/// The pid of the active slot, from status.slots.
+pub fn active_pid(object: &Value) -> Option<i32> {
+    let active = active_slot(object)?;
+    object["status"]["slots"].as_array()?.iter().find(|s| s["name"] == active.as_str())?["pid"].as_i64().map(|p| p as i32)
+}
+
+pub fn parse_time(v: &Value) -> Option<DateTime<Utc>> {
+    v.as_str()?.parse().ok()
+}
+
+/// The phases of status.lastRoll, in the order they must happen.
+pub const ROLL_PHASES: [&str; 8] =
+    ["startedAt", "newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "oldSlotExitedAt", "leaseReleasedAt", "probeSucceededAt", "completedAt"];
+
+/// The timings of a completed roll, each phase relative to startedAt, and a check that each is
+/// set and in order. Err names what is missing or out of order.
+pub fn roll_timings(last_roll: &Value) -> Result<Vec<(&'static str, DateTime<Utc>)>, String> {
+    let mut times = Vec::new();
+    for phase in ROLL_PHASES {
+        let t = parse_time(&last_roll[phase]).ok_or_else(|| format!("status.lastRoll.{phase} is not set: {last_roll}"))?;
+        if let Some((before, previous)) = times.last() {
+            if t < *previous {
+                return Err(format!("status.lastRoll.{phase} ({t}) is before {before} ({previous}): {last_roll}"));
+            }
+        }
+        times.push((phase, t));
+    }
+    Ok(times)
+}
+
+/// One line per phase: its offset from startedAt and from the phase before.
+pub fn format_timings(times: &[(&'static str, DateTime<Utc>)]) -> String {
+    let start = times[0].1;
+    let mut out = String::new();
+    let mut previous = start;
+    for (phase, t) in times {
+        out.push_str(&format!(
+            "    {phase:<18} +{:>7.3}s  (step {:>6.3}s)\n",
+            (*t - start).num_microseconds().unwrap() as f64 / 1e6,
+            (*t - previous).num_microseconds().unwrap() as f64 / 1e6
+        ));
+        previous = *t;
+    }
+    out
+}
+
+// ------------------------------------------------------------------------------------------------
+// kcp through the front
+
+/// A kube config for `context` of `kubeconfig`, dialing `server` instead of the kubeconfig's.
+pub async fn config_for(kubeconfig: &Path, context: &str, server: &str) -> Config {
+    let kc = Kubeconfig::read_from(kubeconfig).unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
+    let options = KubeConfigOptions { context: Some(context.to_string()), ..Default::default() };
+    let mut config = Config::from_custom_kubeconfig(kc, &options).await.unwrap_or_else(|e| panic!("{} context {context}: {e}", kubeconfig.display()));
+    config.cluster_url = server.parse().unwrap();
+    config.connect_timeout = Some(Duration::from_secs(2));
+    config.read_timeout = Some(Duration::from_secs(10));
+    config
+}
+
+/// The shard admin (persistent token, valid on every slot) dialing the front.
+pub async fn front_shard_admin(env: &Env, shard: &str, front: &str) -> Config {
+    config_for(&env.shard_dir(shard).join("shared/admin.kubeconfig"), "shard-base", &format!("https://{front}")).await
+}
+
+/// kcp-admin of the ACTIVE slot (its token is per process) dialing the front.
+pub async fn front_kcp_admin(env: &Env, shard: &str, slot: &str, front: &str) -> Config {
+    let kubeconfig = env.shard_dir(shard).join("slots").join(slot).join("root/admin.kubeconfig");
+    config_for(&kubeconfig, "base", &format!("https://{front}")).await
+}
+
+/// One request on a NEW connection (a fresh client): status and body, or the transport error.
+pub async fn once(config: &Config, method: http::Method, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
+    let client = Client::try_from(config.clone()).map_err(|e| e.to_string())?;
+    request(&client, method, path, body).await
+}
+
+pub async fn request(client: &Client, method: http::Method, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
+    use http_body_util::BodyExt;
+    let bytes = body.map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default();
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("accept", "application/json")
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(bytes))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), client.send(request)).await.map_err(|_| "timed out".to_string())?.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// `/readyz` through the front on a new connection answers 200 `ok`.
+pub async fn readyz_ok(config: &Config) -> Result<(), String> {
+    match once(config, http::Method::GET, "/readyz", None).await {
+        Ok((200, body)) if body.trim() == "ok" => Ok(()),
+        Ok((status, body)) => Err(format!("{status}: {}", body.trim())),
+        Err(e) => Err(e),
+    }
+}
+
+pub const WORKSPACES: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
+
+/// Creates workspace `name` in root (as whoever `config` is) and waits for phase Ready; returns
+/// the time from the create to Ready, or Err with the last phase seen.
+pub async fn create_workspace_ready(config: &Config, name: &str, timeout: Duration) -> Result<Duration, String> {
+    let body = json!({ "apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": { "name": name } });
+    let started = Instant::now();
+    match once(config, http::Method::POST, WORKSPACES, Some(&body)).await {
+        Ok((201 | 200, _)) => {}
+        Ok((status, body)) => return Err(format!("create workspace {name}: {status} {body}")),
+        Err(e) => return Err(format!("create workspace {name}: {e}")),
+    }
+    let client = Client::try_from(config.clone()).map_err(|e| e.to_string())?;
+    let mut phase = String::new();
+    while started.elapsed() < timeout {
+        if let Ok((200, body)) = request(&client, http::Method::GET, &format!("{WORKSPACES}/{name}"), None).await {
+            let ws: Value = serde_json::from_str(&body).unwrap_or_default();
+            phase = ws["status"]["phase"].as_str().unwrap_or_default().to_string();
+            if phase == "Ready" {
+                return Ok(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("workspace {name} not Ready within {timeout:?} (phase {phase:?})"))
+}
+
+// ------------------------------------------------------------------------------------------------
+// A /readyz poller through the front
+
+#[derive(Debug, Default, Clone)]
+pub struct PollStats {
+    pub polls: u64,
+    pub failures: Vec<(DateTime<Utc>, String)>,
+}
+
+/// Polls `/readyz` through the front every 50 ms, each poll on a new connection (as `curl` does).
+pub struct Poller {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<PollStats>,
+}
+
+impl Poller {
+    pub fn start(config: Config) -> Poller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut stats = PollStats::default();
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !flag.load(Ordering::SeqCst) {
+                tick.tick().await;
+                stats.polls += 1;
+                if let Err(e) = readyz_ok(&config).await {
+                    stats.failures.push((Utc::now(), e));
+                }
+            }
+            stats
+        });
+        Poller { stop, task }
+    }
+
+    pub async fn finish(self) -> PollStats {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("poller task")
+    }
+}
+
+pub fn describe_failures(stats: &PollStats) -> String {
+    stats.failures.iter().take(20).map(|(t, e)| format!("  {t}: {e}")).collect::<Vec<_>>().join("\n")
+}
+
+/// Figures collected by a test, printed at its end for docs/benchmarks.md.
+#[derive(Default)]
+pub struct Report {
+    pub lines: BTreeMap<usize, String>,
+}
+
+impl Report {
+    pub fn add(&mut self, line: impl Into<String>) {
+        let n = self.lines.len();
+        let line = line.into();
+        println!("{line}");
+        self.lines.insert(n, line);
+    }
+
+    pub fn print(&self, title: &str) {
+        println!("==== {title} ====");
+        for line in self.lines.values() {
+            println!("{line}");
+        }
+        println!("====");
+    }
+}

@@ -1,0 +1,456 @@
+//! End to end on real kcp and kine, as a user sees it: `kcpshard serve` with its controller, a
+//! KcpShard applied through its API, kcp reached THROUGH THE FRONT.
+//!
+//! The scenarios of issue 4 ("Done when"), walked in order on one shard per test (kcp is heavy;
+//! the tests of this binary hold one lock and run one at a time):
+//! - `a_shard_serves_through_the_front_and_rolls_without_a_failed_request`: apply gives Ready;
+//!   `/readyz` and a workspace through the front; a version bump OLDER -> NEWER and a restart
+//!   request, each with a 50 ms `/readyz` poller (0 failures), a watch opened before the roll that
+//!   ends with the old slot and is re-established client-go style, a workspace Ready within 5 s of
+//!   the old slot's exit, every lastRoll timestamp in order, and the front's URL as the Shard's
+//!   baseURL and in every workspace URL. Then bad specs (no binary; an absurd timeout; a front
+//!   address another program holds): Degraded with what to fix, no crash loop, the old slot
+//!   untouched. Last, SIGKILL of the active kcp: noticed within 5 s and restored.
+//! - `serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_completes`: see its doc.
+//!
+//! Timings (status.lastRoll) are printed for docs/benchmarks.md (`--nocapture`).
+mod e2e;
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use e2e::*;
+use futures::StreamExt;
+use kube::api::DynamicObject;
+use kube::core::WatchEvent;
+use serde_json::{Value, json};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
+/// "noticed within 5 s", "a workspace Ready within 5 s".
+const FIVE_SECONDS: Duration = Duration::from_secs(5);
+
+/// A watch on workspaces through the front, as a task: what it saw and how it ended.
+struct WatchRun {
+    task: tokio::task::JoinHandle<WatchEnd>,
+}
+
+#[derive(Debug)]
+struct WatchEnd {
+    events: usize,
+    last_resource_version: String,
+    ended_at: DateTime<Utc>,
+    how: String,
+    names_added: Vec<String>,
+}
+
+async fn open_watch(config: &kube::Config, resource_version: &str) -> Result<WatchRun, String> {
+    let mut config = config.clone();
+    config.read_timeout = None;
+    let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+    let path = format!("{WORKSPACES}?watch=1&allowWatchBookmarks=true&resourceVersion={resource_version}");
+    let request = http::Request::get(&path).body(Vec::new()).unwrap();
+    let stream = client.request_events::<DynamicObject>(request).await.map_err(|e| format!("open watch: {e}"))?;
+    let mut last = resource_version.to_string();
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut events = 0;
+        let mut names_added = Vec::new();
+        let how = loop {
+            match stream.next().await {
+                None => break "the stream ended (EOF)".to_string(),
+                Some(Err(e)) => break format!("the stream failed: {e}"),
+                Some(Ok(WatchEvent::Error(status))) => break format!("an ERROR event: {} {}", status.code, status.message),
+                Some(Ok(event)) => {
+                    events += 1;
+                    let object = match &event {
+                        WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => Some(o),
+                        _ => None,
+                    };
+                    if let WatchEvent::Added(o) = &event {
+                        names_added.push(o.metadata.name.clone().unwrap_or_default());
+                    }
+                    if let WatchEvent::Bookmark(b) = &event {
+                        last = b.metadata.resource_version.clone();
+                    }
+                    if let Some(rv) = object.and_then(|o| o.metadata.resource_version.clone()) {
+                        last = rv;
+                    }
+                }
+            }
+        };
+        WatchEnd { events, last_resource_version: last, ended_at: Utc::now(), how, names_added }
+    });
+    Ok(WatchRun { task })
+}
+
+/// The list's resourceVersion (and the names in it), as shard admin through the front.
+async fn list_workspaces(config: &kube::Config) -> Result<(String, Vec<Value>), String> {
+    match once(config, http::Method::GET, WORKSPACES, None).await? {
+        (200, body) => {
+            let list: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+            Ok((rv, list["items"].as_array().cloned().unwrap_or_default()))
+        }
+        (status, body) => Err(format!("list workspaces: {status} {body}")),
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", Utc::now().format("%H%M%S%3f"))
+}
+
+/// How a roll went, for the report.
+struct RollSeen {
+    label: String,
+    timings: Vec<(&'static str, DateTime<Utc>)>,
+    polls: u64,
+    workspace_after_exit: Duration,
+}
+
+/// Triggers a roll with `patch` and checks everything a user should see while and after it runs.
+async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch: Value, to_version: &str) -> RollSeen {
+    let before = env.get(shard).await.unwrap();
+    let old_slot = active_slot(&before).expect("an active slot before the roll");
+    let old_pid = active_pid(&before).expect("the active slot's pid");
+    let shard_admin = front_shard_admin(env, shard, front).await;
+
+    // A watch opened before the roll, as shard admin (its token works on every slot).
+    let (rv, _) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
+    let watch = open_watch(&shard_admin, &rv).await.unwrap_or_else(|e| env.fail(&e));
+    let poller = Poller::start(shard_admin.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let requested = Utc::now();
+    env.log(&format!("{label}: requesting the roll from slot {old_slot} (pid {old_pid}): {patch}"));
+    env.patch(shard, patch).await;
+
+    // After the old slot exits: a workspace through the front is Ready within 5 s.
+    let this_roll = |o: &Value| parse_time(&o["status"]["lastRoll"]["startedAt"]).is_some_and(|t| t >= requested - chrono::Duration::milliseconds(5));
+    let after_exit = env
+        .until(shard, ROLL_TIMEOUT, &format!("{label}: status.lastRoll.oldSlotExitedAt"), |o| {
+            (this_roll(o) && !o["status"]["lastRoll"]["oldSlotExitedAt"].is_null()).then(|| o.clone())
+        })
+        .await;
+    let new_slot = active_slot(&after_exit).expect("an active slot after the switch");
+    assert_ne!(new_slot, old_slot, "{label}: the front still forwards to the old slot after it exited");
+    env.log(&format!("{label}: old slot {old_slot} exited; creating a workspace through the front"));
+    let kcp_admin = front_kcp_admin(env, shard, &new_slot, front).await;
+    let ws = unique("e2e-after-exit");
+    let took = create_workspace_ready(&kcp_admin, &ws, Duration::from_secs(60)).await.unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
+    env.log(&format!("{label}: workspace {ws} Ready {:.2}s after its create (old slot had exited)", took.as_secs_f64()));
+
+    let done = env
+        .until(shard, ROLL_TIMEOUT, &format!("{label}: the roll to complete (lastRoll.completedAt, Ready=True, Progressing=False)"), |o| {
+            (this_roll(o) && !o["status"]["lastRoll"]["completedAt"].is_null() && ready_now(o) && condition_is(o, "Progressing", "False"))
+                .then(|| o.clone())
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = poller.finish().await;
+    env.log(&format!("{label}: /readyz through the front every 50 ms: {} polls, {} failures", stats.polls, stats.failures.len()));
+
+    // The watch opened before the roll ended with the old slot.
+    let timings = roll_timings(&done["status"]["lastRoll"]).unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
+    let at = |phase: &str| timings.iter().find(|(p, _)| *p == phase).unwrap().1;
+    let ended = match tokio::time::timeout(Duration::from_secs(20), watch.task).await {
+        Ok(Ok(end)) => end,
+        Ok(Err(e)) => env.fail(&format!("{label}: watch task: {e}")),
+        Err(_) => env.fail(&format!("{label}: the watch opened before the roll through the front was still open 20s after the roll completed, though its slot {old_slot} exited")),
+    };
+    env.log(&format!(
+        "{label}: the old watch ended {:+.2}s from oldSlotExitedAt ({}), after {} events",
+        (ended.ended_at - at("oldSlotExitedAt")).num_milliseconds() as f64 / 1000.0,
+        ended.how,
+        ended.events
+    ));
+    assert!(
+        ended.ended_at >= at("frontSwitchedAt"),
+        "{label}: the watch through the front ended at {} before the front switched ({}): {}",
+        ended.ended_at,
+        at("frontSwitchedAt"),
+        ended.how
+    );
+    assert!(
+        ended.ended_at <= at("oldSlotExitedAt") + chrono::Duration::seconds(5),
+        "{label}: the watch ended at {}, more than 5 s after the old slot exited ({})",
+        ended.ended_at,
+        at("oldSlotExitedAt")
+    );
+
+    // A client-go style re-watch: from the last resourceVersion; on 410 Gone, re-list and watch.
+    let rewatch = match open_watch(&shard_admin, &ended.last_resource_version).await {
+        Ok(w) => w,
+        Err(e) => {
+            env.log(&format!("{label}: re-watch from {} refused ({e}); re-listing", ended.last_resource_version));
+            let (rv, _) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
+            open_watch(&shard_admin, &rv).await.unwrap_or_else(|e| env.fail(&format!("{label}: re-watch after re-list: {e}")))
+        }
+    };
+    let seen_ws = unique("e2e-rewatch");
+    create_workspace_ready(&kcp_admin, &seen_ws, Duration::from_secs(60)).await.unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rewatch.task.abort();
+    let rewatch_end = rewatch.task.await;
+    let mut rewatch_ok = matches!(&rewatch_end, Err(e) if e.is_cancelled());
+    if let Ok(end) = &rewatch_end {
+        env.log(&format!("{label}: the re-watch ended early: {} (saw {:?})", end.how, end.names_added));
+        if end.how.contains("410") || end.how.to_lowercase().contains("too old") {
+            // 410 Gone: relist, then watch again (client-go's reflector does exactly this).
+            let (rv, items) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
+            assert!(items.iter().any(|w| w["metadata"]["name"] == seen_ws.as_str()), "{label}: the re-list misses {seen_ws}");
+            let again = open_watch(&shard_admin, &rv).await.unwrap_or_else(|e| env.fail(&format!("{label}: watch after re-list: {e}")));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            again.task.abort();
+            rewatch_ok = matches!(again.task.await, Err(e) if e.is_cancelled());
+        }
+    }
+    assert!(rewatch_ok, "{label}: the re-watch through the front did not stay open: {rewatch_end:?}");
+    env.log(&format!("{label}: re-watch through the front established"));
+
+    // The poller: 0 failures.
+    assert!(stats.polls > 20, "{label}: the poller ran only {} polls", stats.polls);
+    assert!(
+        stats.failures.is_empty(),
+        "{label}: /readyz through the front failed {} of {} times during the roll:\n{}",
+        stats.failures.len(),
+        stats.polls,
+        describe_failures(&stats)
+    );
+
+    // status.lastRoll: versions; the new slot took over; the old one is gone.
+    let last_roll = &done["status"]["lastRoll"];
+    assert_eq!(last_roll["toVersion"], to_version, "{label}: lastRoll.toVersion: {last_roll}");
+    assert!(!last_roll["fromVersion"].is_null(), "{label}: lastRoll.fromVersion is missing: {last_roll}");
+    assert_eq!(active_slot(&done).as_deref(), Some(new_slot.as_str()));
+    let slots = done["status"]["slots"].as_array().cloned().unwrap_or_default();
+    assert_eq!(slots.len(), 1, "{label}: status.slots after the roll: {slots:?}");
+    assert_eq!(slots[0]["version"], to_version);
+    assert!(!alive(old_pid), "{label}: the old slot's kcp (pid {old_pid}) still runs");
+    let within = took <= FIVE_SECONDS;
+    assert!(within, "{label}: a workspace created through the front after the old slot exited took {took:?} to be Ready (> 5 s): the lease was not handed over");
+
+    // The Shard's baseURL and every workspace's URL name the front.
+    check_urls(env, &shard_admin, front, label).await;
+
+    env.log(&format!("{label}: lastRoll\n{}", format_timings(&timings)));
+    RollSeen { label: label.to_string(), timings, polls: stats.polls, workspace_after_exit: took }
+}
+
+async fn check_urls(env: &Env, shard_admin: &kube::Config, front: &str, label: &str) {
+    let want = format!("https://{front}");
+    let (status, body) = once(shard_admin, http::Method::GET, "/clusters/root/apis/core.kcp.io/v1alpha1/shards/root", None)
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("{label}: GET shards/root: {e}")));
+    assert_eq!(status, 200, "{label}: GET shards/root through the front: {body}");
+    let shard: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(shard["spec"]["baseURL"], want.as_str(), "{label}: Shard root spec: {}", shard["spec"]);
+    let (_, items) = list_workspaces(shard_admin).await.unwrap_or_else(|e| env.fail(&e));
+    assert!(!items.is_empty(), "{label}: no workspaces to check");
+    for ws in &items {
+        let url = ws["spec"]["URL"].as_str().unwrap_or_default();
+        assert!(url.starts_with(&format!("{want}/")), "{label}: workspace {} has spec.URL {url:?}, not the front {want}", ws["metadata"]["name"]);
+    }
+    env.log(&format!("{label}: Shard baseURL and {} workspace URLs name the front {want}", items.len()));
+}
+
+fn warnings(events: &[k8s_openapi::api::core::v1::Event]) -> i32 {
+    events.iter().filter(|e| e.type_.as_deref() == Some("Warning")).map(event_count).sum()
+}
+
+/// Degraded=True stays put and the Warning events do not pile up over 10 s; returns (new
+/// warnings in those 10 s, the Degraded condition).
+async fn no_crash_loop(env: &Env, shard: &str, label: &str) -> i32 {
+    let first = warnings(&env.events(shard).await);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let events = env.events(shard).await;
+    let added = warnings(&events) - first;
+    env.log(&format!("{label}: {added} new Warning event(s) in 10 s"));
+    assert!(added <= 2, "{label}: {added} new Warning events in 10 s (a crash loop?):\n{}", summarize_events(&events));
+    added
+}
+
+/// The serving slot is the same process and still answers through the front.
+async fn untouched(env: &Env, shard: &str, front: &str, pid: i32, label: &str) {
+    let now = env.get(shard).await.unwrap();
+    assert_eq!(active_pid(&now), Some(pid), "{label}: the serving slot changed: {}", now["status"]);
+    assert!(alive(pid), "{label}: the serving kcp (pid {pid}) is gone");
+    assert!(condition_is(&now, "Ready", "True"), "{label}: Ready is not True: {}", now["status"]["conditions"]);
+    let config = front_shard_admin(env, shard, front).await;
+    readyz_ok(&config).await.unwrap_or_else(|e| env.fail(&format!("{label}: /readyz through the front: {e}")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
+    let _serial = serial();
+    let (older, newer) = (kcp_older(), kcp_newer());
+    require_components(&[&older, &newer]);
+    let mut env = Env::start().await;
+    let shard = "e2e";
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut report = Report::default();
+
+    // 1. Apply gives Ready=True; /readyz and a workspace through the front.
+    let applied_at = Instant::now();
+    env.apply(shard, &older, &front).await;
+    let ready = env.wait_ready(shard, READY_TIMEOUT).await;
+    let apply_to_ready = applied_at.elapsed();
+    env.log(&format!("apply: Ready=True in {:.1}s (kcp {older}, slot {:?})", apply_to_ready.as_secs_f64(), active_slot(&ready)));
+    report.add(format!("apply -> Ready=True: {:.2}s (kcp {older})", apply_to_ready.as_secs_f64()));
+    if let Ok(t) = roll_timings(&ready["status"]["lastRoll"]) {
+        report.add(format!("first start (lastRoll):\n{}", format_timings(&t)));
+    }
+    let shard_admin = front_shard_admin(&env, shard, &front).await;
+    readyz_ok(&shard_admin).await.unwrap_or_else(|e| env.fail(&format!("/readyz through the front after apply: {e}")));
+    let slot = active_slot(&ready).unwrap();
+    let kcp_admin = front_kcp_admin(&env, shard, &slot, &front).await;
+    let took = create_workspace_ready(&kcp_admin, &unique("e2e-first"), Duration::from_secs(120)).await.unwrap_or_else(|e| env.fail(&e));
+    env.log(&format!("apply: a workspace through the front was Ready in {:.2}s", took.as_secs_f64()));
+    let events = env.events(shard).await;
+    for reason in ["SlotStarting", "SlotReady", "FrontSwitched", "ProbeSucceeded", "RollComplete"] {
+        assert!(events.iter().any(|e| e.reason.as_deref() == Some(reason)), "no {reason} event after apply:\n{}", summarize_events(&events));
+    }
+
+    // 2. A version bump OLDER -> NEWER, then a restart request.
+    let mut rolls = Vec::new();
+    rolls.push(roll_and_check(&env, shard, &front, "version bump", json!({ "spec": { "version": newer } }), &newer).await);
+    rolls.push(roll_and_check(&env, shard, &front, "restart", restart_patch(), &newer).await);
+
+    // 4a. A version with no binary: Degraded with what to fix, no crash loop, the old slot untouched.
+    let now = env.get(shard).await.unwrap();
+    let pid = active_pid(&now).unwrap();
+    env.patch(shard, json!({ "spec": { "version": "v9.9.9" } })).await;
+    let degraded = env
+        .until(shard, Duration::from_secs(30), "Degraded=True for a version with no binary", |o| {
+            (condition_is(o, "Degraded", "True") && condition(o, "Degraded").unwrap()["observedGeneration"] == o["metadata"]["generation"])
+                .then(|| condition(o, "Degraded").unwrap().clone())
+        })
+        .await;
+    env.log(&format!("no binary: Degraded reason {} message {:?}", degraded["reason"], degraded["message"]));
+    let message = degraded["message"].as_str().unwrap_or_default();
+    assert_eq!(degraded["reason"], "BinaryMissing", "{degraded}");
+    assert!(message.contains("kcp-v9.9.9") && message.contains("hack/install-deps.sh"), "the message does not say what is missing and how to fix it: {message}");
+    assert!(message.contains("spec.version"), "the message does not name the field to fix: {message}");
+    no_crash_loop(&env, shard, "no binary").await;
+    untouched(&env, shard, &front, pid, "no binary").await;
+    // Fixing the spec clears it, without a roll (the running slot already matches).
+    env.patch(shard, json!({ "spec": { "version": newer } })).await;
+    env.until(shard, Duration::from_secs(30), "Degraded=False after the version is fixed", |o| {
+        (ready_now(o) && condition_is(o, "Degraded", "False")).then_some(())
+    })
+    .await;
+    untouched(&env, shard, &front, pid, "version fixed").await;
+
+    // 4b. A negative or absurd timeout: refused by the API (422), nothing stored.
+    let generation = env.get(shard).await.unwrap()["metadata"]["generation"].clone();
+    for (field, value) in [("readinessTimeout", "-5s"), ("readinessTimeout", "100000h"), ("drainTimeout", "-1s"), ("drainTimeout", "876000h")] {
+        let patch = json!({ "spec": { "rollout": { field: value } } });
+        let result = env.shards().patch(shard, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await;
+        match result {
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                env.log(&format!("{field}={value}: 422 {}", status.message));
+                assert!(status.message.contains(field), "the 422 does not name spec.rollout.{field}: {}", status.message);
+            }
+            other => env.fail(&format!("spec.rollout.{field}={value} was not refused with 422: {other:?}")),
+        }
+    }
+    let after = env.get(shard).await.unwrap();
+    assert_eq!(after["metadata"]["generation"], generation, "a refused patch changed the object");
+    assert!(after["spec"]["rollout"].get("readinessTimeout").is_none_or(|v| v == "120s"), "stored: {}", after["spec"]);
+    untouched(&env, shard, &front, pid, "absurd timeout").await;
+
+    // 4c. A front address another program holds: the second shard is Degraded naming it; the
+    // first keeps serving.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    env.apply("e2e-taken", &newer, &taken_addr).await;
+    let degraded = env
+        .until("e2e-taken", Duration::from_secs(60), "Degraded=True for a front address in use", |o| {
+            condition_is(o, "Degraded", "True").then(|| condition(o, "Degraded").unwrap().clone())
+        })
+        .await;
+    env.log(&format!("front address taken: Degraded reason {} message {:?}", degraded["reason"], degraded["message"]));
+    assert!(degraded["message"].as_str().unwrap_or_default().contains(&taken_addr), "the Degraded message does not name {taken_addr}: {degraded}");
+    no_crash_loop(&env, "e2e-taken", "front address taken").await;
+    let taken_status = env.get("e2e-taken").await.unwrap();
+    assert!(
+        !condition_is(&taken_status, "Ready", "True"),
+        "a shard whose front cannot listen says Ready: {}",
+        taken_status["status"]
+    );
+    untouched(&env, shard, &front, pid, "front address taken").await;
+    assert!(env.delete_and_wait("e2e-taken", Duration::from_secs(60)).await, "KcpShard e2e-taken was not deleted within 60 s");
+    drop(taken);
+
+    // 3. SIGKILL of the active kcp: noticed within 5 s (event or condition), service restored.
+    let before = env.get(shard).await.unwrap();
+    let pid = active_pid(&before).unwrap();
+    let killed_at = Utc::now();
+    let killed = Instant::now();
+    signal(pid, libc::SIGKILL);
+    env.log(&format!("slot failure: SIGKILLed the active kcp (pid {pid})"));
+    let noticed = loop {
+        let object = env.get(shard).await.unwrap();
+        let events = env.events(shard).await;
+        let crash_event = events.iter().find(|e| {
+            e.reason.as_deref() == Some("SlotCrashed") && event_time(e).parse::<DateTime<Utc>>().is_ok_and(|t| t >= killed_at - chrono::Duration::seconds(1))
+        });
+        if let Some(e) = crash_event {
+            break format!("event SlotCrashed: {}", e.message.as_deref().unwrap_or(""));
+        }
+        if condition_is(&object, "Ready", "False") {
+            break format!("Ready=False: {}", condition(&object, "Ready").unwrap()["message"]);
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            env.fail(&format!("the controller did not report the SIGKILLed slot within 30 s; status: {}\nevents:\n{}", object["status"], summarize_events(&events)));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let notice = killed.elapsed();
+    env.log(&format!("slot failure: noticed after {:.2}s: {noticed}", notice.as_secs_f64()));
+    assert!(notice <= FIVE_SECONDS, "the SIGKILLed slot was reported after {notice:?} (> 5 s): {noticed}");
+    let restored = env
+        .until(shard, READY_TIMEOUT, "Ready=True with a new slot process after the SIGKILL", |o| {
+            (ready_now(o) && active_pid(o).is_some_and(|p| p != pid && alive(p)) && condition_is(o, "Progressing", "False")).then(|| o.clone())
+        })
+        .await;
+    let restore = killed.elapsed();
+    let shard_admin = front_shard_admin(&env, shard, &front).await;
+    let mut through_front = readyz_ok(&shard_admin).await;
+    let check = Instant::now();
+    while through_front.is_err() && check.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        through_front = readyz_ok(&shard_admin).await;
+    }
+    if let Err(e) = &through_front {
+        let front_dir = env.shard_dir(shard).join("front");
+        env.fail(&format!(
+            "after the SIGKILL the status says Ready=True (slot {:?}, pid {:?}, port {}) but /readyz through the front fails 15 s later: {e}\nstatus.front: {}\nfront backend file: {}",
+            active_slot(&restored),
+            active_pid(&restored),
+            restored["status"]["slots"][0]["port"],
+            restored["status"]["front"],
+            std::fs::read_to_string(front_dir.join("backend.json")).unwrap_or_else(|e| e.to_string())
+        ));
+    }
+    env.log(&format!("slot failure: service restored (Ready=True, /readyz through the front ok) {:.1}s after the SIGKILL", restore.as_secs_f64()));
+    report.add(format!("slot failure: reported after {:.2}s, restored after {:.1}s", notice.as_secs_f64(), restore.as_secs_f64()));
+
+    for roll in &rolls {
+        report.add(format!(
+            "{}: {} polls of /readyz through the front, 0 failures; workspace Ready {:.2}s after create (post-exit)\n{}",
+            roll.label,
+            roll.polls,
+            roll.workspace_after_exit.as_secs_f64(),
+            format_timings(&roll.timings)
+        ));
+    }
+    let left = env.shutdown(&[shard]).await;
+    report.print("e2e_roll: apply, rolls, bad specs, slot failure");
+    assert!(left.is_empty(), "processes left after the KcpShard was deleted and serve stopped: {left:?}");
+}
+
+fn restart_patch() -> Value {
+    let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    json!({ "metadata": { "annotations": { "kcpshard.io/restartedAt": at } } })
+}
