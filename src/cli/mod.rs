@@ -12,6 +12,7 @@ mod describe;
 mod events;
 mod front;
 mod get;
+mod rollout;
 mod serve;
 mod table;
 mod watch;
@@ -45,6 +46,8 @@ enum Command {
     Delete(delete::Args),
     /// List events, like `kubectl events`.
     Events(events::Args),
+    /// Follow a roll to its end, like `kubectl rollout status`.
+    Rollout(rollout::Args),
     /// Run the TCP front (started and adopted by `serve`; see docs/front.md).
     Front(front::Args),
 }
@@ -77,6 +80,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Describe(args) => describe::run(args).await,
         Command::Delete(args) => delete::run(args).await,
         Command::Events(args) => events::run(args).await,
+        Command::Rollout(args) => rollout::run(args).await,
         Command::Front(args) => front::run(args).await,
     }
 }

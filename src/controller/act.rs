@@ -41,6 +41,13 @@ impl Actor<'_> {
             }
             Step::EnsureFront => {
                 let listen = self.front_listen()?;
+                // A front that moves must not be stopped before its new address is known to be free:
+                // the running one keeps serving while the spec names a taken address.
+                if self.world.observed.front_elsewhere || self.world.observed.front == super::plan::FrontObservation::Down {
+                    if let Err(e) = std::net::TcpListener::bind(listen) {
+                        anyhow::bail!("the front address {listen} is in use by another program ({e}): choose another spec.front.listen, or stop that program");
+                    }
+                }
                 front::ensure_running(&self.ctx.front_binary, &self.dirs.front(), listen).await?;
                 Ok(vec![Note::normal("FrontStarted", format!("the front listens on {listen}"))])
             }
@@ -145,6 +152,10 @@ impl Actor<'_> {
         let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
         client.switch(&Backend { slot: to.to_string(), address }).await?;
         self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
+        // Users reach kcp through the front with this file. kcp writes it with the shard URL (the
+        // front); its kcp-admin token belongs to the slot that wrote it, so it is renewed per switch.
+        let kubeconfig = std::fs::read(self.dirs.slot(to).admin_kubeconfig())?;
+        crate::fsutil::write_atomically(&self.dirs.front_kubeconfig(), &kubeconfig)?;
         Ok(vec![
             Note::normal("SlotReady", format!("slot {to} answers /readyz on its own port {}", slot.record.port)),
             Note::normal("FrontSwitched", format!("the front forwards new connections to slot {to} ({address}); open connections stay on their slot")),

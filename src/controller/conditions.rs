@@ -169,6 +169,7 @@ mod tests {
             now: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),
             store_up: true,
             front: FrontObservation::Up { backend: backend.map(str::to_string) },
+            front_elsewhere: false,
             slots: vec![SlotObservation { name: "a".into(), template, running: true, ready, started_at: Utc.timestamp_opt(1_800_000_000, 0).unwrap() }],
             roll: None,
             blocked: None,

@@ -140,7 +140,8 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     let dirs = ShardDirs::new(&ctx.state_dir, &name);
     let working_dir = std::env::current_dir().map_err(anyhow::Error::from)?;
     let desired = desired(shard, &working_dir)?;
-    let world = observe::observe(ctx, &dirs).await?;
+    let listen = shard.spec.front.listen.parse().map_err(|e| anyhow::anyhow!("spec.front.listen {:?}: {e}", shard.spec.front.listen))?;
+    let world = observe::observe(ctx, &dirs, listen).await?;
     let next = plan::plan(&desired, &world.observed);
     tracing::debug!(shard = %name, step = ?next, "planned");
     let actor = act::Actor { ctx, shard, dirs: &dirs, desired: &desired, world: &world };
@@ -161,7 +162,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
             publish(ctx, shard, note).await;
         }
     }
-    let world = if matches!(next, Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. }) { world } else { observe::observe(ctx, &dirs).await? };
+    let world = if matches!(next, Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. }) { world } else { observe::observe(ctx, &dirs, listen).await? };
     let status = status::build(shard, &desired, &world, &plan::plan(&desired, &world.observed), failure.as_deref());
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status::as_patch(&status)))

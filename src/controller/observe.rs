@@ -46,18 +46,19 @@ fn process_of(slot: &SlotDirs) -> anyhow::Result<Option<ProcessRecord>> {
     Ok(Some(record))
 }
 
-pub async fn observe(ctx: &Context, dirs: &ShardDirs) -> anyhow::Result<World> {
+pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::SocketAddr) -> anyhow::Result<World> {
     let state = dirs.load_state()?;
     let store_endpoint = ctx.running_store(dirs).await;
-    let (front, front_backend_address) = match FrontClient::connect(&dirs.front()).await {
+    let (front, front_elsewhere, front_backend_address) = match FrontClient::connect(&dirs.front()).await {
         Ok(client) => match client.status().await {
             Ok(status) => (
                 FrontObservation::Up { backend: status.backend.as_ref().map(|b| b.slot.clone()) },
+                status.listen != front_listen,
                 status.backend.map(|b| b.address.to_string()),
             ),
-            Err(_) => (FrontObservation::Down, None),
+            Err(_) => (FrontObservation::Down, false, None),
         },
-        Err(_) => (FrontObservation::Down, None),
+        Err(_) => (FrontObservation::Down, false, None),
     };
     let mut slots = Vec::new();
     let mut observations = Vec::new();
@@ -74,7 +75,7 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs) -> anyhow::Result<World> {
         observations.push(SlotObservation { name: record.name.clone(), template: record.template.clone(), running, ready, started_at });
         slots.push(ObservedSlot { record, process });
     }
-    let observed = Observed { now: Utc::now(), store_up: store_endpoint.is_some(), front, slots: observations, roll: state.roll.clone(), blocked: state.blocked.clone() };
+    let observed = Observed { now: Utc::now(), store_up: store_endpoint.is_some(), front, front_elsewhere, slots: observations, roll: state.roll.clone(), blocked: state.blocked.clone() };
     Ok(World { observed, state, slots, front_backend_address, store_endpoint })
 }
 

@@ -134,6 +134,8 @@ pub struct Observed {
     /// The store accepts connections.
     pub store_up: bool,
     pub front: FrontObservation,
+    /// The front runs, but on another address than spec.front.listen (the spec changed).
+    pub front_elsewhere: bool,
     pub slots: Vec<SlotObservation>,
     pub roll: Option<RollRecord>,
     pub blocked: Option<Blocked>,
@@ -181,6 +183,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         FrontObservation::Down => return Step::EnsureFront,
         FrontObservation::Up { backend } => backend.as_deref(),
     };
+    if observed.front_elsewhere {
+        return Step::EnsureFront;
+    }
     let roll_target = observed.roll.as_ref().map(|r| r.to.as_str());
 
     // A slot whose process is gone: the new slot of a roll failed; any other is forgotten (and a
@@ -272,6 +277,7 @@ mod tests {
             now: at(10),
             store_up: true,
             front: FrontObservation::Up { backend: backend.map(str::to_string) },
+            front_elsewhere: false,
             slots,
             roll: None,
             blocked: None,
@@ -322,6 +328,13 @@ mod tests {
         assert_eq!(plan(&d, &o), Step::CompleteRoll);
         o.roll = None;
         assert_eq!(plan(&d, &o), Step::Idle);
+    }
+
+    #[test]
+    fn a_new_front_address_moves_the_front_before_anything_else() {
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        o.front_elsewhere = true;
+        assert_eq!(plan(&desired("v1"), &o), Step::EnsureFront);
     }
 
     #[test]
@@ -426,6 +439,7 @@ mod tests {
                         None => FrontObservation::Down,
                         Some(backend) => FrontObservation::Up { backend: backend.map(str::to_string) },
                     },
+                    front_elsewhere: false,
                     slots,
                     roll: rolling.map(|(to, released, probed)| RollRecord {
                         lease_released_at: released.then(|| at(1)),

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! controller.json        the roll in progress, a blocked spec, the last completed roll
+//! admin.kubeconfig       kcp through the front: contexts root (kcp-admin of the active slot,
+//!                        renewed at each switch) and system:admin (shard-admin, persistent)
 //! shared/                key material every slot must share (research 2.2), 0700
 //! slots/<a|b>/slot.json  the slot's template and port, written before its process starts
 //! slots/<a|b>/process.json, kcp.log, root/   its process record, log and kcp root directory
@@ -45,6 +47,11 @@ impl ShardDirs {
 
     pub fn front(&self) -> PathBuf {
         self.root.join("front")
+    }
+
+    /// The kubeconfig users reach kcp with through the front (the active slot's admin.kubeconfig).
+    pub fn front_kubeconfig(&self) -> PathBuf {
+        self.root.join("admin.kubeconfig")
     }
 
     pub fn slot(&self, name: &str) -> SlotDirs {

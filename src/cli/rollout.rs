@@ -1,0 +1,110 @@
+//! `kcpshard rollout status NAME`: follows a roll to its end, like `kubectl rollout status`. It prints
+//! a line each time the controller's progress message changes, succeeds once the shard is Ready
+//! and no longer Progressing at its current generation, and fails when the roll is blocked
+//! (Degraded), with the controller's message saying what to fix.
+use std::time::Duration;
+
+use anyhow::bail;
+use serde_json::Value;
+
+use super::connect::Conn;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Wait for the KcpShard's roll to finish, printing its progress.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct StatusArgs {
+    /// The KcpShard to follow.
+    name: String,
+    /// Give up after this many seconds (0: wait as long as it takes).
+    #[arg(long, default_value_t = 0)]
+    timeout: u64,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+const POLL: Duration = Duration::from_millis(250);
+
+/// Where a roll stands, read from the object.
+#[derive(Debug, PartialEq, Eq)]
+enum Progress {
+    /// The status does not describe the current generation yet.
+    Stale,
+    Moving(String),
+    Blocked(String),
+    Done(String),
+}
+
+fn progress(object: &Value) -> Progress {
+    let generation = object["metadata"]["generation"].as_i64();
+    let conditions = object["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let condition = |type_: &str| conditions.iter().find(|c| c["type"] == type_ && c["observedGeneration"].as_i64() == generation);
+    let (Some(ready), Some(progressing)) = (condition("Ready"), condition("Progressing")) else {
+        return Progress::Stale;
+    };
+    let message = |c: &Value| c["message"].as_str().unwrap_or_default().to_string();
+    if let Some(degraded) = condition("Degraded").filter(|c| c["status"] == "True") {
+        return Progress::Blocked(message(degraded));
+    }
+    if ready["status"] == "True" && progressing["status"] == "False" {
+        return Progress::Done(message(ready));
+    }
+    Progress::Moving(message(progressing))
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let Command::Status(args) = args.command;
+    let cluster = args.conn.connect().await?;
+    let api = cluster.kcpshards();
+    let deadline = (args.timeout > 0).then(|| tokio::time::Instant::now() + Duration::from_secs(args.timeout));
+    let mut last = String::new();
+    loop {
+        let object = api.get(&args.name).await.map_err(|e| cluster.explain(e))?;
+        let object = serde_json::to_value(&object)?;
+        match progress(&object) {
+            Progress::Done(message) => {
+                println!("kcpshard \"{}\" successfully rolled out: {message}", args.name);
+                return Ok(());
+            }
+            Progress::Blocked(message) => bail!("kcpshard \"{}\" roll is blocked: {message}", args.name),
+            Progress::Moving(message) if message != last => {
+                println!("Waiting for kcpshard \"{}\" roll to finish: {message}...", args.name);
+                last = message;
+            }
+            Progress::Moving(_) | Progress::Stale => {}
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            bail!("timed out after {}s waiting for kcpshard \"{}\" to roll out (last: {last})", args.timeout, args.name);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn shard(generation: i64, observed: i64, ready: &str, progressing: &str, degraded: &str) -> Value {
+        let condition = |t: &str, s: &str| json!({"type": t, "status": s, "observedGeneration": observed, "message": format!("{t} message")});
+        json!({"metadata": {"generation": generation}, "status": {"conditions": [
+            condition("Ready", ready), condition("Progressing", progressing), condition("Degraded", degraded)]}})
+    }
+
+    #[test]
+    fn a_roll_is_done_when_ready_and_no_longer_progressing_at_the_current_generation() {
+        assert_eq!(progress(&shard(2, 2, "True", "False", "False")), Progress::Done("Ready message".into()));
+        assert_eq!(progress(&shard(2, 1, "True", "False", "False")), Progress::Stale, "status of an older generation");
+        assert_eq!(progress(&shard(2, 2, "True", "True", "False")), Progress::Moving("Progressing message".into()));
+        assert_eq!(progress(&shard(2, 2, "True", "False", "True")), Progress::Blocked("Degraded message".into()));
+    }
+}
