@@ -20,7 +20,7 @@ fn shard(name: &str) -> DynamicObject {
         "apiVersion": "kcpshard.io/v1alpha1",
         "kind": "KcpShard",
         "metadata": {"name": name},
-        "spec": {"version": "v0.32.3", "store": {"type": "KineSqlite"}},
+        "spec": {"version": "v0.31.2", "store": {"type": "KineSqlite"}},
         "status": {"phase": "Ready"},
     }))
     .unwrap()
@@ -59,7 +59,7 @@ async fn create_sets_system_metadata_and_drops_status() {
 async fn a_write_that_changes_nothing_keeps_the_resource_version() {
     let f = fixture();
     let created = f.shards.create(&PostParams::default(), &shard("dev")).await.unwrap();
-    let same = json!({"spec": {"version": "v0.32.3"}});
+    let same = json!({"spec": {"version": "v0.31.2"}});
     let patched = f.shards.patch("dev", &PatchParams::default(), &Patch::Merge(&same)).await.unwrap();
     assert_eq!(rv(&patched), rv(&created));
 
@@ -78,21 +78,21 @@ async fn generation_follows_spec_changes_but_not_status_or_labels() {
     assert_eq!(labelled.metadata.generation, Some(1));
     let status = f.shards.patch_status("dev", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Progressing"}}))).await.unwrap();
     assert_eq!(status.metadata.generation, Some(1));
-    let bumped = f.shards.patch("dev", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "v0.32.2"}}))).await.unwrap();
+    let bumped = f.shards.patch("dev", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "v0.31.0"}}))).await.unwrap();
     assert_eq!(bumped.metadata.generation, Some(2));
     assert_eq!(bumped.data["status"]["phase"], "Progressing", "a spec write keeps the status");
 
     let sneaky = f.shards.patch_status("dev", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "v9.9.9"}}))).await.unwrap();
-    assert_eq!(sneaky.data["spec"]["version"], "v0.32.2", "/status writes only status");
+    assert_eq!(sneaky.data["spec"]["version"], "v0.31.0", "/status writes only status");
 }
 
 #[tokio::test]
 async fn a_stale_update_is_a_conflict() {
     let f = fixture();
     let created = f.shards.create(&PostParams::default(), &shard("dev")).await.unwrap();
-    f.shards.patch("dev", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "v0.32.2"}}))).await.unwrap();
+    f.shards.patch("dev", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "v0.31.0"}}))).await.unwrap();
     let mut stale = created.clone();
-    stale.data["spec"]["version"] = json!("v0.32.1");
+    stale.data["spec"]["version"] = json!("v0.31.1");
     let err = f.shards.replace("dev", &PostParams::default(), &stale).await.unwrap_err();
     assert!(matches!(err, kube::Error::Api(ref s) if s.code == 409 && s.reason == "Conflict"), "{err:?}");
 }
@@ -133,9 +133,9 @@ async fn server_side_apply_creates_then_updates() {
     let created = f.shards.patch("dev", &params, &Patch::Apply(shard("dev"))).await.unwrap();
     assert_eq!(created.metadata.generation, Some(1));
     let mut newer = shard("dev");
-    newer.data["spec"]["version"] = json!("v0.32.2");
+    newer.data["spec"]["version"] = json!("v0.31.0");
     let updated = f.shards.patch("dev", &params, &Patch::Apply(newer)).await.unwrap();
-    assert_eq!(updated.data["spec"]["version"], "v0.32.2");
+    assert_eq!(updated.data["spec"]["version"], "v0.31.0");
     assert_eq!(updated.metadata.generation, Some(2));
 }
 
@@ -143,10 +143,10 @@ async fn server_side_apply_creates_then_updates() {
 async fn a_watch_resumes_from_a_version_and_an_expired_one_gets_410() {
     let f = fixture();
     let created = f.shards.create(&PostParams::default(), &shard("dev")).await.unwrap();
-    f.shards.patch("dev", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "v0.32.2"}}))).await.unwrap();
+    f.shards.patch("dev", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "v0.31.0"}}))).await.unwrap();
     let mut stream = f.shards.watch(&WatchParams::default(), &rv(&created)).await.unwrap().boxed();
     match tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.unwrap().unwrap() {
-        Some(WatchEvent::Modified(o)) => assert_eq!(o.data["spec"]["version"], "v0.32.2"),
+        Some(WatchEvent::Modified(o)) => assert_eq!(o.data["spec"]["version"], "v0.31.0"),
         other => panic!("expected the missed change, got {other:?}"),
     }
 

@@ -29,10 +29,10 @@ fn get_dev(serve: &Serve) -> Value {
 
 /// A release tag different from the manifest's, for changes that show in the VERSION column.
 fn other_version() -> &'static str {
-    if dev_manifest()["spec"]["version"] == "v0.32.2" {
-        "v0.32.3"
+    if dev_manifest()["spec"]["version"] == "v0.31.0" {
+        "v0.31.2"
     } else {
-        "v0.32.2"
+        "v0.31.0"
     }
 }
 
@@ -275,7 +275,7 @@ async fn patch_strategic_merge_is_refused_as_for_any_custom_resource() {
         "ks",
         "dev",
         "-p",
-        r#"{"spec":{"version":"v0.32.2"}}"#,
+        r#"{"spec":{"version":"v0.31.0"}}"#,
     ]);
     assert!(
         stderr.contains("UnsupportedMediaType")

@@ -2,7 +2,7 @@
 //! slot argv, the shared material, readiness on each slot's own port, the shard-admin token
 //! across slots, the lease hand-over and the workspace probe.
 //!
-//! Needs `bin/kcp-v0.32.3` and `bin/kine` (`hack/install-deps.sh`); without them the test fails,
+//! Needs `bin/kcp-v0.31.2` and `bin/kine` (`hack/install-deps.sh`); without them the test fails,
 //! it never skips. Every process it starts is SIGKILLed at the end, pass or fail.
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -12,8 +12,8 @@ use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
 use kcpshard::slot::{self, SlotLaunch};
 use kcpshard::store;
 
-const KCP_NEWER: &str = "v0.32.3";
-const KCP_OLDER: &str = "v0.32.2";
+const KCP_NEWER: &str = "v0.31.2";
+const KCP_OLDER: &str = "v0.31.0";
 
 fn bin_dir() -> PathBuf {
     std::env::var_os("KCPSHARD_BIN_DIR")

@@ -221,7 +221,7 @@ fn each_pinned_kcp_binary_reports_its_version() {
         let out = support::run(cmd, Duration::from_secs(30));
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "kcp-{version} --version failed: {text}");
-        // e.g. "kcp version v1.36.0+kcp-v0.32.3" (ldflags set by hack/build-kcp.sh)
+        // e.g. "kcp version v1.36.0+kcp-v0.31.2" (ldflags set by hack/build-kcp.sh)
         assert!(text.contains(&format!("+kcp-{version}")), "kcp-{version} --version says: {text}");
     }
 }
