@@ -68,13 +68,13 @@ async fn apply_creates_then_says_unchanged_then_configured() {
         "kcpshard.kcpshard.io/dev unchanged"
     );
     let mut edited = dev_manifest();
-    edited["spec"]["version"] = json!("v0.32.2");
+    edited["spec"]["version"] = json!("v0.31.0");
     let output = kcpshard_with_stdin(&serve, &["apply", "-f", "-"], &edited.to_string());
     let out = checked(&serve, &["apply", "-f", "-"], output);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev configured");
     let client = serve.client().await;
     let dev = kcpshards(&client).get("dev").await.unwrap();
-    assert_eq!(dev.data["spec"]["version"], "v0.32.2");
+    assert_eq!(dev.data["spec"]["version"], "v0.31.0");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -95,7 +95,7 @@ async fn apply_server_side_creates_then_updates() {
     let out = ok(&serve, &["apply", "--server-side", "-f", &dev_yaml()]);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let mut edited = dev_manifest();
-    edited["spec"]["version"] = json!("v0.32.2");
+    edited["spec"]["version"] = json!("v0.31.0");
     let args = ["apply", "--server-side", "-f", "-"];
     let out = checked(
         &serve,
@@ -105,7 +105,7 @@ async fn apply_server_side_creates_then_updates() {
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let client = serve.client().await;
     let dev = kcpshards(&client).get("dev").await.unwrap();
-    assert_eq!(dev.data["spec"]["version"], "v0.32.2");
+    assert_eq!(dev.data["spec"]["version"], "v0.31.0");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -145,7 +145,7 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
     assert!(
         out.lines()
             .nth(1)
-            .is_some_and(|row| row.starts_with("dev ") && row.contains("v0.32.3")),
+            .is_some_and(|row| row.starts_with("dev ") && row.contains("v0.31.2")),
         "{out}"
     );
 
@@ -353,5 +353,25 @@ fn a_missing_kubeconfig_gets_a_message_that_says_how_to_make_one() {
         stderr.contains("no kubeconfig at .kcpshard/kubeconfig")
             && stderr.contains("kcpshard serve"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn crd_prints_the_checked_in_crd_byte_for_byte() {
+    let output = Command::new(env!("CARGO_BIN_EXE_kcpshard"))
+        .arg("crd")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let checked_in =
+        std::fs::read(common::repo_root().join("crds/kcpshards.kcpshard.io.yaml")).unwrap();
+    assert!(
+        output.stdout == checked_in,
+        "`kcpshard crd` differs from crds/kcpshards.kcpshard.io.yaml; regenerate it with \
+         `cargo run -- crd > crds/kcpshards.kcpshard.io.yaml`"
     );
 }
