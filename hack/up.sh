@@ -31,8 +31,16 @@ for _ in $(seq 1 30); do
   sleep 1
 done
 [ -n "$applied" ] || { echo "up: applying manifests/dev.yaml failed" >&2; exit 1; }
+# Follow the first start (store, front, slot a, readiness, front switch, probe) to Ready.
+target/release/kcpshard rollout status dev --kubeconfig "$kubeconfig"
+front_kubeconfig=$state/shards/dev/admin.kubeconfig
 cat >&2 <<EOT
 up: kcpshard is serving (pid $pid), state in $state
-up: in another shell:  export KUBECONFIG=$kubeconfig PATH=$root/bin:\$PATH; kubectl get kcpshards
+up: the shard:      KUBECONFIG=$kubeconfig $root/bin/kubectl get kcpshards
+up: kcp, through the front at https://127.0.0.1:6443 (a kubeconfig whose server is the front):
+up:                 KUBECONFIG=$front_kubeconfig $root/bin/kubectl --context root get workspaces
+up:                 (context root: kcp-admin of the active slot, renewed at each roll;
+up:                  context system:admin: the shard admin, valid across rolls)
+up: roll it:        KUBECONFIG=$kubeconfig $root/bin/kubectl annotate ks dev kcpshard.io/restartedAt=\$(date +%s) --overwrite
 EOT
 wait "$pid"

@@ -108,6 +108,7 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> anyhow::Result<Desired> 
         template,
         readiness_timeout: spec.rollout.readiness_timeout().map_err(anyhow::Error::msg)?,
         deleting: shard.meta().deletion_timestamp.is_some(),
+        version_refused: None,
     })
 }
 
@@ -142,6 +143,10 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     let desired = desired(shard, &working_dir)?;
     let listen = shard.spec.front.listen.parse().map_err(|e| anyhow::anyhow!("spec.front.listen {:?}: {e}", shard.spec.front.listen))?;
     let world = observe::observe(ctx, &dirs, listen).await?;
+    let mut desired = desired;
+    if let Some(serving) = world.serving_version() {
+        desired.version_refused = shard.spec.rollout.version_change(&serving, &shard.spec.version).err();
+    }
     let next = plan::plan(&desired, &world.observed);
     tracing::debug!(shard = %name, step = ?next, "planned");
     let actor = act::Actor { ctx, shard, dirs: &dirs, desired: &desired, world: &world };

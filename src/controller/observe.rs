@@ -25,6 +25,16 @@ pub struct World {
     pub store_endpoint: Option<String>,
 }
 
+impl World {
+    /// The version of the slot the front forwards to.
+    pub fn serving_version(&self) -> Option<String> {
+        let FrontObservation::Up { backend: Some(active) } = &self.observed.front else {
+            return None;
+        };
+        self.slots.iter().find(|s| &s.record.name == active).map(|s| s.record.template.version.clone())
+    }
+}
+
 /// A slot with its record and process.
 pub struct ObservedSlot {
     pub record: SlotRecord,

@@ -41,6 +41,9 @@ pub struct Desired {
     pub readiness_timeout: Duration,
     /// The object is being deleted.
     pub deleting: bool,
+    /// Why spec.rollout refuses a roll from the serving slot's version to this one, if it does
+    /// (a minor change or a downgrade that is not allowed).
+    pub version_refused: Option<String>,
 }
 
 /// The front, as observed through its control socket.
@@ -81,6 +84,8 @@ pub enum BlockCause {
     SlotNotReady { slot: String, timeout_seconds: u64 },
     /// The new slot's process exited before it was ready.
     SlotCrashed { slot: String },
+    /// spec.rollout does not allow this version change.
+    VersionRefused { message: String },
 }
 
 impl BlockCause {
@@ -90,6 +95,7 @@ impl BlockCause {
             BlockCause::NoBinary { .. } => "BinaryMissing",
             BlockCause::SlotNotReady { .. } => "SlotNotReady",
             BlockCause::SlotCrashed { .. } => "SlotCrashed",
+            BlockCause::VersionRefused { .. } => "VersionChangeRefused",
         }
     }
 
@@ -105,6 +111,7 @@ impl BlockCause {
             BlockCause::SlotCrashed { slot } => format!(
                 "slot {slot} exited before it was ready; the old slot keeps serving. See the slot's log under the state dir, then fix spec.version or spec.kcp to retry"
             ),
+            BlockCause::VersionRefused { message } => format!("{message}; the running slot keeps serving"),
         }
     }
 }
@@ -205,6 +212,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         {
             return Step::Blocked { cause: blocked.cause.clone() };
         }
+        if let Some(message) = &desired.version_refused {
+            return Step::Blocked { cause: BlockCause::VersionRefused { message: message.clone() } };
+        }
         if !desired.binary_present {
             return Step::Blocked { cause: BlockCause::NoBinary { path: desired.template.binary.clone() } };
         }
@@ -265,7 +275,7 @@ mod tests {
     }
 
     fn desired(version: &str) -> Desired {
-        Desired { template: template(version), binary_present: true, readiness_timeout: Duration::from_secs(120), deleting: false }
+        Desired { template: template(version), binary_present: true, readiness_timeout: Duration::from_secs(120), deleting: false, version_refused: None }
     }
 
     fn slot(name: &str, version: &str, running: bool, ready: bool) -> SlotObservation {
@@ -358,6 +368,14 @@ mod tests {
         d.binary_present = false;
         let o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
         assert!(matches!(plan(&d, &o), Step::Blocked { cause: BlockCause::NoBinary { .. } }));
+    }
+
+    #[test]
+    fn a_refused_version_change_blocks_and_leaves_the_old_slot_alone() {
+        let mut d = desired("v2");
+        d.version_refused = Some("v2 is older".into());
+        let o = observed(Some("a"), vec![slot("a", "v3", true, true)]);
+        assert!(matches!(plan(&d, &o), Step::Blocked { cause: BlockCause::VersionRefused { .. } }));
     }
 
     #[test]
