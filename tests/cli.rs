@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{Serve, dev_manifest, kcpshards, manifest};
+use common::{Serve, dev_manifest, kcpshards, manifest, next_patch_version};
 use kube::Resource;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -68,13 +68,13 @@ async fn apply_creates_then_says_unchanged_then_configured() {
         "kcpshard.kcpshard.io/dev unchanged"
     );
     let mut edited = dev_manifest();
-    edited["spec"]["version"] = json!("v0.31.0");
+    edited["spec"]["version"] = json!(next_patch_version());
     let output = kcpshard_with_stdin(&serve, &["apply", "-f", "-"], &edited.to_string());
     let out = checked(&serve, &["apply", "-f", "-"], output);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev configured");
     let client = serve.client().await;
     let dev = kcpshards(&client).get("dev").await.unwrap();
-    assert_eq!(dev.data["spec"]["version"], "v0.31.0");
+    assert_eq!(dev.data["spec"]["version"], next_patch_version());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -95,7 +95,7 @@ async fn apply_server_side_creates_then_updates() {
     let out = ok(&serve, &["apply", "--server-side", "-f", &dev_yaml()]);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let mut edited = dev_manifest();
-    edited["spec"]["version"] = json!("v0.31.0");
+    edited["spec"]["version"] = json!(next_patch_version());
     let args = ["apply", "--server-side", "-f", "-"];
     let out = checked(
         &serve,
@@ -105,7 +105,7 @@ async fn apply_server_side_creates_then_updates() {
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let client = serve.client().await;
     let dev = kcpshards(&client).get("dev").await.unwrap();
-    assert_eq!(dev.data["spec"]["version"], "v0.31.0");
+    assert_eq!(dev.data["spec"]["version"], next_patch_version());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -143,9 +143,8 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
         "{out}"
     );
     assert!(
-        out.lines()
-            .nth(1)
-            .is_some_and(|row| row.starts_with("dev ") && row.contains("v0.31.2")),
+        out.lines().nth(1).is_some_and(|row| row.starts_with("dev ")
+            && row.contains(dev_manifest()["spec"]["version"].as_str().unwrap())),
         "{out}"
     );
 

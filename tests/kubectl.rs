@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{Serve, dev_manifest, eventually, kcpshards, manifest};
+use common::{Serve, dev_manifest, eventually, kcpshards, manifest, next_patch_version};
 use kube::Resource;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -25,15 +25,6 @@ fn apply_dev(serve: &Serve) {
 fn get_dev(serve: &Serve) -> Value {
     let out = serve.kubectl_ok(&["get", "kcpshard", "dev", "-o", "json"]);
     serde_json::from_str(&out).expect("kubectl get -o json prints JSON")
-}
-
-/// A release tag different from the manifest's, for changes that show in the VERSION column.
-fn other_version() -> &'static str {
-    if dev_manifest()["spec"]["version"] == "v0.31.0" {
-        "v0.31.2"
-    } else {
-        "v0.31.0"
-    }
 }
 
 fn ready_condition(status: &str, observed_generation: i64) -> Value {
@@ -97,14 +88,14 @@ async fn apply_of_an_edited_manifest_says_configured() {
     let serve = Serve::start().await;
     apply_dev(&serve);
     let mut edited = dev_manifest();
-    edited["spec"]["version"] = json!(other_version());
+    edited["spec"]["version"] = json!(next_patch_version());
     let out = serve.expect_ok(
         &["apply", "-f", "-"],
         serve.kubectl_with(&["apply", "-f", "-"], Some(&edited.to_string()), &[]),
     );
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev configured");
     let dev = get_dev(&serve);
-    assert_eq!(dev["spec"]["version"], other_version());
+    assert_eq!(dev["spec"]["version"], next_patch_version());
     assert_eq!(dev["metadata"]["generation"], 2);
 }
 
@@ -114,7 +105,7 @@ async fn apply_server_side_creates_then_updates() {
     let out = serve.kubectl_ok(&["apply", "--server-side", "-f", &dev_yaml()]);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let mut edited = dev_manifest();
-    edited["spec"]["version"] = json!(other_version());
+    edited["spec"]["version"] = json!(next_patch_version());
     let args = ["apply", "--server-side", "-f", "-"];
     let out = serve.expect_ok(
         &args,
@@ -122,7 +113,7 @@ async fn apply_server_side_creates_then_updates() {
     );
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let dev = get_dev(&serve);
-    assert_eq!(dev["spec"]["version"], other_version());
+    assert_eq!(dev["spec"]["version"], next_patch_version());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -252,7 +243,7 @@ async fn patch_merge_changes_the_spec_and_bumps_generation() {
 async fn patch_json_changes_the_spec() {
     let serve = Serve::start().await;
     apply_dev(&serve);
-    let patch = json!([{"op": "replace", "path": "/spec/version", "value": other_version()}]);
+    let patch = json!([{"op": "replace", "path": "/spec/version", "value": next_patch_version()}]);
     let out = serve.kubectl_ok(&[
         "patch",
         "ks",
@@ -263,7 +254,7 @@ async fn patch_json_changes_the_spec() {
         &patch.to_string(),
     ]);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev patched");
-    assert_eq!(get_dev(&serve)["spec"]["version"], other_version());
+    assert_eq!(get_dev(&serve)["spec"]["version"], next_patch_version());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -275,7 +266,7 @@ async fn patch_strategic_merge_is_refused_as_for_any_custom_resource() {
         "ks",
         "dev",
         "-p",
-        r#"{"spec":{"version":"v0.31.0"}}"#,
+        r#"{"spec":{"version":"v9.9.9"}}"#,
     ]);
     assert!(
         stderr.contains("UnsupportedMediaType")
@@ -317,7 +308,7 @@ async fn edit_with_an_editor_script_saves_the_change() {
     let serve = Serve::start().await;
     apply_dev(&serve);
     let script = serve.state_dir().with_file_name("editor.sh");
-    let sed = format!("s/^  version: .*/  version: {}/", other_version());
+    let sed = format!("s/^  version: .*/  version: {}/", next_patch_version());
     std::fs::write(&script, format!("#!/bin/sh\nsed -i '{sed}' \"$1\"\n")).unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let editor = script.display().to_string();
@@ -330,7 +321,7 @@ async fn edit_with_an_editor_script_saves_the_change() {
     let out = serve.expect_ok(&args, output);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev edited");
     let dev = get_dev(&serve);
-    assert_eq!(dev["spec"]["version"], other_version());
+    assert_eq!(dev["spec"]["version"], next_patch_version());
     assert_eq!(dev["metadata"]["generation"], 2);
 }
 

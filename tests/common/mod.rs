@@ -307,6 +307,18 @@ pub fn dev_manifest() -> serde_json::Value {
     serde_yaml::from_str(&text).expect("manifests/dev.yaml is YAML")
 }
 
+/// The next patch release after the dev manifest's version (v0.31.2 -> v0.31.3): a change that
+/// shows in the VERSION column and that every version rule allows, whatever the pins are.
+pub fn next_patch_version() -> String {
+    let version = dev_manifest()["spec"]["version"]
+        .as_str()
+        .expect("manifests/dev.yaml has spec.version")
+        .to_string();
+    let (head, patch) = version.rsplit_once('.').expect("spec.version is vX.Y.Z");
+    let patch: u64 = patch.parse().expect("spec.version ends in a number");
+    format!("{head}.{}", patch + 1)
+}
+
 /// True when the file at `path` is readable and writable by its owner only.
 pub fn is_owner_only(path: &Path) -> bool {
     std::fs::metadata(path)
