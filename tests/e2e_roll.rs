@@ -306,6 +306,11 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     let kcp_admin = front_kcp_admin(&env, shard, &slot, &front).await;
     let took = create_workspace_ready(&kcp_admin, &unique("e2e-first"), Duration::from_secs(120)).await.unwrap_or_else(|e| env.fail(&e));
     env.log(&format!("apply: a workspace through the front was Ready in {:.2}s", took.as_secs_f64()));
+    // Ready means serving; the first start goes on to probe a workspace, then settles.
+    env.until(shard, READY_TIMEOUT, "the first start to settle (Progressing=False)", |o| {
+        (ready_now(o) && condition_is(o, "Progressing", "False")).then_some(())
+    })
+    .await;
     let events = env.events(shard).await;
     for reason in ["SlotStarting", "SlotReady", "FrontSwitched", "ProbeSucceeded", "RollComplete"] {
         assert!(events.iter().any(|e| e.reason.as_deref() == Some(reason)), "no {reason} event after apply:\n{}", summarize_events(&events));
@@ -453,4 +458,115 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
 fn restart_patch() -> Value {
     let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     json!({ "metadata": { "annotations": { "kcpshard.io/restartedAt": at } } })
+}
+
+/// Where in a roll `serve` is SIGKILLed: once the controller's record of the roll (its state file
+/// `shards/<name>/controller.json`, written before each step's effect and mirrored in
+/// status.lastRoll) carries this timestamp.
+const BOUNDARIES: [(&str, &str); 4] = [
+    ("after SlotStarting", "newSlotStartedAt"),
+    ("after SlotReady/FrontSwitched", "frontSwitchedAt"),
+    ("after SlotStopped", "oldSlotExitedAt"),
+    ("after LeaseReleased", "leaseReleasedAt"),
+];
+
+/// The roll in progress (or the last one) from the controller's state file.
+fn roll_on_disk(env: &Env, shard: &str) -> Value {
+    let text = std::fs::read_to_string(env.shard_dir(shard).join("controller.json")).unwrap_or_default();
+    let state: Value = serde_json::from_str(&text).unwrap_or_default();
+    if state["roll"].is_object() { state["roll"].clone() } else { state["lastRoll"].clone() }
+}
+
+/// The last phase of `roll` that has a timestamp.
+fn last_phase(roll: &Value) -> &'static str {
+    ROLL_PHASES.iter().rev().find(|p| !roll[**p].is_null()).copied().unwrap_or("none")
+}
+
+/// Crash safety: a restart roll per boundary; `serve` is SIGKILLed at the boundary and started
+/// again on the same state dir. Every roll then completes (RollComplete, Ready=True) with exactly
+/// one slot (status.slots, and one kcp process for the shard's slot roots, the active one), one kine
+/// and one front; a poller of `/readyz` through the front running through all of it sees 0
+/// failures (the front never pointed at a slot that was not ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_completes() {
+    let _serial = serial();
+    let version = kcp_newer();
+    require_components(&[&version]);
+    let mut env = Env::start().await;
+    let shard = "crash";
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut report = Report::default();
+
+    env.apply(shard, &version, &front).await;
+    env.wait_ready(shard, READY_TIMEOUT).await;
+    env.log("crash safety: the shard is Ready");
+    let poller = Poller::start(front_shard_admin(&env, shard, &front).await);
+    let state = env.state.display().to_string();
+    let slot_roots = format!("--root-directory={state}/shards/{shard}/slots/");
+
+    for (boundary, field) in BOUNDARIES {
+        let before = env.get(shard).await.unwrap();
+        let old_pid = active_pid(&before).unwrap();
+        let requested = Utc::now();
+        env.patch(shard, restart_patch()).await;
+        let this_roll = |roll: &Value| parse_time(&roll["startedAt"]).is_some_and(|t| t >= requested - chrono::Duration::milliseconds(5));
+        let deadline = Instant::now() + ROLL_TIMEOUT;
+        loop {
+            let roll = roll_on_disk(&env, shard);
+            if this_roll(&roll) && !roll[field].is_null() {
+                break;
+            }
+            if Instant::now() > deadline {
+                env.fail(&format!("{boundary}: the roll never reached {field}: {roll}"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        env.kill_serve();
+        let at_death = roll_on_disk(&env, shard);
+        env.log(&format!("{boundary}: SIGKILLed serve; the roll's last recorded phase was {}", last_phase(&at_death)));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        env.start_serve().await;
+        let done = env
+            .until(shard, ROLL_TIMEOUT, &format!("{boundary}: the roll to complete after serve restarted"), |o| {
+                let roll = &o["status"]["lastRoll"];
+                (this_roll(roll) && !roll["completedAt"].is_null() && ready_now(o) && condition_is(o, "Progressing", "False")).then(|| o.clone())
+            })
+            .await;
+        let timings = roll_timings(&done["status"]["lastRoll"]).unwrap_or_else(|e| env.fail(&format!("{boundary}: {e}")));
+        let slots = done["status"]["slots"].as_array().cloned().unwrap_or_default();
+        assert_eq!(slots.len(), 1, "{boundary}: status.slots after the roll: {slots:?}");
+        let active = active_slot(&done).unwrap();
+        let kcps = processes_with(&slot_roots);
+        let active_root = format!("{slot_roots}{active}/root");
+        assert!(
+            kcps.len() == 1 && kcps[0].1.contains(&active_root),
+            "{boundary}: want exactly one kcp process for the shard, the active slot {active} ({active_root}); found {kcps:#?}"
+        );
+        assert!(!alive(old_pid), "{boundary}: the old slot's kcp (pid {old_pid}) still runs");
+        let kines = processes_with(&format!("{state}/shards/{shard}/store"));
+        assert_eq!(kines.len(), 1, "{boundary}: kine processes: {kines:#?}");
+        let fronts = processes_with(&format!("{state}/shards/{shard}/front"));
+        assert_eq!(fronts.len(), 1, "{boundary}: front processes: {fronts:#?}");
+        let events = env.events(shard).await;
+        let completes = events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("RollComplete") && event_time(e).parse::<DateTime<Utc>>().is_ok_and(|t| t >= requested - chrono::Duration::seconds(1)))
+            .count();
+        assert!(completes >= 1, "{boundary}: no RollComplete event for the roll:\n{}", summarize_events(&events));
+        env.log(&format!("{boundary}: roll complete on slot {active}\n{}", format_timings(&timings)));
+        report.add(format!("{boundary} (killed after {}): \n{}", last_phase(&at_death), format_timings(&timings)));
+    }
+
+    let stats = poller.finish().await;
+    report.add(format!("/readyz through the front every 50 ms over {} rolls and {} serve restarts: {} polls, {} failures", BOUNDARIES.len(), BOUNDARIES.len(), stats.polls, stats.failures.len()));
+    assert!(
+        stats.failures.is_empty(),
+        "/readyz through the front failed {} of {} times:\n{}",
+        stats.failures.len(),
+        stats.polls,
+        describe_failures(&stats)
+    );
+    let left = env.shutdown(&[shard]).await;
+    report.print("e2e_roll: serve SIGKILLed at each roll boundary");
+    assert!(left.is_empty(), "processes left after the KcpShard was deleted and serve stopped: {left:?}");
 }

@@ -161,6 +161,12 @@ pub fn sweep(needle: &str, grace: Duration) -> Vec<(i32, String)> {
 // ------------------------------------------------------------------------------------------------
 // serve
 
+/// The kcpshard binary under test: cargo's, or `$KCPSHARD_E2E_BIN` (a copy that a concurrent
+/// rebuild of the shared target dir cannot replace under a long run).
+pub fn kcpshard_bin() -> PathBuf {
+    std::env::var_os("KCPSHARD_E2E_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kcpshard")))
+}
+
 /// The KcpShard resource for dynamic clients.
 pub fn kcpshard_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kcpshard.io", "v1alpha1", "KcpShard"), "kcpshards")
@@ -201,7 +207,7 @@ impl Env {
     pub async fn start_serve(&mut self) {
         assert!(self.serve.is_none(), "serve already runs");
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.serve_log()).expect("serve.log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
+        let mut command = Command::new(kcpshard_bin());
         command
             .arg("serve")
             .arg("--state-dir")
