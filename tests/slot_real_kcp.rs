@@ -2,7 +2,8 @@
 //! slot argv, the shared material, readiness on each slot's own port, the shard-admin token
 //! across slots, the lease hand-over and the workspace probe.
 //!
-//! Needs `bin/kcp-v0.31.2` and `bin/kine` (`hack/install-deps.sh`); without them the test fails,
+//! Needs `bin/kcp-<version>` for both kcp versions pinned in hack/versions.env and `bin/kine`
+//! (`hack/install-deps.sh`); without them the test fails,
 //! it never skips. Every process it starts is SIGKILLed at the end, pass or fail.
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -12,8 +13,18 @@ use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
 use kcpshard::slot::{self, SlotLaunch};
 use kcpshard::store;
 
-const KCP_NEWER: &str = "v0.31.2";
-const KCP_OLDER: &str = "v0.31.0";
+/// A pin from hack/versions.env (`KCP_VERSION_NEWER`, `KCP_VERSION_OLDER`): the kcp releases
+/// `hack/install-deps.sh` builds into `bin/kcp-<version>`.
+fn pin(key: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/versions.env");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    text.lines()
+        .filter_map(|l| l.trim().split_once('='))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("{} has no {key}", path.display()))
+}
 
 fn bin_dir() -> PathBuf {
     std::env::var_os("KCPSHARD_BIN_DIR")
@@ -153,13 +164,14 @@ async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Durati
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_lease() {
-    hand_over(KCP_NEWER, KCP_NEWER).await;
+    let newer = pin("KCP_VERSION_NEWER");
+    hand_over(&newer, &newer).await;
 }
 
 /// The same hand-over from the older pinned kcp to the newer one (a version roll's slots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_bump_hands_over_from_the_older_kcp_to_the_newer() {
-    hand_over(KCP_OLDER, KCP_NEWER).await;
+    hand_over(&pin("KCP_VERSION_OLDER"), &pin("KCP_VERSION_NEWER")).await;
 }
 
 async fn hand_over(version_a: &str, version_b: &str) {
@@ -286,13 +298,29 @@ async fn hand_over(version_a: &str, version_b: &str) {
         slot::kcp_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
             .await
             .unwrap();
-    let probe = slot::probe_workspace(&kcp_admin_b, Duration::from_secs(10))
-        .await
-        .unwrap();
+    // While the probe runs, watch for b taking the lease.
+    let new_leader = async {
+        loop {
+            let holder = slot::controllers_lease_holder(&client_b).await.unwrap();
+            if holder.is_some() && holder != holder_before {
+                return (holder, released_at.elapsed());
+            }
+            assert!(
+                released_at.elapsed() < Duration::from_secs(15),
+                "no new leader"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (probe, (holder_after, release_to_leader)) = tokio::join!(
+        async {
+            slot::probe_workspace(&kcp_admin_b, Duration::from_secs(10))
+                .await
+                .unwrap()
+        },
+        new_leader
+    );
     let release_to_ready = released_at.elapsed();
-    let holder_after = slot::controllers_lease_holder(&client_b).await.unwrap();
-    assert_ne!(holder_after, holder_before, "b leads now");
-    // Deleting again is fine: released either way.
     assert!(slot::readyz(&client_b).await.unwrap());
 
     let stop_b = runtime
@@ -307,7 +335,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
 
     eprintln!(
         "TIMINGS {version_a}->{version_b}: kine start->accepting {kine_ready:?}; slot a start->ready {a_ready:?} (fresh store); slot b start->ready {b_ready:?} (existing store); \
-         a SIGTERM->exit {:?} (shutdown delay 1s); lease release->probe Ready {release_to_ready:?} (probe create->Ready {probe:?}); \
+         a SIGTERM->exit {:?} (shutdown delay 1s); lease release->new leader {release_to_leader:?}, ->probe Ready {release_to_ready:?} (probe create->Ready {probe:?}); \
          b SIGTERM->exit {:?}; kcp-admin token of b accepted by a: {kcp_admin_ok}; lease holder {holder_before:?} -> {holder_after:?}",
         stop.exited_after, stop_b.exited_after
     );
