@@ -13,7 +13,7 @@
 //! Extra arguments from the slot template may add flags but never replace one of these: a
 //! template that tries is refused with the flag named.
 //!
-//! Flag names verified against `kcp start options` of v0.32.2 and v0.32.3 (and
+//! Flag names verified against `kcp start options` of v0.31.0, v0.31.2, v0.32.2 and v0.32.3 (and
 //! `pkg/server/options/{options,controllers,flags}.go` of v0.32.3). `--batteries-included` may be
 //! given but must keep the `admin` battery, which writes the `admin.kubeconfig` the controller uses.
 use std::net::IpAddr;
@@ -25,7 +25,7 @@ use std::time::Duration;
 pub struct SlotLaunch {
     /// The slot's name (`a`, `b`); for logs.
     pub name: String,
-    /// The kcp version this slot runs, e.g. `v0.32.3`.
+    /// The kcp version this slot runs, e.g. `v0.31.2`.
     pub version: String,
     /// The kcp binary for `version`.
     pub binary: PathBuf,
