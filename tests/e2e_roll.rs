@@ -106,6 +106,7 @@ struct RollSeen {
     timings: Vec<(&'static str, DateTime<Utc>)>,
     polls: u64,
     workspace_after_exit: Duration,
+    workspace_baseline: Duration,
 }
 
 /// Triggers a roll with `patch` and checks everything a user should see while and after it runs.
@@ -114,6 +115,14 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
     let old_slot = active_slot(&before).expect("an active slot before the roll");
     let old_pid = active_pid(&before).expect("the active slot's pid");
     let shard_admin = front_shard_admin(env, shard, front).await;
+
+    // The time a workspace takes to be Ready on the settled shard, under the machine's load now:
+    // the baseline for the check after the old slot's exit.
+    let kcp_admin_before = front_kcp_admin(env, shard, &old_slot, front).await;
+    let baseline = create_workspace_ready(&kcp_admin_before, &unique("e2e-baseline"), Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("{label}: baseline workspace: {e}")));
+    env.log(&format!("{label}: baseline: a workspace is Ready {:.2}s after its create on the settled shard", baseline.as_secs_f64()));
 
     // A watch opened before the roll, as shard admin (its token works on every slot).
     let (rv, _) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
@@ -227,14 +236,24 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
     assert_eq!(slots.len(), 1, "{label}: status.slots after the roll: {slots:?}");
     assert_eq!(slots[0]["version"], to_version);
     assert!(!alive(old_pid), "{label}: the old slot's kcp (pid {old_pid}) still runs");
-    let within = took <= FIVE_SECONDS;
-    assert!(within, "{label}: a workspace created through the front after the old slot exited took {took:?} to be Ready (> 5 s): the lease was not handed over");
+    // Within 5 s of what a workspace takes on the settled shard (on an idle machine that is
+    // "within 5 s"; without the lease hand-over it is ~60 s, the old leader's lease).
+    assert!(
+        took <= baseline + FIVE_SECONDS,
+        "{label}: a workspace created through the front after the old slot exited took {took:?} to be Ready, more than 5 s over the settled shard's {baseline:?}: the lease was not handed over"
+    );
 
     // The Shard's baseURL and every workspace's URL name the front.
     check_urls(env, &shard_admin, front, label).await;
 
+    // Not a requirement, but worth knowing: did the old slot exit on SIGTERM, or was it killed?
+    let events = env.events(shard).await;
+    for killed in events.iter().filter(|e| e.reason.as_deref() == Some("SlotKilled") && event_time(e).parse::<DateTime<Utc>>().is_ok_and(|t| t >= requested - chrono::Duration::seconds(1))) {
+        env.log(&format!("{label}: NOTE Warning SlotKilled: {}", killed.message.as_deref().unwrap_or("")));
+    }
+
     env.log(&format!("{label}: lastRoll\n{}", format_timings(&timings)));
-    RollSeen { label: label.to_string(), timings, polls: stats.polls, workspace_after_exit: took }
+    RollSeen { label: label.to_string(), timings, polls: stats.polls, workspace_after_exit: took, workspace_baseline: baseline }
 }
 
 async fn check_urls(env: &Env, shard_admin: &kube::Config, front: &str, label: &str) {
@@ -443,10 +462,11 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
 
     for roll in &rolls {
         report.add(format!(
-            "{}: {} polls of /readyz through the front, 0 failures; workspace Ready {:.2}s after create (post-exit)\n{}",
+            "{}: {} polls of /readyz through the front, 0 failures; workspace Ready {:.2}s after its create once the old slot exited (settled shard: {:.2}s)\n{}",
             roll.label,
             roll.polls,
             roll.workspace_after_exit.as_secs_f64(),
+            roll.workspace_baseline.as_secs_f64(),
             format_timings(&roll.timings)
         ));
     }
