@@ -63,6 +63,8 @@ pub struct Serve {
     /// Holds `state/` (the state dir), `serve.log` and kubectl's cache.
     dir: tempfile::TempDir,
     pub kubeconfig: PathBuf,
+    /// The flags after `--api-listen`, kept for [`Serve::restart`].
+    extra: Vec<String>,
 }
 
 impl Serve {
@@ -83,34 +85,42 @@ impl Serve {
             .tempdir()
             .expect("a temp dir");
         let state = dir.path().join("state");
-        let log = std::fs::File::create(dir.path().join("serve.log")).expect("serve.log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
-        command
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--api-listen", "127.0.0.1:0"])
-            .args(extra)
-            .env("RUST_LOG", "info,kcpshard=debug")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log handle"))
-            .stderr(log)
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
-        let child = command.spawn().expect("spawn kcpshard serve");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let child = spawn_serve(&state, &dir.path().join("serve.log"), &extra);
         let mut serve = Serve {
             child,
             kubeconfig: state.join("kubeconfig"),
             dir,
+            extra,
         };
         serve.wait_ready().await;
         serve
+    }
+
+    /// The pid of the running `serve`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILLs `serve` (its whole process group), reaps it, and removes the kubeconfig it wrote,
+    /// which names an address nobody serves any more: a client that reads the kubeconfig after
+    /// this call reaches the next `serve`, never the dead one.
+    pub fn kill(&mut self) {
+        // SAFETY: kill(2) of the process group we created for serve.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+
+    /// Starts `serve` again on the same state dir with the same flags (after [`Serve::kill`]);
+    /// returns once it has written its new kubeconfig and /readyz answers `ok`. Its log is
+    /// appended to the same `serve.log`.
+    pub async fn restart(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.fail("restart: serve is still running; kill it first");
+        }
+        self.child = spawn_serve(&self.state_dir(), &self.dir.path().join("serve.log"), &self.extra);
+        self.wait_ready().await;
     }
 
     async fn wait_ready(&mut self) {
@@ -272,6 +282,36 @@ impl Serve {
             .output()
             .expect("run kcpshard")
     }
+}
+
+/// Spawns `kcpshard serve --state-dir <state> --api-listen 127.0.0.1:0 <extra>` in its own process
+/// group, killed with the test process, its output appended to `log`.
+fn spawn_serve(state: &Path, log: &Path, extra: &[String]) -> Child {
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("serve.log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
+    command
+        .arg("serve")
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--api-listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", "info,kcpshard=debug")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log handle"))
+        .stderr(log)
+        .process_group(0);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
+    command.spawn().expect("spawn kcpshard serve")
 }
 
 impl Drop for Serve {
