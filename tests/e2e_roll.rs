@@ -110,7 +110,7 @@ struct RollSeen {
 }
 
 /// Triggers a roll with `patch` and checks everything a user should see while and after it runs.
-async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch: Value, to_version: &str) -> RollSeen {
+async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch: Value, to_version: &str, problems: &mut Vec<String>) -> RollSeen {
     let before = env.get(shard).await.unwrap();
     let old_slot = active_slot(&before).expect("an active slot before the roll");
     let old_pid = active_pid(&before).expect("the active slot's pid");
@@ -135,10 +135,23 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
     env.patch(shard, patch).await;
 
     // After the old slot exits: a workspace through the front is Ready within 5 s.
-    let this_roll = |o: &Value| parse_time(&o["status"]["lastRoll"]["startedAt"]).is_some_and(|t| t >= requested - chrono::Duration::milliseconds(5));
+    // status.lastRoll must describe this roll only: a timestamp before its startedAt is left
+    // from the previous roll (a user would read a roll in progress as switched, or done).
+    let mut stale_seen = false;
+    let mut check_stale = |o: &Value| {
+        let last_roll = &o["status"]["lastRoll"];
+        let stale = stale_phases(last_roll);
+        if !stale_seen && roll_phase(last_roll, "startedAt", requested).is_some() && !stale.is_empty() {
+            stale_seen = true;
+            let problem = format!("{label}: status.lastRoll of the roll in progress carries the previous roll's timestamps ({}): {last_roll}", stale.join(", "));
+            env.log(&format!("PROBLEM {problem}"));
+            problems.push(problem);
+        }
+    };
     let after_exit = env
         .until(shard, ROLL_TIMEOUT, &format!("{label}: status.lastRoll.oldSlotExitedAt"), |o| {
-            (this_roll(o) && !o["status"]["lastRoll"]["oldSlotExitedAt"].is_null()).then(|| o.clone())
+            check_stale(o);
+            roll_phase(&o["status"]["lastRoll"], "oldSlotExitedAt", requested).map(|_| o.clone())
         })
         .await;
     let new_slot = active_slot(&after_exit).expect("an active slot after the switch");
@@ -151,7 +164,8 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
 
     let done = env
         .until(shard, ROLL_TIMEOUT, &format!("{label}: the roll to complete (lastRoll.completedAt, Ready=True, Progressing=False)"), |o| {
-            (this_roll(o) && !o["status"]["lastRoll"]["completedAt"].is_null() && ready_now(o) && condition_is(o, "Progressing", "False"))
+            check_stale(o);
+            (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some() && ready_now(o) && condition_is(o, "Progressing", "False"))
                 .then(|| o.clone())
         })
         .await;
@@ -308,6 +322,7 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     let shard = "e2e";
     let front = format!("127.0.0.1:{}", free_port());
     let mut report = Report::default();
+    let mut problems = Vec::new();
 
     // 1. Apply gives Ready=True; /readyz and a workspace through the front.
     let applied_at = Instant::now();
@@ -337,8 +352,8 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
 
     // 2. A version bump OLDER -> NEWER, then a restart request.
     let mut rolls = Vec::new();
-    rolls.push(roll_and_check(&env, shard, &front, "version bump", json!({ "spec": { "version": newer } }), &newer).await);
-    rolls.push(roll_and_check(&env, shard, &front, "restart", restart_patch(), &newer).await);
+    rolls.push(roll_and_check(&env, shard, &front, "version bump", json!({ "spec": { "version": newer } }), &newer, &mut problems).await);
+    rolls.push(roll_and_check(&env, shard, &front, "restart", restart_patch(), &newer, &mut problems).await);
 
     // 4a. A version with no binary: Degraded with what to fix, no crash loop, the old slot untouched.
     let now = env.get(shard).await.unwrap();
@@ -473,6 +488,7 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     let left = env.shutdown(&[shard]).await;
     report.print("e2e_roll: apply, rolls, bad specs, slot failure");
     assert!(left.is_empty(), "processes left after the KcpShard was deleted and serve stopped: {left:?}");
+    assert!(problems.is_empty(), "problems seen along the way:\n{}", problems.join("\n"));
 }
 
 fn restart_patch() -> Value {
@@ -529,11 +545,10 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
         let old_pid = active_pid(&before).unwrap();
         let requested = Utc::now();
         env.patch(shard, restart_patch()).await;
-        let this_roll = |roll: &Value| parse_time(&roll["startedAt"]).is_some_and(|t| t >= requested - chrono::Duration::milliseconds(5));
         let deadline = Instant::now() + ROLL_TIMEOUT;
         loop {
             let roll = roll_on_disk(&env, shard);
-            if this_roll(&roll) && !roll[field].is_null() {
+            if roll_phase(&roll, field, requested).is_some() {
                 break;
             }
             if Instant::now() > deadline {
@@ -549,7 +564,7 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
         let done = env
             .until(shard, ROLL_TIMEOUT, &format!("{boundary}: the roll to complete after serve restarted"), |o| {
                 let roll = &o["status"]["lastRoll"];
-                (this_roll(roll) && !roll["completedAt"].is_null() && ready_now(o) && condition_is(o, "Progressing", "False")).then(|| o.clone())
+                (roll_phase(roll, "completedAt", requested).is_some() && ready_now(o) && condition_is(o, "Progressing", "False")).then(|| o.clone())
             })
             .await;
         let timings = roll_timings(&done["status"]["lastRoll"]).unwrap_or_else(|e| env.fail(&format!("{boundary}: {e}")));

@@ -559,6 +559,19 @@ pub fn roll_timings(last_roll: &Value) -> Result<Vec<(&'static str, DateTime<Utc
     Ok(times)
 }
 
+/// status.lastRoll's `phase` when it belongs to the roll started at or after `since`: set, and
+/// not before that roll's startedAt (a value left from an earlier roll would be).
+pub fn roll_phase(last_roll: &Value, phase: &str, since: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let started = parse_time(&last_roll["startedAt"]).filter(|t| *t >= since - chrono::Duration::milliseconds(5))?;
+    parse_time(&last_roll[phase]).filter(|t| *t >= started)
+}
+
+/// Phases of status.lastRoll stamped before its startedAt: left over from an earlier roll.
+pub fn stale_phases(last_roll: &Value) -> Vec<String> {
+    let Some(started) = parse_time(&last_roll["startedAt"]) else { return vec![] };
+    ROLL_PHASES.iter().filter(|p| parse_time(&last_roll[**p]).is_some_and(|t| t < started)).map(|p| format!("{p}={}", last_roll[*p])).collect()
+}
+
 /// One line per phase: its offset from startedAt and from the phase before.
 pub fn format_timings(times: &[(&'static str, DateTime<Utc>)]) -> String {
     let start = times[0].1;
