@@ -8,7 +8,7 @@
 //!   request, each with a 50 ms `/readyz` poller (0 failures), a watch opened before the roll that
 //!   ends with the old slot and is re-established client-go style, a workspace Ready within 5 s of
 //!   the old slot's exit, every lastRoll timestamp in order, and the front's URL as the Shard's
-//!   baseURL and in every workspace URL. Then bad specs (no binary; an absurd timeout; a front
+//!   baseURL and in every workspace URL. Then bad specs (a version with no binary; an absurd timeout; a front
 //!   address another program holds): Degraded with what to fix, no crash loop, the old slot
 //!   untouched. Last, SIGKILL of the active kcp: noticed within 5 s and restored.
 //! - `serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_completes`: see its doc.
@@ -384,7 +384,11 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     // 4a. A version with no binary: Degraded with what to fix, no crash loop, the old slot untouched.
     let now = env.get(shard).await.unwrap();
     let pid = active_pid(&now).unwrap();
-    env.patch(shard, json!({ "spec": { "version": "v9.9.9" } })).await;
+    // A version the spec allows (the next patches of NEWER: patch changes always are) but that
+    // has no binary. (v9.9.9 would be refused earlier, as a major version change.)
+    let missing = next_patch(&newer, 100);
+    assert!(!bin_dir().join(format!("kcp-{missing}")).exists(), "bin/kcp-{missing} exists");
+    env.patch(shard, json!({ "spec": { "version": missing } })).await;
     let degraded = env
         .until(shard, Duration::from_secs(30), "Degraded=True for a version with no binary", |o| {
             (condition_is(o, "Degraded", "True") && condition(o, "Degraded").unwrap()["observedGeneration"] == o["metadata"]["generation"])
@@ -394,7 +398,7 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     env.log(&format!("no binary: Degraded reason {} message {:?}", degraded["reason"], degraded["message"]));
     let message = degraded["message"].as_str().unwrap_or_default();
     assert_eq!(degraded["reason"], "BinaryMissing", "{degraded}");
-    assert!(message.contains("kcp-v9.9.9") && message.contains("hack/install-deps.sh"), "the message does not say what is missing and how to fix it: {message}");
+    assert!(message.contains(&format!("kcp-{missing}")) && message.contains("hack/install-deps.sh"), "the message does not say what is missing and how to fix it: {message}");
     assert!(message.contains("spec.version"), "the message does not name the field to fix: {message}");
     no_crash_loop(&env, shard, "no binary").await;
     untouched(&env, shard, &front, pid, "no binary").await;
@@ -515,6 +519,13 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     report.print("e2e_roll: apply, rolls, bad specs, slot failure");
     assert!(left.is_empty(), "processes left after the KcpShard was deleted and serve stopped: {left:?}");
     assert!(problems.is_empty(), "problems seen along the way:\n{}", problems.join("\n"));
+}
+
+/// `vX.Y.Z` with Z raised by `by`.
+fn next_patch(version: &str, by: u64) -> String {
+    let parts: Vec<&str> = version.trim_start_matches('v').splitn(3, '.').collect();
+    let patch: u64 = parts[2].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+    format!("v{}.{}.{}", parts[0], parts[1], patch + by)
 }
 
 fn restart_patch() -> Value {
