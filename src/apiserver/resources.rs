@@ -92,7 +92,7 @@ pub const STORAGE: &[&str] = &[KCPSHARDS, EVENTS];
 
 /// Every resource served, built once at start.
 pub fn all() -> Vec<Resource> {
-    vec![kcpshards(), core_events(), events_v1()]
+    vec![kcpshards(), events("", View::CoreEvents, event_columns()), events("events.k8s.io", View::Plain, Vec::new())]
 }
 
 fn kcpshards() -> Resource {
@@ -153,9 +153,11 @@ fn event_columns() -> Vec<Column> {
     ]
 }
 
-fn core_events() -> Resource {
+/// Events in one of their two views: core/v1 (what kubectl describe and kubectl events read) and
+/// events.k8s.io/v1 (what kube-runtime's Recorder writes), over one storage directory.
+fn events(group: &'static str, view: View, columns: Vec<Column>) -> Resource {
     Resource {
-        group: "",
+        group,
         version: "v1",
         kind: "Event".into(),
         plural: "events".into(),
@@ -164,27 +166,9 @@ fn core_events() -> Resource {
         namespaced: true,
         status_subresource: false,
         storage: EVENTS,
-        view: View::CoreEvents,
+        view,
         schema: None,
         openapi_schema: json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
-        columns: event_columns(),
-    }
-}
-
-fn events_v1() -> Resource {
-    Resource {
-        group: "events.k8s.io",
-        version: "v1",
-        kind: "Event".into(),
-        plural: "events".into(),
-        singular: "event".into(),
-        short_names: vec!["ev".into()],
-        namespaced: true,
-        status_subresource: false,
-        storage: EVENTS,
-        view: View::Plain,
-        schema: None,
-        openapi_schema: json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
-        columns: Vec::new(),
+        columns,
     }
 }

@@ -134,13 +134,7 @@ impl Store {
     /// Every object of `resource` (in `namespace` when given), with the resourceVersion of the list.
     pub fn list(&self, resource: &'static str, namespace: Option<&str>) -> (Vec<Value>, u64) {
         let inner = self.lock();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|(k, _)| k.resource == resource && namespace.is_none_or(|ns| k.namespace.as_deref() == Some(ns)))
-            .map(|(_, v)| v.clone())
-            .collect();
-        (items, inner.resource_version)
+        (inner.items(resource, namespace), inner.resource_version)
     }
 
     pub fn current_resource_version(&self) -> u64 {
@@ -210,13 +204,7 @@ impl Store {
     /// current state (resourceVersion unset or 0, or sendInitialEvents).
     pub fn snapshot_and_subscribe(&self, resource: &'static str, namespace: Option<&str>) -> (Vec<Value>, u64, broadcast::Receiver<Change>) {
         let inner = self.lock();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|(k, _)| k.resource == resource && namespace.is_none_or(|ns| k.namespace.as_deref() == Some(ns)))
-            .map(|(_, v)| v.clone())
-            .collect();
-        (items, inner.resource_version, self.feed.subscribe())
+        (inner.items(resource, namespace), inner.resource_version, self.feed.subscribe())
     }
 
     fn publish(&self, inner: &mut Inner, change: Change) {
@@ -231,6 +219,16 @@ impl Store {
     fn object_path(&self, key: &Key) -> PathBuf {
         let scope = key.namespace.as_deref().unwrap_or(CLUSTER_SCOPE);
         self.dir.join(key.resource).join(scope).join(format!("{}.json", key.name))
+    }
+}
+
+impl Inner {
+    fn items(&self, resource: &'static str, namespace: Option<&str>) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|(k, _)| k.resource == resource && namespace.is_none_or(|ns| k.namespace.as_deref() == Some(ns)))
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 }
 

@@ -77,7 +77,8 @@ fn default_columns() -> Vec<super::resources::Column> {
     }]
 }
 
-fn age(timestamp: &str, now: DateTime<Utc>) -> String {
+/// The age of an RFC 3339 timestamp at `now`, as kubectl prints it.
+pub fn age(timestamp: &str, now: DateTime<Utc>) -> String {
     match DateTime::parse_from_rfc3339(timestamp) {
         Ok(t) => human_duration((now - t.with_timezone(&Utc)).num_seconds()),
         Err(_) => "<unknown>".into(),
@@ -129,13 +130,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ages_read_like_kubectl() {
-        assert_eq!(human_duration(5), "5s");
-        assert_eq!(human_duration(125), "2m5s");
-        assert_eq!(human_duration(600), "10m");
-        assert_eq!(human_duration(3 * 3600 + 60), "3h1m");
-        assert_eq!(human_duration(30 * 3600), "30h");
-        assert_eq!(human_duration(3 * 86400 + 3600), "3d1h");
-        assert_eq!(human_duration(-5), "<invalid>");
+    fn human_duration_matches_kubectl() {
+        let cases = [
+            (-5, "<invalid>"),
+            (-1, "0s"),
+            (0, "0s"),
+            (119, "119s"),
+            (120, "2m"),
+            (150, "2m30s"),
+            (600, "10m"),
+            (179 * 60, "179m"),
+            (3 * 3600, "3h"),
+            (3 * 3600 + 60, "3h1m"),
+            (8 * 3600, "8h"),
+            (47 * 3600, "47h"),
+            (48 * 3600, "2d"),
+            (49 * 3600, "2d1h"),
+            (8 * 24 * 3600, "8d"),
+            (2 * 365 * 24 * 3600, "2y"),
+            (2 * 365 * 24 * 3600 + 24 * 3600, "2y1d"),
+            (9 * 365 * 24 * 3600, "9y"),
+        ];
+        for (seconds, want) in cases {
+            assert_eq!(human_duration(seconds), want, "{seconds}s");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! kubectl's plain-text conventions: columns padded with three spaces, ages humanised the way
 //! `k8s.io/apimachinery/pkg/util/duration.HumanDuration` does it.
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 
 /// Column widths that only grow, so that rows printed later (by a watch) line up with the header.
 #[derive(Debug, Default)]
@@ -38,67 +38,10 @@ impl Columns {
 
 /// Age of an RFC 3339 timestamp, as kubectl prints it (`<unknown>` when absent or unparsable).
 pub fn age(timestamp: Option<&str>) -> String {
-    match timestamp.and_then(|t| DateTime::parse_from_rfc3339(t).ok()) {
-        Some(t) => human_duration((Utc::now() - t.with_timezone(&Utc)).num_seconds()),
+    match timestamp {
+        Some(t) => crate::apiserver::table::age(t, Utc::now()),
         None => "<unknown>".to_string(),
     }
-}
-
-/// `duration.HumanDuration` from k8s.io/apimachinery, over whole seconds.
-pub fn human_duration(seconds: i64) -> String {
-    if seconds < -1 {
-        return "<invalid>".into();
-    }
-    if seconds < 0 {
-        return "0s".into();
-    }
-    if seconds < 120 {
-        return format!("{seconds}s");
-    }
-    let minutes = seconds / 60;
-    if minutes < 10 {
-        let s = seconds % 60;
-        return if s == 0 {
-            format!("{minutes}m")
-        } else {
-            format!("{minutes}m{s}s")
-        };
-    }
-    if minutes < 180 {
-        return format!("{minutes}m");
-    }
-    let hours = minutes / 60;
-    if hours < 8 {
-        let m = minutes % 60;
-        return if m == 0 {
-            format!("{hours}h")
-        } else {
-            format!("{hours}h{m}m")
-        };
-    }
-    if hours < 48 {
-        return format!("{hours}h");
-    }
-    if hours < 24 * 8 {
-        let h = hours % 24;
-        return if h == 0 {
-            format!("{}d", hours / 24)
-        } else {
-            format!("{}d{h}h", hours / 24)
-        };
-    }
-    if hours < 24 * 365 * 2 {
-        return format!("{}d", hours / 24);
-    }
-    if hours < 24 * 365 * 8 {
-        let days = (hours / 24) % 365;
-        return if days == 0 {
-            format!("{}y", hours / 24 / 365)
-        } else {
-            format!("{}y{days}d", hours / 24 / 365)
-        };
-    }
-    format!("{}y", hours / 24 / 365)
 }
 
 /// Go's `text/tabwriter` (minwidth 0, padding `padding`, spaces), which kubectl's `describe` and
@@ -171,33 +114,6 @@ fn assign(stack: &[usize], widths: &mut [Vec<usize>], from: usize, to: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn human_duration_matches_kubectl() {
-        let cases = [
-            (-5, "<invalid>"),
-            (-1, "0s"),
-            (0, "0s"),
-            (119, "119s"),
-            (120, "2m"),
-            (150, "2m30s"),
-            (600, "10m"),
-            (179 * 60, "179m"),
-            (3 * 3600, "3h"),
-            (3 * 3600 + 60, "3h1m"),
-            (8 * 3600, "8h"),
-            (47 * 3600, "47h"),
-            (48 * 3600, "2d"),
-            (49 * 3600, "2d1h"),
-            (8 * 24 * 3600, "8d"),
-            (2 * 365 * 24 * 3600, "2y"),
-            (2 * 365 * 24 * 3600 + 24 * 3600, "2y1d"),
-            (9 * 365 * 24 * 3600, "9y"),
-        ];
-        for (seconds, want) in cases {
-            assert_eq!(human_duration(seconds), want, "{seconds}s");
-        }
-    }
 
     #[test]
     fn tabwrite_aligns_blocks_of_consecutive_lines() {
