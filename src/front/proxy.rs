@@ -11,8 +11,9 @@
 //! - With no backend yet, a connection waits up to [`RETRY_WINDOW`] for one, then is closed.
 //! - TCP_NODELAY on both sides, EOF propagated as a half-close (`copy_bidirectional` shuts down the
 //!   write side), and no idle timeout: kcp watches stay open for hours. TCP keepalive (idle 60 s,
-//!   then 4 probes 15 s apart) on both sides instead finds peers that vanished without a FIN, so a
-//!   dead client does not hold a slot connection (and its watch) forever.
+//!   then 4 probes 15 s apart) on client connections instead finds peers that vanished without a
+//!   FIN, so a dead client does not hold a slot connection (and its watch) forever. Both are set
+//!   once on the listening socket; accepted sockets inherit them.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -165,10 +166,14 @@ pub async fn accept_loop(
     router: Arc<Router>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let stopped = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stopped);
     loop {
         tokio::select! {
             biased;
-            _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
+            _ = &mut stopped => return,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     tokio::spawn(forward(router.clone(), stream, peer));
@@ -188,35 +193,47 @@ const KEEPALIVE_IDLE_SECS: libc::c_int = 60;
 const KEEPALIVE_INTERVAL_SECS: libc::c_int = 15;
 const KEEPALIVE_PROBES: libc::c_int = 4;
 
-fn tune(stream: &TcpStream) {
+/// Sets TCP_NODELAY and keepalive on the listening socket. Linux copies both into every socket
+/// `accept` returns, which saves five syscalls per client connection; an inherited socket gets
+/// the same treatment (idempotent).
+pub fn tune_listener(listener: &TcpListener) {
     use std::os::fd::AsRawFd;
-    let _ = stream.set_nodelay(true);
-    let fd = stream.as_raw_fd();
-    let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {
-        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                &value as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        }
-    };
-    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS);
-    set(
+    let fd = listener.as_raw_fd();
+    set_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+    set_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set_int(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPIDLE,
+        KEEPALIVE_IDLE_SECS,
+    );
+    set_int(
+        fd,
         libc::IPPROTO_TCP,
         libc::TCP_KEEPINTVL,
         KEEPALIVE_INTERVAL_SECS,
     );
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
+    set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
+}
+
+fn set_int(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        warn!(level, name, error = %std::io::Error::last_os_error(), "setsockopt failed");
+    }
 }
 
 async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     let _tracked = Tracked::new(&router);
-    tune(&client);
     let deadline = Instant::now() + RETRY_WINDOW;
     let mut active = match router.current() {
         Some(active) => active,
@@ -255,7 +272,8 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     let Some(upstream) = upstream.as_mut() else {
         return;
     };
-    tune(upstream);
+    // The slot is a local process: a dead one closes its sockets, so no keepalive is needed here.
+    let _ = upstream.set_nodelay(true);
     match tokio::io::copy_bidirectional(&mut client, upstream).await {
         Ok((up, down)) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
         Err(err) => {
@@ -298,20 +316,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn both_sides_get_nodelay_and_keepalive() {
+    async fn accepted_sockets_inherit_nodelay_and_keepalive_from_the_listener() {
         use std::os::fd::AsRawFd;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let stream = TcpStream::connect(listener.local_addr().unwrap())
+        tune_listener(&listener);
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
-        tune(&stream);
-        assert!(stream.nodelay().unwrap());
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap());
         let get = |level, name| {
             let mut value: libc::c_int = 0;
             let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
             let rc = unsafe {
                 libc::getsockopt(
-                    stream.as_raw_fd(),
+                    accepted.as_raw_fd(),
                     level,
                     name,
                     &mut value as *mut libc::c_int as *mut libc::c_void,
@@ -325,6 +344,10 @@ mod tests {
         assert_eq!(
             get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
             KEEPALIVE_IDLE_SECS
+        );
+        assert_eq!(
+            get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+            KEEPALIVE_INTERVAL_SECS
         );
         assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), KEEPALIVE_PROBES);
     }

@@ -204,6 +204,7 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
         }
         None => None,
     };
+    proxy::tune_listener(&listener);
     let listener = Arc::new(listener);
     let front = Arc::new(Front {
         dir: config.dir.clone(),
