@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main command: install the components, build kcpshard, start `kcpshard serve` and apply
-# manifests/dev.yaml (which waits until the first kcp slot is ready). Runs in the foreground.
+# manifests/dev.yaml, then follows the first start to Ready. Runs in the foreground.
 # Ctrl-C stops `kcpshard serve` only: the shard's kine, kcp slots and front keep running and are
 # adopted by the next `hack/up.sh`; `bin/kubectl delete kcpshard dev` (with the kubeconfig below)
 # stops them.
@@ -27,7 +27,7 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [ -s "$kubeconfig" ] || { echo "up: no $kubeconfig after 60s" >&2; exit 1; }
-echo "up: applying manifests/dev.yaml; this waits for the first kcp slot (about a minute on 2 cores)" >&2
+echo "up: applying manifests/dev.yaml, then following the first start to Ready (about a minute on 2 cores)" >&2
 applied=""
 for _ in $(seq 1 30); do
   if target/release/kcpshard apply -f manifests/dev.yaml --kubeconfig "$kubeconfig"; then applied=1; break; fi
