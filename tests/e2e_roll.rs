@@ -6,14 +6,23 @@
 //! - `a_shard_serves_through_the_front_and_rolls_without_a_failed_request`: apply gives Ready;
 //!   `/readyz` and a workspace through the front; a version bump OLDER -> NEWER and a restart
 //!   request, each with a 50 ms `/readyz` poller (0 failures), a watch opened before the roll that
-//!   ends with the old slot and is re-established client-go style, a workspace Ready within 5 s of
-//!   the old slot's exit, every lastRoll timestamp in order, and the front's URL as the Shard's
-//!   baseURL and in every workspace URL. Then bad specs (a version with no binary; an absurd timeout; a front
-//!   address another program holds): Degraded with what to fix, no crash loop, the old slot
-//!   untouched. Last, SIGKILL of the active kcp: noticed within 5 s and restored.
+//!   ends with the old slot and is re-established client-go style (from the last resourceVersion;
+//!   on 410 Gone, re-list and watch), the new slot holding the controllers Lease within 5 s of the
+//!   old slot's exit, a workspace Ready within 5 s of that exit (5 s over the time a workspace
+//!   takes on the settled shard just before the roll: the machine's load is not the roll's),
+//!   status.lastRoll describing that roll only with every timestamp in order, and the front's URL
+//!   as the Shard's baseURL and in every workspace URL. Then bad specs (a version with no binary;
+//!   an absurd timeout; a front address another program holds): Degraded with what to fix, no
+//!   pile-up of Warning events, the old slot untouched. Last, SIGKILL of the active kcp: noticed
+//!   within 5 s, service restored (Ready=True and `/readyz` through the front).
+//!   Checks that do not stop the walk (stale lastRoll fields, the post-exit workspace bound, event
+//!   pile-ups) are printed as `PROBLEM ...` when seen and fail the test at its end.
 //! - `serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_completes`: see its doc.
 //!
-//! Timings (status.lastRoll) are printed for docs/benchmarks.md (`--nocapture`).
+//! Components come from bin/ (hack/install-deps.sh); a missing one fails, never skips. kcp
+//! versions come from hack/versions.env at run time. `KCPSHARD_E2E_BIN` may name a copy of the
+//! kcpshard binary. Timings (status.lastRoll) are printed for docs/benchmarks.md: run with
+//! `cargo test --test e2e_roll -- --nocapture --test-threads=1`.
 mod e2e;
 
 use std::time::{Duration, Instant};
