@@ -283,33 +283,27 @@ async fn a_process_whose_record_cannot_be_written_is_not_left_running() {
 
 const HELPER_DIR: &str = "KCPSHARD_TEST_HELPER_DIR";
 
-/// Not a test on its own: the starter process for
-/// `a_started_process_survives_the_death_of_its_starter`, which runs this test binary with
-/// `--ignored --exact` and the directory in `KCPSHARD_TEST_HELPER_DIR`.
-#[test]
-#[ignore = "helper process for a_started_process_survives_the_death_of_its_starter"]
-fn helper_starts_a_process_and_waits_to_be_killed() {
-    let Some(dir) = std::env::var_os(HELPER_DIR) else {
-        return;
-    };
-    let dir = PathBuf::from(dir);
+/// Run as a child of the test below (this test binary, `--exact` on that test, with the directory
+/// in `KCPSHARD_TEST_HELPER_DIR`), it is the starter: it starts a process and waits to be killed.
+fn act_as_starter(dir: PathBuf) {
     let marker = std::fs::read_to_string(dir.join("marker")).unwrap();
     let rt = Runtime::new();
-    rt.start(&spec(&dir, "survivor", "sleep", &[&marker]))
-        .unwrap();
+    rt.start(&spec(&dir, "survivor", "sleep", &[&marker])).unwrap();
     std::thread::sleep(Duration::from_secs(60));
 }
 
 #[tokio::test]
 async fn a_started_process_survives_the_death_of_its_starter() {
+    if let Some(dir) = std::env::var_os(HELPER_DIR) {
+        return act_as_starter(PathBuf::from(dir));
+    }
     let tmp = tempfile::tempdir().unwrap();
     let marker = unique_sleep();
     std::fs::write(tmp.path().join("marker"), &marker).unwrap();
     let mut starter = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_starts_a_process_and_waits_to_be_killed",
-            "--ignored",
+            "a_started_process_survives_the_death_of_its_starter",
             "--test-threads=1",
         ])
         .env(HELPER_DIR, tmp.path())

@@ -3,20 +3,21 @@
 # KcpShard (KineSqlite, front on a free loopback port), then performs N restart rolls
 # (kcpshard.io/restartedAt) while a client polls /readyz through the front every 50 ms, and prints
 # each roll's phases from status.lastRoll plus the poller's failures.
-# Usage: hack/bench/rolls.sh [ROLLS]   (default 5; needs hack/install-deps.sh and a release build)
+# Usage: hack/bench/rolls.sh [ROLLS]   (default 5; needs hack/install-deps.sh)
+# Env: KCPSHARD=path/to/kcpshard to use a built binary instead of `cargo build --release`.
 set -euo pipefail
 rolls=${1:-5}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 source hack/versions.env
-cargo build --release -q
-ks=$root/target/release/kcpshard
+if [ -z "${KCPSHARD:-}" ]; then cargo build --release -q; fi
+ks=${KCPSHARD:-$root/target/release/kcpshard}
 kubectl=$root/bin/kubectl
 state=$(mktemp -d /tmp/kcpshard-bench-XXXXXX)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 cleanup() {
   "$kubectl" --kubeconfig "$state/kubeconfig" delete ks bench --timeout=60s >/dev/null 2>&1 || true
-  kill "$serve" "$poller" 2>/dev/null || true
+  kill "${serve:-}" "${poller:-}" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$state"
 }
@@ -31,7 +32,7 @@ kind: KcpShard
 metadata: {name: bench}
 spec:
   version: $KCP_VERSION_NEWER
-  kcp: {binary: $root/bin/kcp-{version}}
+  kcp: {binary: "$root/bin/kcp-{version}"}
   store: {type: KineSqlite}
   front: {type: Tcp, listen: 127.0.0.1:$port}
 EOF
