@@ -24,16 +24,39 @@ pub struct Args {
     /// Take the listening socket over from the front answering on this control socket (upgrade).
     #[arg(long)]
     inherit_from: Option<PathBuf>,
+    /// Threads forwarding connections; 1 runs everything on one thread (no cross-thread wake-ups).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    front::run(FrontConfig {
+    let config = FrontConfig {
         listen: args.listen,
         dir: args.dir,
         metrics_listen: args.metrics_listen,
         drain_timeout: args.drain_timeout,
         inherit_from: args.inherit_from,
-    })
-    .await?;
-    Ok(())
+    };
+    // The front gets a runtime of its own, sized by --threads; the command's runtime just waits.
+    let threads = args.threads.max(1);
+    let forwarding =
+        std::thread::Builder::new()
+            .name("front".into())
+            .spawn(move || -> anyhow::Result<()> {
+                let runtime = if threads == 1 {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?
+                } else {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(threads)
+                        .enable_all()
+                        .build()?
+                };
+                runtime.block_on(front::run(config))?;
+                Ok(())
+            })?;
+    tokio::task::spawn_blocking(move || forwarding.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the front's thread panicked"))?
 }
