@@ -40,6 +40,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         state_dir: working_dir.join(&config.state_dir),
         kine_binary: working_dir.join(&args.kine_binary),
         front_binary: std::env::current_exe().context("cannot find this binary to run the front")?,
+        slot_clients: Default::default(),
     };
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use chrono::Utc;
 use kube::runtime::events::EventType;
 
+use super::clients::Identity;
 use super::observe::World;
 use super::plan::{Blocked, BlockCause, Desired, RollRecord, Step};
 use super::state::{CompletedRoll, ShardDirs, SlotRecord};
@@ -199,11 +200,8 @@ impl Actor<'_> {
             anyhow::bail!("the front has no backend");
         };
         let slot = self.world.slots.iter().find(|s| &s.record.name == active).ok_or_else(|| anyhow::anyhow!("slot {active} has no record"))?;
-        let (kubeconfig, url) = (self.dirs.slot(active).admin_kubeconfig(), slot::access::slot_url(slot.record.port));
-        Ok(match kcp_admin {
-            true => slot::access::kcp_admin_client(&kubeconfig, &url).await?,
-            false => slot::access::shard_admin_client(&kubeconfig, &url).await?,
-        })
+        let identity = if kcp_admin { Identity::KcpAdmin } else { Identity::ShardAdmin };
+        Ok(self.ctx.slot_clients.get(&self.dirs.slot(active).admin_kubeconfig(), slot.record.port, identity).await?)
     }
 
     async fn release_lease(&self) -> anyhow::Result<Notes> {

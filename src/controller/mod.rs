@@ -7,6 +7,7 @@
 //! A finalizer makes deletion a step of its own: the slots, the store's processes and the front
 //! stop; the data stays under the state dir.
 pub mod act;
+pub mod clients;
 pub mod conditions;
 pub mod observe;
 pub mod plan;
@@ -56,6 +57,7 @@ pub struct Context {
     pub kine_binary: PathBuf,
     /// This binary, which runs `kcpshard front`.
     pub front_binary: PathBuf,
+    pub slot_clients: clients::SlotClients,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -10,6 +10,7 @@ use super::plan::{FrontObservation, Observed, SlotObservation};
 use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
 use crate::front::FrontClient;
 use crate::process::{ProcessRecord, Runtime};
+use super::clients::Identity;
 use crate::slot::access;
 
 /// How long one `/readyz` may take before the slot counts as not ready.
@@ -80,7 +81,7 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
             continue;
         };
         let running = ctx.runtime.is_running(&process);
-        let ready = running && slot_ready(&slot_dirs.admin_kubeconfig(), record.port).await;
+        let ready = running && slot_ready(ctx, &slot_dirs.admin_kubeconfig(), record.port).await;
         let started_at = process.started_at.parse::<DateTime<Utc>>().unwrap_or(record.created_at);
         observations.push(SlotObservation { name: record.name.clone(), template: record.template.clone(), running, ready, started_at });
         slots.push(ObservedSlot { record, process });
@@ -92,8 +93,8 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
 /// `/readyz` on the slot's own port with the shard-admin credentials, never through the front
 /// (research section 5, run 1: readiness read through the front flipped clients to a slot that was
 /// not ready).
-pub async fn slot_ready(admin_kubeconfig: &std::path::Path, port: u16) -> bool {
-    let Ok(client) = access::shard_admin_client(admin_kubeconfig, &access::slot_url(port)).await else {
+async fn slot_ready(ctx: &Context, admin_kubeconfig: &std::path::Path, port: u16) -> bool {
+    let Ok(client) = ctx.slot_clients.get(admin_kubeconfig, port, Identity::ShardAdmin).await else {
         return false;
     };
     matches!(tokio::time::timeout(READYZ_TIMEOUT, access::readyz(&client)).await, Ok(Ok(true)))
