@@ -466,6 +466,9 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     drop(taken);
 
     // 3. SIGKILL of the active kcp: noticed within 5 s (event or condition), service restored.
+    if !problems.is_empty() {
+        env.log(&format!("problems so far (the test fails with them at its end):\n{}", problems.join("\n")));
+    }
     let before = env.get(shard).await.unwrap();
     let pid = active_pid(&before).unwrap();
     let killed_at = Utc::now();
