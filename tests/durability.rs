@@ -207,6 +207,9 @@ async fn writer(shared: Arc<Shared>, client: usize) -> Vec<Record> {
                     // acknowledged it, so it is not a record.
                     break;
                 }
+                Err(Failed::Refused(status)) if seq > 0 && status.code == 404 => {
+                    panic!("writer {client}: {} is gone, though its create was settled earlier: {status:?}", event_name(client, object))
+                }
                 Err(Failed::Refused(status)) => {
                     panic!("writer {client}: write {seq} to {} was refused after {} lost attempts: {status:?}", event_name(client, object), lost.len())
                 }
