@@ -100,12 +100,20 @@ impl Actor<'_> {
         let now = Utc::now();
         let mut state = self.dirs.load_state()?;
         if state.roll.as_ref().is_none_or(|r| r.to != name) {
-            let backend = match &self.world.observed.front {
-                super::plan::FrontObservation::Up { backend } => backend.clone(),
-                super::plan::FrontObservation::Down => None,
-            };
-            let from_version = backend.as_ref().and_then(|b| self.world.slots.iter().find(|s| &s.record.name == b)).map(|s| s.record.template.version.clone());
-            state.roll = Some(RollRecord { from: backend, from_version, to: name.to_string(), to_version: template.version.clone(), started_at: now, ..Default::default() });
+            // The roll starts from what the front forwards to, even a slot that crashed: its
+            // Lease must still be released once the new slot is ready.
+            let from = self.world.front_backend.as_ref().map(|b| b.slot.clone());
+            let serving = from.as_ref().and_then(|f| self.world.slots.iter().find(|s| &s.record.name == f && s.record.port == self.world.front_backend.as_ref().map_or(0, |b| b.address.port())));
+            state.roll = Some(RollRecord {
+                from_version: serving.map(|s| s.record.template.version.clone()),
+                // A slot that is no longer there has already exited.
+                old_slot_exited_at: from.as_ref().filter(|_| serving.is_none()).map(|_| now),
+                from,
+                to: name.to_string(),
+                to_version: template.version.clone(),
+                started_at: now,
+                ..Default::default()
+            });
         }
         state.blocked = None;
         self.dirs.save_state(&state)?;

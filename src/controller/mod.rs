@@ -160,19 +160,25 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
             (vec![Note::warning("StepFailed", format!("{e:#}"))], Some(format!("{e:#}")))
         }
     };
-    let previous_degraded = shard.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded")).map(|c| (c.status.clone(), c.reason.clone()));
+    // The status as stored now (the watcher's copy may lag a write behind): the patch removes what
+    // it has and the new status lacks, and repeated warnings are told apart from new ones.
+    let api: Api<KcpShard> = Api::all(ctx.client.clone());
+    let stored = api.get_status(&name).await.map_err(|source| Error::Status { name: name.clone(), source })?.status;
+    let degraded = stored.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded" && c.status == "True"));
     for note in notes {
-        // A blocked roll is reported once, not on every look.
-        let repeat = note.reason == "RollBlocked"
-            && matches!(next, Step::Blocked { ref cause } if previous_degraded == Some(("True".into(), cause.reason().into())));
+        // A blocked roll or a failing step is reported when it starts, not on every look.
+        let repeat = match (&next, note.reason) {
+            (Step::Blocked { cause }, "RollBlocked") => degraded.is_some_and(|c| c.reason == cause.reason()),
+            (_, "StepFailed") => degraded.is_some_and(|c| c.reason == "StepFailed" && c.message == note.message),
+            _ => false,
+        };
         if !repeat {
             publish(ctx, shard, note).await;
         }
     }
     let world = if matches!(next, Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. }) { world } else { observe::observe(ctx, &dirs, listen).await? };
-    let status = status::build(shard, &desired, &world, &plan::plan(&desired, &world.observed), failure.as_deref());
-    let api: Api<KcpShard> = Api::all(ctx.client.clone());
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status::as_patch(&status)))
+    let status = status::build(shard, stored.as_ref(), &desired, &world, &plan::plan(&desired, &world.observed), failure.as_deref());
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status::as_patch(stored.as_ref(), &status)))
         .await
         .map_err(|source| Error::Status { name: name.clone(), source })?;
     Ok(match (&next, failure) {

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use super::Context;
 use super::plan::{FrontObservation, Observed, SlotObservation};
 use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
-use crate::front::FrontClient;
+use crate::front::{Backend, FrontClient};
 use crate::process::{ProcessRecord, Runtime};
 use super::clients::Identity;
 use crate::slot::access;
@@ -21,7 +21,8 @@ pub struct World {
     pub observed: Observed,
     pub state: ControllerState,
     pub slots: Vec<ObservedSlot>,
-    pub front_backend_address: Option<String>,
+    /// What the front forwards new connections to, as it says (possibly a slot that is gone).
+    pub front_backend: Option<Backend>,
     /// The store's `--etcd-servers` when it runs.
     pub store_endpoint: Option<String>,
 }
@@ -60,17 +61,12 @@ fn process_of(slot: &SlotDirs) -> anyhow::Result<Option<ProcessRecord>> {
 pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::SocketAddr) -> anyhow::Result<World> {
     let state = dirs.load_state()?;
     let store_endpoint = ctx.running_store(dirs).await;
-    let (front, front_elsewhere, front_backend_address) = match FrontClient::connect(&dirs.front()).await {
-        Ok(client) => match client.status().await {
-            Ok(status) => (
-                FrontObservation::Up { backend: status.backend.as_ref().map(|b| b.slot.clone()) },
-                status.listen != front_listen,
-                status.backend.map(|b| b.address.to_string()),
-            ),
-            Err(_) => (FrontObservation::Down, false, None),
-        },
-        Err(_) => (FrontObservation::Down, false, None),
+    let front_status = match FrontClient::connect(&dirs.front()).await {
+        Ok(client) => client.status().await.ok(),
+        Err(_) => None,
     };
+    let front_elsewhere = front_status.as_ref().is_some_and(|status| status.listen != front_listen);
+    let front_backend = front_status.as_ref().and_then(|status| status.backend.clone());
     let mut slots = Vec::new();
     let mut observations = Vec::new();
     for record in dirs.slot_records()? {
@@ -86,8 +82,19 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
         observations.push(SlotObservation { name: record.name.clone(), template: record.template.clone(), running, ready, started_at });
         slots.push(ObservedSlot { record, process });
     }
+    // The front forwards to a slot only if that slot, as recorded now, listens where the front
+    // sends: a slot replaced under the same name (after a crash) is on another port.
+    let front = match &front_status {
+        None => FrontObservation::Down,
+        Some(_) => FrontObservation::Up {
+            backend: front_backend
+                .as_ref()
+                .filter(|b| slots.iter().any(|s| s.record.name == b.slot && b.address.port() == s.record.port))
+                .map(|b| b.slot.clone()),
+        },
+    };
     let observed = Observed { now: Utc::now(), store_up: store_endpoint.is_some(), front, front_elsewhere, slots: observations, roll: state.roll.clone(), blocked: state.blocked.clone() };
-    Ok(World { observed, state, slots, front_backend_address, store_endpoint })
+    Ok(World { observed, state, slots, front_backend, store_endpoint })
 }
 
 /// `/readyz` on the slot's own port with the shard-admin credentials, never through the front

@@ -8,10 +8,10 @@ use super::observe::World;
 use super::plan::{Desired, FrontObservation, RollRecord, Step};
 use crate::api::{FrontStatus, KcpShard, KcpShardStatus, RollStatus, SlotStatus, StoreStatus};
 
-pub fn build(shard: &KcpShard, desired: &Desired, world: &World, next: &Step, failure: Option<&str>) -> KcpShardStatus {
+pub fn build(shard: &KcpShard, stored: Option<&KcpShardStatus>, desired: &Desired, world: &World, next: &Step, failure: Option<&str>) -> KcpShardStatus {
     let observed = &world.observed;
     let verdicts = conditions::verdicts(observed, next, failure);
-    let previous = shard.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let previous = stored.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = shard.metadata.generation;
     let active = match &observed.front {
         FrontObservation::Up { backend } => backend.clone(),
@@ -40,7 +40,7 @@ pub fn build(shard: &KcpShard, desired: &Desired, world: &World, next: &Step, fa
         phase: Some(conditions::phase(&verdicts, desired.deleting)),
         active_slot: active,
         slots,
-        front: Some(FrontStatus { listen: Some(shard.spec.front.listen.clone()), backend: world.front_backend_address.clone() }),
+        front: Some(FrontStatus { listen: Some(shard.spec.front.listen.clone()), backend: world.front_backend.as_ref().map(|b| b.address.to_string()) }),
         store: Some(StoreStatus {
             type_: shard.spec.store.type_,
             endpoints: world.store_endpoint.clone().into_iter().collect(),
@@ -68,16 +68,46 @@ fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollSt
     }
 }
 
-/// A merge patch that replaces the whole status: fields the status no longer has are sent as null,
-/// which a merge patch reads as "remove". An unchanged status is a no-op on the server.
-pub fn as_patch(status: &KcpShardStatus) -> Value {
-    let mut value = serde_json::to_value(status).expect("a status serialises");
-    for field in ["observedGeneration", "phase", "activeSlot", "slots", "front", "store", "lastRoll", "conditions"] {
-        value.as_object_mut().expect("a status is an object").entry(field).or_insert(Value::Null);
+/// A merge patch that turns the `previous` status into `status`: every field `previous` has and
+/// `status` lacks, at any depth, is sent as null, which a merge patch reads as "remove" (else a new
+/// roll would show the last roll's later timestamps). An unchanged status is a no-op on the server.
+pub fn as_patch(previous: Option<&KcpShardStatus>, status: &KcpShardStatus) -> Value {
+    let new = serde_json::to_value(status).expect("a status serialises");
+    let old = previous.map(|p| serde_json::to_value(p).expect("a status serialises")).unwrap_or(Value::Null);
+    json!({ "status": with_removals(&old, new) })
+}
+
+fn with_removals(old: &Value, new: Value) -> Value {
+    match (old, new) {
+        (Value::Object(old), Value::Object(mut new)) => {
+            for (key, old_value) in old {
+                match new.remove(key) {
+                    Some(new_value) => new.insert(key.clone(), with_removals(old_value, new_value)),
+                    None => new.insert(key.clone(), Value::Null),
+                };
+            }
+            Value::Object(new)
+        }
+        (_, new) => new,
     }
-    json!({ "status": value })
 }
 
 fn micro_time(t: DateTime<Utc>) -> MicroTime {
     MicroTime(k8s_time(t).0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_gone_at_any_depth_are_removed_by_the_patch() {
+        let old = json!({"activeSlot": "a", "lastRoll": {"startedAt": "t0", "completedAt": "t9"}, "slots": [{"name": "a"}]});
+        let new = json!({"lastRoll": {"startedAt": "t1"}, "slots": [{"name": "b"}]});
+        let patch = with_removals(&old, new);
+        assert_eq!(patch, json!({"activeSlot": null, "lastRoll": {"startedAt": "t1", "completedAt": null}, "slots": [{"name": "b"}]}));
+        let mut merged = old.clone();
+        json_patch::merge(&mut merged, &patch);
+        assert_eq!(merged, json!({"lastRoll": {"startedAt": "t1"}, "slots": [{"name": "b"}]}));
+    }
 }
