@@ -10,11 +10,18 @@ use std::path::Path;
 
 /// Replaces `path` with `bytes` atomically and durably, mode 0600.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().ok_or_else(|| std::io::Error::other("a file path needs a parent directory"))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("a file path needs a parent directory"))?;
     create_private_dir(dir)?;
     let tmp = path.with_extension("tmp");
     {
-        let mut file = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         // A leftover temp file keeps its old mode through open(); make sure it is 0600.
         file.set_permissions(fs::Permissions::from_mode(0o600))?;
         file.write_all(bytes)?;

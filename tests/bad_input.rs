@@ -16,13 +16,7 @@ struct Reply {
     text: String,
 }
 
-async fn send(
-    client: &Client,
-    method: Method,
-    path: &str,
-    content_type: &str,
-    body: Vec<u8>,
-) -> Reply {
+async fn send(client: &Client, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> Reply {
     let request = Request::builder()
         .method(method.clone())
         .uri(path)
@@ -35,12 +29,7 @@ async fn send(
         .await
         .unwrap_or_else(|err| panic!("{method} {path}: no HTTP response: {err}"));
     let code = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("read the body")
-        .to_bytes();
+    let bytes = response.into_body().collect().await.expect("read the body").to_bytes();
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let body = serde_json::from_str(&text).unwrap_or(Value::Null);
     Reply { code, body, text }
@@ -72,15 +61,9 @@ fn assert_status(reply: &Reply, code: u16, what: &str) {
         reply.text
     );
     assert_eq!(reply.body["status"], "Failure", "{what}: {}", reply.text);
-    assert_eq!(
-        reply.body["code"], code,
-        "{what}: Status.code matches: {}",
-        reply.text
-    );
+    assert_eq!(reply.body["code"], code, "{what}: Status.code matches: {}", reply.text);
     assert!(
-        reply.body["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
+        reply.body["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{what}: the Status has a message: {}",
         reply.text
     );
@@ -90,10 +73,7 @@ fn assert_status(reply: &Reply, code: u16, what: &str) {
 fn assert_invalid(reply: &Reply, field: &str, what: &str) {
     assert_status(reply, 422, what);
     assert_eq!(reply.body["reason"], "Invalid", "{what}: {}", reply.text);
-    let causes = reply.body["details"]["causes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let causes = reply.body["details"]["causes"].as_array().cloned().unwrap_or_default();
     assert!(
         causes
             .iter()
@@ -104,14 +84,7 @@ fn assert_invalid(reply: &Reply, field: &str, what: &str) {
 }
 
 async fn assert_nothing_stored(serve: &Serve, client: &Client) {
-    let list = send(
-        client,
-        Method::GET,
-        COLLECTION,
-        "application/json",
-        Vec::new(),
-    )
-    .await;
+    let list = send(client, Method::GET, COLLECTION, "application/json", Vec::new()).await;
     assert_eq!(list.code, StatusCode::OK, "{}", list.text);
     let items = list.body["items"].as_array().cloned().unwrap_or_default();
     if !items.is_empty() {
@@ -127,8 +100,7 @@ fn dev() -> Value {
 async fn malformed_json_is_a_bad_request() {
     let serve = Serve::start().await;
     let client = serve.client().await;
-    let body =
-        br#"{"apiVersion": "kcpshard.io/v1alpha1", "kind": "KcpShard", "metadata": {"#.to_vec();
+    let body = br#"{"apiVersion": "kcpshard.io/v1alpha1", "kind": "KcpShard", "metadata": {"#.to_vec();
     let reply = send(&client, Method::POST, COLLECTION, "application/json", body).await;
     assert_status(&reply, 400, "truncated JSON");
     assert_nothing_stored(&serve, &client).await;
@@ -138,9 +110,7 @@ async fn malformed_json_is_a_bad_request() {
 async fn malformed_yaml_is_a_bad_request() {
     let serve = Serve::start().await;
     let client = serve.client().await;
-    let body =
-        b"apiVersion: kcpshard.io/v1alpha1\nkind: KcpShard\nmetadata:\n  name: dev\n spec: [\n"
-            .to_vec();
+    let body = b"apiVersion: kcpshard.io/v1alpha1\nkind: KcpShard\nmetadata:\n  name: dev\n spec: [\n".to_vec();
     let path = format!("{COLLECTION}/dev?fieldManager=test");
     let reply = send(
         &client,
@@ -176,11 +146,7 @@ async fn wrong_kind_is_a_bad_request() {
     let client = serve.client().await;
     let mut object = dev();
     object["kind"] = json!("Deployment");
-    assert_status(
-        &post_json(&client, COLLECTION, &object).await,
-        400,
-        "kind Deployment",
-    );
+    assert_status(&post_json(&client, COLLECTION, &object).await, 400, "kind Deployment");
     assert_nothing_stored(&serve, &client).await;
 }
 
@@ -234,11 +200,7 @@ async fn unknown_field_with_strict_field_validation_is_refused() {
     object["spec"]["replicas"] = json!(3);
     let path = format!("{COLLECTION}?fieldValidation=Strict");
     let reply = post_json(&client, &path, &object).await;
-    assert_status(
-        &reply,
-        400,
-        "unknown field spec.replicas with fieldValidation=Strict",
-    );
+    assert_status(&reply, 400, "unknown field spec.replicas with fieldValidation=Strict");
     assert!(
         reply.text.contains("replicas"),
         "the error names the field: {}",
@@ -279,10 +241,7 @@ async fn name_that_tries_a_path_is_refused_and_writes_no_file() {
     object["metadata"]["name"] = json!("../x");
     let reply = post_json(&client, COLLECTION, &object).await;
     assert_invalid(&reply, "metadata.name", "name ../x in a create");
-    for path in [
-        format!("{COLLECTION}/..%2Fx"),
-        format!("{COLLECTION}/%2E%2E%2Fx"),
-    ] {
+    for path in [format!("{COLLECTION}/..%2Fx"), format!("{COLLECTION}/%2E%2E%2Fx")] {
         let reply = send(
             &client,
             Method::PUT,
@@ -319,12 +278,7 @@ fn files_named_x(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 async fn create_dev(client: &Client) -> Value {
     let reply = post_json(client, COLLECTION, &dev()).await;
-    assert_eq!(
-        reply.code,
-        StatusCode::CREATED,
-        "create dev: {}",
-        reply.text
-    );
+    assert_eq!(reply.code, StatusCode::CREATED, "create dev: {}", reply.text);
     reply.body
 }
 
@@ -347,10 +301,7 @@ async fn put_without_resource_version_is_invalid() {
     let client = serve.client().await;
     let created = create_dev(&client).await;
     let mut update = created.clone();
-    update["metadata"]
-        .as_object_mut()
-        .unwrap()
-        .remove("resourceVersion");
+    update["metadata"].as_object_mut().unwrap().remove("resourceVersion");
     update["spec"]["kcp"]["extraArgs"] = json!(["--v=9"]);
     let path = format!("{COLLECTION}/dev");
     let reply = send(
@@ -361,20 +312,13 @@ async fn put_without_resource_version_is_invalid() {
         update.to_string().into_bytes(),
     )
     .await;
-    assert_invalid(
-        &reply,
-        "metadata.resourceVersion",
-        "PUT without resourceVersion",
-    );
+    assert_invalid(&reply, "metadata.resourceVersion", "PUT without resourceVersion");
     let stored = get_dev(&client).await;
     assert_eq!(
         stored["metadata"]["resourceVersion"],
         created["metadata"]["resourceVersion"]
     );
-    assert_eq!(
-        stored["spec"], created["spec"],
-        "the refused PUT changed nothing"
-    );
+    assert_eq!(stored["spec"], created["spec"], "the refused PUT changed nothing");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -405,19 +349,12 @@ async fn put_with_a_stale_resource_version_is_a_conflict() {
         stale.to_string().into_bytes(),
     )
     .await;
-    assert_status(
-        &reply,
-        409,
-        "PUT with the resourceVersion from before the patch",
-    );
+    assert_status(&reply, 409, "PUT with the resourceVersion from before the patch");
     assert_eq!(reply.body["reason"], "Conflict", "{}", reply.text);
     let stored = get_dev(&client).await;
     assert_eq!(
         stored["metadata"]["resourceVersion"],
         current["metadata"]["resourceVersion"]
     );
-    assert_eq!(
-        stored["spec"], current["spec"],
-        "the refused PUT changed nothing"
-    );
+    assert_eq!(stored["spec"], current["spec"], "the refused PUT changed nothing");
 }

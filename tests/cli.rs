@@ -47,12 +47,7 @@ fn kcpshard_with_stdin(serve: &Serve, args: &[&str], stdin: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run kcpshard");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
     child.wait_with_output().unwrap()
 }
 
@@ -97,11 +92,7 @@ async fn apply_server_side_creates_then_updates() {
     let mut edited = dev_manifest();
     edited["spec"]["version"] = json!(next_patch_version());
     let args = ["apply", "--server-side", "-f", "-"];
-    let out = checked(
-        &serve,
-        &args,
-        kcpshard_with_stdin(&serve, &args, &edited.to_string()),
-    );
+    let out = checked(&serve, &args, kcpshard_with_stdin(&serve, &args, &edited.to_string()));
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let client = serve.client().await;
     let dev = kcpshards(&client).get("dev").await.unwrap();
@@ -131,20 +122,12 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
     let serve = Serve::start().await;
     ok(&serve, &["apply", "-f", &dev_yaml()]);
     let out = ok(&serve, &["get"]);
-    let header: Vec<&str> = out
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        header,
-        ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"],
-        "{out}"
-    );
+    let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"], "{out}");
     assert!(
-        out.lines().nth(1).is_some_and(|row| row.starts_with("dev ")
-            && row.contains(dev_manifest()["spec"]["version"].as_str().unwrap())),
+        out.lines().nth(1).is_some_and(
+            |row| row.starts_with("dev ") && row.contains(dev_manifest()["spec"]["version"].as_str().unwrap())
+        ),
         "{out}"
     );
 
@@ -237,28 +220,14 @@ async fn describe_and_events_show_recorded_events_and_conditions() {
         "kcpshard-test",
         "Started slot blue",
     ] {
-        assert!(
-            out.contains(expected),
-            "describe shows {expected:?}:\n{out}"
-        );
+        assert!(out.contains(expected), "describe shows {expected:?}:\n{out}");
     }
 
     let out = ok(&serve, &["events", "--for", "kcpshard/dev"]);
-    let header: Vec<&str> = out
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        header,
-        ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
-        "{out}"
-    );
+    let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], "{out}");
     assert!(
-        out.contains("SlotStarted")
-            && out.contains("KcpShard/dev")
-            && out.contains("Started slot blue"),
+        out.contains("SlotStarted") && out.contains("KcpShard/dev") && out.contains("Started slot blue"),
         "{out}"
     );
 }
@@ -303,11 +272,7 @@ async fn delete_waits_until_the_finalizer_is_removed() {
         .await
         .unwrap()
         .unwrap();
-    assert!(
-        done.status.success(),
-        "{}",
-        String::from_utf8_lossy(&done.stderr)
-    );
+    assert!(done.status.success(), "{}", String::from_utf8_lossy(&done.stderr));
     assert!(
         String::from_utf8_lossy(&done.stderr).contains("test.kcpshard.io/hold"),
         "it said what it waited for"
@@ -349,8 +314,7 @@ fn a_missing_kubeconfig_gets_a_message_that_says_how_to_make_one() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("no kubeconfig at .kcpshard/kubeconfig")
-            && stderr.contains("kcpshard serve"),
+        stderr.contains("no kubeconfig at .kcpshard/kubeconfig") && stderr.contains("kcpshard serve"),
         "{stderr}"
     );
 }
@@ -361,13 +325,8 @@ fn crd_prints_the_checked_in_crd_byte_for_byte() {
         .arg("crd")
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let checked_in =
-        std::fs::read(common::repo_root().join("crds/kcpshards.kcpshard.io.yaml")).unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let checked_in = std::fs::read(common::repo_root().join("crds/kcpshards.kcpshard.io.yaml")).unwrap();
     assert!(
         output.stdout == checked_in,
         "`kcpshard crd` differs from crds/kcpshards.kcpshard.io.yaml; regenerate it with \

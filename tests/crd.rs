@@ -5,10 +5,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 
 #[test]
 fn checked_in_crd_matches_the_types() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/crds/kcpshards.kcpshard.io.yaml"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/kcpshards.kcpshard.io.yaml");
     let checked_in = std::fs::read_to_string(path).unwrap_or_default();
     let generated = kcpshard::api::crd_yaml();
     assert!(
@@ -32,13 +29,7 @@ fn crd_names_and_scope() {
     assert_eq!(crd.spec.names.short_names, Some(vec!["ks".to_string()]));
     let version = &crd.spec.versions[0];
     assert_eq!(version.name, "v1alpha1");
-    assert!(
-        version
-            .subresources
-            .as_ref()
-            .and_then(|s| s.status.as_ref())
-            .is_some()
-    );
+    assert!(version.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
     let columns: Vec<&str> = version
         .additional_printer_columns
         .iter()
@@ -56,9 +47,7 @@ fn walk(path: &str, schema: &JSONSchemaProps, visit: &mut dyn FnMut(&str, &JSONS
     }
     match &schema.items {
         Some(JSONSchemaPropsOrArray::Schema(item)) => walk(&format!("{path}[]"), item, visit),
-        Some(JSONSchemaPropsOrArray::Schemas(items)) => items
-            .iter()
-            .for_each(|i| walk(&format!("{path}[]"), i, visit)),
+        Some(JSONSchemaPropsOrArray::Schemas(items)) => items.iter().for_each(|i| walk(&format!("{path}[]"), i, visit)),
         None => {}
     }
     if let Some(JSONSchemaPropsOrBool::Schema(extra)) = &schema.additional_properties {
@@ -68,12 +57,7 @@ fn walk(path: &str, schema: &JSONSchemaProps, visit: &mut dyn FnMut(&str, &JSONS
 
 fn root_schema() -> JSONSchemaProps {
     let crd = kcpshard::api::crd();
-    crd.spec.versions[0]
-        .schema
-        .clone()
-        .unwrap()
-        .open_api_v3_schema
-        .unwrap()
+    crd.spec.versions[0].schema.clone().unwrap().open_api_v3_schema.unwrap()
 }
 
 #[test]
@@ -114,11 +98,7 @@ fn schema_is_structural() {
             problems.push(format!("{path}: format {format} unknown to Kubernetes"));
         }
     });
-    assert!(
-        problems.is_empty(),
-        "not structural:\n{}",
-        problems.join("\n")
-    );
+    assert!(problems.is_empty(), "not structural:\n{}", problems.join("\n"));
 }
 
 #[test]
@@ -141,15 +121,9 @@ fn every_spec_and_status_field_has_a_description() {
 #[test]
 fn conditions_are_a_list_map_keyed_by_type() {
     let root = root_schema();
-    let conditions = &root.properties.as_ref().unwrap()["status"]
-        .properties
-        .as_ref()
-        .unwrap()["conditions"];
+    let conditions = &root.properties.as_ref().unwrap()["status"].properties.as_ref().unwrap()["conditions"];
     assert_eq!(conditions.x_kubernetes_list_type.as_deref(), Some("map"));
-    assert_eq!(
-        conditions.x_kubernetes_list_map_keys,
-        Some(vec!["type".to_string()])
-    );
+    assert_eq!(conditions.x_kubernetes_list_map_keys, Some(vec!["type".to_string()]));
 }
 
 #[test]
@@ -178,10 +152,7 @@ fn enums_and_patterns_guard_the_spec() {
     assert!(field(&["version"]).pattern.is_some());
     assert!(field(&["front", "listen"]).pattern.is_some());
     assert_eq!(field(&["store", "kinePostgres", "port"]).minimum, Some(1.0));
-    assert_eq!(
-        field(&["store", "kinePostgres", "port"]).maximum,
-        Some(65535.0)
-    );
+    assert_eq!(field(&["store", "kinePostgres", "port"]).maximum, Some(65535.0));
     assert_eq!(
         spec.required.as_deref(),
         Some(&["store".to_string(), "version".to_string()][..])
@@ -198,11 +169,7 @@ fn example_manifests_pass_the_servers_checks() {
         let path = format!("{}/manifests/{name}", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let mut obj: serde_json::Value = serde_yaml::from_str(&text).unwrap();
-        assert_eq!(
-            schema.check(&mut obj, UnknownFields::Strict),
-            Ok(vec![]),
-            "{name}"
-        );
+        assert_eq!(schema.check(&mut obj, UnknownFields::Strict), Ok(vec![]), "{name}");
         let shard: kcpshard::api::KcpShard = serde_json::from_value(obj).unwrap();
         assert_eq!(kcpshard::api::validate(&shard), vec![], "{name}");
     }
@@ -232,8 +199,7 @@ fn descriptions_are_not_hard_wrapped() {
 #[test]
 fn example_manifests_use_the_newer_pinned_kcp() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let pins =
-        std::fs::read_to_string(format!("{root}/hack/versions.env")).expect("hack/versions.env");
+    let pins = std::fs::read_to_string(format!("{root}/hack/versions.env")).expect("hack/versions.env");
     let newer = pins
         .lines()
         .find_map(|line| line.strip_prefix("KCP_VERSION_NEWER="))

@@ -38,11 +38,19 @@ async fn a_negative_or_absurd_timeout_is_refused_with_422_and_nothing_is_stored(
     ];
     for (i, (field, value)) in cases.iter().enumerate() {
         let name = format!("bad-timeout-{i}");
-        match env.shards().create(&PostParams::default(), &shard_with_rollout(&name, field, value)).await {
+        match env
+            .shards()
+            .create(&PostParams::default(), &shard_with_rollout(&name, field, value))
+            .await
+        {
             Err(kube::Error::Api(status)) => {
                 println!("spec.rollout.{field}={value}: {} {}", status.code, status.message);
                 assert_eq!(status.code, 422, "spec.rollout.{field}={value}: {status:?}");
-                assert!(status.message.contains(field), "the 422 does not name spec.rollout.{field}: {}", status.message);
+                assert!(
+                    status.message.contains(field),
+                    "the 422 does not name spec.rollout.{field}: {}",
+                    status.message
+                );
             }
             other => panic!("spec.rollout.{field}={value} was not refused: {other:?}"),
         }
@@ -52,7 +60,11 @@ async fn a_negative_or_absurd_timeout_is_refused_with_422_and_nothing_is_stored(
     // The same through the real kubectl, as a user would meet it.
     let kubectl = require("kubectl");
     let manifest = env.dir().join("bad.json");
-    std::fs::write(&manifest, serde_json::to_vec(&shard_with_rollout("bad-kubectl", "readinessTimeout", "-30s")).unwrap()).unwrap();
+    std::fs::write(
+        &manifest,
+        serde_json::to_vec(&shard_with_rollout("bad-kubectl", "readinessTimeout", "-30s")).unwrap(),
+    )
+    .unwrap();
     let out = Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(env.state.join("kubeconfig"))
@@ -64,9 +76,18 @@ async fn a_negative_or_absurd_timeout_is_refused_with_422_and_nothing_is_stored(
         .expect("run kubectl");
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("kubectl apply: {}", stderr.trim());
-    assert!(!out.status.success(), "kubectl apply of readinessTimeout=-30s succeeded");
-    assert!(stderr.contains("is invalid") && stderr.contains("readinessTimeout"), "kubectl's error does not say what is invalid: {stderr}");
-    assert!(env.get("bad-kubectl").await.is_none(), "the refused KcpShard bad-kubectl was stored");
+    assert!(
+        !out.status.success(),
+        "kubectl apply of readinessTimeout=-30s succeeded"
+    );
+    assert!(
+        stderr.contains("is invalid") && stderr.contains("readinessTimeout"),
+        "kubectl's error does not say what is invalid: {stderr}"
+    );
+    assert!(
+        env.get("bad-kubectl").await.is_none(),
+        "the refused KcpShard bad-kubectl was stored"
+    );
 
     let left = env.shutdown(&[]).await;
     assert!(left.is_empty(), "processes left: {left:?}");

@@ -59,7 +59,10 @@ async fn open_watch(config: &kube::Config, resource_version: &str) -> Result<Wat
     let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
     let path = format!("{WORKSPACES}?watch=1&allowWatchBookmarks=true&resourceVersion={resource_version}");
     let request = http::Request::get(&path).body(Vec::new()).unwrap();
-    let stream = client.request_events::<DynamicObject>(request).await.map_err(|e| format!("open watch: {e}"))?;
+    let stream = client
+        .request_events::<DynamicObject>(request)
+        .await
+        .map_err(|e| format!("open watch: {e}"))?;
     let mut last = resource_version.to_string();
     let task = tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
@@ -69,7 +72,9 @@ async fn open_watch(config: &kube::Config, resource_version: &str) -> Result<Wat
             match stream.next().await {
                 None => break "the stream ended (EOF)".to_string(),
                 Some(Err(e)) => break format!("the stream failed: {e}"),
-                Some(Ok(WatchEvent::Error(status))) => break format!("an ERROR event: {} {}", status.code, status.message),
+                Some(Ok(WatchEvent::Error(status))) => {
+                    break format!("an ERROR event: {} {}", status.code, status.message);
+                }
                 Some(Ok(event)) => {
                     events += 1;
                     let object = match &event {
@@ -88,7 +93,13 @@ async fn open_watch(config: &kube::Config, resource_version: &str) -> Result<Wat
                 }
             }
         };
-        WatchEnd { events, last_resource_version: last, ended_at: Utc::now(), how, names_added }
+        WatchEnd {
+            events,
+            last_resource_version: last,
+            ended_at: Utc::now(),
+            how,
+            names_added,
+        }
     });
     Ok(WatchRun { task })
 }
@@ -98,7 +109,10 @@ async fn list_workspaces(config: &kube::Config) -> Result<(String, Vec<Value>), 
     match once(config, http::Method::GET, WORKSPACES, None).await? {
         (200, body) => {
             let list: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-            let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+            let rv = list["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             Ok((rv, list["items"].as_array().cloned().unwrap_or_default()))
         }
         (status, body) => Err(format!("list workspaces: {status} {body}")),
@@ -119,7 +133,15 @@ struct RollSeen {
 }
 
 /// Triggers a roll with `patch` and checks everything a user should see while and after it runs.
-async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch: Value, to_version: &str, problems: &mut Vec<String>) -> RollSeen {
+async fn roll_and_check(
+    env: &Env,
+    shard: &str,
+    front: &str,
+    label: &str,
+    patch: Value,
+    to_version: &str,
+    problems: &mut Vec<String>,
+) -> RollSeen {
     let before = env.get(shard).await.unwrap();
     let old_slot = active_slot(&before).expect("an active slot before the roll");
     let old_pid = active_pid(&before).expect("the active slot's pid");
@@ -131,7 +153,10 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
     let baseline = create_workspace_ready(&kcp_admin_before, &unique("e2e-baseline"), Duration::from_secs(60))
         .await
         .unwrap_or_else(|e| env.fail(&format!("{label}: baseline workspace: {e}")));
-    env.log(&format!("{label}: baseline: a workspace is Ready {:.2}s after its create on the settled shard", baseline.as_secs_f64()));
+    env.log(&format!(
+        "{label}: baseline: a workspace is Ready {:.2}s after its create on the settled shard",
+        baseline.as_secs_f64()
+    ));
 
     // A watch opened before the roll, as shard admin (its token works on every slot).
     let (rv, _) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
@@ -140,7 +165,9 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let requested = Utc::now();
-    env.log(&format!("{label}: requesting the roll from slot {old_slot} (pid {old_pid}): {patch}"));
+    env.log(&format!(
+        "{label}: requesting the roll from slot {old_slot} (pid {old_pid}): {patch}"
+    ));
     env.patch(shard, patch).await;
 
     // After the old slot exits: a workspace through the front is Ready within 5 s.
@@ -152,35 +179,64 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
         let stale = stale_phases(last_roll);
         if !stale_seen && roll_phase(last_roll, "startedAt", requested).is_some() && !stale.is_empty() {
             stale_seen = true;
-            let problem = format!("{label}: status.lastRoll of the roll in progress carries the previous roll's timestamps ({}): {last_roll}", stale.join(", "));
+            let problem = format!(
+                "{label}: status.lastRoll of the roll in progress carries the previous roll's timestamps ({}): {last_roll}",
+                stale.join(", ")
+            );
             env.log(&format!("PROBLEM {problem}"));
             problems.push(problem);
         }
     };
     let after_exit = env
-        .until(shard, ROLL_TIMEOUT, &format!("{label}: status.lastRoll.oldSlotExitedAt"), |o| {
-            check_stale(o);
-            roll_phase(&o["status"]["lastRoll"], "oldSlotExitedAt", requested).map(|_| o.clone())
-        })
+        .until(
+            shard,
+            ROLL_TIMEOUT,
+            &format!("{label}: status.lastRoll.oldSlotExitedAt"),
+            |o| {
+                check_stale(o);
+                roll_phase(&o["status"]["lastRoll"], "oldSlotExitedAt", requested).map(|_| o.clone())
+            },
+        )
         .await;
     let new_slot = active_slot(&after_exit).expect("an active slot after the switch");
-    assert_ne!(new_slot, old_slot, "{label}: the front still forwards to the old slot after it exited");
-    env.log(&format!("{label}: old slot {old_slot} exited; creating a workspace through the front"));
+    assert_ne!(
+        new_slot, old_slot,
+        "{label}: the front still forwards to the old slot after it exited"
+    );
+    env.log(&format!(
+        "{label}: old slot {old_slot} exited; creating a workspace through the front"
+    ));
     let kcp_admin = front_kcp_admin(env, shard, &new_slot, front).await;
     let ws = unique("e2e-after-exit");
-    let took = create_workspace_ready(&kcp_admin, &ws, Duration::from_secs(60)).await.unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
-    env.log(&format!("{label}: workspace {ws} Ready {:.2}s after its create (old slot had exited)", took.as_secs_f64()));
+    let took = create_workspace_ready(&kcp_admin, &ws, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
+    env.log(&format!(
+        "{label}: workspace {ws} Ready {:.2}s after its create (old slot had exited)",
+        took.as_secs_f64()
+    ));
 
     let done = env
-        .until(shard, ROLL_TIMEOUT, &format!("{label}: the roll to complete (lastRoll.completedAt, Ready=True, Progressing=False)"), |o| {
-            check_stale(o);
-            (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some() && ready_now(o) && condition_is(o, "Progressing", "False"))
+        .until(
+            shard,
+            ROLL_TIMEOUT,
+            &format!("{label}: the roll to complete (lastRoll.completedAt, Ready=True, Progressing=False)"),
+            |o| {
+                check_stale(o);
+                (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some()
+                    && ready_now(o)
+                    && condition_is(o, "Progressing", "False"))
                 .then(|| o.clone())
-        })
+            },
+        )
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stats = poller.finish().await;
-    env.log(&format!("{label}: /readyz through the front every 50 ms: {} polls, {} failures", stats.polls, stats.failures.len()));
+    env.log(&format!(
+        "{label}: /readyz through the front every 50 ms: {} polls, {} failures",
+        stats.polls,
+        stats.failures.len()
+    ));
 
     // The watch opened before the roll ended with the old slot.
     let timings = roll_timings(&done["status"]["lastRoll"]).unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
@@ -214,30 +270,48 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
     let rewatch = match open_watch(&shard_admin, &ended.last_resource_version).await {
         Ok(w) => w,
         Err(e) => {
-            env.log(&format!("{label}: re-watch from {} refused ({e}); re-listing", ended.last_resource_version));
+            env.log(&format!(
+                "{label}: re-watch from {} refused ({e}); re-listing",
+                ended.last_resource_version
+            ));
             let (rv, _) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
-            open_watch(&shard_admin, &rv).await.unwrap_or_else(|e| env.fail(&format!("{label}: re-watch after re-list: {e}")))
+            open_watch(&shard_admin, &rv)
+                .await
+                .unwrap_or_else(|e| env.fail(&format!("{label}: re-watch after re-list: {e}")))
         }
     };
     let seen_ws = unique("e2e-rewatch");
-    create_workspace_ready(&kcp_admin, &seen_ws, Duration::from_secs(60)).await.unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
+    create_workspace_ready(&kcp_admin, &seen_ws, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("{label}: {e}")));
     tokio::time::sleep(Duration::from_millis(500)).await;
     rewatch.task.abort();
     let rewatch_end = rewatch.task.await;
     let mut rewatch_ok = matches!(&rewatch_end, Err(e) if e.is_cancelled());
     if let Ok(end) = &rewatch_end {
-        env.log(&format!("{label}: the re-watch ended early: {} (saw {:?})", end.how, end.names_added));
+        env.log(&format!(
+            "{label}: the re-watch ended early: {} (saw {:?})",
+            end.how, end.names_added
+        ));
         if end.how.contains("410") || end.how.to_lowercase().contains("too old") {
             // 410 Gone: relist, then watch again (client-go's reflector does exactly this).
             let (rv, items) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
-            assert!(items.iter().any(|w| w["metadata"]["name"] == seen_ws.as_str()), "{label}: the re-list misses {seen_ws}");
-            let again = open_watch(&shard_admin, &rv).await.unwrap_or_else(|e| env.fail(&format!("{label}: watch after re-list: {e}")));
+            assert!(
+                items.iter().any(|w| w["metadata"]["name"] == seen_ws.as_str()),
+                "{label}: the re-list misses {seen_ws}"
+            );
+            let again = open_watch(&shard_admin, &rv)
+                .await
+                .unwrap_or_else(|e| env.fail(&format!("{label}: watch after re-list: {e}")));
             tokio::time::sleep(Duration::from_secs(1)).await;
             again.task.abort();
             rewatch_ok = matches!(again.task.await, Err(e) if e.is_cancelled());
         }
     }
-    assert!(rewatch_ok, "{label}: the re-watch through the front did not stay open: {rewatch_end:?}");
+    assert!(
+        rewatch_ok,
+        "{label}: the re-watch through the front did not stay open: {rewatch_end:?}"
+    );
     env.log(&format!("{label}: re-watch through the front established"));
 
     // The poller: 0 failures.
@@ -252,19 +326,30 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
 
     // status.lastRoll: versions; the new slot took over; the old one is gone.
     let last_roll = &done["status"]["lastRoll"];
-    assert_eq!(last_roll["toVersion"], to_version, "{label}: lastRoll.toVersion: {last_roll}");
-    assert!(!last_roll["fromVersion"].is_null(), "{label}: lastRoll.fromVersion is missing: {last_roll}");
+    assert_eq!(
+        last_roll["toVersion"], to_version,
+        "{label}: lastRoll.toVersion: {last_roll}"
+    );
+    assert!(
+        !last_roll["fromVersion"].is_null(),
+        "{label}: lastRoll.fromVersion is missing: {last_roll}"
+    );
     assert_eq!(active_slot(&done).as_deref(), Some(new_slot.as_str()));
     let slots = done["status"]["slots"].as_array().cloned().unwrap_or_default();
     assert_eq!(slots.len(), 1, "{label}: status.slots after the roll: {slots:?}");
     assert_eq!(slots[0]["version"], to_version);
-    assert!(!alive(old_pid), "{label}: the old slot's kcp (pid {old_pid}) still runs");
+    assert!(
+        !alive(old_pid),
+        "{label}: the old slot's kcp (pid {old_pid}) still runs"
+    );
     // The hand-over, as the Lease object shows it: the new slot leads within 5 s of the old
     // slot's exit (without the release it waits out the old leader's lease, ~60 s).
     let lease_path = "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
     let lease = match once(&shard_admin, http::Method::GET, lease_path, None).await {
         Ok((200, body)) => serde_json::from_str::<Value>(&body).unwrap_or_default(),
-        other => env.fail(&format!("{label}: GET the kcp-controllers Lease through the front: {other:?}")),
+        other => env.fail(&format!(
+            "{label}: GET the kcp-controllers Lease through the front: {other:?}"
+        )),
     };
     let acquired = parse_time(&lease["spec"]["acquireTime"]);
     let lead_after_exit = acquired.map(|t| (t - at("oldSlotExitedAt")).num_milliseconds() as f64 / 1000.0);
@@ -276,7 +361,10 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
         acquired.map(|t| (t - at("leaseReleasedAt")).num_milliseconds() as f64 / 1000.0).unwrap_or(f64::NAN)
     ));
     if !lead_after_exit.is_some_and(|s| (0.0..=5.0).contains(&s)) {
-        problems.push(format!("{label}: the new slot did not take the controllers Lease within 5 s of the old slot's exit: {}", lease["spec"]));
+        problems.push(format!(
+            "{label}: the new slot did not take the controllers Lease within 5 s of the old slot's exit: {}",
+            lease["spec"]
+        ));
     }
     // "After the old slot exits, a workspace created through the front is Ready within 5 s": 5 s
     // over what a workspace takes on the settled shard right before the roll (the machine's load).
@@ -297,33 +385,68 @@ async fn roll_and_check(env: &Env, shard: &str, front: &str, label: &str, patch:
 
     // Not a requirement, but worth knowing: did the old slot exit on SIGTERM, or was it killed?
     let events = env.events(shard).await;
-    for killed in events.iter().filter(|e| e.reason.as_deref() == Some("SlotKilled") && event_time(e).parse::<DateTime<Utc>>().is_ok_and(|t| t >= requested - chrono::Duration::seconds(1))) {
-        env.log(&format!("{label}: NOTE Warning SlotKilled: {}", killed.message.as_deref().unwrap_or("")));
+    for killed in events.iter().filter(|e| {
+        e.reason.as_deref() == Some("SlotKilled")
+            && event_time(e)
+                .parse::<DateTime<Utc>>()
+                .is_ok_and(|t| t >= requested - chrono::Duration::seconds(1))
+    }) {
+        env.log(&format!(
+            "{label}: NOTE Warning SlotKilled: {}",
+            killed.message.as_deref().unwrap_or("")
+        ));
     }
 
     env.log(&format!("{label}: lastRoll\n{}", format_timings(&timings)));
-    RollSeen { label: label.to_string(), timings, polls: stats.polls, workspace_after_exit: took, workspace_baseline: baseline }
+    RollSeen {
+        label: label.to_string(),
+        timings,
+        polls: stats.polls,
+        workspace_after_exit: took,
+        workspace_baseline: baseline,
+    }
 }
 
 async fn check_urls(env: &Env, shard_admin: &kube::Config, front: &str, label: &str) {
     let want = format!("https://{front}");
-    let (status, body) = once(shard_admin, http::Method::GET, "/clusters/root/apis/core.kcp.io/v1alpha1/shards/root", None)
-        .await
-        .unwrap_or_else(|e| env.fail(&format!("{label}: GET shards/root: {e}")));
+    let (status, body) = once(
+        shard_admin,
+        http::Method::GET,
+        "/clusters/root/apis/core.kcp.io/v1alpha1/shards/root",
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(&format!("{label}: GET shards/root: {e}")));
     assert_eq!(status, 200, "{label}: GET shards/root through the front: {body}");
     let shard: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(shard["spec"]["baseURL"], want.as_str(), "{label}: Shard root spec: {}", shard["spec"]);
+    assert_eq!(
+        shard["spec"]["baseURL"],
+        want.as_str(),
+        "{label}: Shard root spec: {}",
+        shard["spec"]
+    );
     let (_, items) = list_workspaces(shard_admin).await.unwrap_or_else(|e| env.fail(&e));
     assert!(!items.is_empty(), "{label}: no workspaces to check");
     for ws in &items {
         let url = ws["spec"]["URL"].as_str().unwrap_or_default();
-        assert!(url.starts_with(&format!("{want}/")), "{label}: workspace {} has spec.URL {url:?}, not the front {want}", ws["metadata"]["name"]);
+        assert!(
+            url.starts_with(&format!("{want}/")),
+            "{label}: workspace {} has spec.URL {url:?}, not the front {want}",
+            ws["metadata"]["name"]
+        );
     }
-    env.log(&format!("{label}: Shard baseURL and {} workspace URLs name the front {want}", items.len()));
+    env.log(&format!(
+        "{label}: Shard baseURL and {} workspace URLs name the front {want}",
+        items.len()
+    ));
 }
 
 fn warnings(events: &[k8s_openapi::api::core::v1::Event]) -> i32 {
-    events.iter().filter(|e| e.type_.as_deref() == Some("Warning")).map(event_count).sum()
+    events
+        .iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .map(event_count)
+        .sum()
 }
 
 /// Degraded=True stays put and the Warning events do not pile up over 10 s; returns (new
@@ -335,8 +458,15 @@ async fn no_crash_loop(env: &Env, shard: &str, label: &str, problems: &mut Vec<S
     let added = warnings(&events) - first;
     env.log(&format!("{label}: {added} new Warning event(s) in 10 s"));
     if added > 2 {
-        let recent: Vec<&str> = events.iter().rev().take(3).filter_map(|e| e.message.as_deref()).collect();
-        let problem = format!("{label}: {added} new Warning events in 10 s, the same failure reported again and again (latest: {recent:?})");
+        let recent: Vec<&str> = events
+            .iter()
+            .rev()
+            .take(3)
+            .filter_map(|e| e.message.as_deref())
+            .collect();
+        let problem = format!(
+            "{label}: {added} new Warning events in 10 s, the same failure reported again and again (latest: {recent:?})"
+        );
         env.log(&format!("PROBLEM {problem}"));
         problems.push(problem);
     }
@@ -346,11 +476,22 @@ async fn no_crash_loop(env: &Env, shard: &str, label: &str, problems: &mut Vec<S
 /// The serving slot is the same process and still answers through the front.
 async fn untouched(env: &Env, shard: &str, front: &str, pid: i32, label: &str) {
     let now = env.get(shard).await.unwrap();
-    assert_eq!(active_pid(&now), Some(pid), "{label}: the serving slot changed: {}", now["status"]);
+    assert_eq!(
+        active_pid(&now),
+        Some(pid),
+        "{label}: the serving slot changed: {}",
+        now["status"]
+    );
     assert!(alive(pid), "{label}: the serving kcp (pid {pid}) is gone");
-    assert!(condition_is(&now, "Ready", "True"), "{label}: Ready is not True: {}", now["status"]["conditions"]);
+    assert!(
+        condition_is(&now, "Ready", "True"),
+        "{label}: Ready is not True: {}",
+        now["status"]["conditions"]
+    );
     let config = front_shard_admin(env, shard, front).await;
-    readyz_ok(&config).await.unwrap_or_else(|e| env.fail(&format!("{label}: /readyz through the front: {e}")));
+    readyz_ok(&config)
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("{label}: /readyz through the front: {e}")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -369,30 +510,68 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     env.apply(shard, &older, &front).await;
     let ready = env.wait_ready(shard, READY_TIMEOUT).await;
     let apply_to_ready = applied_at.elapsed();
-    env.log(&format!("apply: Ready=True in {:.1}s (kcp {older}, slot {:?})", apply_to_ready.as_secs_f64(), active_slot(&ready)));
-    report.add(format!("apply -> Ready=True: {:.2}s (kcp {older})", apply_to_ready.as_secs_f64()));
+    env.log(&format!(
+        "apply: Ready=True in {:.1}s (kcp {older}, slot {:?})",
+        apply_to_ready.as_secs_f64(),
+        active_slot(&ready)
+    ));
+    report.add(format!(
+        "apply -> Ready=True: {:.2}s (kcp {older})",
+        apply_to_ready.as_secs_f64()
+    ));
     if let Ok(t) = roll_timings(&ready["status"]["lastRoll"]) {
         report.add(format!("first start (lastRoll):\n{}", format_timings(&t)));
     }
     let shard_admin = front_shard_admin(&env, shard, &front).await;
-    readyz_ok(&shard_admin).await.unwrap_or_else(|e| env.fail(&format!("/readyz through the front after apply: {e}")));
+    readyz_ok(&shard_admin)
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("/readyz through the front after apply: {e}")));
     let slot = active_slot(&ready).unwrap();
     let kcp_admin = front_kcp_admin(&env, shard, &slot, &front).await;
-    let took = create_workspace_ready(&kcp_admin, &unique("e2e-first"), Duration::from_secs(120)).await.unwrap_or_else(|e| env.fail(&e));
-    env.log(&format!("apply: a workspace through the front was Ready in {:.2}s", took.as_secs_f64()));
+    let took = create_workspace_ready(&kcp_admin, &unique("e2e-first"), Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| env.fail(&e));
+    env.log(&format!(
+        "apply: a workspace through the front was Ready in {:.2}s",
+        took.as_secs_f64()
+    ));
     // Ready means serving; the first start goes on to probe a workspace, then settles.
-    env.until(shard, READY_TIMEOUT, "the first start to settle (Progressing=False)", |o| {
-        (ready_now(o) && condition_is(o, "Progressing", "False")).then_some(())
-    })
+    env.until(
+        shard,
+        READY_TIMEOUT,
+        "the first start to settle (Progressing=False)",
+        |o| (ready_now(o) && condition_is(o, "Progressing", "False")).then_some(()),
+    )
     .await;
     let events = env.events(shard).await;
-    for reason in ["SlotStarting", "SlotReady", "FrontSwitched", "ProbeSucceeded", "RollComplete"] {
-        assert!(events.iter().any(|e| e.reason.as_deref() == Some(reason)), "no {reason} event after apply:\n{}", summarize_events(&events));
+    for reason in [
+        "SlotStarting",
+        "SlotReady",
+        "FrontSwitched",
+        "ProbeSucceeded",
+        "RollComplete",
+    ] {
+        assert!(
+            events.iter().any(|e| e.reason.as_deref() == Some(reason)),
+            "no {reason} event after apply:\n{}",
+            summarize_events(&events)
+        );
     }
 
     // 2. A version bump OLDER -> NEWER, then a restart request.
     let mut rolls = Vec::new();
-    rolls.push(roll_and_check(&env, shard, &front, "version bump", json!({ "spec": { "version": newer } }), &newer, &mut problems).await);
+    rolls.push(
+        roll_and_check(
+            &env,
+            shard,
+            &front,
+            "version bump",
+            json!({ "spec": { "version": newer } }),
+            &newer,
+            &mut problems,
+        )
+        .await,
+    );
     rolls.push(roll_and_check(&env, shard, &front, "restart", restart_patch(), &newer, &mut problems).await);
 
     // 4a. A version with no binary: Degraded with what to fix, no crash loop, the old slot untouched.
@@ -401,45 +580,93 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     // A version the spec allows (the next patches of NEWER: patch changes always are) but that
     // has no binary. (v9.9.9 would be refused earlier, as a major version change.)
     let missing = next_patch(&newer, 100);
-    assert!(!bin_dir().join(format!("kcp-{missing}")).exists(), "bin/kcp-{missing} exists");
+    assert!(
+        !bin_dir().join(format!("kcp-{missing}")).exists(),
+        "bin/kcp-{missing} exists"
+    );
     env.patch(shard, json!({ "spec": { "version": missing } })).await;
     let degraded = env
-        .until(shard, Duration::from_secs(30), "Degraded=True for a version with no binary", |o| {
-            (condition_is(o, "Degraded", "True") && condition(o, "Degraded").unwrap()["observedGeneration"] == o["metadata"]["generation"])
-                .then(|| condition(o, "Degraded").unwrap().clone())
-        })
+        .until(
+            shard,
+            Duration::from_secs(30),
+            "Degraded=True for a version with no binary",
+            |o| {
+                (condition_is(o, "Degraded", "True")
+                    && condition(o, "Degraded").unwrap()["observedGeneration"] == o["metadata"]["generation"])
+                    .then(|| condition(o, "Degraded").unwrap().clone())
+            },
+        )
         .await;
-    env.log(&format!("no binary: Degraded reason {} message {:?}", degraded["reason"], degraded["message"]));
+    env.log(&format!(
+        "no binary: Degraded reason {} message {:?}",
+        degraded["reason"], degraded["message"]
+    ));
     let message = degraded["message"].as_str().unwrap_or_default();
     assert_eq!(degraded["reason"], "BinaryMissing", "{degraded}");
-    assert!(message.contains(&format!("kcp-{missing}")) && message.contains("hack/install-deps.sh"), "the message does not say what is missing and how to fix it: {message}");
-    assert!(message.contains("spec.version"), "the message does not name the field to fix: {message}");
+    assert!(
+        message.contains(&format!("kcp-{missing}")) && message.contains("hack/install-deps.sh"),
+        "the message does not say what is missing and how to fix it: {message}"
+    );
+    assert!(
+        message.contains("spec.version"),
+        "the message does not name the field to fix: {message}"
+    );
     no_crash_loop(&env, shard, "no binary", &mut problems).await;
     untouched(&env, shard, &front, pid, "no binary").await;
     // Fixing the spec clears it, without a roll (the running slot already matches).
     env.patch(shard, json!({ "spec": { "version": newer } })).await;
-    env.until(shard, Duration::from_secs(30), "Degraded=False after the version is fixed", |o| {
-        (ready_now(o) && condition_is(o, "Degraded", "False")).then_some(())
-    })
+    env.until(
+        shard,
+        Duration::from_secs(30),
+        "Degraded=False after the version is fixed",
+        |o| (ready_now(o) && condition_is(o, "Degraded", "False")).then_some(()),
+    )
     .await;
     untouched(&env, shard, &front, pid, "version fixed").await;
 
     // 4b. A negative or absurd timeout: refused by the API (422), nothing stored.
     let generation = env.get(shard).await.unwrap()["metadata"]["generation"].clone();
-    for (field, value) in [("readinessTimeout", "-5s"), ("readinessTimeout", "100000h"), ("drainTimeout", "-1s"), ("drainTimeout", "876000h")] {
+    for (field, value) in [
+        ("readinessTimeout", "-5s"),
+        ("readinessTimeout", "100000h"),
+        ("drainTimeout", "-1s"),
+        ("drainTimeout", "876000h"),
+    ] {
         let patch = json!({ "spec": { "rollout": { field: value } } });
-        let result = env.shards().patch(shard, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await;
+        let result = env
+            .shards()
+            .patch(
+                shard,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
         match result {
             Err(kube::Error::Api(status)) if status.code == 422 => {
                 env.log(&format!("{field}={value}: 422 {}", status.message));
-                assert!(status.message.contains(field), "the 422 does not name spec.rollout.{field}: {}", status.message);
+                assert!(
+                    status.message.contains(field),
+                    "the 422 does not name spec.rollout.{field}: {}",
+                    status.message
+                );
             }
-            other => env.fail(&format!("spec.rollout.{field}={value} was not refused with 422: {other:?}")),
+            other => env.fail(&format!(
+                "spec.rollout.{field}={value} was not refused with 422: {other:?}"
+            )),
         }
     }
     let after = env.get(shard).await.unwrap();
-    assert_eq!(after["metadata"]["generation"], generation, "a refused patch changed the object");
-    assert!(after["spec"]["rollout"].get("readinessTimeout").is_none_or(|v| v == "120s"), "stored: {}", after["spec"]);
+    assert_eq!(
+        after["metadata"]["generation"], generation,
+        "a refused patch changed the object"
+    );
+    assert!(
+        after["spec"]["rollout"]
+            .get("readinessTimeout")
+            .is_none_or(|v| v == "120s"),
+        "stored: {}",
+        after["spec"]
+    );
     untouched(&env, shard, &front, pid, "absurd timeout").await;
 
     // 4c. A front address another program holds: the second shard is Degraded naming it; the
@@ -448,12 +675,21 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     let taken_addr = taken.local_addr().unwrap().to_string();
     env.apply("e2e-taken", &newer, &taken_addr).await;
     let degraded = env
-        .until("e2e-taken", Duration::from_secs(60), "Degraded=True for a front address in use", |o| {
-            condition_is(o, "Degraded", "True").then(|| condition(o, "Degraded").unwrap().clone())
-        })
+        .until(
+            "e2e-taken",
+            Duration::from_secs(60),
+            "Degraded=True for a front address in use",
+            |o| condition_is(o, "Degraded", "True").then(|| condition(o, "Degraded").unwrap().clone()),
+        )
         .await;
-    env.log(&format!("front address taken: Degraded reason {} message {:?}", degraded["reason"], degraded["message"]));
-    assert!(degraded["message"].as_str().unwrap_or_default().contains(&taken_addr), "the Degraded message does not name {taken_addr}: {degraded}");
+    env.log(&format!(
+        "front address taken: Degraded reason {} message {:?}",
+        degraded["reason"], degraded["message"]
+    ));
+    assert!(
+        degraded["message"].as_str().unwrap_or_default().contains(&taken_addr),
+        "the Degraded message does not name {taken_addr}: {degraded}"
+    );
     no_crash_loop(&env, "e2e-taken", "front address taken", &mut problems).await;
     let taken_status = env.get("e2e-taken").await.unwrap();
     assert!(
@@ -462,12 +698,18 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         taken_status["status"]
     );
     untouched(&env, shard, &front, pid, "front address taken").await;
-    assert!(env.delete_and_wait("e2e-taken", Duration::from_secs(60)).await, "KcpShard e2e-taken was not deleted within 60 s");
+    assert!(
+        env.delete_and_wait("e2e-taken", Duration::from_secs(60)).await,
+        "KcpShard e2e-taken was not deleted within 60 s"
+    );
     drop(taken);
 
     // 3. SIGKILL of the active kcp: noticed within 5 s (event or condition), service restored.
     if !problems.is_empty() {
-        env.log(&format!("problems so far (the test fails with them at its end):\n{}", problems.join("\n")));
+        env.log(&format!(
+            "problems so far (the test fails with them at its end):\n{}",
+            problems.join("\n")
+        ));
     }
     let before = env.get(shard).await.unwrap();
     let pid = active_pid(&before).unwrap();
@@ -479,7 +721,10 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         let object = env.get(shard).await.unwrap();
         let events = env.events(shard).await;
         let crash_event = events.iter().find(|e| {
-            e.reason.as_deref() == Some("SlotCrashed") && event_time(e).parse::<DateTime<Utc>>().is_ok_and(|t| t >= killed_at - chrono::Duration::seconds(1))
+            e.reason.as_deref() == Some("SlotCrashed")
+                && event_time(e)
+                    .parse::<DateTime<Utc>>()
+                    .is_ok_and(|t| t >= killed_at - chrono::Duration::seconds(1))
         });
         if let Some(e) = crash_event {
             break format!("event SlotCrashed: {}", e.message.as_deref().unwrap_or(""));
@@ -488,17 +733,35 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
             break format!("Ready=False: {}", condition(&object, "Ready").unwrap()["message"]);
         }
         if killed.elapsed() > Duration::from_secs(30) {
-            env.fail(&format!("the controller did not report the SIGKILLed slot within 30 s; status: {}\nevents:\n{}", object["status"], summarize_events(&events)));
+            env.fail(&format!(
+                "the controller did not report the SIGKILLed slot within 30 s; status: {}\nevents:\n{}",
+                object["status"],
+                summarize_events(&events)
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let notice = killed.elapsed();
-    env.log(&format!("slot failure: noticed after {:.2}s: {noticed}", notice.as_secs_f64()));
-    assert!(notice <= FIVE_SECONDS, "the SIGKILLed slot was reported after {notice:?} (> 5 s): {noticed}");
+    env.log(&format!(
+        "slot failure: noticed after {:.2}s: {noticed}",
+        notice.as_secs_f64()
+    ));
+    assert!(
+        notice <= FIVE_SECONDS,
+        "the SIGKILLed slot was reported after {notice:?} (> 5 s): {noticed}"
+    );
     let restored = env
-        .until(shard, READY_TIMEOUT, "Ready=True with a new slot process after the SIGKILL", |o| {
-            (ready_now(o) && active_pid(o).is_some_and(|p| p != pid && alive(p)) && condition_is(o, "Progressing", "False")).then(|| o.clone())
-        })
+        .until(
+            shard,
+            READY_TIMEOUT,
+            "Ready=True with a new slot process after the SIGKILL",
+            |o| {
+                (ready_now(o)
+                    && active_pid(o).is_some_and(|p| p != pid && alive(p))
+                    && condition_is(o, "Progressing", "False"))
+                .then(|| o.clone())
+            },
+        )
         .await;
     let restore = killed.elapsed();
     let shard_admin = front_shard_admin(&env, shard, &front).await;
@@ -519,8 +782,15 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
             std::fs::read_to_string(front_dir.join("backend.json")).unwrap_or_else(|e| e.to_string())
         ));
     }
-    env.log(&format!("slot failure: service restored (Ready=True, /readyz through the front ok) {:.1}s after the SIGKILL", restore.as_secs_f64()));
-    report.add(format!("slot failure: reported after {:.2}s, restored after {:.1}s", notice.as_secs_f64(), restore.as_secs_f64()));
+    env.log(&format!(
+        "slot failure: service restored (Ready=True, /readyz through the front ok) {:.1}s after the SIGKILL",
+        restore.as_secs_f64()
+    ));
+    report.add(format!(
+        "slot failure: reported after {:.2}s, restored after {:.1}s",
+        notice.as_secs_f64(),
+        restore.as_secs_f64()
+    ));
 
     for roll in &rolls {
         report.add(format!(
@@ -534,14 +804,26 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     }
     let left = env.shutdown(&[shard]).await;
     report.print("e2e_roll: apply, rolls, bad specs, slot failure");
-    assert!(left.is_empty(), "processes left after the KcpShard was deleted and serve stopped: {left:?}");
-    assert!(problems.is_empty(), "problems seen along the way:\n{}", problems.join("\n"));
+    assert!(
+        left.is_empty(),
+        "processes left after the KcpShard was deleted and serve stopped: {left:?}"
+    );
+    assert!(
+        problems.is_empty(),
+        "problems seen along the way:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// `vX.Y.Z` with Z raised by `by`.
 fn next_patch(version: &str, by: u64) -> String {
     let parts: Vec<&str> = version.trim_start_matches('v').splitn(3, '.').collect();
-    let patch: u64 = parts[2].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap();
+    let patch: u64 = parts[2]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
     format!("v{}.{}.{}", parts[0], parts[1], patch + by)
 }
 
@@ -564,12 +846,21 @@ const BOUNDARIES: [(&str, &str); 4] = [
 fn roll_on_disk(env: &Env, shard: &str) -> Value {
     let text = std::fs::read_to_string(env.shard_dir(shard).join("controller.json")).unwrap_or_default();
     let state: Value = serde_json::from_str(&text).unwrap_or_default();
-    if state["roll"].is_object() { state["roll"].clone() } else { state["lastRoll"].clone() }
+    if state["roll"].is_object() {
+        state["roll"].clone()
+    } else {
+        state["lastRoll"].clone()
+    }
 }
 
 /// The last phase of `roll` that has a timestamp.
 fn last_phase(roll: &Value) -> &'static str {
-    ROLL_PHASES.iter().rev().find(|p| !roll[**p].is_null()).copied().unwrap_or("none")
+    ROLL_PHASES
+        .iter()
+        .rev()
+        .find(|p| !roll[**p].is_null())
+        .copied()
+        .unwrap_or("none")
 }
 
 /// Crash safety: a restart roll per boundary; `serve` is SIGKILLed at the boundary and started
@@ -612,16 +903,28 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
         }
         env.kill_serve();
         let at_death = roll_on_disk(&env, shard);
-        env.log(&format!("{boundary}: SIGKILLed serve; the roll's last recorded phase was {}", last_phase(&at_death)));
+        env.log(&format!(
+            "{boundary}: SIGKILLed serve; the roll's last recorded phase was {}",
+            last_phase(&at_death)
+        ));
         tokio::time::sleep(Duration::from_secs(2)).await;
         env.start_serve().await;
         let done = env
-            .until(shard, ROLL_TIMEOUT, &format!("{boundary}: the roll to complete after serve restarted"), |o| {
-                let roll = &o["status"]["lastRoll"];
-                (roll_phase(roll, "completedAt", requested).is_some() && ready_now(o) && condition_is(o, "Progressing", "False")).then(|| o.clone())
-            })
+            .until(
+                shard,
+                ROLL_TIMEOUT,
+                &format!("{boundary}: the roll to complete after serve restarted"),
+                |o| {
+                    let roll = &o["status"]["lastRoll"];
+                    (roll_phase(roll, "completedAt", requested).is_some()
+                        && ready_now(o)
+                        && condition_is(o, "Progressing", "False"))
+                    .then(|| o.clone())
+                },
+            )
             .await;
-        let timings = roll_timings(&done["status"]["lastRoll"]).unwrap_or_else(|e| env.fail(&format!("{boundary}: {e}")));
+        let timings =
+            roll_timings(&done["status"]["lastRoll"]).unwrap_or_else(|e| env.fail(&format!("{boundary}: {e}")));
         let slots = done["status"]["slots"].as_array().cloned().unwrap_or_default();
         assert_eq!(slots.len(), 1, "{boundary}: status.slots after the roll: {slots:?}");
         let active = active_slot(&done).unwrap();
@@ -631,7 +934,10 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
             kcps.len() == 1 && kcps[0].1.contains(&active_root),
             "{boundary}: want exactly one kcp process for the shard, the active slot {active} ({active_root}); found {kcps:#?}"
         );
-        assert!(!alive(old_pid), "{boundary}: the old slot's kcp (pid {old_pid}) still runs");
+        assert!(
+            !alive(old_pid),
+            "{boundary}: the old slot's kcp (pid {old_pid}) still runs"
+        );
         let kines = processes_with(&format!("{state}/shards/{shard}/store"));
         assert_eq!(kines.len(), 1, "{boundary}: kine processes: {kines:#?}");
         let fronts = processes_with(&format!("{state}/shards/{shard}/front"));
@@ -639,15 +945,37 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
         let events = env.events(shard).await;
         let completes = events
             .iter()
-            .filter(|e| e.reason.as_deref() == Some("RollComplete") && event_time(e).parse::<DateTime<Utc>>().is_ok_and(|t| t >= requested - chrono::Duration::seconds(1)))
+            .filter(|e| {
+                e.reason.as_deref() == Some("RollComplete")
+                    && event_time(e)
+                        .parse::<DateTime<Utc>>()
+                        .is_ok_and(|t| t >= requested - chrono::Duration::seconds(1))
+            })
             .count();
-        assert!(completes >= 1, "{boundary}: no RollComplete event for the roll:\n{}", summarize_events(&events));
-        env.log(&format!("{boundary}: roll complete on slot {active}\n{}", format_timings(&timings)));
-        report.add(format!("{boundary} (killed after {}): \n{}", last_phase(&at_death), format_timings(&timings)));
+        assert!(
+            completes >= 1,
+            "{boundary}: no RollComplete event for the roll:\n{}",
+            summarize_events(&events)
+        );
+        env.log(&format!(
+            "{boundary}: roll complete on slot {active}\n{}",
+            format_timings(&timings)
+        ));
+        report.add(format!(
+            "{boundary} (killed after {}): \n{}",
+            last_phase(&at_death),
+            format_timings(&timings)
+        ));
     }
 
     let stats = poller.finish().await;
-    report.add(format!("/readyz through the front every 50 ms over {} rolls and {} serve restarts: {} polls, {} failures", BOUNDARIES.len(), BOUNDARIES.len(), stats.polls, stats.failures.len()));
+    report.add(format!(
+        "/readyz through the front every 50 ms over {} rolls and {} serve restarts: {} polls, {} failures",
+        BOUNDARIES.len(),
+        BOUNDARIES.len(),
+        stats.polls,
+        stats.failures.len()
+    ));
     assert!(
         stats.failures.is_empty(),
         "/readyz through the front failed {} of {} times:\n{}",
@@ -657,5 +985,8 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
     );
     let left = env.shutdown(&[shard]).await;
     report.print("e2e_roll: serve SIGKILLed at each roll boundary");
-    assert!(left.is_empty(), "processes left after the KcpShard was deleted and serve stopped: {left:?}");
+    assert!(
+        left.is_empty(),
+        "processes left after the KcpShard was deleted and serve stopped: {left:?}"
+    );
 }

@@ -57,9 +57,7 @@ impl Fixture {
     }
 
     async fn start(&self) -> (FrontClient, FrontStatus) {
-        let client = front::ensure_running(bin(), &self.dir, any_port())
-            .await
-            .unwrap();
+        let client = front::ensure_running(bin(), &self.dir, any_port()).await.unwrap();
         let status = client.status().await.unwrap();
         self.track(status.pid);
         (client, status)
@@ -151,10 +149,7 @@ impl EchoBackend {
                         line.clear();
                         match stream.read_line(&mut line).await {
                             Ok(0) => {
-                                let _ = stream
-                                    .get_mut()
-                                    .write_all(format!("{name}: eof\n").as_bytes())
-                                    .await;
+                                let _ = stream.get_mut().write_all(format!("{name}: eof\n").as_bytes()).await;
                                 return;
                             }
                             Ok(_) => {
@@ -227,10 +222,7 @@ impl Client {
 }
 
 fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind(ANY_PORT)
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    std::net::TcpListener::bind(ANY_PORT).unwrap().local_addr().unwrap()
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -262,27 +254,16 @@ async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
 
     let status = client.status().await.unwrap();
     assert_eq!(status.backend, Some(b.backend("b")));
-    assert_eq!(
-        (status.connections["a"].open, status.connections["a"].total),
-        (1, 1)
-    );
-    assert_eq!(
-        (status.connections["b"].open, status.connections["b"].total),
-        (1, 1)
-    );
+    assert_eq!((status.connections["a"].open, status.connections["a"].total), (1, 1));
+    assert_eq!((status.connections["b"].open, status.connections["b"].total), (1, 1));
 
     drop(first);
-    eventually(
-        "slot a has no open connection",
-        Duration::from_secs(3),
-        async || client.status().await.unwrap().connections["a"].open == 0,
-    )
+    eventually("slot a has no open connection", Duration::from_secs(3), async || {
+        client.status().await.unwrap().connections["a"].open == 0
+    })
     .await;
     let status = client.status().await.unwrap();
-    assert_eq!(
-        (status.connections["a"].open, status.connections["a"].total),
-        (0, 1)
-    );
+    assert_eq!((status.connections["a"].open, status.connections["a"].total), (0, 1));
     assert_eq!(status.connections["b"].open, 1);
 }
 
@@ -355,10 +336,7 @@ async fn without_a_backend_a_connection_waits_briefly_for_one_then_is_closed() {
 
     let mut unlucky = Client::dial(status.listen).await;
     let waited = unlucky.closed_within(Duration::from_secs(6)).await;
-    assert!(
-        waited >= Duration::from_millis(1500),
-        "closed after {waited:?}"
-    );
+    assert!(waited >= Duration::from_millis(1500), "closed after {waited:?}");
 
     let mut lucky = Client::dial(status.listen).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -395,13 +373,9 @@ async fn a_restarted_front_comes_back_on_the_persisted_backend() {
 async fn a_running_front_is_adopted_not_duplicated() {
     let f = Fixture::new();
     let (_, first) = f.start().await;
-    let again = front::ensure_running(bin(), &f.dir, first.listen)
-        .await
-        .unwrap();
+    let again = front::ensure_running(bin(), &f.dir, first.listen).await.unwrap();
     assert_eq!(again.status().await.unwrap().pid, first.pid);
-    let any = front::ensure_running(bin(), &f.dir, any_port())
-        .await
-        .unwrap();
+    let any = front::ensure_running(bin(), &f.dir, any_port()).await.unwrap();
     assert_eq!(any.status().await.unwrap().pid, first.pid);
 }
 
@@ -423,18 +397,14 @@ async fn a_listen_address_taken_by_another_program_gives_a_clear_error() {
     let f = Fixture::new();
     let squatter = std::net::TcpListener::bind(ANY_PORT).unwrap();
     let taken = squatter.local_addr().unwrap();
-    let err = front::ensure_running(bin(), &f.dir, taken)
-        .await
-        .unwrap_err();
+    let err = front::ensure_running(bin(), &f.dir, taken).await.unwrap_err();
     assert!(
         matches!(err, FrontError::AddressInUse { address } if address == taken),
         "{err:?}"
     );
     assert_eq!(
         err.to_string(),
-        format!(
-            "front address {taken} is in use by another program; choose another spec.front.listen"
-        )
+        format!("front address {taken} is in use by another program; choose another spec.front.listen")
     );
     let pid = recorded_pid(&f.dir).expect("the attempt is recorded");
     assert!(!running(pid), "the failed front exited");
@@ -459,9 +429,7 @@ async fn the_control_protocol_is_one_json_object_per_line() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (_, status) = f.start().await;
-    let stream = UnixStream::connect(f.dir.join(front::CONTROL_SOCKET))
-        .await
-        .unwrap();
+    let stream = UnixStream::connect(f.dir.join(front::CONTROL_SOCKET)).await.unwrap();
     let mut conn = BufReader::new(stream);
     let mut ask = async |line: String| -> serde_json::Value {
         conn.get_mut().write_all(line.as_bytes()).await.unwrap();
@@ -482,14 +450,8 @@ async fn the_control_protocol_is_one_json_object_per_line() {
     assert_eq!(answer["status"]["connections"]["a"]["open"], 0);
     let answer = ask("not json\n".into()).await;
     assert_eq!(answer["ok"], false);
-    assert!(
-        answer["error"]
-            .as_str()
-            .unwrap()
-            .contains("one JSON object per line")
-    );
-    let answer =
-        ask("{\"op\":\"switch\",\"slot\":\"a b\",\"address\":\"127.0.0.1:1\"}\n".into()).await;
+    assert!(answer["error"].as_str().unwrap().contains("one JSON object per line"));
+    let answer = ask("{\"op\":\"switch\",\"slot\":\"a b\",\"address\":\"127.0.0.1:1\"}\n".into()).await;
     assert_eq!(answer["ok"], false);
 }
 
@@ -504,11 +466,9 @@ async fn sigterm_stops_accepting_and_lets_open_connections_finish() {
 
     let dir = f.dir.clone();
     let stopping = tokio::spawn(async move { front::stop(&dir).await });
-    eventually(
-        "the listening socket is closed",
-        Duration::from_secs(5),
-        async || TcpStream::connect(status.listen).await.is_err(),
-    )
+    eventually("the listening socket is closed", Duration::from_secs(5), async || {
+        TcpStream::connect(status.listen).await.is_err()
+    })
     .await;
     assert_eq!(open.ask("still there").await, "a: still there");
     assert!(!stopping.is_finished());
@@ -566,10 +526,7 @@ async fn metrics_count_connections_per_slot() {
         "kcpshard_front_connections_open{slot=\"a\"} 1",
         "kcpshard_front_connections_total{slot=\"a\"} 1",
     ] {
-        assert!(
-            text.lines().any(|l| l == line),
-            "missing {line:?} in:\n{text}"
-        );
+        assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
     }
 }
 
@@ -586,9 +543,7 @@ fn helper_starts_a_front_and_waits() {
     let backend: SocketAddr = std::env::var(HELPER_BACKEND_ENV).unwrap().parse().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let client = front::ensure_running(bin(), Path::new(&dir), any_port())
-            .await
-            .unwrap();
+        let client = front::ensure_running(bin(), Path::new(&dir), any_port()).await.unwrap();
         client
             .switch(&Backend {
                 slot: "a".into(),
@@ -637,11 +592,7 @@ async fn the_front_survives_the_death_of_the_process_that_started_it() {
     let pid: u32 = words.next().unwrap().parse().unwrap();
     let listen: SocketAddr = words.next().unwrap().parse().unwrap();
     f.track(pid);
-    assert_eq!(
-        session_of(pid),
-        Some(pid),
-        "the front leads its own session"
-    );
+    assert_eq!(session_of(pid), Some(pid), "the front leads its own session");
 
     let mut live = Client::dial(listen).await;
     assert_eq!(live.line().await, "hello from a");
@@ -652,11 +603,7 @@ async fn the_front_survives_the_death_of_the_process_that_started_it() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     assert!(running(pid), "the front outlives its starter");
-    assert_eq!(
-        live.ask("after").await,
-        "a: after",
-        "the open connection was not cut"
-    );
+    assert_eq!(live.ask("after").await, "a: after", "the open connection was not cut");
     let mut fresh = Client::dial(listen).await;
     assert_eq!(fresh.line().await, "hello from a");
     let adopted = front::ensure_running(bin(), &f.dir, listen).await.unwrap();
@@ -720,11 +667,9 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     assert!(running(old.pid));
     assert_eq!(pinned.ask("still old").await, "a: still old");
     drop(pinned);
-    eventually(
-        "the old front exits once drained",
-        Duration::from_secs(5),
-        async || !running(old.pid),
-    )
+    eventually("the old front exits once drained", Duration::from_secs(5), async || {
+        !running(old.pid)
+    })
     .await;
 
     // The successor is fully in charge: switches and connections work, the socket path is its own.
@@ -746,20 +691,12 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     // A new release: another file (another inode) at another path.
     let release = f._tmp.path().join("kcpshard-next");
     std::fs::copy(BIN, &release).unwrap();
-    let upgraded = front::ensure_running(&release, &f.dir, old.listen)
-        .await
-        .unwrap();
+    let upgraded = front::ensure_running(&release, &f.dir, old.listen).await.unwrap();
     let new = upgraded.status().await.unwrap();
     f.track(new.pid);
     assert_ne!(new.pid, old.pid, "the front was replaced");
-    assert_eq!(
-        (new.listen, new.backend.clone()),
-        (old.listen, Some(a.backend("a")))
-    );
-    assert_eq!(
-        std::fs::read_link(format!("/proc/{}/exe", new.pid)).unwrap(),
-        release
-    );
+    assert_eq!((new.listen, new.backend.clone()), (old.listen, Some(a.backend("a"))));
+    assert_eq!(std::fs::read_link(format!("/proc/{}/exe", new.pid)).unwrap(), release);
     assert_eq!(
         pinned.ask("across").await,
         "a: across",
@@ -767,9 +704,7 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     );
 
     // Asked again with the same release, the successor is adopted as it is.
-    let again = front::ensure_running(&release, &f.dir, old.listen)
-        .await
-        .unwrap();
+    let again = front::ensure_running(&release, &f.dir, old.listen).await.unwrap();
     assert_eq!(again.status().await.unwrap().pid, new.pid);
 }
 
@@ -778,27 +713,15 @@ async fn a_failed_upgrade_leaves_the_old_front_serving() {
     let f = Fixture::new();
     let (_, old) = f.start().await;
     let broken = f._tmp.path().join("kcpshard-broken");
-    std::fs::write(
-        &broken,
-        "#!/bin/sh\necho this release is broken >&2\nexit 3\n",
-    )
-    .unwrap();
+    std::fs::write(&broken, "#!/bin/sh\necho this release is broken >&2\nexit 3\n").unwrap();
     std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let client = front::ensure_running(&broken, &f.dir, old.listen)
-        .await
-        .unwrap();
+    let client = front::ensure_running(&broken, &f.dir, old.listen).await.unwrap();
     assert_eq!(client.status().await.unwrap().pid, old.pid);
     assert!(f.dir.join(front::UPGRADE_FAILED_FILE).exists());
     let err = front::upgrade(&broken, &f.dir).await.unwrap_err();
     assert!(err.to_string().contains("this release is broken"), "{err}");
     assert_eq!(
-        FrontClient::connect(&f.dir)
-            .await
-            .unwrap()
-            .status()
-            .await
-            .unwrap()
-            .pid,
+        FrontClient::connect(&f.dir).await.unwrap().status().await.unwrap().pid,
         old.pid
     );
 }
@@ -809,18 +732,11 @@ async fn a_front_is_not_stopped_for_an_address_it_cannot_get() {
     let (_, old) = f.start().await;
     let squatter = std::net::TcpListener::bind(ANY_PORT).unwrap();
     let taken = squatter.local_addr().unwrap();
-    let err = front::ensure_running(bin(), &f.dir, taken)
-        .await
-        .unwrap_err();
+    let err = front::ensure_running(bin(), &f.dir, taken).await.unwrap_err();
     assert!(
         matches!(err, FrontError::AddressInUse { address } if address == taken),
         "{err:?}"
     );
-    let still = FrontClient::connect(&f.dir)
-        .await
-        .unwrap()
-        .status()
-        .await
-        .unwrap();
+    let still = FrontClient::connect(&f.dir).await.unwrap().status().await.unwrap();
     assert_eq!((still.pid, still.listen), (old.pid, old.listen));
 }

@@ -63,13 +63,7 @@ async fn api_resources_lists_kcpshards_with_short_name_ks() {
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(
         fields,
-        [
-            "kcpshards",
-            "ks",
-            "kcpshard.io/v1alpha1",
-            "false",
-            "KcpShard"
-        ],
+        ["kcpshards", "ks", "kcpshard.io/v1alpha1", "false", "KcpShard"],
         "NAME SHORTNAMES APIVERSION NAMESPACED KIND"
     );
 }
@@ -107,10 +101,7 @@ async fn apply_server_side_creates_then_updates() {
     let mut edited = dev_manifest();
     edited["spec"]["version"] = json!(next_patch_version());
     let args = ["apply", "--server-side", "-f", "-"];
-    let out = serve.expect_ok(
-        &args,
-        serve.kubectl_with(&args, Some(&edited.to_string()), &[]),
-    );
+    let out = serve.expect_ok(&args, serve.kubectl_with(&args, Some(&edited.to_string()), &[]));
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
     let dev = get_dev(&serve);
     assert_eq!(dev["spec"]["version"], next_patch_version());
@@ -122,26 +113,12 @@ async fn get_shows_the_printer_columns() {
     apply_dev(&serve);
     let out = serve.kubectl_ok(&["get", "ks"]);
     let mut lines = out.lines();
-    let header: Vec<&str> = lines
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(
-        header,
-        ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"],
-        "{out}"
-    );
+    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"], "{out}");
     let row = lines.next().unwrap_or_else(|| panic!("no row in:\n{out}"));
-    let version = dev_manifest()["spec"]["version"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let version = dev_manifest()["spec"]["version"].as_str().unwrap().to_string();
     assert!(row.starts_with("dev "), "{out}");
-    assert!(
-        row.contains(&version),
-        "the VERSION column shows {version}:\n{out}"
-    );
+    assert!(row.contains(&version), "the VERSION column shows {version}:\n{out}");
     let age = row.split_whitespace().last().unwrap();
     assert!(
         age.ends_with('s') || age.ends_with('m'),
@@ -163,15 +140,8 @@ async fn get_one_as_yaml_prints_the_object() {
             .as_str()
             .is_some_and(|rv| !rv.is_empty())
     );
-    assert!(
-        dev["metadata"]["uid"]
-            .as_str()
-            .is_some_and(|uid| !uid.is_empty())
-    );
-    assert!(
-        dev["metadata"]["namespace"].is_null(),
-        "KcpShard is cluster-scoped"
-    );
+    assert!(dev["metadata"]["uid"].as_str().is_some_and(|uid| !uid.is_empty()));
+    assert!(dev["metadata"]["namespace"].is_null(), "KcpShard is cluster-scoped");
     assert_eq!(dev["spec"]["version"], dev_manifest()["spec"]["version"]);
 }
 
@@ -244,15 +214,7 @@ async fn patch_json_changes_the_spec() {
     let serve = Serve::start().await;
     apply_dev(&serve);
     let patch = json!([{"op": "replace", "path": "/spec/version", "value": next_patch_version()}]);
-    let out = serve.kubectl_ok(&[
-        "patch",
-        "ks",
-        "dev",
-        "--type",
-        "json",
-        "-p",
-        &patch.to_string(),
-    ]);
+    let out = serve.kubectl_ok(&["patch", "ks", "dev", "--type", "json", "-p", &patch.to_string()]);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev patched");
     assert_eq!(get_dev(&serve)["spec"]["version"], next_patch_version());
 }
@@ -261,13 +223,7 @@ async fn patch_json_changes_the_spec() {
 async fn patch_strategic_merge_is_refused_as_for_any_custom_resource() {
     let serve = Serve::start().await;
     apply_dev(&serve);
-    let stderr = serve.kubectl_err(&[
-        "patch",
-        "ks",
-        "dev",
-        "-p",
-        r#"{"spec":{"version":"v9.9.9"}}"#,
-    ]);
+    let stderr = serve.kubectl_err(&["patch", "ks", "dev", "-p", r#"{"spec":{"version":"v9.9.9"}}"#]);
     assert!(
         stderr.contains("UnsupportedMediaType")
             || stderr.contains("415")
@@ -297,10 +253,7 @@ async fn patch_status_subresource_changes_status_only() {
     let after = get_dev(&serve);
     assert_eq!(after["status"]["phase"], "Ready");
     assert_eq!(after["spec"], before["spec"], "/status writes only status");
-    assert_eq!(
-        after["metadata"]["generation"],
-        before["metadata"]["generation"]
-    );
+    assert_eq!(after["metadata"]["generation"], before["metadata"]["generation"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -313,11 +266,7 @@ async fn edit_with_an_editor_script_saves_the_change() {
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let editor = script.display().to_string();
     let args = ["edit", "ks", "dev"];
-    let output = serve.kubectl_with(
-        &args,
-        None,
-        &[("EDITOR", &editor), ("KUBE_EDITOR", &editor)],
-    );
+    let output = serve.kubectl_with(&args, None, &[("EDITOR", &editor), ("KUBE_EDITOR", &editor)]);
     let out = serve.expect_ok(&args, output);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev edited");
     let dev = get_dev(&serve);
@@ -360,10 +309,7 @@ async fn describe_shows_events_posted_by_a_kube_runtime_recorder() {
         "KcpShard",
         "Spec:",
     ] {
-        assert!(
-            out.contains(expected),
-            "describe shows {expected:?}:\n{out}"
-        );
+        assert!(out.contains(expected), "describe shows {expected:?}:\n{out}");
     }
     let events = out
         .split("Events:")
@@ -384,17 +330,9 @@ async fn events_lists_recorded_events() {
     let serve = Serve::start().await;
     apply_dev(&serve);
     record_event(&serve, "FrontSwitched", "Front now forwards to slot green").await;
-    for args in [
-        &["events", "-A"][..],
-        &["events", "--for", "kcpshard/dev"][..],
-    ] {
+    for args in [&["events", "-A"][..], &["events", "--for", "kcpshard/dev"][..]] {
         let out = serve.kubectl_ok(args);
-        let header: Vec<&str> = out
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .collect();
+        let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
         assert!(
             header.contains(&"REASON") && header.contains(&"OBJECT"),
             "{args:?}:\n{out}"
@@ -464,14 +402,7 @@ async fn wait_for_condition_ready_returns_once_ready_at_the_current_generation()
 async fn explain_describes_spec_store() {
     let serve = Serve::start().await;
     let out = serve.kubectl_ok(&["explain", "ks.spec.store"]);
-    for expected in [
-        "KcpShard",
-        "store",
-        "FIELDS:",
-        "type",
-        "kinePostgres",
-        "etcd",
-    ] {
+    for expected in ["KcpShard", "store", "FIELDS:", "type", "kinePostgres", "etcd"] {
         assert!(out.contains(expected), "explain shows {expected:?}:\n{out}");
     }
     assert!(
@@ -511,10 +442,7 @@ async fn delete_with_a_finalizer_keeps_the_object_until_the_finalizer_is_removed
         "a delete with a finalizer sets deletionTimestamp: {}",
         dev["metadata"]
     );
-    assert_eq!(
-        dev["metadata"]["finalizers"],
-        json!(["test.kcpshard.io/hold"])
-    );
+    assert_eq!(dev["metadata"]["finalizers"], json!(["test.kcpshard.io/hold"]));
 
     serve.kubectl_ok(&[
         "patch",

@@ -38,10 +38,7 @@ struct Context {
     seen: mpsc::UnboundedSender<Seen>,
 }
 
-async fn reconcile(
-    shard: Arc<KcpShard>,
-    ctx: Arc<Context>,
-) -> Result<Action, finalizer::Error<Infallible>> {
+async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, finalizer::Error<Infallible>> {
     finalizer(&ctx.api, FINALIZER, shard, |event| async {
         let seen = match event {
             Finalizer::Apply(shard) => Seen::Applied {
@@ -75,11 +72,7 @@ async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>, what: &str) -> Seen {
 }
 
 /// Waits until a reconcile matches, skipping others (the finalizer's own write wakes it too).
-async fn until(
-    seen: &mut mpsc::UnboundedReceiver<Seen>,
-    what: &str,
-    matches: impl Fn(&Seen) -> bool,
-) -> Seen {
+async fn until(seen: &mut mpsc::UnboundedReceiver<Seen>, what: &str, matches: impl Fn(&Seen) -> bool) -> Seen {
     loop {
         let next = next(seen, what).await;
         if matches(&next) {
@@ -125,9 +118,7 @@ async fn controller_sees_creates_updates_and_deletes(client: Client) {
 
     // Create.
     let dev: KcpShard = serde_json::from_value(dev_manifest()).expect("dev.yaml is a KcpShard");
-    api.create(&PostParams::default(), &dev)
-        .await
-        .expect("create dev");
+    api.create(&PostParams::default(), &dev).await.expect("create dev");
     until(&mut seen, "the create", |s| {
         matches!(s, Seen::Applied { generation: 1, .. })
     })
@@ -179,22 +170,11 @@ async fn controller_sees_creates_updates_and_deletes(client: Client) {
     }
 
     // Delete: the controller runs its cleanup, removes its finalizer, and the object goes.
-    api.delete("dev", &DeleteParams::default())
-        .await
-        .expect("delete");
+    api.delete("dev", &DeleteParams::default()).await.expect("delete");
     until(&mut seen, "the delete", |s| *s == Seen::Cleanup).await;
-    common::eventually(
-        Duration::from_secs(10),
-        "dev to be gone after cleanup",
-        || async {
-            api.get_opt("dev")
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-                .then_some(())
-        },
-    )
+    common::eventually(Duration::from_secs(10), "dev to be gone after cleanup", || async {
+        api.get_opt("dev").await.ok().flatten().is_none().then_some(())
+    })
     .await;
     controller.abort();
 }

@@ -17,8 +17,7 @@ use kcpshard::store;
 /// `hack/install-deps.sh` builds into `bin/kcp-<version>`.
 fn pin(key: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/versions.env");
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     text.lines()
         .filter_map(|l| l.trim().split_once('='))
         .find(|(k, _)| k.trim() == key)
@@ -154,10 +153,7 @@ async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Durati
         if slot::slot_ready(&slot.root, slot.port).await.unwrap() {
             return slot.started.elapsed();
         }
-        assert!(
-            Instant::now() < deadline,
-            "slot not ready within {timeout:?}"
-        );
+        assert!(Instant::now() < deadline, "slot not ready within {timeout:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -178,10 +174,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     require(&format!("kcp-{version_a}"));
     require(&format!("kcp-{version_b}"));
     let kine = require("kine");
-    let tmp = tempfile::Builder::new()
-        .prefix("kcpshard-slots-")
-        .tempdir()
-        .unwrap();
+    let tmp = tempfile::Builder::new().prefix("kcpshard-slots-").tempdir().unwrap();
     let base = tmp.path();
     let shared = base.join("shared");
     let runtime = Runtime::new();
@@ -206,15 +199,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // Slot a: the first slot makes the shard's material.
     let root_a = base.join("slot-a").join("root");
     assert!(!slot::seed_root(&shared, &root_a).unwrap());
-    let a = start_slot(
-        &runtime,
-        &mut reaper,
-        base,
-        "a",
-        version_a,
-        &k.endpoint,
-        &front,
-    );
+    let a = start_slot(&runtime, &mut reaper, base, "a", version_a, &k.endpoint, &front);
     assert_ne!(
         procfs::stat(a.record.pid).unwrap().session,
         procfs::stat(std::process::id()).unwrap().session,
@@ -228,10 +213,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
 
     // The kubeconfig names the front (the shard URL), not the slot's port.
     let kc = std::fs::read_to_string(a.root.join("admin.kubeconfig")).unwrap();
-    assert!(
-        kc.contains(&front),
-        "admin.kubeconfig server is the front:\n{kc}"
-    );
+    assert!(kc.contains(&front), "admin.kubeconfig server is the front:\n{kc}");
     for ctx in ["root", "base", "system:admin", "shard-base"] {
         assert!(
             kc.contains(&format!("name: {ctx}")),
@@ -242,27 +224,15 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // Slot b: seeded from the shard's material, same store.
     let root_b = base.join("slot-b").join("root");
     assert!(slot::seed_root(&shared, &root_b).unwrap());
-    let b = start_slot(
-        &runtime,
-        &mut reaper,
-        base,
-        "b",
-        version_b,
-        &k.endpoint,
-        &front,
-    );
+    let b = start_slot(&runtime, &mut reaper, base, "b", version_b, &k.endpoint, &front);
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
 
     // b's shard-admin token (and CA) work on a: one identity for the shard.
-    let b_on_a =
-        slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(a.port))
-            .await
-            .unwrap();
-    assert!(
-        slot::readyz(&b_on_a).await.unwrap(),
-        "b's shard-admin token works on a"
-    );
+    let b_on_a = slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(a.port))
+        .await
+        .unwrap();
+    assert!(slot::readyz(&b_on_a).await.unwrap(), "b's shard-admin token works on a");
     // ...whereas the kcp-admin token is per process (research 2.2): b's is rejected by a.
     let b_kcp_admin_on_a = slot::client_for_context(
         &b.root.join("admin.kubeconfig"),
@@ -273,18 +243,14 @@ async fn hand_over(version_a: &str, version_b: &str) {
     .unwrap();
     let kcp_admin_ok = slot::readyz(&b_kcp_admin_on_a).await.unwrap_or(false);
 
-    let client_b =
-        slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
-            .await
-            .unwrap();
+    let client_b = slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
+        .await
+        .unwrap();
     let holder_before = slot::controllers_lease_holder(&client_b).await.unwrap();
     assert!(holder_before.is_some(), "a leads the controllers");
 
     // Hand over: stop a, delete the lease, prove b leads with a workspace.
-    let stop = runtime
-        .terminate(&a.record, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let stop = runtime.terminate(&a.record, Duration::from_secs(30)).await.unwrap();
     assert!(!stop.killed, "kcp exits on SIGTERM");
     assert!(!runtime.is_running(&a.record));
     let released_at = Instant::now();
@@ -294,10 +260,9 @@ async fn hand_over(version_a: &str, version_b: &str) {
     );
     // The probe needs a real identity: b's own kcp-admin (the shard admin's workspaces stay in
     // Initializing: "no createdBy recorded").
-    let kcp_admin_b =
-        slot::kcp_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
-            .await
-            .unwrap();
+    let kcp_admin_b = slot::kcp_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
+        .await
+        .unwrap();
     // While the probe runs, watch for b taking the lease.
     let new_leader = async {
         loop {
@@ -305,10 +270,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
             if holder.is_some() && holder != holder_before {
                 return (holder, released_at.elapsed());
             }
-            assert!(
-                released_at.elapsed() < Duration::from_secs(15),
-                "no new leader"
-            );
+            assert!(released_at.elapsed() < Duration::from_secs(15), "no new leader");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
@@ -323,10 +285,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     let release_to_ready = released_at.elapsed();
     assert!(slot::readyz(&client_b).await.unwrap());
 
-    let stop_b = runtime
-        .terminate(&b.record, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let stop_b = runtime.terminate(&b.record, Duration::from_secs(30)).await.unwrap();
     let stop_kine = store::stop_kine_sqlite(&runtime, &base.join("store"), Duration::from_secs(10))
         .await
         .unwrap();
@@ -344,18 +303,13 @@ async fn hand_over(version_a: &str, version_b: &str) {
 #[tokio::test]
 async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_doubled() {
     let kine = require("kine");
-    let tmp = tempfile::Builder::new()
-        .prefix("kcpshard-kine-")
-        .tempdir()
-        .unwrap();
+    let tmp = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
     let dir = tmp.path().join("store");
     let log = dir.join(store::kine::LOG_FILE);
     let mut reaper = Reaper { procs: Vec::new() };
     let runtime = Runtime::new();
 
-    let first = store::ensure_kine_sqlite(&runtime, &kine, &dir)
-        .await
-        .unwrap();
+    let first = store::ensure_kine_sqlite(&runtime, &kine, &dir).await.unwrap();
     reaper.add(&first.record, &log);
     assert!(!first.adopted);
     assert!(store::kine::port_accepts(first.port).await);
@@ -363,28 +317,21 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
 
     // A restarted serve (a new runtime) adopts it from its record.
     let restarted = Runtime::new();
-    let adopted = store::ensure_kine_sqlite(&restarted, &kine, &dir)
-        .await
-        .unwrap();
+    let adopted = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
     assert!(adopted.adopted);
     assert_eq!(adopted.record, first.record);
     assert_eq!(adopted.endpoint, first.endpoint);
 
     // The record was lost (serve died between the spawn and the write): found by its argv.
     std::fs::remove_file(dir.join(store::kine::RECORD_FILE)).unwrap();
-    let found = store::ensure_kine_sqlite(&restarted, &kine, &dir)
-        .await
-        .unwrap();
+    let found = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
     assert!(found.adopted);
     assert_eq!(
         (found.record.pid, found.record.start_time),
         (first.record.pid, first.record.start_time)
     );
     assert_eq!(
-        Runtime::load(&dir.join(store::kine::RECORD_FILE))
-            .unwrap()
-            .unwrap()
-            .pid,
+        Runtime::load(&dir.join(store::kine::RECORD_FILE)).unwrap().unwrap().pid,
         first.record.pid
     );
 
@@ -404,9 +351,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
         })
         .unwrap();
     reaper.add(&extra, &tmp.path().join("extra.log"));
-    let one = store::ensure_kine_sqlite(&restarted, &kine, &dir)
-        .await
-        .unwrap();
+    let one = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
     assert_eq!(one.record.pid, first.record.pid);
     assert!(
         !runtime.is_running(&extra),
@@ -424,9 +369,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let second = store::ensure_kine_sqlite(&restarted, &kine, &dir)
-        .await
-        .unwrap();
+    let second = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
     reaper.add(&second.record, &log);
     assert!(!second.adopted);
     assert_ne!(second.record.pid, first.record.pid);

@@ -54,9 +54,7 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 fn log_has(spec: &ProcessSpec, text: &str) -> bool {
-    std::fs::read_to_string(&spec.log)
-        .unwrap_or_default()
-        .contains(text)
+    std::fs::read_to_string(&spec.log).unwrap_or_default().contains(text)
 }
 
 #[tokio::test]
@@ -88,20 +86,14 @@ async fn a_started_process_is_detached_logged_and_recorded() {
         std::fs::metadata(&s.record).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    assert_eq!(
-        std::fs::metadata(&s.log).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    assert_eq!(std::fs::metadata(&s.log).unwrap().permissions().mode() & 0o777, 0o600);
     assert!(rt.is_running(&rec));
 
     // Its own session and process group, not ours.
     let stat = procfs::stat(rec.pid).unwrap();
     assert_eq!(stat.session, rec.pid as i32, "session leader");
     assert_eq!(stat.pgrp, rec.pid as i32, "group leader");
-    assert_ne!(
-        stat.session,
-        procfs::stat(std::process::id()).unwrap().session
-    );
+    assert_ne!(stat.session, procfs::stat(std::process::id()).unwrap().session);
 
     // stdout and stderr appended to the log; stdin is /dev/null (read returns at once).
     wait_for("the log", Duration::from_secs(5), || {
@@ -133,11 +125,7 @@ async fn a_started_process_is_detached_logged_and_recorded() {
     reaper.0.push(rec2.clone());
     rt.terminate(&rec2, Duration::from_secs(5)).await.unwrap();
     let log = std::fs::read_to_string(&s.log).unwrap();
-    assert_eq!(
-        log.matches("--- kcpshard: starting echo").count(),
-        2,
-        "{log}"
-    );
+    assert_eq!(log.matches("--- kcpshard: starting echo").count(), 2, "{log}");
 }
 
 #[test]
@@ -157,9 +145,7 @@ async fn a_record_with_the_right_pid_but_another_start_time_is_not_running() {
     let tmp = tempfile::tempdir().unwrap();
     let rt = Runtime::new();
     let mut reaper = Reaper::default();
-    let rec = rt
-        .start(&spec(tmp.path(), "sleeper", "sleep", &["60"]))
-        .unwrap();
+    let rec = rt.start(&spec(tmp.path(), "sleeper", "sleep", &["60"])).unwrap();
     reaper.0.push(rec.clone());
     assert!(rt.is_running(&rec));
 
@@ -173,10 +159,7 @@ async fn a_record_with_the_right_pid_but_another_start_time_is_not_running() {
     // Terminating the stale record must not touch the live process with that pid.
     let t = rt.terminate(&reused, Duration::from_secs(1)).await.unwrap();
     assert_eq!(t.exited_after, Duration::ZERO);
-    assert!(
-        rt.is_running(&rec),
-        "the process that reuses the pid was left alone"
-    );
+    assert!(rt.is_running(&rec), "the process that reuses the pid was left alone");
 
     let gone = ProcessRecord {
         pid: u32::MAX / 2,
@@ -210,16 +193,11 @@ async fn sigterm_then_sigkill_when_the_grace_period_ends() {
         tmp.path(),
         "stubborn",
         "/bin/sh",
-        &[
-            "-c",
-            &format!("trap '' TERM; echo trapped; sleep {marker}; echo done"),
-        ],
+        &["-c", &format!("trap '' TERM; echo trapped; sleep {marker}; echo done")],
     );
     let rec = rt.start(&s).unwrap();
     reaper.0.push(rec.clone());
-    wait_for("the trap", Duration::from_secs(5), || {
-        log_has(&s, "trapped")
-    });
+    wait_for("the trap", Duration::from_secs(5), || log_has(&s, "trapped"));
     wait_for("its sleep", Duration::from_secs(5), || {
         !Runtime::find_by_argument(&marker).is_empty()
     });
@@ -228,21 +206,14 @@ async fn sigterm_then_sigkill_when_the_grace_period_ends() {
     let t = rt.terminate(&rec, grace).await.unwrap();
     assert!(t.killed, "SIGTERM was ignored, so SIGKILL followed");
     assert!(t.exited_after >= grace, "{:?}", t.exited_after);
-    assert!(
-        t.exited_after < grace + Duration::from_secs(5),
-        "{:?}",
-        t.exited_after
-    );
+    assert!(t.exited_after < grace + Duration::from_secs(5), "{:?}", t.exited_after);
     assert!(!rt.is_running(&rec));
     // The sleep it forked was in its process group and went with it.
     wait_for("the group", Duration::from_secs(5), || {
         Runtime::find_by_argument(&marker).is_empty()
     });
     let log = std::fs::read_to_string(&s.log).unwrap();
-    assert!(
-        !log.lines().any(|l| l == "done"),
-        "the shell went with SIGKILL: {log}"
-    );
+    assert!(!log.lines().any(|l| l == "done"), "the shell went with SIGKILL: {log}");
 }
 
 #[tokio::test]
@@ -251,9 +222,7 @@ async fn find_by_argument_matches_whole_arguments_only() {
     let rt = Runtime::new();
     let mut reaper = Reaper::default();
     let marker = unique_sleep();
-    let rec = rt
-        .start(&spec(tmp.path(), "findme", "sleep", &[&marker]))
-        .unwrap();
+    let rec = rt.start(&spec(tmp.path(), "findme", "sleep", &[&marker])).unwrap();
     reaper.0.push(rec.clone());
     wait_for("exec", Duration::from_secs(5), || {
         procfs::cmdline(rec.pid).is_some_and(|a| a.contains(&marker))
@@ -312,9 +281,7 @@ async fn a_started_process_survives_the_death_of_its_starter() {
         .unwrap();
     let record_path = tmp.path().join("survivor").join("process.json");
     let mut reaper = Reaper::default();
-    wait_for("the record", Duration::from_secs(30), || {
-        record_path.exists()
-    });
+    wait_for("the record", Duration::from_secs(30), || record_path.exists());
     let rec = Runtime::load(&record_path).unwrap().unwrap();
     reaper.0.push(rec.clone());
 

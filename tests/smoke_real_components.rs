@@ -7,10 +7,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{poll, Kcp, KcpOptions, Kine, Postgres};
+use support::{Kcp, KcpOptions, Kine, Postgres, poll};
 
 fn rss(kib: Option<u64>) -> String {
-    kib.map(|k| format!("{:.0} MiB", k as f64 / 1024.0)).unwrap_or_else(|| "?".into())
+    kib.map(|k| format!("{:.0} MiB", k as f64 / 1024.0))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Create workspace `name` in root through kcp and wait for phase Ready; returns how long it took.
@@ -36,7 +37,9 @@ fn workspace_reaches_ready(kcp: &Kcp, name: &str) -> Duration {
     match created {
         Some(Ok(())) => {}
         Some(Err(e)) => kcp.proc.fail(&format!("creating workspace {name}: {e}")),
-        None => kcp.proc.fail(&format!("creating workspace {name}: tenancy API not served within 60s")),
+        None => kcp
+            .proc
+            .fail(&format!("creating workspace {name}: tenancy API not served within 60s")),
     }
     let mut last = String::new();
     let ready = poll(Duration::from_secs(180), Duration::from_millis(500), || {
@@ -47,7 +50,8 @@ fn workspace_reaches_ready(kcp: &Kcp, name: &str) -> Duration {
         (phase == "Ready").then_some(())
     });
     if ready.is_none() {
-        kcp.proc.fail(&format!("workspace {name} not Ready within 180s; last seen:\n{last}"));
+        kcp.proc
+            .fail(&format!("workspace {name} not Ready within 180s; last seen:\n{last}"));
     }
     t.elapsed()
 }
@@ -65,7 +69,11 @@ fn kcp_on_kine_sqlite_serves_readyz_and_a_workspace_reaches_ready() {
     assert_eq!(kcp.get_raw("/readyz").expect("/readyz").trim(), "ok");
 
     let took = workspace_reaches_ready(&kcp, "smoke");
-    println!("MEASURE kcp {} on kine-sqlite: workspace created -> phase Ready {:.1}s", kcp.version, took.as_secs_f64());
+    println!(
+        "MEASURE kcp {} on kine-sqlite: workspace created -> phase Ready {:.1}s",
+        kcp.version,
+        took.as_secs_f64()
+    );
     println!(
         "MEASURE RSS after workspace Ready: kcp {} (pid {}), kine-sqlite {} (pid {})",
         rss(kcp.proc.rss_kib()),
@@ -182,7 +190,10 @@ fn two_kines_started_at_the_same_instant_on_a_fresh_database_both_serve_after_a_
         assert_eq!(kines.len(), 2);
         write_through_one_read_through_other(&kines[0], &kines[1], "/smoke/race", &format!("round-{round}"));
     }
-    println!("MEASURE race: {failures} of {} kines failed at a simultaneous start over {rounds} fresh databases", 2 * rounds);
+    println!(
+        "MEASURE race: {failures} of {} kines failed at a simultaneous start over {rounds} fresh databases",
+        2 * rounds
+    );
 }
 
 /// The fatal (else last error or warning) line of a kine log, without colour codes.
@@ -222,7 +233,10 @@ fn each_pinned_kcp_binary_reports_its_version() {
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "kcp-{version} --version failed: {text}");
         // e.g. "kcp version v1.36.0+kcp-v0.31.2" (ldflags set by hack/build-kcp.sh)
-        assert!(text.contains(&format!("+kcp-{version}")), "kcp-{version} --version says: {text}");
+        assert!(
+            text.contains(&format!("+kcp-{version}")),
+            "kcp-{version} --version says: {text}"
+        );
     }
 }
 

@@ -8,17 +8,13 @@ pub const DURATION_PATTERN: &str = r"^\d+(ms|s|m|h)$";
 
 /// Parses `<integer><unit>` with unit `ms`, `s`, `m` or `h`. The error says what to write instead.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let hint = "write an integer and one unit (ms, s, m or h), e.g. \"500ms\", \"30s\", \"2m\"";
     if digits.is_empty() {
         return Err(format!("{text:?} is not a duration: {hint}"));
     }
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is too large: {hint}"))?;
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is too large: {hint}"))?;
     let millis_per_unit: u64 = match unit {
         "ms" => 1,
         "s" => 1_000,

@@ -103,12 +103,8 @@ fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
         if OWNED_KCP_FLAGS.contains(&flag) {
             let hint = match flag {
                 "--shutdown-delay-duration" => "set spec.kcp.shutdownDelay instead",
-                "--etcd-servers" | "--etcd-cafile" | "--etcd-certfile" | "--etcd-keyfile" => {
-                    "set spec.store instead"
-                }
-                "--shard-base-url" | "--shard-external-url" | "--bind-address" => {
-                    "set spec.front.listen instead"
-                }
+                "--etcd-servers" | "--etcd-cafile" | "--etcd-certfile" | "--etcd-keyfile" => "set spec.store instead",
+                "--shard-base-url" | "--shard-external-url" | "--bind-address" => "set spec.front.listen instead",
                 _ => "kcpshard sets it for each slot: remove it",
             };
             causes.push(FieldCause {
@@ -279,19 +275,11 @@ fn check_duration(
             None
         }
         Ok(d) if d < min => {
-            causes.push(invalid(
-                field,
-                text,
-                format!("must be at least {}", human(min)),
-            ));
+            causes.push(invalid(field, text, format!("must be at least {}", human(min))));
             None
         }
         Ok(d) if d > max => {
-            causes.push(invalid(
-                field,
-                text,
-                format!("must be at most {}", human(max)),
-            ));
+            causes.push(invalid(field, text, format!("must be at most {}", human(max))));
             None
         }
         Ok(d) => Some(d),
@@ -323,9 +311,7 @@ fn check_endpoint_url(url: &str) -> Result<(), String> {
         return Err(format!("the scheme must be http or https: {hint}"));
     }
     if rest.contains('@') {
-        return Err(format!(
-            "must not carry credentials (use certFile and keyFile): {hint}"
-        ));
+        return Err(format!("must not carry credentials (use certFile and keyFile): {hint}"));
     }
     let authority = rest.strip_suffix('/').unwrap_or(rest);
     if authority.contains(['/', '?', '#']) {
@@ -374,9 +360,7 @@ fn is_loopback_host(host: &str) -> bool {
 
 fn is_env_name(name: &str) -> bool {
     let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
@@ -428,8 +412,7 @@ mod tests {
     fn the_checked_in_manifests_are_valid() {
         for path in ["manifests/dev.yaml", "manifests/postgres.yaml"] {
             let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-            let obj: KcpShard =
-                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let obj: KcpShard = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
             assert_eq!(validate(&obj), vec![], "{path}");
         }
     }
@@ -446,18 +429,11 @@ mod tests {
         let causes = validate(&obj);
         assert_eq!(fields(&causes), ["spec.store.etcd"]);
         assert_eq!(causes[0].reason, "FieldValueForbidden");
-        assert!(
-            causes[0].message.contains("set type: Etcd"),
-            "{}",
-            causes[0].message
-        );
+        assert!(causes[0].message.contains("set type: Etcd"), "{}", causes[0].message);
 
         obj.spec.store.type_ = StoreType::KinePostgres;
         let causes = validate(&obj);
-        assert_eq!(
-            fields(&causes),
-            ["spec.store.etcd", "spec.store.kinePostgres"]
-        );
+        assert_eq!(fields(&causes), ["spec.store.etcd", "spec.store.kinePostgres"]);
         assert_eq!(causes[1].reason, "FieldValueRequired");
     }
 
@@ -472,8 +448,7 @@ mod tests {
         assert_eq!(validate(&postgres()), vec![]);
 
         let mut obj = postgres();
-        obj.spec.store.kine_postgres.as_mut().unwrap().host =
-            "postgres://kcp:secret@db:5432/kcp".into();
+        obj.spec.store.kine_postgres.as_mut().unwrap().host = "postgres://kcp:secret@db:5432/kcp".into();
         assert_eq!(fields(&validate(&obj)), ["spec.store.kinePostgres.host"]);
 
         let mut obj = postgres();
@@ -485,28 +460,18 @@ mod tests {
             file: Some("/x".into()),
             env: Some("PW".into()),
         });
-        assert_eq!(
-            fields(&validate(&obj)),
-            ["spec.store.kinePostgres.passwordFrom"]
-        );
+        assert_eq!(fields(&validate(&obj)), ["spec.store.kinePostgres.passwordFrom"]);
 
         let mut obj = postgres();
-        obj.spec.store.kine_postgres.as_mut().unwrap().password_from =
-            Some(PasswordSource::default());
-        assert_eq!(
-            fields(&validate(&obj)),
-            ["spec.store.kinePostgres.passwordFrom"]
-        );
+        obj.spec.store.kine_postgres.as_mut().unwrap().password_from = Some(PasswordSource::default());
+        assert_eq!(fields(&validate(&obj)), ["spec.store.kinePostgres.passwordFrom"]);
 
         let mut obj = postgres();
         obj.spec.store.kine_postgres.as_mut().unwrap().password_from = Some(PasswordSource {
             file: None,
             env: Some("hunter2!".into()),
         });
-        assert_eq!(
-            fields(&validate(&obj)),
-            ["spec.store.kinePostgres.passwordFrom.env"]
-        );
+        assert_eq!(fields(&validate(&obj)), ["spec.store.kinePostgres.passwordFrom.env"]);
     }
 
     #[test]
@@ -604,11 +569,7 @@ mod tests {
         obj.spec.kcp.shutdown_delay = "30s".into();
         let causes = validate(&obj);
         assert_eq!(fields(&causes), ["spec.kcp.shutdownDelay"]);
-        assert!(
-            causes[0].message.contains("drainTimeout"),
-            "{}",
-            causes[0].message
-        );
+        assert!(causes[0].message.contains("drainTimeout"), "{}", causes[0].message);
     }
 
     #[test]
@@ -638,14 +599,7 @@ mod tests {
             "7000".into(),
         ];
         let causes = validate(&obj);
-        assert_eq!(
-            fields(&causes),
-            ["spec.kcp.extraArgs[1]", "spec.kcp.extraArgs[2]"]
-        );
-        assert!(
-            causes[0].message.contains("spec.store"),
-            "{}",
-            causes[0].message
-        );
+        assert_eq!(fields(&causes), ["spec.kcp.extraArgs[1]", "spec.kcp.extraArgs[2]"]);
+        assert!(causes[0].message.contains("spec.store"), "{}", causes[0].message);
     }
 }

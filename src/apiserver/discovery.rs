@@ -20,7 +20,9 @@ pub fn groups(resources: &[Resource]) -> Value {
 pub fn group(resources: &[Resource], name: &str) -> Option<Value> {
     let r = resources.iter().find(|r| r.group == name && !name.is_empty())?;
     let version = json!({"groupVersion": r.api_version(), "version": r.version});
-    Some(json!({"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": [version], "preferredVersion": version}))
+    Some(
+        json!({"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": [version], "preferredVersion": version}),
+    )
 }
 
 pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Option<Value> {
@@ -40,7 +42,11 @@ pub fn resource_list(resources: &[Resource], group: &str, version: &str) -> Opti
     if entries.is_empty() {
         return None;
     }
-    let group_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": entries}))
 }
 

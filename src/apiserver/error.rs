@@ -17,17 +17,33 @@ pub struct FieldCause {
 
 impl FieldCause {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: "FieldValueInvalid", field: field.into(), message: message.into() }
+        Self {
+            reason: "FieldValueInvalid",
+            field: field.into(),
+            message: message.into(),
+        }
     }
     pub fn required(field: impl Into<String>) -> Self {
-        Self { reason: "FieldValueRequired", field: field.into(), message: "Required value".into() }
+        Self {
+            reason: "FieldValueRequired",
+            field: field.into(),
+            message: "Required value".into(),
+        }
     }
     pub fn not_supported(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { reason: "FieldValueNotSupported", field: field.into(), message: message.into() }
+        Self {
+            reason: "FieldValueNotSupported",
+            field: field.into(),
+            message: message.into(),
+        }
     }
     pub fn unknown(field: impl Into<String>) -> Self {
         let field = field.into();
-        Self { reason: "FieldValueInvalid", message: format!("unknown field \"{field}\""), field }
+        Self {
+            reason: "FieldValueInvalid",
+            message: format!("unknown field \"{field}\""),
+            field,
+        }
     }
 }
 
@@ -44,9 +60,18 @@ pub enum ApiError {
     #[error("{resource} \"{name}\" already exists")]
     AlreadyExists { resource: String, name: String },
     #[error("Operation cannot be fulfilled on {resource} \"{name}\": {message}")]
-    Conflict { resource: String, name: String, message: String },
+    Conflict {
+        resource: String,
+        name: String,
+        message: String,
+    },
     #[error("{kind}.{group} \"{name}\" is invalid: {}", causes_text(.causes))]
-    Invalid { kind: String, group: String, name: String, causes: Vec<FieldCause> },
+    Invalid {
+        kind: String,
+        group: String,
+        name: String,
+        causes: Vec<FieldCause>,
+    },
     #[error("{0}")]
     UnsupportedMediaType(String),
     #[error("the server does not allow this method on the requested resource")]
@@ -65,7 +90,11 @@ pub enum ApiError {
 
 fn causes_text(causes: &[FieldCause]) -> String {
     let parts: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
-    if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) }
+    if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        format!("[{}]", parts.join(", "))
+    }
 }
 
 impl ApiError {
@@ -120,7 +149,12 @@ impl ApiError {
             ApiError::NotFound { resource, name }
             | ApiError::AlreadyExists { resource, name }
             | ApiError::Conflict { resource, name, .. } => Some(json!({"name": name, "kind": resource})),
-            ApiError::Invalid { kind, group, name, causes } => Some(json!({
+            ApiError::Invalid {
+                kind,
+                group,
+                name,
+                causes,
+            } => Some(json!({
                 "name": name,
                 "group": group,
                 "kind": kind,

@@ -15,7 +15,16 @@ const RENAMED: &[(&str, &str)] = &[
 ];
 
 /// Fields with the same name in both views.
-const SHARED: &[&str] = &["metadata", "eventTime", "series", "related", "action", "reason", "type", "reportingInstance"];
+const SHARED: &[&str] = &[
+    "metadata",
+    "eventTime",
+    "series",
+    "related",
+    "action",
+    "reason",
+    "type",
+    "reportingInstance",
+];
 
 /// At most this many events are kept; the oldest go first (the real server keeps them for an hour).
 pub const RETAINED: usize = 1000;
@@ -31,7 +40,11 @@ pub fn from_core(core: &Value) -> Value {
     // core/v1 carries the series count in `count` and the first observation in `firstTimestamp`;
     // kubectl and client-go's legacy recorder never set eventTime, which events.k8s.io requires.
     if !out.contains_key("eventTime") || out["eventTime"].is_null() {
-        let when = core.get("lastTimestamp").or_else(|| core.get("firstTimestamp")).cloned().unwrap_or(Value::Null);
+        let when = core
+            .get("lastTimestamp")
+            .or_else(|| core.get("firstTimestamp"))
+            .cloned()
+            .unwrap_or(Value::Null);
         out.insert("eventTime".into(), when);
     }
     if let Some(source) = core.get("source")
@@ -58,11 +71,19 @@ pub fn to_core(stored: &Value) -> Value {
         out.insert("count".into(), count);
     }
     if out.get("firstTimestamp").is_none_or(Value::is_null) {
-        out.insert("firstTimestamp".into(), stored.get("eventTime").map(truncate_to_seconds).unwrap_or(Value::Null));
+        out.insert(
+            "firstTimestamp".into(),
+            stored.get("eventTime").map(truncate_to_seconds).unwrap_or(Value::Null),
+        );
     }
     if out.get("lastTimestamp").is_none_or(Value::is_null) {
-        let last = series.and_then(|s| s.get("lastObservedTime")).or_else(|| stored.get("eventTime"));
-        out.insert("lastTimestamp".into(), last.map(truncate_to_seconds).unwrap_or(Value::Null));
+        let last = series
+            .and_then(|s| s.get("lastObservedTime"))
+            .or_else(|| stored.get("eventTime"));
+        out.insert(
+            "lastTimestamp".into(),
+            last.map(truncate_to_seconds).unwrap_or(Value::Null),
+        );
     }
     if out.get("source").is_none_or(Value::is_null) {
         let mut source = Map::new();
@@ -139,7 +160,15 @@ mod tests {
     fn both_views_round_trip_to_the_same_stored_event() {
         let stored = recorder_event();
         let back = from_core(&to_core(&stored));
-        for field in ["regarding", "note", "reason", "type", "eventTime", "reportingController", "reportingInstance"] {
+        for field in [
+            "regarding",
+            "note",
+            "reason",
+            "type",
+            "eventTime",
+            "reportingController",
+            "reportingInstance",
+        ] {
             assert_eq!(back[field], stored[field], "{field}");
         }
     }

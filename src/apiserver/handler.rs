@@ -42,13 +42,22 @@ impl ApiRequest {
     }
 
     fn content_type(&self) -> &str {
-        self.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json")
+        self.headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
     }
 
     /// `Accept: application/json;as=Table;v=v1;g=meta.k8s.io` (what `kubectl get` sends).
     fn wants_table(&self) -> Option<IncludeObject> {
-        let accept = self.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let table = accept.split(',').any(|media| media.split(';').any(|p| p.trim() == "as=Table"));
+        let accept = self
+            .headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let table = accept
+            .split(',')
+            .any(|media| media.split(';').any(|p| p.trim() == "as=Table"));
         table.then(|| IncludeObject::parse(self.param("includeObject")))
     }
 
@@ -57,7 +66,9 @@ impl ApiRequest {
             None | Some("Warn") => Ok(UnknownFields::Warn),
             Some("Ignore") => Ok(UnknownFields::Ignore),
             Some("Strict") => Ok(UnknownFields::Strict),
-            Some(other) => Err(ApiError::BadRequest(format!("fieldValidation must be Ignore, Warn or Strict, not {other:?}"))),
+            Some(other) => Err(ApiError::BadRequest(format!(
+                "fieldValidation must be Ignore, Warn or Strict, not {other:?}"
+            ))),
         }
     }
 
@@ -65,9 +76,11 @@ impl ApiRequest {
     fn decode(&self) -> ApiResult<Value> {
         let content_type = self.content_type();
         if content_type.contains("yaml") {
-            serde_yaml::from_slice(&self.body).map_err(|e| ApiError::BadRequest(format!("the request body is not valid YAML: {e}")))
+            serde_yaml::from_slice(&self.body)
+                .map_err(|e| ApiError::BadRequest(format!("the request body is not valid YAML: {e}")))
         } else {
-            serde_json::from_slice(&self.body).map_err(|e| ApiError::BadRequest(format!("the request body is not valid JSON: {e}")))
+            serde_json::from_slice(&self.body)
+                .map_err(|e| ApiError::BadRequest(format!("the request body is not valid JSON: {e}")))
         }
     }
 }
@@ -87,7 +100,9 @@ pub async fn handle(server: &Arc<ApiServer>, request: ApiRequest) -> Response<Bo
     });
     let response = match reply {
         Reply::Json(status, value, warnings) => {
-            let mut builder = Response::builder().status(status).header(header::CONTENT_TYPE, "application/json");
+            let mut builder = Response::builder()
+                .status(status)
+                .header(header::CONTENT_TYPE, "application/json");
             for warning in warnings {
                 // RFC 7234 warning header, as the real server sends for unknown fields.
                 builder = builder.header("Warning", format!("299 - {:?}", warning));
@@ -99,7 +114,10 @@ pub async fn handle(server: &Arc<ApiServer>, request: ApiRequest) -> Response<Bo
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::CACHE_CONTROL, "no-cache, private")
             .body(BodyExt::boxed(body)),
-        Reply::Text(status, content_type, text) => Response::builder().status(status).header(header::CONTENT_TYPE, content_type).body(full(text)),
+        Reply::Text(status, content_type, text) => Response::builder()
+            .status(status)
+            .header(header::CONTENT_TYPE, content_type)
+            .body(full(text)),
     };
     let response = response.expect("responses are well formed");
     server.metrics.observe(&verb, response.status().as_u16());
@@ -120,27 +138,48 @@ pub fn error_response(e: &ApiError) -> Response<Body> {
 }
 
 async fn route(server: &Arc<ApiServer>, request: &ApiRequest) -> ApiResult<Reply> {
-    let segments: Vec<&str> = request.path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let segments: Vec<&str> = request
+        .path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
     let ok = |v: Value| Ok(Reply::Json(StatusCode::OK, v, Vec::new()));
     let resources = &server.resources;
     match (request.method.clone(), segments.as_slice()) {
         (Method::GET, ["healthz" | "livez" | "readyz"]) => Ok(Reply::Text(StatusCode::OK, "text/plain", "ok".into())),
         (Method::GET, ["version"]) => ok(discovery::version()),
-        (Method::GET, ["metrics"]) => Ok(Reply::Text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", server.metrics.encode())),
+        (Method::GET, ["metrics"]) => Ok(Reply::Text(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            server.metrics.encode(),
+        )),
         (Method::GET, ["api"]) => ok(discovery::core_versions()),
         (Method::GET, ["apis"]) => ok(discovery::groups(resources)),
-        (Method::GET, ["api", version]) => discovery::resource_list(resources, "", version).map_or(Err(ApiError::NoRoute), ok),
+        (Method::GET, ["api", version]) => {
+            discovery::resource_list(resources, "", version).map_or(Err(ApiError::NoRoute), ok)
+        }
         (Method::GET, ["apis", group]) => discovery::group(resources, group).map_or(Err(ApiError::NoRoute), ok),
-        (Method::GET, ["apis", group, version]) => discovery::resource_list(resources, group, version).map_or(Err(ApiError::NoRoute), ok),
+        (Method::GET, ["apis", group, version]) => {
+            discovery::resource_list(resources, group, version).map_or(Err(ApiError::NoRoute), ok)
+        }
         (Method::GET, ["openapi", "v3"]) => ok(openapi::index(resources)),
-        (Method::GET, ["openapi", "v3", rest @ ..]) => openapi::document(resources, &rest.join("/")).map_or(Err(ApiError::NoRoute), ok),
+        (Method::GET, ["openapi", "v3", rest @ ..]) => {
+            openapi::document(resources, &rest.join("/")).map_or(Err(ApiError::NoRoute), ok)
+        }
         (_, ["api", version, rest @ ..]) => resource_request(server, request, "", version, rest).await,
         (_, ["apis", group, version, rest @ ..]) => resource_request(server, request, group, version, rest).await,
         _ => Err(ApiError::NoRoute),
     }
 }
 
-async fn resource_request(server: &Arc<ApiServer>, request: &ApiRequest, group: &str, version: &str, rest: &[&str]) -> ApiResult<Reply> {
+async fn resource_request(
+    server: &Arc<ApiServer>,
+    request: &ApiRequest,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> ApiResult<Reply> {
     // [namespaces/<ns>/]<plural>[/<name>[/<subresource>]]
     let (namespace, rest) = match rest {
         ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(*ns), rest),
@@ -178,9 +217,17 @@ async fn resource_request(server: &Arc<ApiServer>, request: &ApiRequest, group: 
                 return watch_request(server, request, index, namespace, selector);
             }
             let (items, rv) = objects.store.list(resource.storage, namespace);
-            let items: Vec<Value> = items.iter().map(|o| resource.to_view(o)).filter(|o| selector.matches(o)).collect();
+            let items: Vec<Value> = items
+                .iter()
+                .map(|o| resource.to_view(o))
+                .filter(|o| selector.matches(o))
+                .collect();
             if let Some(include) = request.wants_table() {
-                return Ok(Reply::Json(StatusCode::OK, table::table(resource, &items, Some(rv), include), Vec::new()));
+                return Ok(Reply::Json(
+                    StatusCode::OK,
+                    table::table(resource, &items, Some(rv), include),
+                    Vec::new(),
+                ));
             }
             let items: Vec<Value> = items.into_iter().map(|o| with_type(resource, o)).collect();
             Ok(Reply::Json(
@@ -193,31 +240,70 @@ async fn resource_request(server: &Arc<ApiServer>, request: &ApiRequest, group: 
             let object = with_type(resource, objects.get(resource, namespace, name)?);
             if let Some(include) = request.wants_table() {
                 let rv = super::store::resource_version_of(&object);
-                return Ok(Reply::Json(StatusCode::OK, table::table(resource, &[object], Some(rv), include), Vec::new()));
+                return Ok(Reply::Json(
+                    StatusCode::OK,
+                    table::table(resource, &[object], Some(rv), include),
+                    Vec::new(),
+                ));
             }
             Ok(Reply::Json(StatusCode::OK, object, Vec::new()))
         }
-        (&Method::POST, None) => written(objects.create(resource, namespace, request.decode()?, request.unknown_fields()?)?),
-        (&Method::PUT, Some(name)) => written(objects.update(resource, namespace, name, part, request.decode()?, request.unknown_fields()?)?),
+        (&Method::POST, None) => {
+            written(objects.create(resource, namespace, request.decode()?, request.unknown_fields()?)?)
+        }
+        (&Method::PUT, Some(name)) => written(objects.update(
+            resource,
+            namespace,
+            name,
+            part,
+            request.decode()?,
+            request.unknown_fields()?,
+        )?),
         (&Method::PATCH, Some(name)) => {
             let patch_type = PatchType::from_content_type(request.content_type())?;
-            written(objects.patch(resource, namespace, name, part, patch_type, request.decode()?, request.unknown_fields()?)?)
+            written(objects.patch(
+                resource,
+                namespace,
+                name,
+                part,
+                patch_type,
+                request.decode()?,
+                request.unknown_fields()?,
+            )?)
         }
-        (&Method::DELETE, Some(name)) if part == Part::Main => Ok(Reply::Json(StatusCode::OK, objects.delete(resource, namespace, name)?, Vec::new())),
+        (&Method::DELETE, Some(name)) if part == Part::Main => Ok(Reply::Json(
+            StatusCode::OK,
+            objects.delete(resource, namespace, name)?,
+            Vec::new(),
+        )),
         _ => Err(ApiError::MethodNotAllowed),
     }
 }
 
-fn watch_request(server: &Arc<ApiServer>, request: &ApiRequest, index: usize, namespace: Option<&str>, selector: Selector) -> ApiResult<Reply> {
+fn watch_request(
+    server: &Arc<ApiServer>,
+    request: &ApiRequest,
+    index: usize,
+    namespace: Option<&str>,
+    selector: Selector,
+) -> ApiResult<Reply> {
     let send_initial_events = request.flag("sendInitialEvents");
     if send_initial_events && request.param("resourceVersionMatch") != Some("NotOlderThan") {
-        return Err(ApiError::BadRequest("sendInitialEvents requires resourceVersionMatch=NotOlderThan".into()));
+        return Err(ApiError::BadRequest(
+            "sendInitialEvents requires resourceVersionMatch=NotOlderThan".into(),
+        ));
     }
     let resource_version = match request.param("resourceVersion") {
         None => None,
-        Some(rv) => Some(rv.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("invalid resourceVersion {rv:?}: must be a number")))?),
+        Some(rv) => Some(
+            rv.parse::<u64>()
+                .map_err(|_| ApiError::BadRequest(format!("invalid resourceVersion {rv:?}: must be a number")))?,
+        ),
     };
-    let timeout = request.param("timeoutSeconds").and_then(|t| t.parse().ok()).map(Duration::from_secs);
+    let timeout = request
+        .param("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .map(Duration::from_secs);
     let body = watch::start(
         server.clone(),
         watch::WatchRequest {

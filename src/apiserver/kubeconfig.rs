@@ -10,7 +10,11 @@ use serde_json::json;
 use super::pki::Pki;
 
 pub fn write(state_dir: &Path, address: SocketAddr, pki: &Pki) -> anyhow::Result<PathBuf> {
-    let host = if address.ip().is_unspecified() { "127.0.0.1".to_string() } else { address.ip().to_string() };
+    let host = if address.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        address.ip().to_string()
+    };
     let server = match address {
         SocketAddr::V4(_) => format!("https://{host}:{}", address.port()),
         SocketAddr::V6(_) => format!("https://[{host}]:{}", address.port()),
@@ -26,6 +30,7 @@ pub fn write(state_dir: &Path, address: SocketAddr, pki: &Pki) -> anyhow::Result
     });
     let path = state_dir.join("kubeconfig");
     let yaml = serde_yaml::to_string(&config)?;
-    crate::fsutil::write_atomically(&path, yaml.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+    crate::fsutil::write_atomically(&path, yaml.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
 }

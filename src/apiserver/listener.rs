@@ -19,7 +19,12 @@ use super::error::ApiError;
 use super::handler::{self, ApiRequest, Body, MAX_BODY};
 use super::pki::Pki;
 
-pub async fn serve(listener: TcpListener, server: Arc<ApiServer>, pki: &Pki, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    server: Arc<ApiServer>,
+    pki: &Pki,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let acceptor = tls_acceptor(pki)?;
     let token: Arc<str> = Arc::from(pki.token.as_str());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -72,7 +77,9 @@ async fn answer(server: &Arc<ApiServer>, token: &str, request: Request<Incoming>
     let (parts, body) = request.into_parts();
     let body = match Limited::new(body, MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return handler::error_response(&ApiError::TooLarge { limit: MAX_BODY }),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return handler::error_response(&ApiError::TooLarge { limit: MAX_BODY });
+        }
         Err(e) => return handler::error_response(&ApiError::BadRequest(format!("cannot read the request body: {e}"))),
     };
     let request = ApiRequest {
@@ -87,7 +94,11 @@ async fn answer(server: &Arc<ApiServer>, token: &str, request: Request<Incoming>
 
 /// `Authorization: Bearer <token>`, compared in constant time.
 fn authorized(request: &Request<Incoming>, token: &str) -> bool {
-    let Some(given) = request.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+    let Some(given) = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
         return false;
     };
     let Some(given) = given.strip_prefix("Bearer ") else {
@@ -100,7 +111,8 @@ fn tls_acceptor(pki: &Pki) -> anyhow::Result<TlsAcceptor> {
     let certs = CertificateDer::pem_slice_iter(pki.serving_cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .context("the serving certificate does not parse")?;
-    let key = PrivateKeyDer::from_pem_slice(pki.serving_key_pem.as_bytes()).context("the serving key does not parse")?;
+    let key =
+        PrivateKeyDer::from_pem_slice(pki.serving_key_pem.as_bytes()).context("the serving key does not parse")?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

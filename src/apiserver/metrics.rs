@@ -25,15 +25,28 @@ impl Default for ApiMetrics {
         let mut registry = Registry::with_prefix("kcpshard_api");
         let requests = Family::<RequestLabels, Counter>::default();
         let watchers = Gauge::<i64, AtomicI64>::default();
-        registry.register("requests", "API requests by HTTP verb and response code", requests.clone());
+        registry.register(
+            "requests",
+            "API requests by HTTP verb and response code",
+            requests.clone(),
+        );
         registry.register("watches", "Watches open now", watchers.clone());
-        ApiMetrics { registry, requests, watchers }
+        ApiMetrics {
+            registry,
+            requests,
+            watchers,
+        }
     }
 }
 
 impl ApiMetrics {
     pub fn observe(&self, method: &Method, code: u16) {
-        self.requests.get_or_create(&RequestLabels { verb: method.as_str().to_string(), code }).inc();
+        self.requests
+            .get_or_create(&RequestLabels {
+                verb: method.as_str().to_string(),
+                code,
+            })
+            .inc();
     }
 
     pub fn encode(&self) -> String {

@@ -63,7 +63,11 @@ impl ApiServer {
     pub fn open(state_dir: &Path) -> anyhow::Result<Arc<ApiServer>> {
         let store = Store::open(&state_dir.join("objects"), resources::STORAGE)
             .with_context(|| format!("cannot load the objects under {}", state_dir.join("objects").display()))?;
-        Ok(Arc::new(ApiServer { resources: resources::all(), objects: Objects { store }, metrics: metrics::ApiMetrics::default() }))
+        Ok(Arc::new(ApiServer {
+            resources: resources::all(),
+            objects: Objects { store },
+            metrics: metrics::ApiMetrics::default(),
+        }))
     }
 
     /// A kube client that calls this API in-process, with no TLS and no token (the controller's).
@@ -89,7 +93,9 @@ impl ApiServer {
 }
 
 pub fn parse_query(query: Option<&str>) -> std::collections::HashMap<String, String> {
-    form_urlencoded::parse(query.unwrap_or_default().as_bytes()).into_owned().collect()
+    form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect()
 }
 
 /// Holds `state_dir/serve.lock` for as long as it lives: one `serve` per state dir.
@@ -99,9 +105,15 @@ pub struct StateLock {
 
 impl StateLock {
     pub fn acquire(state_dir: &Path) -> anyhow::Result<StateLock> {
-        crate::fsutil::create_private_dir(state_dir).with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
+        crate::fsutil::create_private_dir(state_dir)
+            .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
         let path = state_dir.join("serve.lock");
-        let file = File::options().create(true).truncate(false).write(true).open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
         match file.try_lock() {
             Ok(()) => Ok(StateLock { _file: file }),
             Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
@@ -116,11 +128,21 @@ impl StateLock {
 
 /// Serves `server` over HTTPS on `config.api_listen` until `shutdown` resolves, after writing
 /// `<state>/kubeconfig` for the address it got. The caller holds the [`StateLock`].
-pub async fn serve(config: &ServeConfig, server: Arc<ApiServer>, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
-    let pki = pki::load_or_create(&config.state_dir, config.api_listen.ip()).context("cannot prepare the API's certificates and token")?;
+pub async fn serve(
+    config: &ServeConfig,
+    server: Arc<ApiServer>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let pki = pki::load_or_create(&config.state_dir, config.api_listen.ip())
+        .context("cannot prepare the API's certificates and token")?;
     let listener = tokio::net::TcpListener::bind(config.api_listen)
         .await
-        .with_context(|| format!("cannot listen on {} for the API: is another program using it? pass --api-listen with a free address", config.api_listen))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {} for the API: is another program using it? pass --api-listen with a free address",
+                config.api_listen
+            )
+        })?;
     let address = listener.local_addr()?;
     let kubeconfig = kubeconfig::write(&config.state_dir, address, &pki)?;
     tracing::info!(%address, kubeconfig = %kubeconfig.display(), "serving the kcpshard API");

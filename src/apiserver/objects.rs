@@ -69,7 +69,11 @@ pub struct Objects {
 
 impl Objects {
     pub fn key(&self, resource: &Resource, namespace: Option<&str>, name: &str) -> Key {
-        Key { resource: resource.storage, namespace: namespace.map(str::to_string), name: name.to_string() }
+        Key {
+            resource: resource.storage,
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+        }
     }
 
     pub fn get(&self, resource: &Resource, namespace: Option<&str>, name: &str) -> ApiResult<Value> {
@@ -79,7 +83,13 @@ impl Objects {
             .ok_or_else(|| not_found(resource, name))
     }
 
-    pub fn create(&self, resource: &Resource, namespace: Option<&str>, body: Value, unknown: UnknownFields) -> ApiResult<Written> {
+    pub fn create(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        body: Value,
+        unknown: UnknownFields,
+    ) -> ApiResult<Written> {
         let mut object = resource.from_view(&check_type(resource, body)?);
         let name = match object["metadata"]["name"].as_str() {
             Some(name) if !name.is_empty() => name.to_string(),
@@ -99,7 +109,12 @@ impl Objects {
         metadata["uid"] = json!(uuid());
         metadata["creationTimestamp"] = json!(now);
         metadata["generation"] = json!(1);
-        for system in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+        for system in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
             remove(metadata, system);
         }
         if resource.status_subresource {
@@ -108,24 +123,43 @@ impl Objects {
         let warnings = validate(resource, &mut object, unknown)?;
         let key = self.key(resource, namespace.as_deref(), &name);
         let outcome = self.store.modify(&key, |existing| match existing {
-            Some(_) => Err(ApiError::AlreadyExists { resource: resource.qualified_name(), name: name.clone() }),
+            Some(_) => Err(ApiError::AlreadyExists {
+                resource: resource.qualified_name(),
+                name: name.clone(),
+            }),
             None => Ok(Action::Put(object)),
         })?;
         if resource.storage == EVENTS {
             self.trim_events();
         }
-        Ok(Written { object: resource.to_view(&written(outcome)), created: true, warnings })
+        Ok(Written {
+            object: resource.to_view(&written(outcome)),
+            created: true,
+            warnings,
+        })
     }
 
     /// PUT: replaces the object (or its status), which must carry the resourceVersion it read.
-    pub fn update(&self, resource: &Resource, namespace: Option<&str>, name: &str, part: Part, body: Value, unknown: UnknownFields) -> ApiResult<Written> {
+    pub fn update(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        part: Part,
+        body: Value,
+        unknown: UnknownFields,
+    ) -> ApiResult<Written> {
         let body = resource.from_view(&check_type(resource, body)?);
         check_body_name(&body, name)?;
         let Some(expected) = body["metadata"]["resourceVersion"].as_str().map(str::to_string) else {
-            return Err(invalid(resource, name, vec![FieldCause::invalid(
-                "metadata.resourceVersion",
-                "Invalid value: 0x0: must be specified for an update",
-            )]));
+            return Err(invalid(
+                resource,
+                name,
+                vec![FieldCause::invalid(
+                    "metadata.resourceVersion",
+                    "Invalid value: 0x0: must be specified for an update",
+                )],
+            ));
         };
         let key = self.key(resource, namespace, name);
         let mut warnings = Vec::new();
@@ -136,12 +170,25 @@ impl Objects {
             }
             next_state(resource, existing, body, part, unknown, &mut warnings)
         })?;
-        Ok(Written { object: resource.to_view(&written(outcome)), created: false, warnings })
+        Ok(Written {
+            object: resource.to_view(&written(outcome)),
+            created: false,
+            warnings,
+        })
     }
 
     /// PATCH: applies a JSON, merge or apply patch to the object (or its status). An apply patch
     /// creates the object when it does not exist.
-    pub fn patch(&self, resource: &Resource, namespace: Option<&str>, name: &str, part: Part, patch_type: PatchType, patch: Value, unknown: UnknownFields) -> ApiResult<Written> {
+    pub fn patch(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        part: Part,
+        patch_type: PatchType,
+        patch: Value,
+        unknown: UnknownFields,
+    ) -> ApiResult<Written> {
         let key = self.key(resource, namespace, name);
         if self.store.get(&key).is_none() && patch_type == PatchType::Apply && part == Part::Main {
             check_body_name(&patch, name)?;
@@ -165,7 +212,11 @@ impl Objects {
             }
             next_state(resource, existing, patched, part, unknown, &mut warnings)
         })?;
-        Ok(Written { object: resource.to_view(&written(outcome)), created: false, warnings })
+        Ok(Written {
+            object: resource.to_view(&written(outcome)),
+            created: false,
+            warnings,
+        })
     }
 
     /// DELETE: removes the object, or with finalizers marks it for deletion.
@@ -214,7 +265,14 @@ impl Objects {
 
 /// The object an update or patch leads to, from the stored `existing` and the client's `proposed`
 /// (both in stored form).
-fn next_state(resource: &Resource, existing: &Value, proposed: Value, part: Part, unknown: UnknownFields, warnings: &mut Vec<String>) -> ApiResult<Action> {
+fn next_state(
+    resource: &Resource,
+    existing: &Value,
+    proposed: Value,
+    part: Part,
+    unknown: UnknownFields,
+    warnings: &mut Vec<String>,
+) -> ApiResult<Action> {
     let mut next = match (part, resource.status_subresource) {
         (Part::Status, _) => {
             let mut next = existing.clone();
@@ -235,7 +293,15 @@ fn next_state(resource: &Resource, existing: &Value, proposed: Value, part: Part
         (Part::Main, false) => proposed,
     };
     // System metadata is the server's, whatever the client sent.
-    for system in ["uid", "creationTimestamp", "generation", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "resourceVersion"] {
+    for system in [
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "namespace",
+        "resourceVersion",
+    ] {
         match existing["metadata"].get(system) {
             Some(v) => next["metadata"][system] = v.clone(),
             None => remove(&mut next["metadata"], system),
@@ -243,13 +309,18 @@ fn next_state(resource: &Resource, existing: &Value, proposed: Value, part: Part
     }
     *warnings = validate(resource, &mut next, unknown)?;
     if !existing["metadata"]["deletionTimestamp"].is_null() {
-        let added = finalizers(&next).into_iter().any(|f| !finalizers(existing).contains(&f));
+        let added = finalizers(&next)
+            .into_iter()
+            .any(|f| !finalizers(existing).contains(&f));
         if added {
             return Err(ApiError::Invalid {
                 kind: resource.kind.clone(),
                 group: resource.group.to_string(),
                 name: next["metadata"]["name"].as_str().unwrap_or_default().to_string(),
-                causes: vec![FieldCause::invalid("metadata.finalizers", "no new finalizers can be added if the object is being deleted")],
+                causes: vec![FieldCause::invalid(
+                    "metadata.finalizers",
+                    "no new finalizers can be added if the object is being deleted",
+                )],
             });
         }
         if !has_finalizers(&next) {
@@ -265,12 +336,20 @@ fn next_state(resource: &Resource, existing: &Value, proposed: Value, part: Part
     Ok(Action::Put(next))
 }
 
-fn apply_patch(resource: &Resource, name: &str, served: &Value, patch_type: PatchType, patch: &Value) -> ApiResult<Value> {
+fn apply_patch(
+    resource: &Resource,
+    name: &str,
+    served: &Value,
+    patch_type: PatchType,
+    patch: &Value,
+) -> ApiResult<Value> {
     let mut target = served.clone();
     match patch_type {
         PatchType::Merge | PatchType::Apply => {
             if !patch.is_object() {
-                return Err(ApiError::BadRequest("a merge or apply patch must be a JSON object".into()));
+                return Err(ApiError::BadRequest(
+                    "a merge or apply patch must be a JSON object".into(),
+                ));
             }
             json_patch::merge(&mut target, patch);
         }
@@ -282,13 +361,19 @@ fn apply_patch(resource: &Resource, name: &str, served: &Value, patch_type: Patc
                     kind: resource.kind.clone(),
                     group: resource.group.to_string(),
                     name: name.to_string(),
-                    causes: vec![FieldCause::invalid(e.path.to_string(), format!("the JSON patch test failed: {e}"))],
+                    causes: vec![FieldCause::invalid(
+                        e.path.to_string(),
+                        format!("the JSON patch test failed: {e}"),
+                    )],
                 },
                 _ => ApiError::Invalid {
                     kind: resource.kind.clone(),
                     group: resource.group.to_string(),
                     name: name.to_string(),
-                    causes: vec![FieldCause::invalid(e.path.to_string(), format!("the JSON patch cannot be applied: {e}"))],
+                    causes: vec![FieldCause::invalid(
+                        e.path.to_string(),
+                        format!("the JSON patch cannot be applied: {e}"),
+                    )],
                 },
             })?;
         }
@@ -319,11 +404,21 @@ fn validate(resource: &Resource, object: &mut Value, unknown: UnknownFields) -> 
     let mut warnings = Vec::new();
     if let Some(schema) = &resource.schema {
         // Strict mode fails while decoding, before validation, as a 400 (as kube-apiserver does).
-        let unknown_paths = if unknown == UnknownFields::Strict { schema.unknown_fields(object) } else { Vec::new() };
+        let unknown_paths = if unknown == UnknownFields::Strict {
+            schema.unknown_fields(object)
+        } else {
+            Vec::new()
+        };
         if !unknown_paths.is_empty() {
-            return Err(ApiError::BadRequest(super::schema::strict_decoding_error(&resource.kind, resource.version, &unknown_paths)));
+            return Err(ApiError::BadRequest(super::schema::strict_decoding_error(
+                &resource.kind,
+                resource.version,
+                &unknown_paths,
+            )));
         }
-        warnings = schema.check(object, unknown).map_err(|causes| invalid(resource, &name, causes))?;
+        warnings = schema
+            .check(object, unknown)
+            .map_err(|causes| invalid(resource, &name, causes))?;
     }
     let causes = resource.semantic_check(object);
     if !causes.is_empty() {
@@ -335,11 +430,18 @@ fn validate(resource: &Resource, object: &mut Value, unknown: UnknownFields) -> 
 /// The body must be an object of this resource's apiVersion and kind.
 fn check_type(resource: &Resource, body: Value) -> ApiResult<Value> {
     if !body.is_object() {
-        return Err(ApiError::BadRequest("the request body must be a JSON or YAML object".into()));
+        return Err(ApiError::BadRequest(
+            "the request body must be a JSON or YAML object".into(),
+        ));
     }
-    let (api_version, kind) = (body["apiVersion"].as_str().unwrap_or_default(), body["kind"].as_str().unwrap_or_default());
+    let (api_version, kind) = (
+        body["apiVersion"].as_str().unwrap_or_default(),
+        body["kind"].as_str().unwrap_or_default(),
+    );
     if kind.is_empty() {
-        return Err(ApiError::BadRequest("Object 'Kind' is missing in the request body".into()));
+        return Err(ApiError::BadRequest(
+            "Object 'Kind' is missing in the request body".into(),
+        ));
     }
     if api_version != resource.api_version() || kind != resource.kind {
         return Err(ApiError::BadRequest(format!(
@@ -378,14 +480,24 @@ fn scope(resource: &Resource, url_namespace: Option<&str>, object: &Value) -> Ap
             "the namespace of the provided object ({body}) does not match the namespace sent on the request ({url})"
         ))),
         (Some(ns), _) => Ok(Some(ns.to_string())),
-        (None, _) => Err(ApiError::BadRequest(format!("{} are namespaced: create them under /namespaces/<namespace>/", resource.plural))),
+        (None, _) => Err(ApiError::BadRequest(format!(
+            "{} are namespaced: create them under /namespaces/<namespace>/",
+            resource.plural
+        ))),
     }
 }
 
 /// Names are DNS-1123 subdomains: they become file names, so nothing else may pass.
 pub fn check_name(resource: &Resource, name: &str) -> ApiResult<()> {
     if let Some(problem) = dns1123_subdomain_problem(name) {
-        return Err(invalid(resource, name, vec![FieldCause::invalid("metadata.name", format!("Invalid value: {name:?}: {problem}"))]));
+        return Err(invalid(
+            resource,
+            name,
+            vec![FieldCause::invalid(
+                "metadata.name",
+                format!("Invalid value: {name:?}: {problem}"),
+            )],
+        ));
     }
     Ok(())
 }
@@ -397,7 +509,9 @@ pub fn dns1123_subdomain_problem(name: &str) -> Option<&'static str> {
     }
     let label_ok = |label: &str| {
         !label.is_empty()
-            && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !label.starts_with('-')
             && !label.ends_with('-')
     };
@@ -444,7 +558,10 @@ fn remove(object: &mut Value, field: &str) {
 }
 
 pub fn not_found(resource: &Resource, name: &str) -> ApiError {
-    ApiError::NotFound { resource: resource.qualified_name(), name: name.to_string() }
+    ApiError::NotFound {
+        resource: resource.qualified_name(),
+        name: name.to_string(),
+    }
 }
 
 fn conflict(resource: &Resource, name: &str) -> ApiError {
@@ -456,7 +573,12 @@ fn conflict(resource: &Resource, name: &str) -> ApiError {
 }
 
 fn invalid(resource: &Resource, name: &str, causes: Vec<FieldCause>) -> ApiError {
-    ApiError::Invalid { kind: resource.kind.clone(), group: resource.group.to_string(), name: name.to_string(), causes }
+    ApiError::Invalid {
+        kind: resource.kind.clone(),
+        group: resource.group.to_string(),
+        name: name.to_string(),
+        causes,
+    }
 }
 
 pub fn now() -> String {
@@ -475,13 +597,23 @@ fn uuid() -> String {
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 /// Five characters for `generateName`, from the alphabet Kubernetes uses (no vowels, no look-alikes).
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    random_bytes::<5>().iter().map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect()
+    random_bytes::<5>()
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
 }
 
 #[cfg(test)]
@@ -504,8 +636,15 @@ mod tests {
         let filtered = lenient_null_tests(&target, patch);
         assert_eq!(filtered.as_array().unwrap().len(), 1);
         let present = json!({"metadata": {"finalizers": ["y"]}});
-        let kept = lenient_null_tests(&present, json!([{"op": "test", "path": "/metadata/finalizers", "value": null}]));
-        assert_eq!(kept.as_array().unwrap().len(), 1, "a null test of a present value still fails");
+        let kept = lenient_null_tests(
+            &present,
+            json!([{"op": "test", "path": "/metadata/finalizers", "value": null}]),
+        );
+        assert_eq!(
+            kept.as_array().unwrap().len(),
+            1,
+            "a null test of a present value still fails"
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@ pub fn index(resources: &[Resource]) -> Value {
     let mut paths = serde_json::Map::new();
     for r in resources {
         let key = group_version_path(r);
-        paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={}", hash(r))}));
+        paths.insert(
+            key.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={}", hash(r))}),
+        );
     }
     json!({"paths": paths})
 }
@@ -37,43 +40,61 @@ pub fn document(resources: &[Resource], gv_path: &str) -> Option<Value> {
         let object_ref = json!({"$ref": format!("#/components/schemas/{schema_name}")});
         let ok = json!({"200": {"description": "OK", "content": {"application/json": {"schema": object_ref}}}});
         let body = json!({"content": {"application/json": {"schema": object_ref}}});
-        let query = |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
+        let query =
+            |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
         let write_params = json!([query("dryRun"), query("fieldManager"), query("fieldValidation")]);
         let op = |action: &str, extra: Value| {
-            let mut op = json!({"x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk, "responses": ok});
+            let mut op =
+                json!({"x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk, "responses": ok});
             if let (Value::Object(op), Value::Object(extra)) = (&mut op, extra) {
                 op.extend(extra);
             }
             op
         };
-        let patch = op("patch", json!({
-            "parameters": [query("dryRun"), query("fieldManager"), query("fieldValidation"), query("force")],
-            "requestBody": {"content": {
-                "application/json-patch+json": {"schema": {"type": "object"}},
-                "application/merge-patch+json": {"schema": {"type": "object"}},
-                "application/apply-patch+yaml": {"schema": {"type": "object"}},
-            }},
-        }));
-        let base = format!("/{gv_path}/{}{}", if r.namespaced { "namespaces/{namespace}/" } else { "" }, r.plural);
+        let patch = op(
+            "patch",
+            json!({
+                "parameters": [query("dryRun"), query("fieldManager"), query("fieldValidation"), query("force")],
+                "requestBody": {"content": {
+                    "application/json-patch+json": {"schema": {"type": "object"}},
+                    "application/merge-patch+json": {"schema": {"type": "object"}},
+                    "application/apply-patch+yaml": {"schema": {"type": "object"}},
+                }},
+            }),
+        );
+        let base = format!(
+            "/{gv_path}/{}{}",
+            if r.namespaced { "namespaces/{namespace}/" } else { "" },
+            r.plural
+        );
         let name_param = json!([{"name": "name", "in": "path", "required": true, "schema": {"type": "string"}}]);
-        paths.insert(base.clone(), json!({
-            "get": op("list", json!({})),
-            "post": op("post", json!({"parameters": write_params, "requestBody": body})),
-        }));
-        paths.insert(format!("{base}/{{name}}"), json!({
-            "parameters": name_param,
-            "get": op("get", json!({})),
-            "put": op("put", json!({"parameters": write_params, "requestBody": body})),
-            "patch": patch,
-            "delete": op("delete", json!({})),
-        }));
-        if r.status_subresource {
-            paths.insert(format!("{base}/{{name}}/status"), json!({
+        paths.insert(
+            base.clone(),
+            json!({
+                "get": op("list", json!({})),
+                "post": op("post", json!({"parameters": write_params, "requestBody": body})),
+            }),
+        );
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({
                 "parameters": name_param,
                 "get": op("get", json!({})),
                 "put": op("put", json!({"parameters": write_params, "requestBody": body})),
                 "patch": patch,
-            }));
+                "delete": op("delete", json!({})),
+            }),
+        );
+        if r.status_subresource {
+            paths.insert(
+                format!("{base}/{{name}}/status"),
+                json!({
+                    "parameters": name_param,
+                    "get": op("get", json!({})),
+                    "put": op("put", json!({"parameters": write_params, "requestBody": body})),
+                    "patch": patch,
+                }),
+            );
         }
     }
     Some(json!({
@@ -85,12 +106,20 @@ pub fn document(resources: &[Resource], gv_path: &str) -> Option<Value> {
 }
 
 fn group_version_path(r: &Resource) -> String {
-    if r.group.is_empty() { format!("api/{}", r.version) } else { format!("apis/{}/{}", r.group, r.version) }
+    if r.group.is_empty() {
+        format!("api/{}", r.version)
+    } else {
+        format!("apis/{}/{}", r.group, r.version)
+    }
 }
 
 /// `kcpshard.io` -> `io.kcpshard`, as Kubernetes names schema definitions.
 fn reverse_domain(group: &str) -> String {
-    if group.is_empty() { "io.k8s.api.core".into() } else { group.split('.').rev().collect::<Vec<_>>().join(".") }
+    if group.is_empty() {
+        "io.k8s.api.core".into()
+    } else {
+        group.split('.').rev().collect::<Vec<_>>().join(".")
+    }
 }
 
 /// Changes when the served schema does, so that clients may cache a document by its URL.

@@ -10,17 +10,25 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use crate::fsutil;
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
 
 const CA_COMMON_NAME: &str = "kcpshard-api-ca";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
     #[error("cannot {action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot make a certificate: {0}")]
     Certificate(#[from] rcgen::Error),
-    #[error("{path} is not a valid key; move it away and restart to make a new CA (every kubeconfig must then be re-read): {source}")]
+    #[error(
+        "{path} is not a valid key; move it away and restart to make a new CA (every kubeconfig must then be re-read): {source}"
+    )]
     BadKey { path: PathBuf, source: rcgen::Error },
     #[error("cannot read random bytes for the API token: {0}")]
     Random(#[from] getrandom::Error),
@@ -41,7 +49,10 @@ pub fn load_or_create(state_dir: &Path, host: IpAddr) -> Result<Pki, PkiError> {
     create_private_dir(&dir)?;
     let ca_key_path = dir.join("ca.key");
     let ca_key = match read_optional(&ca_key_path)? {
-        Some(pem) => KeyPair::from_pem(&pem).map_err(|source| PkiError::BadKey { path: ca_key_path.clone(), source })?,
+        Some(pem) => KeyPair::from_pem(&pem).map_err(|source| PkiError::BadKey {
+            path: ca_key_path.clone(),
+            source,
+        })?,
         None => {
             let key = KeyPair::generate()?;
             write_private(&ca_key_path, &key.serialize_pem())?;
@@ -89,14 +100,23 @@ pub fn load_or_create(state_dir: &Path, host: IpAddr) -> Result<Pki, PkiError> {
             token
         }
     };
-    Ok(Pki { ca_pem, serving_cert_pem, serving_key_pem, token })
+    Ok(Pki {
+        ca_pem,
+        serving_cert_pem,
+        serving_key_pem,
+        token,
+    })
 }
 
 fn ca_params() -> CertificateParams {
     let mut params = CertificateParams::default();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, CA_COMMON_NAME);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     // Ten years: a local CA that expiring would lock the user out of their own state dir.
     params.not_before = rcgen::date_time_ymd(2025, 1, 1);
     params.not_after = rcgen::date_time_ymd(2035, 1, 1);
@@ -112,16 +132,28 @@ fn serving_hosts(host: IpAddr) -> Vec<String> {
 }
 
 fn read_optional(path: &Path) -> Result<Option<String>, PkiError> {
-    let bytes = fsutil::read_optional(path).map_err(|source| PkiError::Io { action: "read", path: path.to_path_buf(), source })?;
+    let bytes = fsutil::read_optional(path).map_err(|source| PkiError::Io {
+        action: "read",
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
 fn write_private(path: &Path, contents: &str) -> Result<(), PkiError> {
-    fsutil::write_atomically(path, contents.as_bytes()).map_err(|source| PkiError::Io { action: "write", path: path.to_path_buf(), source })
+    fsutil::write_atomically(path, contents.as_bytes()).map_err(|source| PkiError::Io {
+        action: "write",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), PkiError> {
-    fsutil::create_private_dir(dir).map_err(|source| PkiError::Io { action: "create directory", path: dir.to_path_buf(), source })
+    fsutil::create_private_dir(dir).map_err(|source| PkiError::Io {
+        action: "create directory",
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -143,7 +175,13 @@ mod tests {
         assert_eq!(first.token, second.token);
         assert_eq!(first.token.len(), 64);
         assert_eq!(mode(&dir.path().join("pki")), 0o700);
-        for file in ["pki/ca.key", "pki/ca.crt", "pki/serving.key", "pki/serving.crt", "token"] {
+        for file in [
+            "pki/ca.key",
+            "pki/ca.crt",
+            "pki/serving.key",
+            "pki/serving.crt",
+            "token",
+        ] {
             assert_eq!(mode(&dir.path().join(file)), 0o600, "{file}");
         }
     }

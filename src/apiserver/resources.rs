@@ -48,12 +48,20 @@ pub struct Resource {
 
 impl Resource {
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.to_string() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     /// `kcpshards.kcpshard.io`, as errors name a resource.
     pub fn qualified_name(&self) -> String {
-        if self.group.is_empty() { self.plural.clone() } else { format!("{}.{}", self.plural, self.group) }
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
     }
 
     /// The object as this view serves it.
@@ -92,7 +100,11 @@ pub const STORAGE: &[&str] = &[KCPSHARDS, EVENTS];
 
 /// Every resource served, built once at start.
 pub fn all() -> Vec<Resource> {
-    vec![kcpshards(), events("", View::CoreEvents, event_columns()), events("events.k8s.io", View::Plain, Vec::new())]
+    vec![
+        kcpshards(),
+        events("", View::CoreEvents, event_columns()),
+        events("events.k8s.io", View::Plain, Vec::new()),
+    ]
 }
 
 fn kcpshards() -> Resource {
@@ -101,7 +113,9 @@ fn kcpshards() -> Resource {
     let version = &spec["versions"][0];
     let props = serde_json::from_value(version["schema"]["openAPIV3Schema"].clone()).expect("the CRD carries a schema");
     let strings = |v: &Value| -> Vec<String> {
-        v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect()).unwrap_or_default()
+        v.as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+            .unwrap_or_default()
     };
     let columns = version["additionalPrinterColumns"]
         .as_array()

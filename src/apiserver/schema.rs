@@ -105,11 +105,7 @@ impl StructuralSchema {
     /// before it stores a custom resource. Ok carries the warnings to send (Warn mode); Err the causes
     /// for a 422. In Strict mode unknown fields alone are reported (kube-apiserver fails decoding
     /// before it validates).
-    pub fn check(
-        &self,
-        obj: &mut Value,
-        unknown: UnknownFields,
-    ) -> Result<Vec<String>, Vec<FieldCause>> {
+    pub fn check(&self, obj: &mut Value, unknown: UnknownFields) -> Result<Vec<String>, Vec<FieldCause>> {
         let unknown_paths = self.prune(obj);
         if unknown == UnknownFields::Strict && !unknown_paths.is_empty() {
             return Err(unknown_paths.into_iter().map(FieldCause::unknown).collect());
@@ -120,10 +116,7 @@ impl StructuralSchema {
             return Err(causes);
         }
         Ok(match unknown {
-            UnknownFields::Warn => unknown_paths
-                .iter()
-                .map(|p| format!("unknown field \"{p}\""))
-                .collect(),
+            UnknownFields::Warn => unknown_paths.iter().map(|p| format!("unknown field \"{p}\"")).collect(),
             UnknownFields::Ignore | UnknownFields::Strict => Vec::new(),
         })
     }
@@ -175,10 +168,7 @@ impl StructuralSchema {
 /// `KcpShard in version "v1alpha1" cannot be handled as a KcpShard: strict decoding error: unknown
 /// field "spec.foo"`.
 pub fn strict_decoding_error(kind: &str, version: &str, unknown_paths: &[String]) -> String {
-    let fields: Vec<String> = unknown_paths
-        .iter()
-        .map(|p| format!("unknown field \"{p}\""))
-        .collect();
+    let fields: Vec<String> = unknown_paths.iter().map(|p| format!("unknown field \"{p}\"")).collect();
     format!(
         "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {}",
         fields.join(", ")
@@ -201,25 +191,19 @@ impl Node {
             ..Node::default()
         };
         match &props.additional_properties {
-            Some(JSONSchemaPropsOrBool::Schema(schema)) => {
-                node.additional = Some(Box::new(Node::from_props(schema)))
-            }
+            Some(JSONSchemaPropsOrBool::Schema(schema)) => node.additional = Some(Box::new(Node::from_props(schema))),
             Some(JSONSchemaPropsOrBool::Bool(true)) => node.preserve_unknown = true,
             _ => {}
         }
         match &props.items {
-            Some(JSONSchemaPropsOrArray::Schema(schema)) => {
-                node.items = Some(Box::new(Node::from_props(schema)))
-            }
+            Some(JSONSchemaPropsOrArray::Schema(schema)) => node.items = Some(Box::new(Node::from_props(schema))),
             Some(JSONSchemaPropsOrArray::Schemas(schemas)) if !schemas.is_empty() => {
                 node.items = Some(Box::new(Node::from_props(&schemas[0])))
             }
             _ => {}
         }
         match props.x_kubernetes_list_type.as_deref() {
-            Some("map") => {
-                node.list_map_keys = props.x_kubernetes_list_map_keys.clone().unwrap_or_default()
-            }
+            Some("map") => node.list_map_keys = props.x_kubernetes_list_map_keys.clone().unwrap_or_default(),
             Some("set") => node.list_set = true,
             _ => {}
         }
@@ -300,9 +284,7 @@ fn apply_defaults(value: &mut Value, node: &Node) {
         }
         Value::Array(items) => {
             if let Some(item_node) = &node.items {
-                items
-                    .iter_mut()
-                    .for_each(|item| apply_defaults(item, item_node));
+                items.iter_mut().for_each(|item| apply_defaults(item, item_node));
             }
         }
         _ => {}
@@ -375,10 +357,7 @@ fn render(value: &Value) -> String {
     if text.len() <= 120 {
         return text;
     }
-    let end = (0..=117)
-        .rev()
-        .find(|&i| text.is_char_boundary(i))
-        .unwrap_or(0);
+    let end = (0..=117).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
     format!("{}...", &text[..end])
 }
 
@@ -426,11 +405,7 @@ fn to_cause(path: &str, kind: &ValidationErrorKind, instance: &Value) -> FieldCa
         ValidationErrorKind::Type { kind } => {
             let expected: Vec<String> = match kind {
                 TypeKind::Single(t) => vec![t.to_string()],
-                TypeKind::Multiple(set) => set
-                    .iter()
-                    .map(|t| t.to_string())
-                    .filter(|t| t != "null")
-                    .collect(),
+                TypeKind::Multiple(set) => set.iter().map(|t| t.to_string()).filter(|t| t != "null").collect(),
             };
             let actual = json_type(instance);
             FieldCause {
@@ -443,28 +418,15 @@ fn to_cause(path: &str, kind: &ValidationErrorKind, instance: &Value) -> FieldCa
             }
         }
         ValidationErrorKind::Pattern { pattern } => invalid(format!("should match '{pattern}'")),
-        ValidationErrorKind::Minimum { limit } => invalid(format!(
-            "should be greater than or equal to {}",
-            number(limit)
-        )),
-        ValidationErrorKind::Maximum { limit } => {
-            invalid(format!("should be less than or equal to {}", number(limit)))
+        ValidationErrorKind::Minimum { limit } => {
+            invalid(format!("should be greater than or equal to {}", number(limit)))
         }
-        ValidationErrorKind::ExclusiveMinimum { limit } => {
-            invalid(format!("should be greater than {}", number(limit)))
-        }
-        ValidationErrorKind::ExclusiveMaximum { limit } => {
-            invalid(format!("should be less than {}", number(limit)))
-        }
-        ValidationErrorKind::MinLength { limit } => {
-            invalid(format!("should be at least {limit} chars long"))
-        }
-        ValidationErrorKind::MaxLength { limit } => {
-            invalid(format!("should be at most {limit} chars long"))
-        }
-        ValidationErrorKind::MinItems { limit } => {
-            invalid(format!("should have at least {limit} items"))
-        }
+        ValidationErrorKind::Maximum { limit } => invalid(format!("should be less than or equal to {}", number(limit))),
+        ValidationErrorKind::ExclusiveMinimum { limit } => invalid(format!("should be greater than {}", number(limit))),
+        ValidationErrorKind::ExclusiveMaximum { limit } => invalid(format!("should be less than {}", number(limit))),
+        ValidationErrorKind::MinLength { limit } => invalid(format!("should be at least {limit} chars long")),
+        ValidationErrorKind::MaxLength { limit } => invalid(format!("should be at most {limit} chars long")),
+        ValidationErrorKind::MinItems { limit } => invalid(format!("should have at least {limit} items")),
         ValidationErrorKind::MaxItems { limit } => FieldCause {
             reason: "FieldValueTooMany",
             field: path.to_string(),
@@ -473,12 +435,8 @@ fn to_cause(path: &str, kind: &ValidationErrorKind, instance: &Value) -> FieldCa
                 instance.as_array().map_or(0, Vec::len)
             ),
         },
-        ValidationErrorKind::MinProperties { limit } => {
-            invalid(format!("should have at least {limit} properties"))
-        }
-        ValidationErrorKind::MaxProperties { limit } => {
-            invalid(format!("should have at most {limit} properties"))
-        }
+        ValidationErrorKind::MinProperties { limit } => invalid(format!("should have at least {limit} properties")),
+        ValidationErrorKind::MaxProperties { limit } => invalid(format!("should have at most {limit} properties")),
         ValidationErrorKind::UniqueItems => FieldCause {
             reason: "FieldValueDuplicate",
             field: path.to_string(),
@@ -510,9 +468,7 @@ fn to_json_schema(props: &JSONSchemaProps) -> Value {
 fn translate(schema: &mut Value) {
     let Value::Object(map) = schema else { return };
     let nullable = map.remove("nullable") == Some(Value::Bool(true));
-    if map.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true))
-        && !map.contains_key("type")
-    {
+    if map.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) && !map.contains_key("type") {
         map.insert("type".into(), json!(["integer", "string"]));
     }
     map.retain(|key, _| !key.starts_with("x-kubernetes-"));
@@ -572,12 +528,7 @@ mod tests {
 
     fn kcpshard_schema() -> StructuralSchema {
         let crd = crate::api::crd();
-        let props = crd.spec.versions[0]
-            .schema
-            .clone()
-            .unwrap()
-            .open_api_v3_schema
-            .unwrap();
+        let props = crd.spec.versions[0].schema.clone().unwrap().open_api_v3_schema.unwrap();
         StructuralSchema::try_new(&props).expect("the KcpShard schema compiles")
     }
 
@@ -609,16 +560,10 @@ mod tests {
             spec["kcp"],
             json!({"binary": "bin/kcp-{version}", "shutdownDelay": "2s"})
         );
-        assert_eq!(
-            spec["front"],
-            json!({"type": "Tcp", "listen": "127.0.0.1:6443"})
-        );
+        assert_eq!(spec["front"], json!({"type": "Tcp", "listen": "127.0.0.1:6443"}));
         assert_eq!(spec["rollout"]["readinessTimeout"], "120s");
         assert_eq!(spec["rollout"]["snapshotBeforeVersionChange"], true);
-        assert_eq!(
-            obj["metadata"]["labels"]["team"], "a",
-            "metadata is left to the server"
-        );
+        assert_eq!(obj["metadata"]["labels"]["team"], "a", "metadata is left to the server");
         let typed: crate::api::KcpShard = serde_json::from_value(obj).unwrap();
         assert_eq!(typed.spec.rollout, crate::api::RolloutSpec::default());
     }
@@ -627,8 +572,10 @@ mod tests {
     fn checking_a_checked_object_changes_nothing() {
         // The server's no-op rule depends on it: a re-applied object must come out byte-identical.
         let mut postgres = dev();
-        postgres["spec"]["store"] = json!({"type": "KinePostgres", "kinePostgres": {"host": "db", "passwordFrom": {"env": "PW"}}});
-        postgres["status"] = json!({"phase": "Ready", "slots": [{"name": "blue", "version": "v0.32.3", "ready": true}]});
+        postgres["spec"]["store"] =
+            json!({"type": "KinePostgres", "kinePostgres": {"host": "db", "passwordFrom": {"env": "PW"}}});
+        postgres["status"] =
+            json!({"phase": "Ready", "slots": [{"name": "blue", "version": "v0.32.3", "ready": true}]});
         for mut obj in [dev(), postgres] {
             check(&mut obj, UnknownFields::Strict).unwrap();
             let once = obj.clone();
@@ -641,8 +588,7 @@ mod tests {
     fn nested_defaults_fill_partial_objects() {
         let mut obj = dev();
         obj["spec"]["front"] = json!({"type": "Caddy", "caddy": {"upstreamId": "kcp-proxy"}});
-        obj["spec"]["store"] =
-            json!({"type": "KinePostgres", "kinePostgres": {"host": "127.0.0.1"}});
+        obj["spec"]["store"] = json!({"type": "KinePostgres", "kinePostgres": {"host": "127.0.0.1"}});
         obj["spec"]["rollout"] = json!({"drainTimeout": "10s"});
         assert_eq!(check(&mut obj, UnknownFields::Strict), Ok(vec![]));
         let spec = &obj["spec"];
@@ -665,11 +611,7 @@ mod tests {
         assert_eq!(check(&mut obj, UnknownFields::Strict), Ok(vec![]));
         assert_eq!(obj["spec"]["front"]["listen"], "127.0.0.1:6443");
         assert_eq!(obj["spec"]["kcp"]["binary"], "bin/kcp-{version}");
-        assert_eq!(
-            obj["status"]["phase"],
-            Value::Null,
-            "status.phase is nullable"
-        );
+        assert_eq!(obj["status"]["phase"], Value::Null, "status.phase is nullable");
 
         let mut obj = dev();
         obj["spec"]["version"] = Value::Null;
@@ -689,11 +631,7 @@ mod tests {
             obj["status"] = json!({"slots": [{"name": "blue", "version": "v0.32.3", "ready": true, "colour": "blue"}]});
             obj
         };
-        let expected = [
-            "spec.foo",
-            "spec.store.kineSqlite.path",
-            "status.slots[0].colour",
-        ];
+        let expected = ["spec.foo", "spec.store.kineSqlite.path", "status.slots[0].colour"];
 
         let mut obj = with_unknown();
         assert_eq!(check(&mut obj, UnknownFields::Ignore), Ok(vec![]));
@@ -703,28 +641,18 @@ mod tests {
 
         let mut obj = with_unknown();
         let warnings = check(&mut obj, UnknownFields::Warn).unwrap();
-        let want: Vec<String> = expected
-            .iter()
-            .map(|p| format!("unknown field \"{p}\""))
-            .collect();
+        let want: Vec<String> = expected.iter().map(|p| format!("unknown field \"{p}\"")).collect();
         assert_eq!(warnings, want);
         assert!(obj["spec"].get("foo").is_none());
 
         let obj = with_unknown();
         assert_eq!(kcpshard_schema().unknown_fields(&obj), expected);
-        assert_eq!(
-            obj,
-            with_unknown(),
-            "unknown_fields leaves the object alone"
-        );
+        assert_eq!(obj, with_unknown(), "unknown_fields leaves the object alone");
         assert_eq!(
             strict_decoding_error(
                 "KcpShard",
                 "v1alpha1",
-                &expected[..1]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect::<Vec<_>>()
+                &expected[..1].iter().map(|s| s.to_string()).collect::<Vec<_>>()
             ),
             r#"KcpShard in version "v1alpha1" cannot be handled as a KcpShard: strict decoding error: unknown field "spec.foo""#
         );
@@ -733,10 +661,7 @@ mod tests {
         let causes = check(&mut obj, UnknownFields::Strict).unwrap_err();
         assert_eq!(
             causes,
-            expected
-                .iter()
-                .map(|p| FieldCause::unknown(*p))
-                .collect::<Vec<_>>()
+            expected.iter().map(|p| FieldCause::unknown(*p)).collect::<Vec<_>>()
         );
     }
 
@@ -793,8 +718,7 @@ mod tests {
     #[test]
     fn wrong_types_and_out_of_range_numbers_are_refused() {
         let mut obj = dev();
-        obj["spec"]["store"] =
-            json!({"type": "KinePostgres", "kinePostgres": {"host": "db", "port": "5432"}});
+        obj["spec"]["store"] = json!({"type": "KinePostgres", "kinePostgres": {"host": "db", "port": "5432"}});
         let cause = only_cause(obj);
         assert_eq!(
             (cause.reason, cause.field.as_str()),
@@ -806,8 +730,7 @@ mod tests {
         );
 
         let mut obj = dev();
-        obj["spec"]["store"] =
-            json!({"type": "KinePostgres", "kinePostgres": {"host": "db", "port": 0}});
+        obj["spec"]["store"] = json!({"type": "KinePostgres", "kinePostgres": {"host": "db", "port": 0}});
         let cause = only_cause(obj);
         assert_eq!(
             cause.message,
@@ -874,7 +797,8 @@ mod tests {
         assert_eq!(cause.message, r#"Duplicate value: {"type":"Ready"}"#);
 
         let mut obj = dev();
-        obj["status"] = json!({"slots": [{"name": "blue", "version": "v0.32.3", "ready": false, "startedAt": "yesterday"}]});
+        obj["status"] =
+            json!({"slots": [{"name": "blue", "version": "v0.32.3", "ready": false, "startedAt": "yesterday"}]});
         assert_eq!(only_cause(obj).field, "status.slots[0].startedAt");
     }
 

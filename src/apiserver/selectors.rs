@@ -89,16 +89,32 @@ fn parse_labels(selector: &str) -> Result<Vec<Requirement>, ApiError> {
 }
 
 fn parse_label_term(term: &str) -> Result<Requirement, ApiError> {
-    let bad = || ApiError::BadRequest(format!("unable to parse requirement: invalid label selector term {term:?}"));
+    let bad = || {
+        ApiError::BadRequest(format!(
+            "unable to parse requirement: invalid label selector term {term:?}"
+        ))
+    };
     if let Some(key) = term.strip_prefix('!') {
         return Ok(Requirement::DoesNotExist(key.trim().to_string()));
     }
     for (op, set_op) in [(" notin ", false), (" in ", true)] {
         if let Some((key, values)) = term.split_once(op) {
-            let values = values.trim().strip_prefix('(').and_then(|v| v.strip_suffix(')')).ok_or_else(bad)?;
-            let values = values.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
+            let values = values
+                .trim()
+                .strip_prefix('(')
+                .and_then(|v| v.strip_suffix(')'))
+                .ok_or_else(bad)?;
+            let values = values
+                .split(',')
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+                .collect();
             let key = key.trim().to_string();
-            return Ok(if set_op { Requirement::In(key, values) } else { Requirement::NotIn(key, values) });
+            return Ok(if set_op {
+                Requirement::In(key, values)
+            } else {
+                Requirement::NotIn(key, values)
+            });
         }
     }
     parse_equality(term).map(|r| r.unwrap_or_else(|| Requirement::Exists(term.to_string())))
@@ -109,7 +125,9 @@ fn parse_fields(selector: &str) -> Result<Vec<Requirement>, ApiError> {
         .into_iter()
         .map(|term| {
             parse_equality(term)?.ok_or_else(|| {
-                ApiError::BadRequest(format!("invalid field selector {term:?}: use key=value, key==value or key!=value"))
+                ApiError::BadRequest(format!(
+                    "invalid field selector {term:?}: use key=value, key==value or key!=value"
+                ))
             })
         })
         .collect()
@@ -122,7 +140,9 @@ fn parse_equality(term: &str) -> Result<Option<Requirement>, ApiError> {
     }
     if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')).map(pair) {
         if k.is_empty() {
-            return Err(ApiError::BadRequest(format!("invalid selector {term:?}: the key is empty")));
+            return Err(ApiError::BadRequest(format!(
+                "invalid selector {term:?}: the key is empty"
+            )));
         }
         return Ok(Some(Requirement::Equals(k, v)));
     }
@@ -156,7 +176,10 @@ mod tests {
     fn field_selectors_read_dotted_paths() {
         assert!(selects(None, Some("metadata.name=dev,involvedObject.uid=u1")));
         assert!(!selects(None, Some("metadata.name=other")));
-        assert!(selects(None, Some("involvedObject.namespace=")), "a missing field reads as empty");
+        assert!(
+            selects(None, Some("involvedObject.namespace=")),
+            "a missing field reads as empty"
+        );
         assert!(Selector::parse(None, Some("metadata.name")).is_err());
     }
 }

@@ -25,7 +25,11 @@ const HISTORY: usize = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot {action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot encode an object for {path}: {source}")]
     Encode { path: PathBuf, source: serde_json::Error },
 }
@@ -106,9 +110,20 @@ impl Store {
                 };
                 for file in read_dir(&scope)? {
                     if let Some(object) = load_object(&file)? {
-                        let name = file.file_stem().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+                        let name = file
+                            .file_stem()
+                            .and_then(|n| n.to_str())
+                            .unwrap_or_default()
+                            .to_string();
                         resource_version = resource_version.max(resource_version_of(&object));
-                        objects.insert(Key { resource, namespace: namespace.clone(), name }, object);
+                        objects.insert(
+                            Key {
+                                resource,
+                                namespace: namespace.clone(),
+                                name,
+                            },
+                            object,
+                        );
                     }
                 }
             }
@@ -116,7 +131,11 @@ impl Store {
         let (feed, _) = broadcast::channel(HISTORY);
         Ok(Store {
             dir: dir.to_path_buf(),
-            inner: Mutex::new(Inner { objects, resource_version, history: VecDeque::new() }),
+            inner: Mutex::new(Inner {
+                objects,
+                resource_version,
+                history: VecDeque::new(),
+            }),
             feed,
         })
     }
@@ -157,7 +176,14 @@ impl Store {
                 object["metadata"]["resourceVersion"] = Value::String(resource_version.to_string());
                 write_object(&self.object_path(key), &object)?;
                 inner.objects.insert(key.clone(), object.clone());
-                (if previous.is_some() { ChangeType::Modified } else { ChangeType::Added }, object)
+                (
+                    if previous.is_some() {
+                        ChangeType::Modified
+                    } else {
+                        ChangeType::Added
+                    },
+                    object,
+                )
             }
             Action::Delete => {
                 let Some(mut object) = previous.clone() else {
@@ -178,7 +204,16 @@ impl Store {
             }
         };
         inner.resource_version = resource_version;
-        self.publish(&mut inner, Change { resource_version, change_type, key: key.clone(), object: object.clone(), previous });
+        self.publish(
+            &mut inner,
+            Change {
+                resource_version,
+                change_type,
+                key: key.clone(),
+                object: object.clone(),
+                previous,
+            },
+        );
         Ok(match change_type {
             ChangeType::Deleted => Outcome::Deleted(object),
             _ => Outcome::Written(object),
@@ -192,19 +227,38 @@ impl Store {
         let inner = self.lock();
         // History starts empty at open and drops its oldest entry when full, so its first entry
         // (or, when empty, the current version) marks how far back a watch can resume.
-        let floor = inner.history.front().map_or(inner.resource_version, |c| c.resource_version - 1);
+        let floor = inner
+            .history
+            .front()
+            .map_or(inner.resource_version, |c| c.resource_version - 1);
         if resource_version < floor {
             return Err(floor);
         }
-        let backlog = inner.history.iter().filter(|c| c.resource_version > resource_version).cloned().collect();
-        Ok(Subscription { backlog, live: self.feed.subscribe() })
+        let backlog = inner
+            .history
+            .iter()
+            .filter(|c| c.resource_version > resource_version)
+            .cloned()
+            .collect();
+        Ok(Subscription {
+            backlog,
+            live: self.feed.subscribe(),
+        })
     }
 
     /// A snapshot of `resource` and a live receiver taken together: for watches that start with the
     /// current state (resourceVersion unset or 0, or sendInitialEvents).
-    pub fn snapshot_and_subscribe(&self, resource: &'static str, namespace: Option<&str>) -> (Vec<Value>, u64, broadcast::Receiver<Change>) {
+    pub fn snapshot_and_subscribe(
+        &self,
+        resource: &'static str,
+        namespace: Option<&str>,
+    ) -> (Vec<Value>, u64, broadcast::Receiver<Change>) {
         let inner = self.lock();
-        (inner.items(resource, namespace), inner.resource_version, self.feed.subscribe())
+        (
+            inner.items(resource, namespace),
+            inner.resource_version,
+            self.feed.subscribe(),
+        )
     }
 
     fn publish(&self, inner: &mut Inner, change: Change) {
@@ -218,7 +272,10 @@ impl Store {
 
     fn object_path(&self, key: &Key) -> PathBuf {
         let scope = key.namespace.as_deref().unwrap_or(CLUSTER_SCOPE);
-        self.dir.join(key.resource).join(scope).join(format!("{}.json", key.name))
+        self.dir
+            .join(key.resource)
+            .join(scope)
+            .join(format!("{}.json", key.name))
     }
 }
 
@@ -254,16 +311,30 @@ pub enum Outcome {
 const CLUSTER_SCOPE: &str = "_cluster";
 
 pub fn resource_version_of(object: &Value) -> u64 {
-    object["metadata"]["resourceVersion"].as_str().and_then(|rv| rv.parse().ok()).unwrap_or(0)
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
 }
 
 fn read_counter(path: &Path) -> Result<u64, StoreError> {
-    let bytes = fsutil::read_optional(path).map_err(|source| StoreError::Io { action: "read", path: path.to_path_buf(), source })?;
-    Ok(bytes.and_then(|b| String::from_utf8(b).ok()).and_then(|t| t.trim().parse().ok()).unwrap_or(0))
+    let bytes = fsutil::read_optional(path).map_err(|source| StoreError::Io {
+        action: "read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(bytes
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0))
 }
 
 fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
-    let entries = fs::read_dir(dir).map_err(|source| StoreError::Io { action: "list", path: dir.to_path_buf(), source })?;
+    let entries = fs::read_dir(dir).map_err(|source| StoreError::Io {
+        action: "list",
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
     paths.sort();
     Ok(paths)
@@ -275,17 +346,29 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 fn load_object(path: &Path) -> Result<Option<Value>, StoreError> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("tmp") => {
-            fs::remove_file(path).map_err(|source| StoreError::Io { action: "remove", path: path.to_path_buf(), source })?;
+            fs::remove_file(path).map_err(|source| StoreError::Io {
+                action: "remove",
+                path: path.to_path_buf(),
+                source,
+            })?;
             Ok(None)
         }
         Some("json") => {
-            let bytes = fs::read(path).map_err(|source| StoreError::Io { action: "read", path: path.to_path_buf(), source })?;
+            let bytes = fs::read(path).map_err(|source| StoreError::Io {
+                action: "read",
+                path: path.to_path_buf(),
+                source,
+            })?;
             match serde_json::from_slice::<Value>(&bytes) {
                 Ok(object) if object.is_object() => Ok(Some(object)),
                 _ => {
                     let aside = path.with_extension("json.corrupt");
                     tracing::error!(path = %path.display(), moved_to = %aside.display(), "object file does not parse; moved aside");
-                    fs::rename(path, &aside).map_err(|source| StoreError::Io { action: "move aside", path: path.to_path_buf(), source })?;
+                    fs::rename(path, &aside).map_err(|source| StoreError::Io {
+                        action: "move aside",
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
                     Ok(None)
                 }
             }
@@ -296,12 +379,23 @@ fn load_object(path: &Path) -> Result<Option<Value>, StoreError> {
 
 /// Writes `value` to `path` durably (see [`crate::fsutil::write_atomically`]).
 fn write_object(path: &Path, value: &Value) -> Result<(), StoreError> {
-    let bytes = serde_json::to_vec_pretty(value).map_err(|source| StoreError::Encode { path: path.to_path_buf(), source })?;
-    fsutil::write_atomically(path, &bytes).map_err(|source| StoreError::Io { action: "write", path: path.to_path_buf(), source })
+    let bytes = serde_json::to_vec_pretty(value).map_err(|source| StoreError::Encode {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    fsutil::write_atomically(path, &bytes).map_err(|source| StoreError::Io {
+        action: "write",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
-    fsutil::create_private_dir(dir).map_err(|source| StoreError::Io { action: "create directory", path: dir.to_path_buf(), source })
+    fsutil::create_private_dir(dir).map_err(|source| StoreError::Io {
+        action: "create directory",
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -310,11 +404,18 @@ mod tests {
     use serde_json::json;
 
     fn key(name: &str) -> Key {
-        Key { resource: "things", namespace: None, name: name.into() }
+        Key {
+            resource: "things",
+            namespace: None,
+            name: name.into(),
+        }
     }
 
     fn put(store: &Store, name: &str, value: Value) -> Value {
-        match store.modify::<StoreError>(&key(name), |_| Ok(Action::Put(value))).unwrap() {
+        match store
+            .modify::<StoreError>(&key(name), |_| Ok(Action::Put(value)))
+            .unwrap()
+        {
             Outcome::Written(v) => v,
             other => panic!("expected a write, got {other:?}"),
         }
@@ -331,7 +432,11 @@ mod tests {
         drop(store);
 
         let store = Store::open(dir.path(), &["things"]).unwrap();
-        assert_eq!(store.current_resource_version(), 3, "a delete's version must not be reused");
+        assert_eq!(
+            store.current_resource_version(),
+            3,
+            "a delete's version must not be reused"
+        );
         assert!(store.get(&key("a")).is_some());
         assert!(store.get(&key("b")).is_none());
         assert_eq!(resource_version_of(&put(&store, "c", json!({"metadata": {}}))), 4);

@@ -30,11 +30,18 @@ pub fn table(resource: &Resource, objects: &[Value], resource_version: Option<u6
         "name": "Name", "type": "string", "format": "name", "priority": 0,
         "description": "Name must be unique within a namespace. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names",
     })];
-    let printer_columns = if resource.columns.is_empty() { default_columns() } else { resource.columns.clone() };
+    let printer_columns = if resource.columns.is_empty() {
+        default_columns()
+    } else {
+        resource.columns.clone()
+    };
     columns.extend(printer_columns.iter().map(|c| {
         json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority})
     }));
-    let paths: Vec<Option<JsonPath>> = printer_columns.iter().map(|c| JsonPath::parse(&format!("${}", c.json_path)).ok()).collect();
+    let paths: Vec<Option<JsonPath>> = printer_columns
+        .iter()
+        .map(|c| JsonPath::parse(&format!("${}", c.json_path)).ok())
+        .collect();
     let now = Utc::now();
     let rows: Vec<Value> = objects
         .iter()
@@ -71,7 +78,8 @@ fn default_columns() -> Vec<super::resources::Column> {
         name: "Age".into(),
         type_: "date".into(),
         format: String::new(),
-        description: "CreationTimestamp is a timestamp representing the server time when this object was created.".into(),
+        description: "CreationTimestamp is a timestamp representing the server time when this object was created."
+            .into(),
         json_path: ".metadata.creationTimestamp".into(),
         priority: 0,
     }]

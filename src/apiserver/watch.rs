@@ -53,7 +53,11 @@ pub fn start(server: Arc<ApiServer>, request: WatchRequest) -> Result<WatchBody,
     let (initial, from, live) = match request.resource_version {
         Some(rv) if rv > 0 && !request.send_initial_events => match server.objects.store.subscribe(rv) {
             Ok(sub) => {
-                let backlog: Vec<Change> = sub.backlog.into_iter().filter(|c| in_scope(c, storage, namespace.as_deref())).collect();
+                let backlog: Vec<Change> = sub
+                    .backlog
+                    .into_iter()
+                    .filter(|c| in_scope(c, storage, namespace.as_deref()))
+                    .collect();
                 (Initial::Changes(backlog), rv, sub.live)
             }
             Err(oldest) => {
@@ -64,13 +68,20 @@ pub fn start(server: Arc<ApiServer>, request: WatchRequest) -> Result<WatchBody,
             }
         },
         _ => {
-            let (items, rv, live) = server.objects.store.snapshot_and_subscribe(storage, namespace.as_deref());
+            let (items, rv, live) = server
+                .objects
+                .store
+                .snapshot_and_subscribe(storage, namespace.as_deref());
             (Initial::Objects(items, request.send_initial_events), rv, live)
         }
     };
     server.metrics.watchers.inc();
     tokio::spawn(async move {
-        let watcher = Watcher { server: server.clone(), request, tx };
+        let watcher = Watcher {
+            server: server.clone(),
+            request,
+            tx,
+        };
         watcher.run(initial, from, live).await;
         server.metrics.watchers.dec();
     });
@@ -155,7 +166,10 @@ impl Watcher {
         let resource = self.resource();
         let now = resource.to_view(&change.object);
         let selected_now = self.request.selector.matches(&now);
-        let selected_before = change.previous.as_ref().is_some_and(|p| self.request.selector.matches(&resource.to_view(p)));
+        let selected_before = change
+            .previous
+            .as_ref()
+            .is_some_and(|p| self.request.selector.matches(&resource.to_view(p)));
         let event_type = match (change.change_type, selected_before, selected_now) {
             (ChangeType::Deleted, true, _) => ChangeType::Deleted,
             (ChangeType::Deleted, false, _) => return Ok(()),
@@ -189,7 +203,10 @@ impl Watcher {
     }
 
     async fn send_line(&self, event_type: &str, object: &Value) -> Result<(), Gone> {
-        self.tx.send(Ok(Frame::data(event_line(event_type, object)))).await.map_err(|_| Gone)
+        self.tx
+            .send(Ok(Frame::data(event_line(event_type, object))))
+            .await
+            .map_err(|_| Gone)
     }
 }
 

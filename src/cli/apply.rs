@@ -53,9 +53,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let cluster = args.conn.connect().await?;
     let mut failed = 0;
     for manifest in &manifests {
-        let name = manifest.object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default();
+        let name = manifest.object["metadata"]["name"].as_str().unwrap_or_default();
         let result = if args.server_side {
             server_side(&cluster, manifest, args.force_conflicts).await
         } else {
@@ -65,10 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Ok(outcome) => println!("{QUALIFIED}/{name} {outcome}"),
             Err(err) => {
                 failed += 1;
-                eprintln!(
-                    "error: applying {QUALIFIED}/{name} from {}: {err:#}",
-                    manifest.source
-                );
+                eprintln!("error: applying {QUALIFIED}/{name} from {}: {err:#}", manifest.source);
             }
         }
     }
@@ -80,9 +75,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 async fn client_side(cluster: &Cluster, manifest: &Manifest) -> anyhow::Result<&'static str> {
     let api = cluster.kcpshards();
-    let name = manifest.object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default();
+    let name = manifest.object["metadata"]["name"].as_str().unwrap_or_default();
     let modified = with_last_applied(&manifest.object)?;
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -96,9 +89,7 @@ async fn client_side(cluster: &Cluster, manifest: &Manifest) -> anyhow::Result<&
             field_manager: Some(FIELD_MANAGER.into()),
             ..PostParams::default()
         };
-        api.create(&post, &object)
-            .await
-            .map_err(|e| cluster.explain(e))?;
+        api.create(&post, &object).await.map_err(|e| cluster.explain(e))?;
         return Ok("created");
     };
     let current = serde_json::to_value(&current)?;
@@ -116,14 +107,8 @@ async fn client_side(cluster: &Cluster, manifest: &Manifest) -> anyhow::Result<&
     Ok("configured")
 }
 
-async fn server_side(
-    cluster: &Cluster,
-    manifest: &Manifest,
-    force: bool,
-) -> anyhow::Result<&'static str> {
-    let name = manifest.object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default();
+async fn server_side(cluster: &Cluster, manifest: &Manifest, force: bool) -> anyhow::Result<&'static str> {
+    let name = manifest.object["metadata"]["name"].as_str().unwrap_or_default();
     let mut params = PatchParams::apply(FIELD_MANAGER);
     params.force = force;
     cluster
@@ -167,11 +152,7 @@ fn sorted(value: &Value) -> Value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            Value::Object(
-                keys.into_iter()
-                    .map(|k| (k.clone(), sorted(&map[k])))
-                    .collect(),
-            )
+            Value::Object(keys.into_iter().map(|k| (k.clone(), sorted(&map[k]))).collect())
         }
         Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
         other => other.clone(),
@@ -255,9 +236,7 @@ fn deep_merge(into: &mut Value, from: Value) {
         (Value::Object(into), Value::Object(from)) => {
             for (key, value) in from {
                 match into.get_mut(&key) {
-                    Some(existing) if existing.is_object() && value.is_object() => {
-                        deep_merge(existing, value)
-                    }
+                    Some(existing) if existing.is_object() && value.is_object() => deep_merge(existing, value),
                     _ => {
                         into.insert(key, value);
                     }
@@ -276,18 +255,12 @@ fn read_manifests(path: &Path) -> anyhow::Result<Vec<Manifest>> {
             .context("cannot read stdin")?;
         return parse_manifests("stdin", &text);
     }
-    let meta = std::fs::metadata(path)
-        .with_context(|| format!("cannot read {}: does it exist?", path.display()))?;
+    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {}: does it exist?", path.display()))?;
     let files = if meta.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
             .with_context(|| format!("cannot list {}", path.display()))?
             .filter_map(|entry| entry.ok().map(|e| e.path()))
-            .filter(|p| {
-                matches!(
-                    p.extension().and_then(|e| e.to_str()),
-                    Some("yaml" | "yml" | "json")
-                )
-            })
+            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
             .collect();
         files.sort();
         files
@@ -296,8 +269,7 @@ fn read_manifests(path: &Path) -> anyhow::Result<Vec<Manifest>> {
     };
     let mut manifests = Vec::new();
     for file in files {
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
+        let text = std::fs::read_to_string(&file).with_context(|| format!("cannot read {}", file.display()))?;
         manifests.extend(parse_manifests(&file.display().to_string(), &text)?);
     }
     Ok(manifests)
@@ -309,10 +281,10 @@ fn parse_manifests(source: &str, text: &str) -> anyhow::Result<Vec<Manifest>> {
     let mut out = Vec::new();
     for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let at = format!("{source} (document {})", index + 1);
-        let value = serde_yaml::Value::deserialize(document)
-            .with_context(|| format!("{at} is not valid YAML or JSON"))?;
-        let value: Value = serde_json::to_value(value)
-            .with_context(|| format!("{at} cannot be represented as JSON"))?;
+        let value =
+            serde_yaml::Value::deserialize(document).with_context(|| format!("{at} is not valid YAML or JSON"))?;
+        let value: Value =
+            serde_json::to_value(value).with_context(|| format!("{at} cannot be represented as JSON"))?;
         if value.is_null() {
             continue;
         }
@@ -343,10 +315,7 @@ fn check_manifest(at: &str, object: &Value) -> anyhow::Result<()> {
             connect::KIND
         );
     }
-    if object["metadata"]["name"]
-        .as_str()
-        .is_none_or(str::is_empty)
-    {
+    if object["metadata"]["name"].as_str().is_none_or(str::is_empty) {
         bail!("{at} has no metadata.name: every KcpShard needs a name");
     }
     Ok(())
@@ -373,10 +342,7 @@ mod tests {
         current["status"] = json!({"phase": "Ready"});
         current["metadata"]["resourceVersion"] = json!("7");
         let original = serde_json::to_value(&manifest).unwrap();
-        assert_eq!(
-            three_way_merge_patch(&original, &modified, &current),
-            json!({})
-        );
+        assert_eq!(three_way_merge_patch(&original, &modified, &current), json!({}));
     }
 
     #[test]
@@ -403,12 +369,9 @@ mod tests {
 
     #[test]
     fn other_kinds_are_refused() {
-        let err = parse_manifests(
-            "f.yaml",
-            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
-        )
-        .err()
-        .unwrap();
+        let err = parse_manifests("f.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n")
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("only handles"), "{err}");
     }
 

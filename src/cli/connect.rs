@@ -79,8 +79,8 @@ impl Conn {
             .await
             .with_context(|| format!("the kubeconfig {shown} is not usable"))?;
         let server = config.cluster_url.to_string();
-        let client = Client::try_from(config)
-            .with_context(|| format!("cannot build a client from the kubeconfig {shown}"))?;
+        let client =
+            Client::try_from(config).with_context(|| format!("cannot build a client from the kubeconfig {shown}"))?;
         Ok(Cluster {
             client,
             server,

@@ -41,10 +41,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let started = tokio::time::Instant::now();
     let mut told = Vec::new();
     loop {
-        let current = api
-            .get_opt(&args.name)
-            .await
-            .map_err(|e| cluster.explain(e))?;
+        let current = api.get_opt(&args.name).await.map_err(|e| cluster.explain(e))?;
         let Some(current) = current else {
             return Ok(());
         };

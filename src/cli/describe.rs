@@ -63,11 +63,7 @@ pub fn last_seen(event: &Event) -> Option<String> {
         .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0.to_string()));
     let last = event.last_timestamp.as_ref().map(|t| t.0.to_string());
     let at = event.event_time.as_ref().map(|t| t.0.to_string());
-    let created = event
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.to_string());
+    let created = event.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string());
     series.or(last).or(at).or(created)
 }
 
@@ -80,21 +76,11 @@ fn render(object: &Value, events: &[Event]) -> String {
     let _ = writeln!(out, "Namespace:\t{}", text("namespace"));
     write_pairs(&mut out, "Labels", metadata.get("labels"), "=");
     write_pairs(&mut out, "Annotations", metadata.get("annotations"), ": ");
-    let _ = writeln!(
-        out,
-        "API Version:\t{}",
-        object["apiVersion"].as_str().unwrap_or("")
-    );
+    let _ = writeln!(out, "API Version:\t{}", object["apiVersion"].as_str().unwrap_or(""));
     let _ = writeln!(out, "Kind:\t{}", object["kind"].as_str().unwrap_or(""));
 
     let mut rest = metadata.clone();
-    for key in [
-        "name",
-        "namespace",
-        "labels",
-        "annotations",
-        "managedFields",
-    ] {
+    for key in ["name", "namespace", "labels", "annotations", "managedFields"] {
         rest.remove(key);
     }
     let _ = writeln!(out, "Metadata:");
@@ -129,11 +115,7 @@ fn write_pairs(out: &mut String, label: &str, map: Option<&Value>, separator: &s
         return;
     }
     for (i, (key, value)) in pairs.iter().enumerate() {
-        let head = if i == 0 {
-            format!("{label}:")
-        } else {
-            String::new()
-        };
+        let head = if i == 0 { format!("{label}:") } else { String::new() };
         let _ = writeln!(out, "{head}\t{key}{separator}{value}");
     }
 }
@@ -221,12 +203,7 @@ fn events_table(out: &mut String, events: &[Event]) {
 
 /// kubectl's describe age: `5s`, or `5s (x3 over 2m)` for a repeated event.
 fn event_age(event: &Event) -> String {
-    let count = event
-        .series
-        .as_ref()
-        .and_then(|s| s.count)
-        .or(event.count)
-        .unwrap_or(1);
+    let count = event.series.as_ref().and_then(|s| s.count).or(event.count).unwrap_or(1);
     let last = table::age(last_seen(event).as_deref());
     if count > 1 {
         let first = event

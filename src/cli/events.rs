@@ -32,24 +32,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if !known.contains(&kind.as_str()) {
             bail!("--for only knows kcpshard/NAME; got {target:?} (use kubectl for other kinds)");
         }
-        params = params.fields(&format!(
-            "involvedObject.kind={KIND},involvedObject.name={name}"
-        ));
+        params = params.fields(&format!("involvedObject.kind={KIND},involvedObject.name={name}"));
     }
     let cluster = args.conn.connect().await?;
     let api: Api<Event> = Api::all(cluster.client.clone());
-    let mut events = api
-        .list(&params)
-        .await
-        .map_err(|e| cluster.explain(e))?
-        .items;
-    events.retain(|e| {
-        args.types.is_empty()
-            || args
-                .types
-                .iter()
-                .any(|t| Some(t.as_str()) == e.type_.as_deref())
-    });
+    let mut events = api.list(&params).await.map_err(|e| cluster.explain(e))?.items;
+    events.retain(|e| args.types.is_empty() || args.types.iter().any(|t| Some(t.as_str()) == e.type_.as_deref()));
     if events.is_empty() {
         eprintln!("No events found.");
         return Ok(());

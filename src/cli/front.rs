@@ -39,23 +39,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     // The front gets a runtime of its own, sized by --threads; the command's runtime just waits.
     let threads = args.threads.max(1);
-    let forwarding =
-        std::thread::Builder::new()
-            .name("front".into())
-            .spawn(move || -> anyhow::Result<()> {
-                let runtime = if threads == 1 {
-                    tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?
-                } else {
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(threads)
-                        .enable_all()
-                        .build()?
-                };
-                runtime.block_on(front::run(config))?;
-                Ok(())
-            })?;
+    let forwarding = std::thread::Builder::new()
+        .name("front".into())
+        .spawn(move || -> anyhow::Result<()> {
+            let runtime = if threads == 1 {
+                tokio::runtime::Builder::new_current_thread().enable_all().build()?
+            } else {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .enable_all()
+                    .build()?
+            };
+            runtime.block_on(front::run(config))?;
+            Ok(())
+        })?;
     tokio::task::spawn_blocking(move || forwarding.join())
         .await?
         .map_err(|_| anyhow::anyhow!("the front's thread panicked"))?

@@ -92,9 +92,7 @@ fn encode(value: &str) -> String {
     let mut out = String::new();
     for byte in value.bytes() {
         match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                out.push(byte as char)
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(byte as char),
             _ => out.push_str(&format!("%{byte:02X}")),
         }
     }
@@ -168,12 +166,7 @@ impl Printer {
         write(&self.columns.render(&all))
     }
 
-    async fn print_event(
-        &mut self,
-        cluster: &Cluster,
-        event_type: &str,
-        object: &Value,
-    ) -> anyhow::Result<()> {
+    async fn print_event(&mut self, cluster: &Cluster, event_type: &str, object: &Value) -> anyhow::Result<()> {
         if !self.is_table() {
             if matches!(self.output, Some(Output::Yaml)) {
                 write("---\n")?;
@@ -215,10 +208,7 @@ impl Printer {
             return vec!["NAME".into(), "AGE".into()];
         }
         let wide = self.output == Some(Output::Wide);
-        let definitions = table["columnDefinitions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let definitions = table["columnDefinitions"].as_array().cloned().unwrap_or_default();
         let mut names = Vec::new();
         self.shown.clear();
         for (i, column) in definitions.iter().enumerate() {
@@ -260,9 +250,7 @@ impl Printer {
             .map(|(i, kind)| match cells.get(*i).unwrap_or(&Value::Null) {
                 Value::Null => String::new(),
                 // The real server humanises dates itself; accept raw timestamps too.
-                Value::String(s)
-                    if kind == "date" && chrono::DateTime::parse_from_rfc3339(s).is_ok() =>
-                {
+                Value::String(s) if kind == "date" && chrono::DateTime::parse_from_rfc3339(s).is_ok() => {
                     table::age(Some(s))
                 }
                 Value::String(s) => s.clone(),
@@ -274,10 +262,7 @@ impl Printer {
 
 fn fallback_row(object: &Value) -> Vec<String> {
     vec![
-        object["metadata"]["name"]
-            .as_str()
-            .unwrap_or("")
-            .to_string(),
+        object["metadata"]["name"].as_str().unwrap_or("").to_string(),
         table::age(object["metadata"]["creationTimestamp"].as_str()),
     ]
 }

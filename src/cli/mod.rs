@@ -90,7 +90,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
 fn init_tracing(serving: bool) {
     // kube-client logs every 5xx of the clients built from a kubeconfig as an error; kcp answers
     // /readyz with 500 while a slot starts, which the controller polls on purpose.
-    let default = if serving { "info,kube_client::client::builder=off" } else { "warn" };
+    let default = if serving {
+        "info,kube_client::client::builder=off"
+    } else {
+        "warn"
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

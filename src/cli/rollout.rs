@@ -47,7 +47,11 @@ enum Progress {
 fn progress(object: &Value) -> Progress {
     let generation = object["metadata"]["generation"].as_i64();
     let conditions = object["status"]["conditions"].as_array().cloned().unwrap_or_default();
-    let condition = |type_: &str| conditions.iter().find(|c| c["type"] == type_ && c["observedGeneration"].as_i64() == generation);
+    let condition = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c["type"] == type_ && c["observedGeneration"].as_i64() == generation)
+    };
     let (Some(ready), Some(progressing)) = (condition("Ready"), condition("Progressing")) else {
         return Progress::Stale;
     };
@@ -83,7 +87,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Progress::Moving(_) | Progress::Stale => {}
         }
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            bail!("timed out after {}s waiting for kcpshard \"{}\" to roll out (last: {last})", args.timeout, args.name);
+            bail!(
+                "timed out after {}s waiting for kcpshard \"{}\" to roll out (last: {last})",
+                args.timeout,
+                args.name
+            );
         }
         tokio::time::sleep(POLL).await;
     }
@@ -102,9 +110,22 @@ mod tests {
 
     #[test]
     fn a_roll_is_done_when_ready_and_no_longer_progressing_at_the_current_generation() {
-        assert_eq!(progress(&shard(2, 2, "True", "False", "False")), Progress::Done("Ready message".into()));
-        assert_eq!(progress(&shard(2, 1, "True", "False", "False")), Progress::Stale, "status of an older generation");
-        assert_eq!(progress(&shard(2, 2, "True", "True", "False")), Progress::Moving("Progressing message".into()));
-        assert_eq!(progress(&shard(2, 2, "True", "False", "True")), Progress::Blocked("Degraded message".into()));
+        assert_eq!(
+            progress(&shard(2, 2, "True", "False", "False")),
+            Progress::Done("Ready message".into())
+        );
+        assert_eq!(
+            progress(&shard(2, 1, "True", "False", "False")),
+            Progress::Stale,
+            "status of an older generation"
+        );
+        assert_eq!(
+            progress(&shard(2, 2, "True", "True", "False")),
+            Progress::Moving("Progressing message".into())
+        );
+        assert_eq!(
+            progress(&shard(2, 2, "True", "False", "True")),
+            Progress::Blocked("Degraded message".into())
+        );
     }
 }

@@ -29,7 +29,10 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let config = ServeConfig { state_dir: args.state_dir.clone(), api_listen: args.api_listen };
+    let config = ServeConfig {
+        state_dir: args.state_dir.clone(),
+        api_listen: args.api_listen,
+    };
     let _lock = StateLock::acquire(&config.state_dir)?;
     let server = ApiServer::open(&config.state_dir)?;
     let working_dir = std::env::current_dir().context("cannot read the working directory")?;

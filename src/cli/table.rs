@@ -50,14 +50,7 @@ pub fn age(timestamp: Option<&str>) -> String {
 pub fn tabwrite(text: &str, padding: usize) -> String {
     let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
     let mut widths: Vec<Vec<usize>> = vec![Vec::new(); lines.len()];
-    column_blocks(
-        &lines,
-        0,
-        lines.len(),
-        &mut Vec::new(),
-        &mut widths,
-        padding,
-    );
+    column_blocks(&lines, 0, lines.len(), &mut Vec::new(), &mut widths, padding);
     let mut out = String::new();
     for (line, widths) in lines.iter().zip(&widths) {
         for (i, cell) in line.iter().enumerate() {
@@ -132,10 +125,7 @@ mod tests {
     #[test]
     fn columns_are_padded_by_three_spaces_and_keep_their_width() {
         let mut columns = Columns::default();
-        let first = columns.render(&[
-            vec!["NAME".into(), "AGE".into()],
-            vec!["dev".into(), "5s".into()],
-        ]);
+        let first = columns.render(&[vec!["NAME".into(), "AGE".into()], vec!["dev".into(), "5s".into()]]);
         assert_eq!(first, "NAME   AGE\ndev    5s\n");
         let later = columns.render(&[vec!["a".into(), "1s".into()]]);
         assert_eq!(later, "a      1s\n");

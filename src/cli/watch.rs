@@ -36,11 +36,7 @@ impl Watch {
                 Some(lines) => lines,
                 None => self.lines.insert(self.open(cluster).await?),
             };
-            let Some(line) = lines
-                .try_next()
-                .await
-                .context("the watch connection failed")?
-            else {
+            let Some(line) = lines.try_next().await.context("the watch connection failed")? else {
                 self.lines = None;
                 continue;
             };
@@ -68,10 +64,7 @@ impl Watch {
         }
     }
 
-    async fn open(
-        &self,
-        cluster: &Cluster,
-    ) -> anyhow::Result<BoxStream<'static, std::io::Result<String>>> {
+    async fn open(&self, cluster: &Cluster) -> anyhow::Result<BoxStream<'static, std::io::Result<String>>> {
         let separator = if self.path.contains('?') { '&' } else { '?' };
         let mut url = format!(
             "{}{separator}watch=true&allowWatchBookmarks=true&timeoutSeconds={TIMEOUT_SECONDS}",

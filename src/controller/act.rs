@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 
 use super::clients::Identity;
 use super::observe::World;
-use super::plan::{Blocked, BlockCause, Desired, RollRecord, Step};
+use super::plan::{BlockCause, Blocked, Desired, RollRecord, Step};
 use super::state::{CompletedRoll, ShardDirs, SlotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
@@ -38,19 +38,29 @@ impl Actor<'_> {
             Step::Blocked { cause } => Ok(vec![Note::warning("RollBlocked", cause.message())]),
             Step::EnsureStore => {
                 let endpoint = self.ctx.ensure_store(self.dirs).await?;
-                Ok(vec![Note::normal("StoreStarted", format!("the store accepts connections at {endpoint}"))])
+                Ok(vec![Note::normal(
+                    "StoreStarted",
+                    format!("the store accepts connections at {endpoint}"),
+                )])
             }
             Step::EnsureFront => {
                 let listen = self.front_listen()?;
                 // A front that moves must not be stopped before its new address is known to be free:
                 // the running one keeps serving while the spec names a taken address.
-                if self.world.observed.front_elsewhere || self.world.observed.front == super::plan::FrontObservation::Down {
+                if self.world.observed.front_elsewhere
+                    || self.world.observed.front == super::plan::FrontObservation::Down
+                {
                     if let Err(e) = std::net::TcpListener::bind(listen) {
-                        anyhow::bail!("the front address {listen} is in use by another program ({e}): choose another spec.front.listen, or stop that program");
+                        anyhow::bail!(
+                            "the front address {listen} is in use by another program ({e}): choose another spec.front.listen, or stop that program"
+                        );
                     }
                 }
                 front::ensure_running(&self.ctx.front_binary, &self.dirs.front(), listen).await?;
-                Ok(vec![Note::normal("FrontStarted", format!("the front listens on {listen}"))])
+                Ok(vec![Note::normal(
+                    "FrontStarted",
+                    format!("the front listens on {listen}"),
+                )])
             }
             Step::StartSlot { name } => self.start_slot(name).await,
             Step::SwitchFront { to } => self.switch_front(to).await,
@@ -58,7 +68,13 @@ impl Actor<'_> {
             Step::ForgetSlot { name, was_active } => {
                 self.dirs.slot(name).forget()?;
                 if *was_active {
-                    return Ok(vec![Note::warning("SlotCrashed", format!("slot {name}, which served the shard, exited; starting a replacement (see {})", self.dirs.slot(name).log().display()))]);
+                    return Ok(vec![Note::warning(
+                        "SlotCrashed",
+                        format!(
+                            "slot {name}, which served the shard, exited; starting a replacement (see {})",
+                            self.dirs.slot(name).log().display()
+                        ),
+                    )]);
                 }
                 Ok(vec![Note::warning("SlotCrashed", format!("slot {name} exited"))])
             }
@@ -72,7 +88,9 @@ impl Actor<'_> {
 
     fn front_listen(&self) -> anyhow::Result<SocketAddr> {
         let listen = &self.shard.spec.front.listen;
-        listen.parse().map_err(|e| anyhow::anyhow!("spec.front.listen {listen:?} is not an IP address and port: {e}"))
+        listen
+            .parse()
+            .map_err(|e| anyhow::anyhow!("spec.front.listen {listen:?} is not an IP address and port: {e}"))
     }
 
     fn update_roll(&self, change: impl FnOnce(&mut RollRecord)) -> anyhow::Result<()> {
@@ -103,7 +121,12 @@ impl Actor<'_> {
             // The roll starts from what the front forwards to, even a slot that crashed: its
             // Lease must still be released once the new slot is ready.
             let from = self.world.front_backend.as_ref().map(|b| b.slot.clone());
-            let serving = from.as_ref().and_then(|f| self.world.slots.iter().find(|s| &s.record.name == f && s.record.port == self.world.front_backend.as_ref().map_or(0, |b| b.address.port())));
+            let serving = from.as_ref().and_then(|f| {
+                self.world.slots.iter().find(|s| {
+                    &s.record.name == f
+                        && s.record.port == self.world.front_backend.as_ref().map_or(0, |b| b.address.port())
+                })
+            });
             state.roll = Some(RollRecord {
                 from_version: serving.map(|s| s.record.template.version.clone()),
                 // A slot that is no longer there has already exited.
@@ -117,7 +140,12 @@ impl Actor<'_> {
         }
         state.blocked = None;
         self.dirs.save_state(&state)?;
-        slot_dirs.save(&SlotRecord { name: name.to_string(), template: template.clone(), port, created_at: now })?;
+        slot_dirs.save(&SlotRecord {
+            name: name.to_string(),
+            template: template.clone(),
+            port,
+            created_at: now,
+        })?;
 
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
         let launch = slot::args::SlotLaunch {
@@ -127,7 +155,11 @@ impl Actor<'_> {
             root_dir: slot_dirs.root(),
             bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
             port,
-            etcd_servers: self.world.store_endpoint.clone().ok_or_else(|| anyhow::anyhow!("the store is not running"))?,
+            etcd_servers: self
+                .world
+                .store_endpoint
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("the store is not running"))?,
             front_url: template.front_url.clone(),
             shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(anyhow::Error::msg)?,
             extra_args: template.extra_args.clone(),
@@ -145,12 +177,20 @@ impl Actor<'_> {
         self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
         Ok(vec![Note::normal(
             "SlotStarting",
-            format!("started slot {name} (kcp {}, pid {}, port {port}); waiting for /readyz on its own port", template.version, process.pid),
+            format!(
+                "started slot {name} (kcp {}, pid {}, port {port}); waiting for /readyz on its own port",
+                template.version, process.pid
+            ),
         )])
     }
 
     async fn switch_front(&self, to: &str) -> anyhow::Result<Notes> {
-        let slot = self.world.slots.iter().find(|s| s.record.name == to).ok_or_else(|| anyhow::anyhow!("slot {to} has no record"))?;
+        let slot = self
+            .world
+            .slots
+            .iter()
+            .find(|s| s.record.name == to)
+            .ok_or_else(|| anyhow::anyhow!("slot {to} has no record"))?;
         let ready_at = Utc::now();
         self.update_roll(|roll| {
             roll.new_slot_ready_at.get_or_insert(ready_at);
@@ -159,20 +199,38 @@ impl Actor<'_> {
         slot::material::capture_shared(&self.dirs.slot(to).root(), &self.dirs.shared())?;
         let client = FrontClient::connect(&self.dirs.front()).await?;
         let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
-        client.switch(&Backend { slot: to.to_string(), address }).await?;
+        client
+            .switch(&Backend {
+                slot: to.to_string(),
+                address,
+            })
+            .await?;
         self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
         // Users reach kcp through the front with this file. kcp writes it with the shard URL (the
         // front); its kcp-admin token belongs to the slot that wrote it, so it is renewed per switch.
         let kubeconfig = std::fs::read(self.dirs.slot(to).admin_kubeconfig())?;
         crate::fsutil::write_atomically(&self.dirs.front_kubeconfig(), &kubeconfig)?;
         Ok(vec![
-            Note::normal("SlotReady", format!("slot {to} answers /readyz on its own port {}", slot.record.port)),
-            Note::normal("FrontSwitched", format!("the front forwards new connections to slot {to} ({address}); open connections stay on their slot")),
+            Note::normal(
+                "SlotReady",
+                format!("slot {to} answers /readyz on its own port {}", slot.record.port),
+            ),
+            Note::normal(
+                "FrontSwitched",
+                format!(
+                    "the front forwards new connections to slot {to} ({address}); open connections stay on their slot"
+                ),
+            ),
         ])
     }
 
     async fn stop_slot(&self, name: &str) -> anyhow::Result<Notes> {
-        let slot = self.world.slots.iter().find(|s| s.record.name == name).ok_or_else(|| anyhow::anyhow!("slot {name} has no record"))?;
+        let slot = self
+            .world
+            .slots
+            .iter()
+            .find(|s| s.record.name == name)
+            .ok_or_else(|| anyhow::anyhow!("slot {name} has no record"))?;
         let drain = self.shard.spec.rollout.drain_timeout().map_err(anyhow::Error::msg)?;
         let termination = self.ctx.runtime.terminate(&slot.process, drain).await?;
         let exited_at = Utc::now();
@@ -182,23 +240,44 @@ impl Actor<'_> {
             }
         })?;
         self.dirs.slot(name).forget()?;
-        let mut notes = vec![Note::normal("SlotStopped", format!("slot {name} exited {:.1}s after SIGTERM", termination.exited_after.as_secs_f64()))];
+        let mut notes = vec![Note::normal(
+            "SlotStopped",
+            format!(
+                "slot {name} exited {:.1}s after SIGTERM",
+                termination.exited_after.as_secs_f64()
+            ),
+        )];
         if termination.killed {
-            notes.push(Note::warning("SlotKilled", format!("slot {name} did not exit within spec.rollout.drainTimeout ({drain:?}) and was killed")));
+            notes.push(Note::warning(
+                "SlotKilled",
+                format!("slot {name} did not exit within spec.rollout.drainTimeout ({drain:?}) and was killed"),
+            ));
         }
         Ok(notes)
     }
 
     async fn abort_roll(&self, name: &str, cause: &BlockCause) -> anyhow::Result<Notes> {
         if let Some(slot) = self.world.slots.iter().find(|s| s.record.name == name) {
-            self.ctx.runtime.terminate(&slot.process, Duration::from_secs(10)).await?;
+            self.ctx
+                .runtime
+                .terminate(&slot.process, Duration::from_secs(10))
+                .await?;
         }
         self.dirs.slot(name).forget()?;
         let mut state = self.dirs.load_state()?;
         state.roll = None;
-        state.blocked = Some(Blocked { template: self.desired.template.clone(), cause: cause.clone() });
+        state.blocked = Some(Blocked {
+            template: self.desired.template.clone(),
+            cause: cause.clone(),
+        });
         self.dirs.save_state(&state)?;
-        Ok(vec![Note::warning(cause.reason(), cause.message()), Note::warning("RollBlocked", format!("the roll to slot {name} stopped; the old slot keeps serving"))])
+        Ok(vec![
+            Note::warning(cause.reason(), cause.message()),
+            Note::warning(
+                "RollBlocked",
+                format!("the roll to slot {name} stopped; the old slot keeps serving"),
+            ),
+        ])
     }
 
     /// A client of the active slot on its own port: the shard admin, or with `kcp_admin` the
@@ -207,9 +286,22 @@ impl Actor<'_> {
         let super::plan::FrontObservation::Up { backend: Some(active) } = &self.world.observed.front else {
             anyhow::bail!("the front has no backend");
         };
-        let slot = self.world.slots.iter().find(|s| &s.record.name == active).ok_or_else(|| anyhow::anyhow!("slot {active} has no record"))?;
-        let identity = if kcp_admin { Identity::KcpAdmin } else { Identity::ShardAdmin };
-        Ok(self.ctx.slot_clients.get(&self.dirs.slot(active).admin_kubeconfig(), slot.record.port, identity).await?)
+        let slot = self
+            .world
+            .slots
+            .iter()
+            .find(|s| &s.record.name == active)
+            .ok_or_else(|| anyhow::anyhow!("slot {active} has no record"))?;
+        let identity = if kcp_admin {
+            Identity::KcpAdmin
+        } else {
+            Identity::ShardAdmin
+        };
+        Ok(self
+            .ctx
+            .slot_clients
+            .get(&self.dirs.slot(active).admin_kubeconfig(), slot.record.port, identity)
+            .await?)
     }
 
     async fn release_lease(&self) -> anyhow::Result<Notes> {
@@ -217,14 +309,24 @@ impl Actor<'_> {
         // (research section 0.3: without this, controllers stop for ~61 s).
         let deleted = slot::access::release_controllers_lease(&self.active_client(false).await?).await?;
         self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
-        let message = if deleted { "deleted Lease kube-system/kcp-controllers so the new slot leads at once" } else { "no kcp-controllers Lease to release" };
+        let message = if deleted {
+            "deleted Lease kube-system/kcp-controllers so the new slot leads at once"
+        } else {
+            "no kcp-controllers Lease to release"
+        };
         Ok(vec![Note::normal("LeaseReleased", message)])
     }
 
     async fn probe(&self) -> anyhow::Result<Notes> {
         let took = slot::access::probe_workspace(&self.active_client(true).await?, PROBE_TIMEOUT).await?;
         self.update_roll(|roll| roll.probe_succeeded_at = Some(Utc::now()))?;
-        Ok(vec![Note::normal("ProbeSucceeded", format!("a probe workspace reached Ready in {:.2}s: a leader runs the controllers", took.as_secs_f64()))])
+        Ok(vec![Note::normal(
+            "ProbeSucceeded",
+            format!(
+                "a probe workspace reached Ready in {:.2}s: a leader runs the controllers",
+                took.as_secs_f64()
+            ),
+        )])
     }
 
     fn complete_roll(&self) -> anyhow::Result<Notes> {
@@ -232,7 +334,10 @@ impl Actor<'_> {
         let Some(roll) = state.roll.take() else {
             return Ok(vec![]);
         };
-        let completed = CompletedRoll { roll, completed_at: Utc::now() };
+        let completed = CompletedRoll {
+            roll,
+            completed_at: Utc::now(),
+        };
         let message = roll_summary(&completed);
         state.last_roll = Some(completed);
         self.dirs.save_state(&state)?;
@@ -241,19 +346,33 @@ impl Actor<'_> {
 
     async fn cleanup(&self) -> anyhow::Result<Notes> {
         for slot in &self.world.slots {
-            let drain = self.shard.spec.rollout.drain_timeout().unwrap_or(Duration::from_secs(30));
+            let drain = self
+                .shard
+                .spec
+                .rollout
+                .drain_timeout()
+                .unwrap_or(Duration::from_secs(30));
             self.ctx.runtime.terminate(&slot.process, drain).await?;
             self.dirs.slot(&slot.record.name).forget()?;
         }
         self.ctx.stop_store(self.dirs).await?;
         front::stop(&self.dirs.front()).await?;
-        Ok(vec![Note::normal("Stopped", format!("stopped the slots, the store's processes and the front; the data stays in {}", self.dirs.root().display()))])
+        Ok(vec![Note::normal(
+            "Stopped",
+            format!(
+                "stopped the slots, the store's processes and the front; the data stays in {}",
+                self.dirs.root().display()
+            ),
+        )])
     }
 }
 
 fn roll_summary(done: &CompletedRoll) -> String {
     let r = &done.roll;
-    let since = |t: Option<chrono::DateTime<Utc>>| t.map(|t| format!("{:.2}s", (t - r.started_at).num_milliseconds() as f64 / 1000.0)).unwrap_or_else(|| "-".into());
+    let since = |t: Option<chrono::DateTime<Utc>>| {
+        t.map(|t| format!("{:.2}s", (t - r.started_at).num_milliseconds() as f64 / 1000.0))
+            .unwrap_or_else(|| "-".into())
+    };
     let what = match &r.from {
         Some(from) => format!("rolled slot {from} to slot {}", r.to),
         None => format!("started slot {}", r.to),
@@ -272,10 +391,18 @@ fn roll_summary(done: &CompletedRoll) -> String {
 
 impl Note {
     pub fn normal(reason: &'static str, message: impl Into<String>) -> Note {
-        Note { type_: EventType::Normal, reason, message: message.into() }
+        Note {
+            type_: EventType::Normal,
+            reason,
+            message: message.into(),
+        }
     }
 
     pub fn warning(reason: &'static str, message: impl Into<String>) -> Note {
-        Note { type_: EventType::Warning, reason, message: message.into() }
+        Note {
+            type_: EventType::Warning,
+            reason,
+            message: message.into(),
+        }
     }
 }

@@ -36,7 +36,12 @@ pub struct SlotClients {
 impl SlotClients {
     pub async fn get(&self, kubeconfig: &Path, port: u16, identity: Identity) -> Result<kube::Client, SlotError> {
         let modified = std::fs::metadata(kubeconfig).and_then(|m| m.modified()).ok();
-        let key = Key { kubeconfig: kubeconfig.to_path_buf(), modified, port, identity };
+        let key = Key {
+            kubeconfig: kubeconfig.to_path_buf(),
+            modified,
+            port,
+            identity,
+        };
         if let Some(client) = self.lock().get(&key) {
             return Ok(client.clone());
         }

@@ -26,7 +26,12 @@ pub struct Verdict {
 }
 
 fn verdict(type_: &'static str, status: bool, reason: &str, message: impl Into<String>) -> Verdict {
-    Verdict { type_, status, reason: reason.into(), message: message.into() }
+    Verdict {
+        type_,
+        status,
+        reason: reason.into(),
+        message: message.into(),
+    }
 }
 
 /// The five conditions, from the observation, the chosen step, and the error of the last step if it
@@ -36,10 +41,22 @@ pub fn verdicts(observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<
         FrontObservation::Up { backend } => backend.clone(),
         FrontObservation::Down => None,
     };
-    let serving = backend.as_ref().and_then(|b| observed.slots.iter().find(|s| &s.name == b && s.running && s.ready));
+    let serving = backend
+        .as_ref()
+        .and_then(|b| observed.slots.iter().find(|s| &s.name == b && s.running && s.ready));
     let ready = match serving {
-        Some(slot) => verdict("Ready", true, "SlotServing", format!("slot {} ({}) serves through the front", slot.name, slot.template.version)),
-        None if observed.front == FrontObservation::Down => verdict("Ready", false, "FrontDown", "the front is not running"),
+        Some(slot) => verdict(
+            "Ready",
+            true,
+            "SlotServing",
+            format!(
+                "slot {} ({}) serves through the front",
+                slot.name, slot.template.version
+            ),
+        ),
+        None if observed.front == FrontObservation::Down => {
+            verdict("Ready", false, "FrontDown", "the front is not running")
+        }
         None => verdict("Ready", false, "NoSlotReady", "no ready slot behind the front yet"),
     };
     let (progressing, degraded) = match step {
@@ -47,9 +64,23 @@ pub fn verdicts(observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<
             verdict("Progressing", false, "RollBlocked", cause.message()),
             verdict("Degraded", true, cause.reason(), cause.message()),
         ),
-        Step::Idle => (verdict("Progressing", false, "RollComplete", "the shard runs the desired spec"), healthy()),
-        Step::Cleanup => (verdict("Progressing", true, "Deleting", "stopping the slots, the store's processes and the front"), healthy()),
-        other => (verdict("Progressing", true, progress_reason(other), progress_message(other)), healthy()),
+        Step::Idle => (
+            verdict("Progressing", false, "RollComplete", "the shard runs the desired spec"),
+            healthy(),
+        ),
+        Step::Cleanup => (
+            verdict(
+                "Progressing",
+                true,
+                "Deleting",
+                "stopping the slots, the store's processes and the front",
+            ),
+            healthy(),
+        ),
+        other => (
+            verdict("Progressing", true, progress_reason(other), progress_message(other)),
+            healthy(),
+        ),
     };
     let degraded = match failure {
         Some(message) => verdict("Degraded", true, "StepFailed", message),
@@ -58,12 +89,29 @@ pub fn verdicts(observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<
     let store = if observed.store_up {
         verdict("StoreReady", true, "StoreUp", "the store accepts connections")
     } else {
-        verdict("StoreReady", false, "StoreDown", "the store does not accept connections")
+        verdict(
+            "StoreReady",
+            false,
+            "StoreDown",
+            "the store does not accept connections",
+        )
     };
     let front = match &backend {
-        Some(b) => verdict("FrontReady", true, "Forwarding", format!("the front forwards new connections to slot {b}")),
-        None if observed.front == FrontObservation::Down => verdict("FrontReady", false, "FrontDown", "the front is not running"),
-        None => verdict("FrontReady", false, "NoBackend", "the front runs but has no slot to forward to yet"),
+        Some(b) => verdict(
+            "FrontReady",
+            true,
+            "Forwarding",
+            format!("the front forwards new connections to slot {b}"),
+        ),
+        None if observed.front == FrontObservation::Down => {
+            verdict("FrontReady", false, "FrontDown", "the front is not running")
+        }
+        None => verdict(
+            "FrontReady",
+            false,
+            "NoBackend",
+            "the front runs but has no slot to forward to yet",
+        ),
     };
     vec![ready, progressing, degraded, store, front]
 }
@@ -122,7 +170,12 @@ pub fn phase(verdicts: &[Verdict], deleting: bool) -> Phase {
 
 /// Merges the verdicts into the previous conditions: lastTransitionTime moves only when the status
 /// changes; every condition names the generation it describes.
-pub fn merge(previous: &[Condition], verdicts: &[Verdict], generation: Option<i64>, now: DateTime<Utc>) -> Vec<Condition> {
+pub fn merge(
+    previous: &[Condition],
+    verdicts: &[Verdict],
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+) -> Vec<Condition> {
     verdicts
         .iter()
         .map(|v| {
@@ -168,9 +221,17 @@ mod tests {
         Observed {
             now: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),
             store_up: true,
-            front: FrontObservation::Up { backend: backend.map(str::to_string) },
+            front: FrontObservation::Up {
+                backend: backend.map(str::to_string),
+            },
             front_elsewhere: false,
-            slots: vec![SlotObservation { name: "a".into(), template, running: true, ready, started_at: Utc.timestamp_opt(1_800_000_000, 0).unwrap() }],
+            slots: vec![SlotObservation {
+                name: "a".into(),
+                template,
+                running: true,
+                ready,
+                started_at: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),
+            }],
             roll: None,
             blocked: None,
         }
@@ -189,7 +250,9 @@ mod tests {
 
     #[test]
     fn a_blocked_roll_is_degraded_with_what_to_fix_while_the_old_slot_serves() {
-        let cause = BlockCause::NoBinary { path: "bin/kcp-v9.9.9".into() };
+        let cause = BlockCause::NoBinary {
+            path: "bin/kcp-v9.9.9".into(),
+        };
         let v = verdicts(&observed(Some("a"), true), &Step::Blocked { cause }, None);
         let degraded = v.iter().find(|v| v.type_ == "Degraded").unwrap();
         assert!(degraded.status);
@@ -201,7 +264,11 @@ mod tests {
 
     #[test]
     fn a_failed_step_is_degraded_with_its_error() {
-        let v = verdicts(&observed(Some("a"), true), &Step::EnsureFront, Some("front address 127.0.0.1:6443 is in use"));
+        let v = verdicts(
+            &observed(Some("a"), true),
+            &Step::EnsureFront,
+            Some("front address 127.0.0.1:6443 is in use"),
+        );
         let degraded = v.iter().find(|v| v.type_ == "Degraded").unwrap();
         assert_eq!((degraded.status, degraded.reason.as_str()), (true, "StepFailed"));
     }
@@ -218,12 +285,27 @@ mod tests {
     fn last_transition_time_moves_only_when_the_status_does() {
         let t0 = Utc.timestamp_opt(1_800_000_000, 0).unwrap();
         let t1 = Utc.timestamp_opt(1_800_000_100, 0).unwrap();
-        let first = merge(&[], &verdicts(&observed(Some("a"), true), &Step::Idle, None), Some(1), t0);
-        let same = merge(&first, &verdicts(&observed(Some("a"), true), &Step::Idle, None), Some(2), t1);
+        let first = merge(
+            &[],
+            &verdicts(&observed(Some("a"), true), &Step::Idle, None),
+            Some(1),
+            t0,
+        );
+        let same = merge(
+            &first,
+            &verdicts(&observed(Some("a"), true), &Step::Idle, None),
+            Some(2),
+            t1,
+        );
         let ready = |cs: &[Condition]| cs.iter().find(|c| c.type_ == "Ready").unwrap().clone();
         assert_eq!(ready(&same).last_transition_time, ready(&first).last_transition_time);
         assert_eq!(ready(&same).observed_generation, Some(2));
-        let flipped = merge(&same, &verdicts(&observed(Some("a"), false), &Step::Idle, None), Some(2), t1);
+        let flipped = merge(
+            &same,
+            &verdicts(&observed(Some("a"), false), &Step::Idle, None),
+            Some(2),
+            t1,
+        );
         assert_eq!(ready(&flipped).last_transition_time, k8s_time(t1));
     }
 }

@@ -72,14 +72,20 @@ pub enum Error {
 
 impl Context {
     fn store(&self, dirs: &ShardDirs) -> StoreBackend {
-        StoreBackend::KineSqlite { kine_binary: self.kine_binary.clone(), dir: dirs.store() }
+        StoreBackend::KineSqlite {
+            kine_binary: self.kine_binary.clone(),
+            dir: dirs.store(),
+        }
     }
 
     /// The store's endpoint when its kine runs and accepts; nothing is started.
     pub async fn running_store(&self, dirs: &ShardDirs) -> Option<String> {
-        let record = Runtime::load(&dirs.store().join(crate::store::kine::RECORD_FILE)).ok().flatten()?;
+        let record = Runtime::load(&dirs.store().join(crate::store::kine::RECORD_FILE))
+            .ok()
+            .flatten()?;
         let port = crate::store::kine::listen_port(&record.args)?;
-        (self.runtime.is_running(&record) && crate::store::kine::port_accepts(port).await).then(|| format!("http://127.0.0.1:{port}"))
+        (self.runtime.is_running(&record) && crate::store::kine::port_accepts(port).await)
+            .then(|| format!("http://127.0.0.1:{port}"))
     }
 
     /// Starts the store, or adopts it; returns the `--etcd-servers` for slots.
@@ -143,7 +149,12 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     let dirs = ShardDirs::new(&ctx.state_dir, &name);
     let working_dir = std::env::current_dir().map_err(anyhow::Error::from)?;
     let desired = desired(shard, &working_dir)?;
-    let listen = shard.spec.front.listen.parse().map_err(|e| anyhow::anyhow!("spec.front.listen {:?}: {e}", shard.spec.front.listen))?;
+    let listen = shard
+        .spec
+        .front
+        .listen
+        .parse()
+        .map_err(|e| anyhow::anyhow!("spec.front.listen {:?}: {e}", shard.spec.front.listen))?;
     let world = observe::observe(ctx, &dirs, listen).await?;
     let mut desired = desired;
     if let Some(serving) = world.serving_version() {
@@ -151,20 +162,40 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     }
     let next = plan::plan(&desired, &world.observed);
     tracing::debug!(shard = %name, step = ?next, "planned");
-    let actor = act::Actor { ctx, shard, dirs: &dirs, desired: &desired, world: &world };
+    let actor = act::Actor {
+        ctx,
+        shard,
+        dirs: &dirs,
+        desired: &desired,
+        world: &world,
+    };
     let outcome = actor.act(&next).await;
     let (notes, failure) = match outcome {
         Ok(notes) => (notes, None),
         Err(e) => {
             tracing::warn!(shard = %name, step = ?next, error = %format!("{e:#}"), "step failed");
-            (vec![Note::warning("StepFailed", format!("{e:#}"))], Some(format!("{e:#}")))
+            (
+                vec![Note::warning("StepFailed", format!("{e:#}"))],
+                Some(format!("{e:#}")),
+            )
         }
     };
     // The status as stored now (the watcher's copy may lag a write behind): the patch removes what
     // it has and the new status lacks, and repeated warnings are told apart from new ones.
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
-    let stored = api.get_status(&name).await.map_err(|source| Error::Status { name: name.clone(), source })?.status;
-    let degraded = stored.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Degraded" && c.status == "True"));
+    let stored = api
+        .get_status(&name)
+        .await
+        .map_err(|source| Error::Status {
+            name: name.clone(),
+            source,
+        })?
+        .status;
+    let degraded = stored.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
+    });
     for note in notes {
         // A blocked roll or a failing step is reported when it starts, not on every look.
         let repeat = match (&next, note.reason) {
@@ -176,11 +207,29 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
             publish(ctx, shard, note).await;
         }
     }
-    let world = if matches!(next, Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. }) { world } else { observe::observe(ctx, &dirs, listen).await? };
-    let status = status::build(shard, stored.as_ref(), &desired, &world, &plan::plan(&desired, &world.observed), failure.as_deref());
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(status::as_patch(stored.as_ref(), &status)))
-        .await
-        .map_err(|source| Error::Status { name: name.clone(), source })?;
+    let world = if matches!(next, Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. }) {
+        world
+    } else {
+        observe::observe(ctx, &dirs, listen).await?
+    };
+    let status = status::build(
+        shard,
+        stored.as_ref(),
+        &desired,
+        &world,
+        &plan::plan(&desired, &world.observed),
+        failure.as_deref(),
+    );
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(status::as_patch(stored.as_ref(), &status)),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: name.clone(),
+        source,
+    })?;
     Ok(match (&next, failure) {
         (_, Some(_)) => Action::requeue(WHEN_IDLE),
         (Step::Idle, _) if desired.deleting => Action::await_change(),
@@ -191,7 +240,13 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
 }
 
 async fn publish(ctx: &Context, shard: &KcpShard, note: Note) {
-    let event = Event { type_: note.type_, reason: note.reason.into(), note: Some(note.message), action: "Reconcile".into(), secondary: None };
+    let event = Event {
+        type_: note.type_,
+        reason: note.reason.into(),
+        note: Some(note.message),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
     // A recorder per event: a shared one folds events of the same reason into one series and keeps
     // the first message ("started slot a" would hide "started slot b").
     let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
@@ -221,6 +276,11 @@ pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()> +
 
 /// The recorder's identity: controller `kcpshard`, instance the host name.
 pub fn reporter() -> Reporter {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).ok();
-    Reporter { controller: "kcpshard".into(), instance: host }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok();
+    Reporter {
+        controller: "kcpshard".into(),
+        instance: host,
+    }
 }

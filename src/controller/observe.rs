@@ -6,11 +6,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::Context;
+use super::clients::Identity;
 use super::plan::{FrontObservation, Observed, SlotObservation};
 use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
 use crate::front::{Backend, FrontClient};
 use crate::process::{ProcessRecord, Runtime};
-use super::clients::Identity;
 use crate::slot::access;
 
 /// How long one `/readyz` may take before the slot counts as not ready.
@@ -33,7 +33,10 @@ impl World {
         let FrontObservation::Up { backend: Some(active) } = &self.observed.front else {
             return None;
         };
-        self.slots.iter().find(|s| &s.record.name == active).map(|s| s.record.template.version.clone())
+        self.slots
+            .iter()
+            .find(|s| &s.record.name == active)
+            .map(|s| s.record.template.version.clone())
     }
 }
 
@@ -50,7 +53,10 @@ fn process_of(slot: &SlotDirs) -> anyhow::Result<Option<ProcessRecord>> {
         return Ok(Some(record));
     }
     let marker = format!("--root-directory={}", slot.root().display());
-    let Some(record) = Runtime::find_by_argument(&marker).into_iter().find_map(Runtime::observe) else {
+    let Some(record) = Runtime::find_by_argument(&marker)
+        .into_iter()
+        .find_map(Runtime::observe)
+    else {
         return Ok(None);
     };
     tracing::info!(pid = record.pid, root = %slot.root().display(), "adopting a slot process that has no record");
@@ -65,7 +71,9 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
         Ok(client) => client.status().await.ok(),
         Err(_) => None,
     };
-    let front_elsewhere = front_status.as_ref().is_some_and(|status| status.listen != front_listen);
+    let front_elsewhere = front_status
+        .as_ref()
+        .is_some_and(|status| status.listen != front_listen);
     let front_backend = front_status.as_ref().and_then(|status| status.backend.clone());
     let mut slots = Vec::new();
     let mut observations = Vec::new();
@@ -79,7 +87,13 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
         let running = ctx.runtime.is_running(&process);
         let ready = running && slot_ready(ctx, &slot_dirs.admin_kubeconfig(), record.port).await;
         let started_at = process.started_at.parse::<DateTime<Utc>>().unwrap_or(record.created_at);
-        observations.push(SlotObservation { name: record.name.clone(), template: record.template.clone(), running, ready, started_at });
+        observations.push(SlotObservation {
+            name: record.name.clone(),
+            template: record.template.clone(),
+            running,
+            ready,
+            started_at,
+        });
         slots.push(ObservedSlot { record, process });
     }
     // The front forwards to a slot only if that slot, as recorded now, listens where the front
@@ -89,12 +103,30 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
         Some(_) => FrontObservation::Up {
             backend: front_backend
                 .as_ref()
-                .filter(|b| slots.iter().any(|s| s.record.name == b.slot && b.address.port() == s.record.port))
+                .filter(|b| {
+                    slots
+                        .iter()
+                        .any(|s| s.record.name == b.slot && b.address.port() == s.record.port)
+                })
                 .map(|b| b.slot.clone()),
         },
     };
-    let observed = Observed { now: Utc::now(), store_up: store_endpoint.is_some(), front, front_elsewhere, slots: observations, roll: state.roll.clone(), blocked: state.blocked.clone() };
-    Ok(World { observed, state, slots, front_backend, store_endpoint })
+    let observed = Observed {
+        now: Utc::now(),
+        store_up: store_endpoint.is_some(),
+        front,
+        front_elsewhere,
+        slots: observations,
+        roll: state.roll.clone(),
+        blocked: state.blocked.clone(),
+    };
+    Ok(World {
+        observed,
+        state,
+        slots,
+        front_backend,
+        store_endpoint,
+    })
 }
 
 /// `/readyz` on the slot's own port with the shard-admin credentials, never through the front
@@ -104,5 +136,8 @@ async fn slot_ready(ctx: &Context, admin_kubeconfig: &std::path::Path, port: u16
     let Ok(client) = ctx.slot_clients.get(admin_kubeconfig, port, Identity::ShardAdmin).await else {
         return false;
     };
-    matches!(tokio::time::timeout(READYZ_TIMEOUT, access::readyz(&client)).await, Ok(Ok(true)))
+    matches!(
+        tokio::time::timeout(READYZ_TIMEOUT, access::readyz(&client)).await,
+        Ok(Ok(true))
+    )
 }

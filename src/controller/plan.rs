@@ -156,21 +156,37 @@ pub enum Step {
     EnsureStore,
     EnsureFront,
     /// Start a slot with the desired template.
-    StartSlot { name: String },
+    StartSlot {
+        name: String,
+    },
     /// A new slot runs but is not ready yet: look again soon.
-    AwaitReady { name: String },
-    SwitchFront { to: String },
+    AwaitReady {
+        name: String,
+    },
+    SwitchFront {
+        to: String,
+    },
     /// Stop a slot that is no longer needed (SIGTERM, bounded wait, SIGKILL).
-    StopSlot { name: String },
+    StopSlot {
+        name: String,
+    },
     /// A slot's process is gone: drop its record (and report it if it served).
-    ForgetSlot { name: String, was_active: bool },
+    ForgetSlot {
+        name: String,
+        was_active: bool,
+    },
     /// Stop the new slot and remember that this spec cannot roll.
-    AbortRoll { name: String, cause: BlockCause },
+    AbortRoll {
+        name: String,
+        cause: BlockCause,
+    },
     ReleaseLease,
     Probe,
     CompleteRoll,
     /// Nothing to do until the spec changes; the old slot keeps serving.
-    Blocked { cause: BlockCause },
+    Blocked {
+        cause: BlockCause,
+    },
     /// Converged.
     Idle,
 }
@@ -180,7 +196,8 @@ pub const SLOT_NAMES: [&str; 2] = ["a", "b"];
 
 pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     if desired.deleting {
-        let anything_runs = observed.store_up || observed.front != FrontObservation::Down || observed.slots.iter().any(|s| s.running);
+        let anything_runs =
+            observed.store_up || observed.front != FrontObservation::Down || observed.slots.iter().any(|s| s.running);
         return if anything_runs { Step::Cleanup } else { Step::Idle };
     }
     if !observed.store_up {
@@ -198,10 +215,21 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     // A slot whose process is gone: the new slot of a roll failed; any other is forgotten (and a
     // replacement started below).
     if let Some(dead) = observed.slots.iter().find(|s| !s.running) {
-        if roll_target == Some(dead.name.as_str()) && backend != Some(dead.name.as_str()) && dead.template == desired.template {
-            return Step::AbortRoll { name: dead.name.clone(), cause: BlockCause::SlotCrashed { slot: dead.name.clone() } };
+        if roll_target == Some(dead.name.as_str())
+            && backend != Some(dead.name.as_str())
+            && dead.template == desired.template
+        {
+            return Step::AbortRoll {
+                name: dead.name.clone(),
+                cause: BlockCause::SlotCrashed {
+                    slot: dead.name.clone(),
+                },
+            };
         }
-        return Step::ForgetSlot { name: dead.name.clone(), was_active: backend == Some(dead.name.as_str()) };
+        return Step::ForgetSlot {
+            name: dead.name.clone(),
+            was_active: backend == Some(dead.name.as_str()),
+        };
     }
 
     let running: Vec<&SlotObservation> = observed.slots.iter().collect();
@@ -210,21 +238,39 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         if let Some(blocked) = &observed.blocked
             && blocked.template == desired.template
         {
-            return Step::Blocked { cause: blocked.cause.clone() };
+            return Step::Blocked {
+                cause: blocked.cause.clone(),
+            };
         }
         if let Some(message) = &desired.version_refused {
-            return Step::Blocked { cause: BlockCause::VersionRefused { message: message.clone() } };
+            return Step::Blocked {
+                cause: BlockCause::VersionRefused {
+                    message: message.clone(),
+                },
+            };
         }
         if !desired.binary_present {
-            return Step::Blocked { cause: BlockCause::NoBinary { path: desired.template.binary.clone() } };
+            return Step::Blocked {
+                cause: BlockCause::NoBinary {
+                    path: desired.template.binary.clone(),
+                },
+            };
         }
         if running.len() >= 2 {
             // Two slots of older templates (the spec changed again mid-roll): stop the one that does
             // not serve before starting a third.
-            let spare = running.iter().find(|s| Some(s.name.as_str()) != backend).expect("two slots, one backend");
-            return Step::StopSlot { name: spare.name.clone() };
+            let spare = running
+                .iter()
+                .find(|s| Some(s.name.as_str()) != backend)
+                .expect("two slots, one backend");
+            return Step::StopSlot {
+                name: spare.name.clone(),
+            };
         }
-        let name = SLOT_NAMES.iter().find(|n| running.iter().all(|s| s.name != **n)).expect("fewer than two slots run");
+        let name = SLOT_NAMES
+            .iter()
+            .find(|n| running.iter().all(|s| s.name != **n))
+            .expect("fewer than two slots run");
         return Step::StartSlot { name: name.to_string() };
     };
 
@@ -233,13 +279,20 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         if waited > desired.readiness_timeout && backend != Some(current.name.as_str()) {
             return Step::AbortRoll {
                 name: current.name.clone(),
-                cause: BlockCause::SlotNotReady { slot: current.name.clone(), timeout_seconds: desired.readiness_timeout.as_secs() },
+                cause: BlockCause::SlotNotReady {
+                    slot: current.name.clone(),
+                    timeout_seconds: desired.readiness_timeout.as_secs(),
+                },
             };
         }
-        return Step::AwaitReady { name: current.name.clone() };
+        return Step::AwaitReady {
+            name: current.name.clone(),
+        };
     }
     if backend != Some(current.name.as_str()) {
-        return Step::SwitchFront { to: current.name.clone() };
+        return Step::SwitchFront {
+            to: current.name.clone(),
+        };
     }
     if let Some(old) = running.iter().find(|s| s.name != current.name) {
         return Step::StopSlot { name: old.name.clone() };
@@ -275,18 +328,32 @@ mod tests {
     }
 
     fn desired(version: &str) -> Desired {
-        Desired { template: template(version), binary_present: true, readiness_timeout: Duration::from_secs(120), deleting: false, version_refused: None }
+        Desired {
+            template: template(version),
+            binary_present: true,
+            readiness_timeout: Duration::from_secs(120),
+            deleting: false,
+            version_refused: None,
+        }
     }
 
     fn slot(name: &str, version: &str, running: bool, ready: bool) -> SlotObservation {
-        SlotObservation { name: name.into(), template: template(version), running, ready, started_at: at(0) }
+        SlotObservation {
+            name: name.into(),
+            template: template(version),
+            running,
+            ready,
+            started_at: at(0),
+        }
     }
 
     fn observed(backend: Option<&str>, slots: Vec<SlotObservation>) -> Observed {
         Observed {
             now: at(10),
             store_up: true,
-            front: FrontObservation::Up { backend: backend.map(str::to_string) },
+            front: FrontObservation::Up {
+                backend: backend.map(str::to_string),
+            },
             front_elsewhere: false,
             slots,
             roll: None,
@@ -295,7 +362,13 @@ mod tests {
     }
 
     fn roll(from: Option<&str>, to: &str) -> RollRecord {
-        RollRecord { from: from.map(str::to_string), to: to.into(), to_version: "v2".into(), started_at: at(0), ..Default::default() }
+        RollRecord {
+            from: from.map(str::to_string),
+            to: to.into(),
+            to_version: "v2".into(),
+            started_at: at(0),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -328,7 +401,9 @@ mod tests {
         assert_eq!(plan(&d, &o), Step::AwaitReady { name: "b".into() });
         o.slots[1].ready = true;
         assert_eq!(plan(&d, &o), Step::SwitchFront { to: "b".into() });
-        o.front = FrontObservation::Up { backend: Some("b".into()) };
+        o.front = FrontObservation::Up {
+            backend: Some("b".into()),
+        };
         assert_eq!(plan(&d, &o), Step::StopSlot { name: "a".into() });
         o.slots.remove(0);
         assert_eq!(plan(&d, &o), Step::ReleaseLease);
@@ -367,7 +442,12 @@ mod tests {
         let mut d = desired("v9");
         d.binary_present = false;
         let o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
-        assert!(matches!(plan(&d, &o), Step::Blocked { cause: BlockCause::NoBinary { .. } }));
+        assert!(matches!(
+            plan(&d, &o),
+            Step::Blocked {
+                cause: BlockCause::NoBinary { .. }
+            }
+        ));
     }
 
     #[test]
@@ -375,36 +455,68 @@ mod tests {
         let mut d = desired("v2");
         d.version_refused = Some("v2 is older".into());
         let o = observed(Some("a"), vec![slot("a", "v3", true, true)]);
-        assert!(matches!(plan(&d, &o), Step::Blocked { cause: BlockCause::VersionRefused { .. } }));
+        assert!(matches!(
+            plan(&d, &o),
+            Step::Blocked {
+                cause: BlockCause::VersionRefused { .. }
+            }
+        ));
     }
 
     #[test]
     fn a_new_slot_that_is_not_ready_in_time_is_aborted() {
         let mut d = desired("v2");
         d.readiness_timeout = Duration::from_secs(5);
-        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true), slot("b", "v2", true, false)]);
+        let mut o = observed(
+            Some("a"),
+            vec![slot("a", "v1", true, true), slot("b", "v2", true, false)],
+        );
         o.roll = Some(roll(Some("a"), "b"));
-        assert!(matches!(plan(&d, &o), Step::AbortRoll { ref name, cause: BlockCause::SlotNotReady { .. } } if name == "b"));
+        assert!(
+            matches!(plan(&d, &o), Step::AbortRoll { ref name, cause: BlockCause::SlotNotReady { .. } } if name == "b")
+        );
     }
 
     #[test]
     fn a_new_slot_that_crashes_is_aborted_and_not_retried_until_the_spec_changes() {
         let d = desired("v2");
-        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true), slot("b", "v2", false, false)]);
+        let mut o = observed(
+            Some("a"),
+            vec![slot("a", "v1", true, true), slot("b", "v2", false, false)],
+        );
         o.roll = Some(roll(Some("a"), "b"));
-        assert!(matches!(plan(&d, &o), Step::AbortRoll { cause: BlockCause::SlotCrashed { .. }, .. }));
+        assert!(matches!(
+            plan(&d, &o),
+            Step::AbortRoll {
+                cause: BlockCause::SlotCrashed { .. },
+                ..
+            }
+        ));
 
         let mut o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
-        o.blocked = Some(Blocked { template: template("v2"), cause: BlockCause::SlotCrashed { slot: "b".into() } });
+        o.blocked = Some(Blocked {
+            template: template("v2"),
+            cause: BlockCause::SlotCrashed { slot: "b".into() },
+        });
         assert!(matches!(plan(&d, &o), Step::Blocked { .. }));
-        assert_eq!(plan(&desired("v3"), &o), Step::StartSlot { name: "b".into() }, "a new spec retries");
+        assert_eq!(
+            plan(&desired("v3"), &o),
+            Step::StartSlot { name: "b".into() },
+            "a new spec retries"
+        );
     }
 
     #[test]
     fn a_crashed_active_slot_is_forgotten_then_replaced() {
         let d = desired("v1");
         let o = observed(Some("a"), vec![slot("a", "v1", false, false)]);
-        assert_eq!(plan(&d, &o), Step::ForgetSlot { name: "a".into(), was_active: true });
+        assert_eq!(
+            plan(&d, &o),
+            Step::ForgetSlot {
+                name: "a".into(),
+                was_active: true
+            }
+        );
         let o = observed(Some("a"), vec![]);
         assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
     }
@@ -412,7 +524,10 @@ mod tests {
     #[test]
     fn a_second_spec_change_mid_roll_stops_the_spare_slot_first() {
         let d = desired("v3");
-        let o = observed(Some("a"), vec![slot("a", "v1", true, true), slot("b", "v2", true, true)]);
+        let o = observed(
+            Some("a"),
+            vec![slot("a", "v1", true, true), slot("b", "v2", true, true)],
+        );
         assert_eq!(plan(&d, &o), Step::StopSlot { name: "b".into() });
     }
 
@@ -429,15 +544,20 @@ mod tests {
     }
 
     fn arb_slot() -> impl Strategy<Value = SlotObservation> {
-        (prop::sample::select(vec!["a", "b"]), prop::sample::select(vec!["v1", "v2", "v3"]), any::<bool>(), any::<bool>(), 0i64..300).prop_map(
-            |(name, version, running, ready, started)| SlotObservation {
+        (
+            prop::sample::select(vec!["a", "b"]),
+            prop::sample::select(vec!["v1", "v2", "v3"]),
+            any::<bool>(),
+            any::<bool>(),
+            0i64..300,
+        )
+            .prop_map(|(name, version, running, ready, started)| SlotObservation {
                 name: name.into(),
                 template: template(version),
                 running,
                 ready: ready && running,
                 started_at: at(started),
-            },
-        )
+            })
     }
 
     fn arb_observed() -> impl Strategy<Value = Observed> {
@@ -455,7 +575,9 @@ mod tests {
                     store_up,
                     front: match front {
                         None => FrontObservation::Down,
-                        Some(backend) => FrontObservation::Up { backend: backend.map(str::to_string) },
+                        Some(backend) => FrontObservation::Up {
+                            backend: backend.map(str::to_string),
+                        },
                     },
                     front_elsewhere: false,
                     slots,

@@ -30,7 +30,9 @@ pub struct ShardDirs {
 
 impl ShardDirs {
     pub fn new(state_dir: &Path, shard: &str) -> ShardDirs {
-        ShardDirs { root: state_dir.join("shards").join(shard) }
+        ShardDirs {
+            root: state_dir.join("shards").join(shard),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -55,7 +57,9 @@ impl ShardDirs {
     }
 
     pub fn slot(&self, name: &str) -> SlotDirs {
-        SlotDirs { dir: self.root.join("slots").join(name) }
+        SlotDirs {
+            dir: self.root.join("slots").join(name),
+        }
     }
 
     fn controller_file(&self) -> PathBuf {
@@ -162,9 +166,12 @@ pub struct CompletedRoll {
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
     match fsutil::read_optional(path)? {
         None => Ok(None),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{} does not parse: {e}", path.display()))),
+        Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} does not parse: {e}", path.display()),
+            )
+        }),
     }
 }
 
@@ -184,7 +191,12 @@ mod tests {
         let dirs = ShardDirs::new(dir.path(), "dev");
         assert_eq!(dirs.load_state().unwrap(), ControllerState::default());
         let state = ControllerState {
-            roll: Some(RollRecord { to: "b".into(), to_version: "v0.32.3".into(), started_at: Utc::now(), ..Default::default() }),
+            roll: Some(RollRecord {
+                to: "b".into(),
+                to_version: "v0.32.3".into(),
+                started_at: Utc::now(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         dirs.save_state(&state).unwrap();

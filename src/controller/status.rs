@@ -3,12 +3,19 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::conditions::{self, k8s_time};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use super::observe::World;
 use super::plan::{Desired, FrontObservation, RollRecord, Step};
 use crate::api::{FrontStatus, KcpShard, KcpShardStatus, RollStatus, SlotStatus, StoreStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-pub fn build(shard: &KcpShard, stored: Option<&KcpShardStatus>, desired: &Desired, world: &World, next: &Step, failure: Option<&str>) -> KcpShardStatus {
+pub fn build(
+    shard: &KcpShard,
+    stored: Option<&KcpShardStatus>,
+    desired: &Desired,
+    world: &World,
+    next: &Step,
+    failure: Option<&str>,
+) -> KcpShardStatus {
     let observed = &world.observed;
     let verdicts = conditions::verdicts(observed, next, failure);
     let previous = stored.map(|s| s.conditions.as_slice()).unwrap_or_default();
@@ -40,7 +47,10 @@ pub fn build(shard: &KcpShard, stored: Option<&KcpShardStatus>, desired: &Desire
         phase: Some(conditions::phase(&verdicts, desired.deleting)),
         active_slot: active,
         slots,
-        front: Some(FrontStatus { listen: Some(shard.spec.front.listen.clone()), backend: world.front_backend.as_ref().map(|b| b.address.to_string()) }),
+        front: Some(FrontStatus {
+            listen: Some(shard.spec.front.listen.clone()),
+            backend: world.front_backend.as_ref().map(|b| b.address.to_string()),
+        }),
         store: Some(StoreStatus {
             type_: shard.spec.store.type_,
             endpoints: world.store_endpoint.clone().into_iter().collect(),
@@ -73,7 +83,9 @@ fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollSt
 /// roll would show the last roll's later timestamps). An unchanged status is a no-op on the server.
 pub fn as_patch(previous: Option<&KcpShardStatus>, status: &KcpShardStatus) -> Value {
     let new = serde_json::to_value(status).expect("a status serialises");
-    let old = previous.map(|p| serde_json::to_value(p).expect("a status serialises")).unwrap_or(Value::Null);
+    let old = previous
+        .map(|p| serde_json::to_value(p).expect("a status serialises"))
+        .unwrap_or(Value::Null);
     json!({ "status": with_removals(&old, new) })
 }
 
@@ -102,12 +114,19 @@ mod tests {
 
     #[test]
     fn fields_gone_at_any_depth_are_removed_by_the_patch() {
-        let old = json!({"activeSlot": "a", "lastRoll": {"startedAt": "t0", "completedAt": "t9"}, "slots": [{"name": "a"}]});
+        let old =
+            json!({"activeSlot": "a", "lastRoll": {"startedAt": "t0", "completedAt": "t9"}, "slots": [{"name": "a"}]});
         let new = json!({"lastRoll": {"startedAt": "t1"}, "slots": [{"name": "b"}]});
         let patch = with_removals(&old, new);
-        assert_eq!(patch, json!({"activeSlot": null, "lastRoll": {"startedAt": "t1", "completedAt": null}, "slots": [{"name": "b"}]}));
+        assert_eq!(
+            patch,
+            json!({"activeSlot": null, "lastRoll": {"startedAt": "t1", "completedAt": null}, "slots": [{"name": "b"}]})
+        );
         let mut merged = old.clone();
         json_patch::merge(&mut merged, &patch);
-        assert_eq!(merged, json!({"lastRoll": {"startedAt": "t1"}, "slots": [{"name": "b"}]}));
+        assert_eq!(
+            merged,
+            json!({"lastRoll": {"startedAt": "t1"}, "slots": [{"name": "b"}]})
+        );
     }
 }

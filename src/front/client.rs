@@ -12,9 +12,7 @@ use tokio::net::UnixStream;
 use tokio::time::Instant;
 
 use crate::front::error::FrontError;
-use crate::front::protocol::{
-    self, Backend, CONTROL_SOCKET, FrontStatus, LOG_FILE, Request, Response,
-};
+use crate::front::protocol::{self, Backend, CONTROL_SOCKET, FrontStatus, LOG_FILE, Request, Response};
 
 const RECONNECT_WINDOW: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,15 +70,9 @@ impl FrontClient {
             };
             let answer = tokio::time::timeout(REQUEST_TIMEOUT, exchange(stream, request))
                 .await
-                .map_err(|_| {
-                    self.control(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no answer in 10 s",
-                    ))
-                })?
+                .map_err(|_| self.control(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in 10 s")))?
                 .map_err(|err| self.control(err))?;
-            let response: Response =
-                serde_json::from_str(&answer).map_err(|err| self.protocol(err.to_string()))?;
+            let response: Response = serde_json::from_str(&answer).map_err(|err| self.protocol(err.to_string()))?;
             if response.ok {
                 return response
                     .status
@@ -130,10 +122,7 @@ fn transient(err: &std::io::Error) -> bool {
 async fn exchange(stream: UnixStream, request: &Request) -> std::io::Result<String> {
     let mut reader = BufReader::new(stream);
     reader.get_mut().write_all(&request.to_line()).await?;
-    protocol::read_line(&mut reader).await?.ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "the front closed without answering",
-        )
-    })
+    protocol::read_line(&mut reader)
+        .await?
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the front closed without answering"))
 }

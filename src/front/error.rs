@@ -7,20 +7,13 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrontError {
-    #[error(
-        "front address {address} is in use by another program; choose another spec.front.listen"
-    )]
+    #[error("front address {address} is in use by another program; choose another spec.front.listen")]
     AddressInUse { address: SocketAddr },
 
     #[error("the front cannot listen on {address}: {message}; choose another spec.front.listen")]
-    CannotListen {
-        address: SocketAddr,
-        message: String,
-    },
+    CannotListen { address: SocketAddr, message: String },
 
-    #[error(
-        "no front answers on {socket} ({cause}); `kcpshard serve` starts one, its log is {log}"
-    )]
+    #[error("no front answers on {socket} ({cause}); `kcpshard serve` starts one, its log is {log}")]
     NotRunning {
         socket: PathBuf,
         log: PathBuf,
@@ -46,24 +39,13 @@ pub enum FrontError {
     #[error("invalid backend: {0}")]
     InvalidBackend(String),
 
-    #[error(
-        "cannot start the front binary {binary}: {cause}; check that the path exists and is executable"
-    )]
-    Spawn {
-        binary: PathBuf,
-        cause: std::io::Error,
-    },
+    #[error("cannot start the front binary {binary}: {cause}; check that the path exists and is executable")]
+    Spawn { binary: PathBuf, cause: std::io::Error },
 
     #[error("the front exited while starting ({status}); see {log}, which ends with:\n{tail}")]
-    Exited {
-        status: String,
-        log: PathBuf,
-        tail: String,
-    },
+    Exited { status: String, log: PathBuf, tail: String },
 
-    #[error(
-        "the front (pid {pid}) did not answer on {socket} within {seconds} s; it was killed, see {log}"
-    )]
+    #[error("the front (pid {pid}) did not answer on {socket} within {seconds} s; it was killed, see {log}")]
     StartTimeout {
         pid: u32,
         socket: PathBuf,
@@ -75,10 +57,7 @@ pub enum FrontError {
     Handover(String),
 
     #[error("{context}: {cause}")]
-    Io {
-        context: String,
-        cause: std::io::Error,
-    },
+    Io { context: String, cause: std::io::Error },
 }
 
 impl FrontError {

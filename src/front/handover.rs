@@ -18,9 +18,7 @@ pub async fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: RawFd) -> io::R
         let rest = &bytes[sent..];
         let n = if sent == 0 {
             stream
-                .async_io(Interest::WRITABLE, || {
-                    sendmsg_fd(stream.as_raw_fd(), rest, fd)
-                })
+                .async_io(Interest::WRITABLE, || sendmsg_fd(stream.as_raw_fd(), rest, fd))
                 .await?
         } else {
             stream
@@ -33,10 +31,7 @@ pub async fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: RawFd) -> io::R
 }
 
 /// Receives up to `buf.len()` bytes and the fd sent with them, if any.
-pub async fn recv_with_fd(
-    stream: &UnixStream,
-    buf: &mut [u8],
-) -> io::Result<(usize, Option<OwnedFd>)> {
+pub async fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
     stream
         .async_io(Interest::READABLE, || recvmsg_fd(stream.as_raw_fd(), buf))
         .await
@@ -131,9 +126,7 @@ fn recvmsg_fd(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedF
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
         if msg.msg_flags & libc::MSG_CTRUNC != 0 && received.is_none() {
-            return Err(io::Error::other(
-                "the passed file descriptor was truncated away",
-            ));
+            return Err(io::Error::other("the passed file descriptor was truncated away"));
         }
         Ok((n as usize, received))
     }
@@ -148,9 +141,7 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
-        send_with_fd(&a, b"hello\n", listener.as_raw_fd())
-            .await
-            .unwrap();
+        send_with_fd(&a, b"hello\n", listener.as_raw_fd()).await.unwrap();
         drop(listener);
         let mut buf = [0u8; 64];
         let (n, fd) = recv_with_fd(&b, &mut buf).await.unwrap();

@@ -16,9 +16,7 @@ use tracing::{info, warn};
 
 use crate::front::client::FrontClient;
 use crate::front::error::FrontError;
-use crate::front::protocol::{
-    CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, PidRecord, StartError,
-};
+use crate::front::protocol::{CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, PidRecord, StartError};
 use crate::fsutil;
 
 /// How long a starting front has to answer on its control socket.
@@ -40,11 +38,7 @@ pub const UPGRADE_FAILED_FILE: &str = "upgrade.failed";
 /// rebuilt) is upgraded in place with [`upgrade`], without closing its listening socket. If that
 /// fails, the old front keeps serving, the failure is logged and written to `DIR/upgrade.failed`,
 /// and the same binary is not tried again (a rebuilt or different binary is).
-pub async fn ensure_running(
-    binary: &Path,
-    dir: &Path,
-    listen: SocketAddr,
-) -> Result<FrontClient, FrontError> {
+pub async fn ensure_running(binary: &Path, dir: &Path, listen: SocketAddr) -> Result<FrontClient, FrontError> {
     prepare_dir(dir)?;
     if let Some((client, status)) = answering(dir).await {
         if listen_matches(listen, status.listen) {
@@ -89,12 +83,7 @@ pub async fn ensure_running(
 }
 
 /// The adopted front, upgraded first if it runs another binary than `binary`.
-async fn adopt(
-    binary: &Path,
-    dir: &Path,
-    client: FrontClient,
-    status: &FrontStatus,
-) -> FrontClient {
+async fn adopt(binary: &Path, dir: &Path, client: FrontClient, status: &FrontStatus) -> FrontClient {
     let (Some(running), Some(wanted)) = (exe_identity(status.pid), file_identity(binary)) else {
         return client;
     };
@@ -172,8 +161,7 @@ pub async fn stop(dir: &Path) -> Result<(), FrontError> {
 pub(crate) fn prepare_dir(dir: &Path) -> Result<(), FrontError> {
     let context = || format!("cannot prepare the front dir {}", dir.display());
     fsutil::create_private_dir(dir).map_err(|e| FrontError::io(context(), e))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| FrontError::io(context(), e))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| FrontError::io(context(), e))
 }
 
 pub(crate) fn read_pid_record(dir: &Path) -> Option<PidRecord> {
@@ -261,10 +249,7 @@ async fn wait_gone(record: &PidRecord, bound: Duration) -> bool {
 /// The client and status of the front answering on `dir`'s control socket, if one does.
 async fn answering(dir: &Path) -> Option<(FrontClient, FrontStatus)> {
     let client = FrontClient::connect(dir).await.ok()?;
-    let status = tokio::time::timeout(START_TIMEOUT, client.status())
-        .await
-        .ok()?
-        .ok()?;
+    let status = tokio::time::timeout(START_TIMEOUT, client.status()).await.ok()?.ok()?;
     Some((client, status))
 }
 
@@ -282,12 +267,7 @@ async fn start(
         .append(true)
         .mode(0o600)
         .open(&log_path)
-        .map_err(|e| {
-            FrontError::io(
-                format!("cannot open the front log {}", log_path.display()),
-                e,
-            )
-        })?;
+        .map_err(|e| FrontError::io(format!("cannot open the front log {}", log_path.display()), e))?;
     let log_err = log
         .try_clone()
         .map_err(|e| FrontError::io("cannot duplicate the log fd", e))?;

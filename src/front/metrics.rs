@@ -33,21 +33,13 @@ pub fn render(status: &FrontStatus) -> String {
         "Client connections pinned to a slot now",
         open.clone(),
     );
-    registry.register(
-        "connections",
-        "Client connections given to a slot",
-        total.clone(),
-    );
+    registry.register("connections", "Client connections given to a slot", total.clone());
     registry.register(
         "connections_failed",
         "Client connections closed because their slot did not accept within the retry window",
         failed.clone(),
     );
-    registry.register(
-        "backend",
-        "The slot new connections go to (value 1)",
-        backend.clone(),
-    );
+    registry.register("backend", "The slot new connections go to (value 1)", backend.clone());
     for (slot, counts) in &status.connections {
         let labels = SlotLabels { slot: slot.clone() };
         open.get_or_create(&labels).set(counts.open);
@@ -63,8 +55,7 @@ pub fn render(status: &FrontStatus) -> String {
             .set(1);
     }
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry)
-        .expect("writing to a String cannot fail");
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("writing to a String cannot fail");
     text
 }
 
@@ -111,10 +102,7 @@ mod tests {
             "kcpshard_front_connections_failed_total{slot=\"blue\"} 2",
             "kcpshard_front_backend{slot=\"green\",address=\"127.0.0.1:7002\"} 1",
         ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing {line:?} in:\n{text}"
-            );
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
         }
     }
 }

@@ -27,12 +27,9 @@ mod server;
 
 pub use client::FrontClient;
 pub use error::FrontError;
-pub use lifecycle::{
-    START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, ensure_running, stop, upgrade,
-};
+pub use lifecycle::{START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, ensure_running, stop, upgrade};
 pub use protocol::{
-    BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE,
-    SlotConnections,
+    BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,
 };
 pub use proxy::{RETRY_STEP, RETRY_WINDOW};
 pub use server::{FrontConfig, run};

@@ -122,10 +122,7 @@ impl Request {
 pub fn validate_backend(backend: &Backend) -> Result<(), String> {
     let slot = &backend.slot;
     if slot.is_empty() || slot.len() > 253 {
-        return Err(format!(
-            "slot name must have 1 to 253 characters, got {}",
-            slot.len()
-        ));
+        return Err(format!("slot name must have 1 to 253 characters, got {}", slot.len()));
     }
     if let Some(c) = slot
         .chars()
@@ -177,16 +174,12 @@ impl StartError {
     pub fn into_error(self) -> crate::front::FrontError {
         use crate::front::FrontError;
         match self.reason.as_str() {
-            "address_in_use" => FrontError::AddressInUse {
-                address: self.address,
-            },
+            "address_in_use" => FrontError::AddressInUse { address: self.address },
             "cannot_listen" => FrontError::CannotListen {
                 address: self.address,
                 message: self.message,
             },
-            _ => FrontError::Refused {
-                message: self.message,
-            },
+            _ => FrontError::Refused { message: self.message },
         }
     }
 }
@@ -231,8 +224,7 @@ mod tests {
     #[test]
     fn requests_have_the_documented_shape() {
         let switch: Request =
-            serde_json::from_str(r#"{"op":"switch","slot":"blue","address":"127.0.0.1:7001"}"#)
-                .unwrap();
+            serde_json::from_str(r#"{"op":"switch","slot":"blue","address":"127.0.0.1:7001"}"#).unwrap();
         assert_eq!(switch, Request::Switch(backend("blue", "127.0.0.1:7001")));
         assert_eq!(
             serde_json::from_str::<Request>(r#"{"op":"status"}"#).unwrap(),
@@ -284,10 +276,7 @@ mod tests {
         assert_eq!(read_line(&mut empty).await.unwrap(), None);
         let long = vec![b'x'; MAX_LINE + 10];
         let mut long: &[u8] = &long;
-        assert_eq!(
-            read_line(&mut long).await.unwrap_err().to_string(),
-            "line too long"
-        );
+        assert_eq!(read_line(&mut long).await.unwrap_err().to_string(), "line too long");
     }
 
     #[test]

@@ -77,8 +77,7 @@ impl Router {
             .entry(backend.slot.clone())
             .or_default()
             .clone();
-        self.active
-            .send_replace(Some(Arc::new(Active { backend, counters })));
+        self.active.send_replace(Some(Arc::new(Active { backend, counters })));
     }
 
     pub fn backend(&self) -> Option<Backend> {
@@ -161,11 +160,7 @@ impl Drop for Tracked {
 
 /// Accepts until `stop` turns true. The listener is shared so that a handover can send its fd to
 /// a successor while this loop still accepts.
-pub async fn accept_loop(
-    listener: Arc<TcpListener>,
-    router: Arc<Router>,
-    mut stop: watch::Receiver<bool>,
-) {
+pub async fn accept_loop(listener: Arc<TcpListener>, router: Arc<Router>, mut stop: watch::Receiver<bool>) {
     let stopped = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
@@ -201,18 +196,8 @@ pub fn tune_listener(listener: &TcpListener) {
     let fd = listener.as_raw_fd();
     set_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
     set_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-    set_int(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPIDLE,
-        KEEPALIVE_IDLE_SECS,
-    );
-    set_int(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_KEEPINTVL,
-        KEEPALIVE_INTERVAL_SECS,
-    );
+    set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS);
+    set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECS);
     set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
 }
 
@@ -247,8 +232,7 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     };
     let mut pin = Pin::new(&active.counters);
     let mut upstream = loop {
-        let attempt =
-            tokio::time::timeout_at(deadline, TcpStream::connect(active.backend.address)).await;
+        let attempt = tokio::time::timeout_at(deadline, TcpStream::connect(active.backend.address)).await;
         let err = match attempt {
             Ok(Ok(stream)) => break Some(stream),
             Ok(Err(err)) => err.to_string(),
@@ -320,9 +304,7 @@ mod tests {
         use std::os::fd::AsRawFd;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         tune_listener(&listener);
-        let _client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
         assert!(accepted.nodelay().unwrap());
         let get = |level, name| {
@@ -341,14 +323,8 @@ mod tests {
             value
         };
         assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
-        assert_eq!(
-            get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
-            KEEPALIVE_IDLE_SECS
-        );
-        assert_eq!(
-            get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
-            KEEPALIVE_INTERVAL_SECS
-        );
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), KEEPALIVE_IDLE_SECS);
+        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), KEEPALIVE_INTERVAL_SECS);
         assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), KEEPALIVE_PROBES);
     }
 

@@ -32,8 +32,8 @@ use crate::front::handover;
 use crate::front::lifecycle;
 use crate::front::metrics;
 use crate::front::protocol::{
-    self, BACKEND_FILE, Backend, BackendFile, CONTROL_SOCKET, ERROR_FILE, FrontStatus, PID_FILE,
-    PidRecord, Request, Response, StartError,
+    self, BACKEND_FILE, Backend, BackendFile, CONTROL_SOCKET, ERROR_FILE, FrontStatus, PID_FILE, PidRecord, Request,
+    Response, StartError,
 };
 use crate::front::proxy::{self, Router};
 use crate::fsutil;
@@ -86,9 +86,7 @@ impl Front {
         let _serial = self.switch_lock.lock().await;
         let handed_over = *self.handed_over.borrow();
         if let Some(pid) = handed_over {
-            return Response::retry_later(format!(
-                "this front has handed over to pid {pid}; ask again"
-            ));
+            return Response::retry_later(format!("this front has handed over to pid {pid}; ask again"));
         }
         // Persist first: a front restarted after this answer must come back on this backend.
         let path = self.dir.join(BACKEND_FILE);
@@ -97,8 +95,7 @@ impl Front {
         })
         .expect("a backend always serializes");
         let target = path.clone();
-        let written =
-            tokio::task::spawn_blocking(move || fsutil::write_atomically(&target, &bytes)).await;
+        let written = tokio::task::spawn_blocking(move || fsutil::write_atomically(&target, &bytes)).await;
         let written = written.unwrap_or_else(|join| Err(std::io::Error::other(join.to_string())));
         if let Err(err) = written {
             error!(path = %path.display(), error = %err, "cannot persist the backend; not switching");
@@ -115,22 +112,16 @@ impl Front {
     }
 
     /// Old side of a handover: send the listening socket, wait for the successor's commit.
-    async fn handover(
-        &self,
-        reader: &mut BufReader<UnixStream>,
-        successor: u32,
-    ) -> std::io::Result<()> {
+    async fn handover(&self, reader: &mut BufReader<UnixStream>, successor: u32) -> std::io::Result<()> {
         let _serial = self.switch_lock.lock().await;
         let handed_over = *self.handed_over.borrow();
         if let Some(pid) = handed_over {
-            let line =
-                Response::error(format!("this front already handed over to pid {pid}")).to_line();
+            let line = Response::error(format!("this front already handed over to pid {pid}")).to_line();
             return reader.get_mut().write_all(&line).await;
         }
         let listener = self.listener.lock().expect("listener lock").clone();
         let Some(listener) = listener else {
-            let line = Response::error("this front is shutting down and has no listening socket")
-                .to_line();
+            let line = Response::error("this front is shutting down and has no listening socket").to_line();
             return reader.get_mut().write_all(&line).await;
         };
         info!(successor, "handing the listening socket over");
@@ -139,15 +130,10 @@ impl Front {
         drop(listener);
         let commit = tokio::time::timeout(HANDOVER_TIMEOUT, protocol::read_line(reader)).await;
         match commit {
-            Ok(Ok(Some(line)))
-                if serde_json::from_str::<Request>(&line).ok() == Some(Request::Commit) =>
-            {
+            Ok(Ok(Some(line))) if serde_json::from_str::<Request>(&line).ok() == Some(Request::Commit) => {
                 self.handed_over.send_replace(Some(successor));
                 info!(successor, "handover committed; no longer accepting");
-                reader
-                    .get_mut()
-                    .write_all(&Response::ok(self.status()).to_line())
-                    .await
+                reader.get_mut().write_all(&Response::ok(self.status()).to_line()).await
             }
             other => {
                 warn!(successor, outcome = ?other, "handover abandoned; this front keeps serving");
@@ -160,10 +146,8 @@ impl Front {
 /// Runs the front until it is told to stop (or hands over), then drains.
 pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     // Installed first: a SIGTERM during start-up must still mean "drain and exit", not "die".
-    let mut sigterm =
-        signal(SignalKind::terminate()).map_err(|e| FrontError::io("cannot handle SIGTERM", e))?;
-    let mut sigint =
-        signal(SignalKind::interrupt()).map_err(|e| FrontError::io("cannot handle SIGINT", e))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| FrontError::io("cannot handle SIGTERM", e))?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| FrontError::io("cannot handle SIGINT", e))?;
     lifecycle::prepare_dir(&config.dir)?;
     let control_path = config.dir.join(CONTROL_SOCKET);
 
@@ -219,16 +203,10 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     let accept = tokio::spawn(proxy::accept_loop(listener, router.clone(), stop_rx));
 
     // Bound under a temp name and renamed into place, so that the path always names a live socket.
-    let staged = config
-        .dir
-        .join(format!("{CONTROL_SOCKET}.{}", std::process::id()));
+    let staged = config.dir.join(format!("{CONTROL_SOCKET}.{}", std::process::id()));
     let _ = std::fs::remove_file(&staged);
-    let control = UnixListener::bind(&staged).map_err(|e| {
-        FrontError::io(
-            format!("cannot bind the control socket {}", staged.display()),
-            e,
-        )
-    })?;
+    let control = UnixListener::bind(&staged)
+        .map_err(|e| FrontError::io(format!("cannot bind the control socket {}", staged.display()), e))?;
     std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| FrontError::io(format!("cannot chmod {}", staged.display()), e))?;
 
@@ -247,20 +225,14 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
                 let _ = stop_accepting.send(true);
                 let _ = accept.await;
                 let left = router.drain(config.drain_timeout).await;
-                warn!(
-                    left,
-                    "handover not committed; the old front keeps serving; exiting"
-                );
+                warn!(left, "handover not committed; the old front keeps serving; exiting");
                 return Err(err);
             }
         }
     }
     std::fs::rename(&staged, &control_path).map_err(|e| {
         FrontError::io(
-            format!(
-                "cannot move the control socket to {}",
-                control_path.display()
-            ),
+            format!("cannot move the control socket to {}", control_path.display()),
             e,
         )
     })?;
@@ -357,8 +329,7 @@ fn bind(config: &FrontConfig) -> Result<TcpListener, FrontError> {
             address: config.listen,
             message: err.to_string(),
         };
-        let bytes =
-            serde_json::to_vec_pretty(&start_error).expect("a start error always serializes");
+        let bytes = serde_json::to_vec_pretty(&start_error).expect("a start error always serializes");
         if let Err(write_err) = fsutil::write_atomically(&config.dir.join(ERROR_FILE), &bytes) {
             error!(error = %write_err, "cannot write {ERROR_FILE}");
         }
@@ -367,16 +338,11 @@ fn bind(config: &FrontConfig) -> Result<TcpListener, FrontError> {
 }
 
 /// Successor side of a handover, up to (not including) the commit.
-async fn take_over(
-    from: &Path,
-) -> Result<(TcpListener, FrontStatus, BufReader<UnixStream>), FrontError> {
+async fn take_over(from: &Path) -> Result<(TcpListener, FrontStatus, BufReader<UnixStream>), FrontError> {
     let fail = |what: String| FrontError::Handover(what);
-    let stream = UnixStream::connect(from).await.map_err(|e| {
-        fail(format!(
-            "cannot reach the old front on {}: {e}",
-            from.display()
-        ))
-    })?;
+    let stream = UnixStream::connect(from)
+        .await
+        .map_err(|e| fail(format!("cannot reach the old front on {}: {e}", from.display())))?;
     let mut reader = BufReader::new(stream);
     let request = Request::Handover {
         pid: std::process::id(),
@@ -388,13 +354,10 @@ async fn take_over(
         .map_err(|e| fail(format!("cannot send the handover request: {e}")))?;
     // The answer's first bytes carry the fd; read it with recvmsg, the rest of the line plainly.
     let mut buf = vec![0u8; protocol::MAX_LINE];
-    let (mut n, fd) = tokio::time::timeout(
-        HANDOVER_TIMEOUT,
-        handover::recv_with_fd(reader.get_ref(), &mut buf),
-    )
-    .await
-    .map_err(|_| fail("the old front did not answer in 10 s".into()))?
-    .map_err(|e| fail(format!("cannot receive the listening socket: {e}")))?;
+    let (mut n, fd) = tokio::time::timeout(HANDOVER_TIMEOUT, handover::recv_with_fd(reader.get_ref(), &mut buf))
+        .await
+        .map_err(|_| fail("the old front did not answer in 10 s".into()))?
+        .map_err(|e| fail(format!("cannot receive the listening socket: {e}")))?;
     while n > 0 && buf[n - 1] != b'\n' && n < buf.len() {
         let more = reader
             .get_mut()
@@ -419,8 +382,7 @@ async fn take_over(
     listener
         .set_nonblocking(true)
         .map_err(|e| fail(format!("cannot use the received socket: {e}")))?;
-    let listener = TcpListener::from_std(listener)
-        .map_err(|e| fail(format!("cannot use the received socket: {e}")))?;
+    let listener = TcpListener::from_std(listener).map_err(|e| fail(format!("cannot use the received socket: {e}")))?;
     Ok((listener, status, reader))
 }
 
@@ -437,13 +399,10 @@ async fn commit(mut reader: BufReader<UnixStream>) -> Result<FrontStatus, FrontE
         .map_err(|_| fail("the old front did not confirm in 10 s".into()))?
         .map_err(|e| fail(format!("cannot read the confirmation: {e}")))?
         .ok_or_else(|| fail("the old front closed without confirming".into()))?;
-    let response: Response =
-        serde_json::from_str(&line).map_err(|e| fail(format!("unreadable confirmation: {e}")))?;
+    let response: Response = serde_json::from_str(&line).map_err(|e| fail(format!("unreadable confirmation: {e}")))?;
     match (response.ok, response.status) {
         (true, Some(status)) => Ok(status),
-        _ => Err(fail(
-            response.error.unwrap_or_else(|| "not confirmed".into()),
-        )),
+        _ => Err(fail(response.error.unwrap_or_else(|| "not confirmed".into()))),
     }
 }
 
@@ -487,12 +446,7 @@ async fn serve_control_connection(stream: UnixStream, front: Arc<Front>) {
             }
             Ok(Request::Commit) => Response::error("commit without a handover"),
         };
-        if reader
-            .get_mut()
-            .write_all(&response.to_line())
-            .await
-            .is_err()
-        {
+        if reader.get_mut().write_all(&response.to_line()).await.is_err() {
             return;
         }
     }
@@ -523,15 +477,11 @@ async fn serve_metrics(listener: TcpListener, front: Arc<Front>) {
             if !matches!(read, Ok(Ok(()))) {
                 return;
             }
-            let (code, body) =
-                if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?") {
-                    ("200 OK", metrics::render(&front.status()))
-                } else {
-                    (
-                        "404 Not Found",
-                        "only /metrics is served here\n".to_string(),
-                    )
-                };
+            let (code, body) = if head.starts_with(b"GET /metrics ") || head.starts_with(b"GET /metrics?") {
+                ("200 OK", metrics::render(&front.status()))
+            } else {
+                ("404 Not Found", "only /metrics is served here\n".to_string())
+            };
             let response = format!(
                 "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n\
                  Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -544,7 +494,5 @@ async fn serve_metrics(listener: TcpListener, front: Arc<Front>) {
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino()))
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }

@@ -102,20 +102,11 @@ pub enum ProcessError {
     #[error("{name} (pid {pid}) vanished before its start time could be read")]
     Vanished { name: String, pid: u32 },
     #[error("cannot write the process record {path}: {source}")]
-    WriteRecord {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    WriteRecord { path: PathBuf, source: std::io::Error },
     #[error("cannot read the process record {path}: {source}")]
-    ReadRecord {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    ReadRecord { path: PathBuf, source: std::io::Error },
     #[error("the process record {path} is not valid JSON: {source}")]
-    ParseRecord {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
+    ParseRecord { path: PathBuf, source: serde_json::Error },
     #[error("cannot send {signal} to pid {pid}: {source}")]
     Signal {
         pid: u32,
@@ -239,11 +230,10 @@ impl Runtime {
 
     /// Reads a record written by [`Runtime::start`]; None when the file does not exist.
     pub fn load(record_path: &Path) -> Result<Option<ProcessRecord>, ProcessError> {
-        let bytes =
-            fsutil::read_optional(record_path).map_err(|source| ProcessError::ReadRecord {
-                path: record_path.to_path_buf(),
-                source,
-            })?;
+        let bytes = fsutil::read_optional(record_path).map_err(|source| ProcessError::ReadRecord {
+            path: record_path.to_path_buf(),
+            source,
+        })?;
         bytes
             .map(|b| serde_json::from_slice(&b))
             .transpose()
@@ -266,10 +256,7 @@ impl Runtime {
     /// runs, was not started by this runtime, or was reaped by someone else.
     pub fn exit_status(&self, record: &ProcessRecord) -> Option<ExitStatus> {
         self.reap();
-        self.lock()
-            .exited
-            .get(&(record.pid, record.start_time))
-            .copied()
+        self.lock().exited.get(&(record.pid, record.start_time)).copied()
     }
 
     /// Reaps every child of this runtime that has exited.
@@ -311,11 +298,7 @@ impl Runtime {
     /// Stops the recorded process: SIGTERM, up to `grace` for it to exit, then SIGKILL. Signals go to
     /// the process group when the process leads one (it does when this runtime started it), so
     /// helpers it forked go too. A process that is not running (any more) is success at once.
-    pub async fn terminate(
-        &self,
-        record: &ProcessRecord,
-        grace: Duration,
-    ) -> Result<Termination, ProcessError> {
+    pub async fn terminate(&self, record: &ProcessRecord, grace: Duration) -> Result<Termination, ProcessError> {
         let begun = Instant::now();
         if !self.is_running(record) {
             return Ok(Termination {
@@ -333,11 +316,7 @@ impl Runtime {
             }
             let now = Instant::now();
             if !killed && now >= deadline {
-                tracing::warn!(
-                    pid = record.pid,
-                    ?grace,
-                    "process ignored SIGTERM; sending SIGKILL"
-                );
+                tracing::warn!(pid = record.pid, ?grace, "process ignored SIGTERM; sending SIGKILL");
                 self.signal(record, group, Signal::SIGKILL)?;
                 killed = true;
             } else if killed && now >= deadline + AFTER_SIGKILL {
@@ -354,26 +333,14 @@ impl Runtime {
             // reused: Linux does not hand out a pid while a group still uses it.
             let _ = kill(Pid::from_raw(-(record.pid as i32)), Signal::SIGKILL);
         }
-        Ok(Termination {
-            exited_after,
-            killed,
-        })
+        Ok(Termination { exited_after, killed })
     }
 
-    fn signal(
-        &self,
-        record: &ProcessRecord,
-        group: bool,
-        signal: Signal,
-    ) -> Result<(), ProcessError> {
+    fn signal(&self, record: &ProcessRecord, group: bool, signal: Signal) -> Result<(), ProcessError> {
         if !self.is_running(record) {
             return Ok(());
         }
-        let target = if group {
-            -(record.pid as i32)
-        } else {
-            record.pid as i32
-        };
+        let target = if group { -(record.pid as i32) } else { record.pid as i32 };
         match kill(Pid::from_raw(target), signal) {
             Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
             Err(source) => Err(ProcessError::Signal {
@@ -473,10 +440,7 @@ mod tests {
     #[test]
     fn we_observe_ourselves() {
         let me = Runtime::observe(std::process::id()).unwrap();
-        assert_eq!(
-            me.start_time,
-            procfs::stat(std::process::id()).unwrap().start_time
-        );
+        assert_eq!(me.start_time, procfs::stat(std::process::id()).unwrap().start_time);
         assert!(me.started_at.ends_with('Z'));
     }
 }

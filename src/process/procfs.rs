@@ -67,8 +67,7 @@ pub fn pids() -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
 }
 
 /// Seconds since the epoch at which the machine booted (`btime` in `/proc/stat`).

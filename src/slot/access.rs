@@ -27,7 +27,8 @@ pub const SHARD_ADMIN_USER: &str = "shard-admin";
 pub const KCP_ADMIN_CONTEXT: &str = "base";
 
 /// The Lease that kcp's controllers elect a leader with, in the `system:admin` logical cluster.
-pub const CONTROLLERS_LEASE_PATH: &str = "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
+pub const CONTROLLERS_LEASE_PATH: &str =
+    "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
 const WORKSPACES_PATH: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
 /// Label on probe workspaces, so that leftovers of an interrupted probe can be found.
 pub const PROBE_LABEL: &str = "kcpshard.io/probe";
@@ -39,10 +40,7 @@ pub fn slot_url(port: u16) -> String {
 
 /// A client for the shard admin of the slot whose `admin.kubeconfig` is given, dialing `server`
 /// (a slot's own URL, see [`slot_url`]).
-pub async fn shard_admin_client(
-    kubeconfig: &Path,
-    server: &str,
-) -> Result<kube::Client, SlotError> {
+pub async fn shard_admin_client(kubeconfig: &Path, server: &str) -> Result<kube::Client, SlotError> {
     client_for_context(kubeconfig, SHARD_ADMIN_CONTEXT, server).await
 }
 
@@ -57,11 +55,7 @@ pub async fn kcp_admin_client(kubeconfig: &Path, server: &str) -> Result<kube::C
 
 /// A client for `context` of an `admin.kubeconfig`, with its server replaced by `server`. Short
 /// connect and read timeouts: a slot that does not answer within seconds is not ready.
-pub async fn client_for_context(
-    kubeconfig: &Path,
-    context: &str,
-    server: &str,
-) -> Result<kube::Client, SlotError> {
+pub async fn client_for_context(kubeconfig: &Path, context: &str, server: &str) -> Result<kube::Client, SlotError> {
     let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| SlotError::Kubeconfig {
         path: kubeconfig.to_path_buf(),
         message: e.to_string(),
@@ -120,10 +114,7 @@ async fn call(
         path: path.to_string(),
         message: e,
     };
-    let res = client
-        .send(req)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
+    let res = client.send(req).await.map_err(|e| unreachable(e.to_string()))?;
     let status = res.status();
     let body = res
         .into_body()
@@ -204,18 +195,12 @@ pub async fn controllers_lease_holder(client: &kube::Client) -> Result<Option<St
 ///
 /// `client` must be a real identity, i.e. [`kcp_admin_client`] of the slot it dials, not the shard
 /// admin (whose workspaces stay in Initializing).
-pub async fn probe_workspace(
-    client: &kube::Client,
-    timeout: Duration,
-) -> Result<Duration, SlotError> {
+pub async fn probe_workspace(client: &kube::Client, timeout: Duration) -> Result<Duration, SlotError> {
     let mut random = [0u8; 4];
     getrandom::fill(&mut random).map_err(|e| SlotError::Client(format!("random name: {e}")))?;
     let name = format!(
         "kcpshard-probe-{}",
-        random
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
+        random.iter().map(|b| format!("{b:02x}")).collect::<String>()
     );
     let body = serde_json::json!({
         "apiVersion": "tenancy.kcp.io/v1alpha1",
@@ -233,10 +218,7 @@ pub async fn probe_workspace(
         match call(client, Method::GET, &path, None).await {
             Ok((StatusCode::OK, resp)) => {
                 let ws: serde_json::Value = serde_json::from_slice(&resp).unwrap_or_default();
-                phase = ws["status"]["phase"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
+                phase = ws["status"]["phase"].as_str().unwrap_or_default().to_string();
                 if phase == "Ready" {
                     break Ok(started.elapsed());
                 }

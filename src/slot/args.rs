@@ -109,9 +109,7 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         )));
     }
     if launch.port == 0 {
-        return Err(invalid(
-            "port 0: the controller picks and records a free port".into(),
-        ));
+        return Err(invalid("port 0: the controller picks and records a free port".into()));
     }
     if launch.etcd_servers.trim().is_empty() {
         return Err(invalid(
@@ -119,10 +117,7 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         ));
     }
     if !launch.front_url.starts_with("https://") {
-        return Err(invalid(format!(
-            "front URL {:?} is not https://",
-            launch.front_url
-        )));
+        return Err(invalid(format!("front URL {:?} is not https://", launch.front_url)));
     }
     check_extra_args(&launch.extra_args)?;
 
@@ -135,10 +130,7 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         "--enable-leader-election=true".to_string(),
         format!("--shard-base-url={}", launch.front_url),
         format!("--shard-external-url={}", launch.front_url),
-        format!(
-            "--shutdown-delay-duration={}",
-            go_duration(launch.shutdown_delay)
-        ),
+        format!("--shutdown-delay-duration={}", go_duration(launch.shutdown_delay)),
     ];
     args.extend(launch.extra_args.iter().cloned());
     Ok(args)
@@ -170,9 +162,7 @@ pub fn check_extra_args(extra: &[String]) -> Result<(), ArgsError> {
                 None => extra.get(i + 1).map_or("", String::as_str),
             };
             let batteries: Vec<&str> = value.split(',').map(str::trim).collect();
-            let prefixed = batteries
-                .iter()
-                .all(|b| b.starts_with('+') || b.starts_with('-'));
+            let prefixed = batteries.iter().all(|b| b.starts_with('+') || b.starts_with('-'));
             // A list of +x/-x edits the default set, which has admin; a plain list replaces it.
             let keeps_admin = if prefixed {
                 !batteries.contains(&"-admin")
@@ -225,48 +215,30 @@ mod tests {
     #[test]
     fn the_store_is_external() {
         let args = kcp_args(&launch()).unwrap();
-        assert!(
-            has(&args, "--etcd-servers=http://127.0.0.1:23790"),
-            "{args:?}"
-        );
+        assert!(has(&args, "--etcd-servers=http://127.0.0.1:23790"), "{args:?}");
     }
 
     #[test]
     fn both_shard_urls_are_the_front() {
         let args = kcp_args(&launch()).unwrap();
-        assert!(
-            has(&args, "--shard-base-url=https://127.0.0.1:6443"),
-            "{args:?}"
-        );
-        assert!(
-            has(&args, "--shard-external-url=https://127.0.0.1:6443"),
-            "{args:?}"
-        );
+        assert!(has(&args, "--shard-base-url=https://127.0.0.1:6443"), "{args:?}");
+        assert!(has(&args, "--shard-external-url=https://127.0.0.1:6443"), "{args:?}");
     }
 
     #[test]
     fn the_slot_has_its_own_root_port_and_loopback_address() {
         let args = kcp_args(&launch()).unwrap();
-        assert!(
-            has(&args, "--root-directory=/state/shards/dev/slot-b"),
-            "{args:?}"
-        );
+        assert!(has(&args, "--root-directory=/state/shards/dev/slot-b"), "{args:?}");
         assert!(has(&args, "--secure-port=16444"), "{args:?}");
         assert!(has(&args, "--bind-address=127.0.0.1"), "{args:?}");
     }
 
     #[test]
     fn the_shutdown_delay_is_a_go_duration() {
-        assert!(has(
-            &kcp_args(&launch()).unwrap(),
-            "--shutdown-delay-duration=2s"
-        ));
+        assert!(has(&kcp_args(&launch()).unwrap(), "--shutdown-delay-duration=2s"));
         let mut l = launch();
         l.shutdown_delay = Duration::from_millis(1500);
-        assert!(has(
-            &kcp_args(&l).unwrap(),
-            "--shutdown-delay-duration=1500ms"
-        ));
+        assert!(has(&kcp_args(&l).unwrap(), "--shutdown-delay-duration=1500ms"));
         l.shutdown_delay = Duration::ZERO;
         assert!(has(&kcp_args(&l).unwrap(), "--shutdown-delay-duration=0s"));
     }
@@ -309,12 +281,7 @@ mod tests {
         ];
         assert!(kcp_args(&l).is_ok());
         l.extra_args = vec!["stray".into()];
-        assert_eq!(
-            kcp_args(&l),
-            Err(ArgsError::NotAFlag {
-                arg: "stray".into()
-            })
-        );
+        assert_eq!(kcp_args(&l), Err(ArgsError::NotAFlag { arg: "stray".into() }));
     }
 
     #[test]
@@ -340,10 +307,7 @@ mod tests {
             );
         }
         l.extra_args = vec!["--batteries-included".into(), "user".into()];
-        assert!(matches!(
-            kcp_args(&l),
-            Err(ArgsError::AdminBatteryDropped { .. })
-        ));
+        assert!(matches!(kcp_args(&l), Err(ArgsError::AdminBatteryDropped { .. })));
     }
 
     #[test]

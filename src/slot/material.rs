@@ -29,12 +29,7 @@ pub const SHARED_FILES: [&str; 5] = [
 
 /// Files that, once in the shard's directory, are never replaced: replacing one would cut every
 /// client, token or slot that relies on the old one.
-pub const PINNED_FILES: [&str; 4] = [
-    "apiserver.crt",
-    "apiserver.key",
-    "sa.key",
-    ".admin-token-store",
-];
+pub const PINNED_FILES: [&str; 4] = ["apiserver.crt", "apiserver.key", "sa.key", ".admin-token-store"];
 
 pub const ADMIN_KUBECONFIG: &str = "admin.kubeconfig";
 const TOKEN_STORE: &str = ".admin-token-store";
@@ -92,12 +87,8 @@ pub fn capture_shared(root_dir: &Path, shared_dir: &Path) -> io::Result<()> {
             }
         }
     }
-    let kubeconfig = fsutil::read_optional(&root_dir.join(ADMIN_KUBECONFIG))?.ok_or_else(|| {
-        invalid(format!(
-            "{} has no {ADMIN_KUBECONFIG} yet",
-            root_dir.display()
-        ))
-    })?;
+    let kubeconfig = fsutil::read_optional(&root_dir.join(ADMIN_KUBECONFIG))?
+        .ok_or_else(|| invalid(format!("{} has no {ADMIN_KUBECONFIG} yet", root_dir.display())))?;
     make_private_dir(shared_dir)?;
     // Key material first, the kubeconfig last: a kubeconfig in the shard's directory always has
     // its token hash beside it.
@@ -152,10 +143,7 @@ mod tests {
         assert_eq!(mode(&root), 0o700);
         for name in SHARED_FILES {
             let p = root.join(name);
-            assert_eq!(
-                fs::read_to_string(&p).unwrap(),
-                format!("content of {name}")
-            );
+            assert_eq!(fs::read_to_string(&p).unwrap(), format!("content of {name}"));
             assert_eq!(mode(&p), 0o600, "{name}");
         }
     }
@@ -188,10 +176,7 @@ mod tests {
         capture_shared(&root, &shared).unwrap();
         assert_eq!(mode(&shared), 0o700);
         for name in SHARED_FILES {
-            assert_eq!(
-                fs::read_to_string(shared.join(name)).unwrap(),
-                format!("{name} v1")
-            );
+            assert_eq!(fs::read_to_string(shared.join(name)).unwrap(), format!("{name} v1"));
             assert_eq!(mode(&shared.join(name)), 0o600);
         }
         // The next start rewrote the kubeconfig (fresh kcp-admin token): the shard's copy follows.
@@ -221,10 +206,7 @@ mod tests {
         }
         capture_shared(&root, &shared).unwrap();
         for name in PINNED_FILES {
-            assert_eq!(
-                fs::read_to_string(shared.join(name)).unwrap(),
-                format!("{name} shard")
-            );
+            assert_eq!(fs::read_to_string(shared.join(name)).unwrap(), format!("{name} shard"));
         }
         assert_eq!(
             fs::read_to_string(shared.join("admin.kubeconfig")).unwrap(),

@@ -72,11 +72,7 @@ pub fn listen_port(args: &[String]) -> Option<u16> {
 }
 
 /// Makes sure the kine of the sqlite store in `dir` runs and accepts, adopting a running one.
-pub async fn ensure_kine_sqlite(
-    runtime: &Runtime,
-    kine_binary: &Path,
-    dir: &Path,
-) -> Result<Kine, StoreError> {
+pub async fn ensure_kine_sqlite(runtime: &Runtime, kine_binary: &Path, dir: &Path) -> Result<Kine, StoreError> {
     ensure_kine_sqlite_within(runtime, kine_binary, dir, READY_TIMEOUT).await
 }
 
@@ -230,12 +226,7 @@ pub async fn stop_kine_sqlite(
 }
 
 /// Waits until `port` accepts while the process runs; false when it exits or `timeout` passes.
-async fn wait_accepting(
-    runtime: &Runtime,
-    rec: &ProcessRecord,
-    port: u16,
-    timeout: Duration,
-) -> bool {
+async fn wait_accepting(runtime: &Runtime, rec: &ProcessRecord, port: u16, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if !runtime.is_running(rec) {

@@ -50,9 +50,7 @@ impl StoreBackend {
     /// Stops the store's processes; the data stays.
     pub async fn stop(&self, runtime: &Runtime, grace: Duration) -> Result<(), StoreError> {
         match self {
-            StoreBackend::KineSqlite { dir, .. } => {
-                stop_kine_sqlite(runtime, dir, grace).await.map(|_| ())
-            }
+            StoreBackend::KineSqlite { dir, .. } => stop_kine_sqlite(runtime, dir, grace).await.map(|_| ()),
         }
     }
 }
@@ -62,10 +60,7 @@ pub enum StoreError {
     #[error(transparent)]
     Process(#[from] ProcessError),
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Invalid(String),
     #[error("kine runs but does not accept within {waited:?}; see {log}:\n{log_tail}")]

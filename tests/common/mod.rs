@@ -31,11 +31,7 @@ pub fn repo_root() -> PathBuf {
 /// A file under manifests/.
 pub fn manifest(name: &str) -> PathBuf {
     let path = repo_root().join("manifests").join(name);
-    assert!(
-        path.is_file(),
-        "missing example manifest {}",
-        path.display()
-    );
+    assert!(path.is_file(), "missing example manifest {}", path.display());
     path
 }
 
@@ -156,8 +152,7 @@ impl Serve {
 
     async fn try_client(&self) -> anyhow::Result<Client> {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
-        let config =
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(Client::try_from(config)?)
     }
 
@@ -165,9 +160,7 @@ impl Serve {
     pub async fn client(&self) -> Client {
         match self.try_client().await {
             Ok(client) => client,
-            Err(err) => self.fail(&format!(
-                "cannot build a client from the kubeconfig: {err:#}"
-            )),
+            Err(err) => self.fail(&format!("cannot build a client from the kubeconfig: {err:#}")),
         }
     }
 
@@ -218,8 +211,7 @@ impl Serve {
         let mut child = command.spawn().expect("spawn kubectl");
         if let Some(input) = stdin {
             let mut pipe = child.stdin.take().unwrap();
-            pipe.write_all(input.as_bytes())
-                .expect("write kubectl stdin");
+            pipe.write_all(input.as_bytes()).expect("write kubectl stdin");
         }
         let pid = child.id();
         let (done, waiting) = std::sync::mpsc::channel::<()>();

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
@@ -34,7 +36,9 @@ pub fn repo_root() -> PathBuf {
 }
 
 pub fn bin_dir() -> PathBuf {
-    std::env::var_os("KCPSHARD_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("bin"))
+    std::env::var_os("KCPSHARD_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("bin"))
 }
 
 pub fn in_ci() -> bool {
@@ -44,13 +48,19 @@ pub fn in_ci() -> bool {
 /// `bin/<component>`, or a failure that says how to install it. Never a skip.
 pub fn require(component: &str) -> PathBuf {
     let path = bin_dir().join(component);
-    let ok = std::fs::metadata(&path).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false);
+    let ok = std::fs::metadata(&path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
     assert!(
         ok,
         "required component `{component}` is missing: {} is not an executable file; run hack/install-deps.sh \
          (or point KCPSHARD_BIN_DIR at a directory that has it). End-to-end tests never skip{}.",
         path.display(),
-        if in_ci() { " (CI=true: a missing component is a failure)" } else { "" }
+        if in_ci() {
+            " (CI=true: a missing component is a failure)"
+        } else {
+            ""
+        }
     );
     path
 }
@@ -85,7 +95,11 @@ pub fn require_components(versions: &[&str]) {
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Real-kcp scenarios run one at a time (kcp is heavy): hold this for the whole test.
@@ -106,17 +120,27 @@ pub fn stamp(start: Instant) -> String {
 pub fn processes_with(needle: &str) -> Vec<(i32, String)> {
     let me = std::process::id() as i32;
     let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return found };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
         if pid == me {
             continue;
         }
-        let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
         if raw.is_empty() || is_zombie(pid) {
             continue;
         }
-        let argv = raw.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect::<Vec<_>>().join(" ");
+        let argv = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
         if argv.contains(needle) {
             found.push((pid, argv.trim().to_string()));
         }
@@ -164,12 +188,17 @@ pub fn sweep(needle: &str, grace: Duration) -> Vec<(i32, String)> {
 /// The kcpshard binary under test: cargo's, or `$KCPSHARD_E2E_BIN` (a copy that a concurrent
 /// rebuild of the shared target dir cannot replace under a long run).
 pub fn kcpshard_bin() -> PathBuf {
-    std::env::var_os("KCPSHARD_E2E_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kcpshard")))
+    std::env::var_os("KCPSHARD_E2E_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kcpshard")))
 }
 
 /// The KcpShard resource for dynamic clients.
 pub fn kcpshard_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("kcpshard.io", "v1alpha1", "KcpShard"), "kcpshards")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kcpshard.io", "v1alpha1", "KcpShard"),
+        "kcpshards",
+    )
 }
 
 /// A state dir and the `kcpshard serve` running on it (restartable).
@@ -184,9 +213,19 @@ pub struct Env {
 
 impl Env {
     pub async fn start() -> Env {
-        let dir = tempfile::Builder::new().prefix("kcpshard-e2e-").tempdir().expect("temp dir");
+        let dir = tempfile::Builder::new()
+            .prefix("kcpshard-e2e-")
+            .tempdir()
+            .expect("temp dir");
         let state = dir.path().join("state");
-        let mut env = Env { dir, state, serve: None, serve_starts: 0, client: None, started: Instant::now() };
+        let mut env = Env {
+            dir,
+            state,
+            serve: None,
+            serve_starts: 0,
+            client: None,
+            started: Instant::now(),
+        };
         env.start_serve().await;
         env
     }
@@ -206,7 +245,11 @@ impl Env {
     /// Starts `serve` on the state dir (again); returns once its API answers /readyz.
     pub async fn start_serve(&mut self) {
         assert!(self.serve.is_none(), "serve already runs");
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.serve_log()).expect("serve.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.serve_log())
+            .expect("serve.log");
         let mut command = Command::new(kcpshard_bin());
         command
             .arg("serve")
@@ -323,7 +366,11 @@ impl Env {
     }
 
     pub async fn patch(&self, name: &str, patch: Value) -> DynamicObject {
-        match self.shards().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        match self
+            .shards()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Ok(o) => o,
             Err(e) => self.fail(&format!("patch KcpShard {name} with {patch}: {e}")),
         }
@@ -332,7 +379,11 @@ impl Env {
     /// What `kubectl rollout restart` does: a new `kcpshard.io/restartedAt`.
     pub async fn request_restart(&self, name: &str) -> DynamicObject {
         let at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        self.patch(name, json!({ "metadata": { "annotations": { "kcpshard.io/restartedAt": at } } })).await
+        self.patch(
+            name,
+            json!({ "metadata": { "annotations": { "kcpshard.io/restartedAt": at } } }),
+        )
+        .await
     }
 
     /// The object as JSON (metadata and status), or None when it does not exist.
@@ -351,7 +402,13 @@ impl Env {
     }
 
     /// Polls until `check` on the whole object returns Some, or fails after `timeout`.
-    pub async fn until<T>(&self, name: &str, timeout: Duration, what: &str, mut check: impl FnMut(&Value) -> Option<T>) -> T {
+    pub async fn until<T>(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        mut check: impl FnMut(&Value) -> Option<T>,
+    ) -> T {
         let deadline = Instant::now() + timeout;
         let mut last = Value::Null;
         loop {
@@ -373,7 +430,10 @@ impl Env {
 
     /// kubectl-wait: Ready=True at the object's current generation.
     pub async fn wait_ready(&self, name: &str, timeout: Duration) -> Value {
-        self.until(name, timeout, "Ready=True at the current generation", |o| ready_now(o).then(|| o.clone())).await
+        self.until(name, timeout, "Ready=True at the current generation", |o| {
+            ready_now(o).then(|| o.clone())
+        })
+        .await
     }
 
     /// Events about KcpShard `name`, oldest first.
@@ -412,7 +472,11 @@ impl Env {
     }
 
     pub fn fail(&self, message: &str) -> ! {
-        panic!("{message}\n--- last lines of kcpshard serve's log ({}) ---\n{}", self.serve_log().display(), self.serve_log_tail(40))
+        panic!(
+            "{message}\n--- last lines of kcpshard serve's log ({}) ---\n{}",
+            self.serve_log().display(),
+            self.serve_log_tail(40)
+        )
     }
 
     /// Orderly end: delete the shards, wait for them to go, SIGTERM serve; then report anything
@@ -432,13 +496,21 @@ impl Env {
 
     /// Copies the logs of a state dir next to the target dir (for a failed run's post-mortem).
     pub fn keep_logs(&self) -> PathBuf {
-        let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs").join(self.dir.path().file_name().unwrap());
+        let keep = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("e2e-logs")
+            .join(self.dir.path().file_name().unwrap());
         let _ = std::fs::create_dir_all(&keep);
         let _ = std::fs::copy(self.serve_log(), keep.join("serve.log"));
         if let Ok(shards) = std::fs::read_dir(self.state.join("shards")) {
             for shard in shards.flatten() {
                 let name = shard.file_name().to_string_lossy().into_owned();
-                for rel in ["slots/a/kcp.log", "slots/b/kcp.log", "store/kine.log", "front/front.log", "controller.json"] {
+                for rel in [
+                    "slots/a/kcp.log",
+                    "slots/b/kcp.log",
+                    "store/kine.log",
+                    "front/front.log",
+                    "controller.json",
+                ] {
                     let from = shard.path().join(rel);
                     if from.is_file() {
                         let to = keep.join(format!("{name}-{}", rel.replace('/', "-")));
@@ -460,7 +532,11 @@ impl Drop for Env {
         self.kill_serve();
         let left = sweep(&self.state.display().to_string(), Duration::from_secs(10));
         if !left.is_empty() {
-            eprintln!("killed {} process(es) left with the state dir in argv: {:?}", left.len(), left.iter().map(|(p, _)| p).collect::<Vec<_>>());
+            eprintln!(
+                "killed {} process(es) left with the state dir in argv: {:?}",
+                left.len(),
+                left.iter().map(|(p, _)| p).collect::<Vec<_>>()
+            );
         }
     }
 }
@@ -472,7 +548,8 @@ pub fn tail(path: &Path, lines: usize) -> String {
 }
 
 async fn api_client(kubeconfig: &Path) -> anyhow::Result<Client> {
-    let config = Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
+    let config =
+        Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
 }
 
@@ -511,7 +588,10 @@ pub fn summarize_events(events: &[Event]) -> String {
 // Status
 
 pub fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
-    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
 }
 
 pub fn condition_is(object: &Value, type_: &str, status: &str) -> bool {
@@ -532,7 +612,12 @@ pub fn active_slot(object: &Value) -> Option<String> {
 /// The pid of the active slot, from status.slots.
 pub fn active_pid(object: &Value) -> Option<i32> {
     let active = active_slot(object)?;
-    object["status"]["slots"].as_array()?.iter().find(|s| s["name"] == active.as_str())?["pid"].as_i64().map(|p| p as i32)
+    object["status"]["slots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == active.as_str())?["pid"]
+        .as_i64()
+        .map(|p| p as i32)
 }
 
 pub fn parse_time(v: &Value) -> Option<DateTime<Utc>> {
@@ -540,18 +625,29 @@ pub fn parse_time(v: &Value) -> Option<DateTime<Utc>> {
 }
 
 /// The phases of status.lastRoll, in the order they must happen.
-pub const ROLL_PHASES: [&str; 8] =
-    ["startedAt", "newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "oldSlotExitedAt", "leaseReleasedAt", "probeSucceededAt", "completedAt"];
+pub const ROLL_PHASES: [&str; 8] = [
+    "startedAt",
+    "newSlotStartedAt",
+    "newSlotReadyAt",
+    "frontSwitchedAt",
+    "oldSlotExitedAt",
+    "leaseReleasedAt",
+    "probeSucceededAt",
+    "completedAt",
+];
 
 /// The timings of a completed roll, each phase relative to startedAt, and a check that each is
 /// set and in order. Err names what is missing or out of order.
 pub fn roll_timings(last_roll: &Value) -> Result<Vec<(&'static str, DateTime<Utc>)>, String> {
     let mut times = Vec::new();
     for phase in ROLL_PHASES {
-        let t = parse_time(&last_roll[phase]).ok_or_else(|| format!("status.lastRoll.{phase} is not set: {last_roll}"))?;
+        let t =
+            parse_time(&last_roll[phase]).ok_or_else(|| format!("status.lastRoll.{phase} is not set: {last_roll}"))?;
         if let Some((before, previous)) = times.last() {
             if t < *previous {
-                return Err(format!("status.lastRoll.{phase} ({t}) is before {before} ({previous}): {last_roll}"));
+                return Err(format!(
+                    "status.lastRoll.{phase} ({t}) is before {before} ({previous}): {last_roll}"
+                ));
             }
         }
         times.push((phase, t));
@@ -568,8 +664,14 @@ pub fn roll_phase(last_roll: &Value, phase: &str, since: DateTime<Utc>) -> Optio
 
 /// Phases of status.lastRoll stamped before its startedAt: left over from an earlier roll.
 pub fn stale_phases(last_roll: &Value) -> Vec<String> {
-    let Some(started) = parse_time(&last_roll["startedAt"]) else { return vec![] };
-    ROLL_PHASES.iter().filter(|p| parse_time(&last_roll[**p]).is_some_and(|t| t < started)).map(|p| format!("{p}={}", last_roll[*p])).collect()
+    let Some(started) = parse_time(&last_roll["startedAt"]) else {
+        return vec![];
+    };
+    ROLL_PHASES
+        .iter()
+        .filter(|p| parse_time(&last_roll[**p]).is_some_and(|t| t < started))
+        .map(|p| format!("{p}={}", last_roll[*p]))
+        .collect()
 }
 
 /// One line per phase: its offset from startedAt and from the phase before.
@@ -594,8 +696,13 @@ pub fn format_timings(times: &[(&'static str, DateTime<Utc>)]) -> String {
 /// A kube config for `context` of `kubeconfig`, dialing `server` instead of the kubeconfig's.
 pub async fn config_for(kubeconfig: &Path, context: &str, server: &str) -> Config {
     let kc = Kubeconfig::read_from(kubeconfig).unwrap_or_else(|e| panic!("read {}: {e}", kubeconfig.display()));
-    let options = KubeConfigOptions { context: Some(context.to_string()), ..Default::default() };
-    let mut config = Config::from_custom_kubeconfig(kc, &options).await.unwrap_or_else(|e| panic!("{} context {context}: {e}", kubeconfig.display()));
+    let options = KubeConfigOptions {
+        context: Some(context.to_string()),
+        ..Default::default()
+    };
+    let mut config = Config::from_custom_kubeconfig(kc, &options)
+        .await
+        .unwrap_or_else(|e| panic!("{} context {context}: {e}", kubeconfig.display()));
     config.cluster_url = server.parse().unwrap();
     config.connect_timeout = Some(Duration::from_secs(2));
     config.read_timeout = Some(Duration::from_secs(10));
@@ -604,22 +711,41 @@ pub async fn config_for(kubeconfig: &Path, context: &str, server: &str) -> Confi
 
 /// The shard admin (persistent token, valid on every slot) dialing the front.
 pub async fn front_shard_admin(env: &Env, shard: &str, front: &str) -> Config {
-    config_for(&env.shard_dir(shard).join("shared/admin.kubeconfig"), "shard-base", &format!("https://{front}")).await
+    config_for(
+        &env.shard_dir(shard).join("shared/admin.kubeconfig"),
+        "shard-base",
+        &format!("https://{front}"),
+    )
+    .await
 }
 
 /// kcp-admin of the ACTIVE slot (its token is per process) dialing the front.
 pub async fn front_kcp_admin(env: &Env, shard: &str, slot: &str, front: &str) -> Config {
-    let kubeconfig = env.shard_dir(shard).join("slots").join(slot).join("root/admin.kubeconfig");
+    let kubeconfig = env
+        .shard_dir(shard)
+        .join("slots")
+        .join(slot)
+        .join("root/admin.kubeconfig");
     config_for(&kubeconfig, "base", &format!("https://{front}")).await
 }
 
 /// One request on a NEW connection (a fresh client): status and body, or the transport error.
-pub async fn once(config: &Config, method: http::Method, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
+pub async fn once(
+    config: &Config,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, String), String> {
     let client = Client::try_from(config.clone()).map_err(|e| e.to_string())?;
     request(&client, method, path, body).await
 }
 
-pub async fn request(client: &Client, method: http::Method, path: &str, body: Option<&Value>) -> Result<(u16, String), String> {
+pub async fn request(
+    client: &Client,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<(u16, String), String> {
     use http_body_util::BodyExt;
     let bytes = body.map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default();
     let request = http::Request::builder()
@@ -629,9 +755,17 @@ pub async fn request(client: &Client, method: http::Method, path: &str, body: Op
         .header("content-type", "application/json")
         .body(kube::client::Body::from(bytes))
         .unwrap();
-    let response = tokio::time::timeout(Duration::from_secs(10), client.send(request)).await.map_err(|_| "timed out".to_string())?.map_err(|e| e.to_string())?;
+    let response = tokio::time::timeout(Duration::from_secs(10), client.send(request))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| e.to_string())?;
     let status = response.status().as_u16();
-    let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -668,7 +802,9 @@ pub async fn create_workspace_ready(config: &Config, name: &str, timeout: Durati
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Err(format!("workspace {name} not Ready within {timeout:?} (phase {phase:?})"))
+    Err(format!(
+        "workspace {name} not Ready within {timeout:?} (phase {phase:?})"
+    ))
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -713,7 +849,13 @@ impl Poller {
 }
 
 pub fn describe_failures(stats: &PollStats) -> String {
-    stats.failures.iter().take(20).map(|(t, e)| format!("  {t}: {e}")).collect::<Vec<_>>().join("\n")
+    stats
+        .failures
+        .iter()
+        .take(20)
+        .map(|(t, e)| format!("  {t}: {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Figures collected by a test, printed at its end for docs/benchmarks.md.

@@ -60,7 +60,11 @@ pub fn require(component: &str) -> PathBuf {
          Install the pinned components with `hack/install-deps.sh` (hack/test.sh runs it first), \
          or point KCPSHARD_BIN_DIR at a directory that has them.{}",
         p.display(),
-        if in_ci() { " (CI=true: a missing component is a failure, never a skip)" } else { "" }
+        if in_ci() {
+            " (CI=true: a missing component is a failure, never a skip)"
+        } else {
+            ""
+        }
     )
 }
 
@@ -84,7 +88,10 @@ pub fn pins() -> &'static BTreeMap<String, String> {
 }
 
 pub fn pin(key: &str) -> String {
-    pins().get(key).cloned().unwrap_or_else(|| panic!("hack/versions.env has no {key}"))
+    pins()
+        .get(key)
+        .cloned()
+        .unwrap_or_else(|| panic!("hack/versions.env has no {key}"))
 }
 
 /// The kcp release tests run by default.
@@ -276,13 +283,19 @@ impl Drop for Proc {
             // The log usually sits in a TempDir that goes next: keep a copy for the post-mortem.
             let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("failed-test-logs");
             let copy = keep.join(format!("{}-{}.log", self.name, self.pid()));
-            let kept = fs::create_dir_all(&keep).and_then(|_| fs::copy(&self.log, &copy)).is_ok();
+            let kept = fs::create_dir_all(&keep)
+                .and_then(|_| fs::copy(&self.log, &copy))
+                .is_ok();
             eprintln!(
                 "--- {} (pid {}) last lines of {}{} ---\n{}\n---",
                 self.name,
                 self.pid(),
                 self.log.display(),
-                if kept { format!(", full log kept at {}", copy.display()) } else { String::new() },
+                if kept {
+                    format!(", full log kept at {}", copy.display())
+                } else {
+                    String::new()
+                },
                 self.log_tail(25)
             );
         }
@@ -313,7 +326,11 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Output {
         }
         thread::sleep(Duration::from_millis(10));
     };
-    Output { status, stdout: fs::read(&out_path).unwrap(), stderr: fs::read(&err_path).unwrap() }
+    Output {
+        status,
+        stdout: fs::read(&out_path).unwrap(),
+        stderr: fs::read(&err_path).unwrap(),
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -356,7 +373,11 @@ impl Postgres {
         // SAFETY: plain syscall.
         let as_root = unsafe { libc::geteuid() } == 0;
         let ids = if as_root {
-            Some(user_ids("postgres").or_else(|| user_ids("nobody")).expect("no postgres or nobody user"))
+            Some(
+                user_ids("postgres")
+                    .or_else(|| user_ids("nobody"))
+                    .expect("no postgres or nobody user"),
+            )
         } else {
             None
         };
@@ -374,7 +395,15 @@ impl Postgres {
         let mut cmd = Command::new(&initdb);
         cmd.args(["-D"])
             .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions"])
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
             .current_dir(dir.path());
         as_user(&mut cmd);
         let out = run(cmd, Duration::from_secs(120));
@@ -397,18 +426,28 @@ impl Postgres {
             .args(["-p", &port.to_string(), "-k"])
             .arg(&sock)
             .args([
-                "-c", "listen_addresses=127.0.0.1",
-                "-c", "fsync=off",
-                "-c", "synchronous_commit=off",
-                "-c", "full_page_writes=off",
-                "-c", "max_connections=200",
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=200",
             ])
             .current_dir(dir.path());
         as_user(&mut cmd);
         let mut proc = Proc::spawn("postgres", cmd, &log);
         proc.stop_signal = libc::SIGQUIT; // immediate shutdown: throwaway data
         proc.grace = Duration::from_secs(5);
-        let mut pg = Postgres { port, ready_in: Duration::ZERO, proc, dir };
+        let mut pg = Postgres {
+            port,
+            ready_in: Duration::ZERO,
+            proc,
+            dir,
+        };
         let ok = poll(Duration::from_secs(60), Duration::from_millis(100), || {
             if !pg.proc.is_running() {
                 pg.proc.fail("exited during startup");
@@ -428,13 +467,25 @@ impl Postgres {
 
     /// A kine endpoint for database `db` (kine creates it when missing).
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://postgres:postgres@127.0.0.1:{}/{db}?sslmode=disable", self.port)
+        format!(
+            "postgres://postgres:postgres@127.0.0.1:{}/{db}?sslmode=disable",
+            self.port
+        )
     }
 
     pub fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
         let mut cmd = Command::new(require("psql"));
-        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-d", db])
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql]);
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            db,
+        ])
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql]);
         let out = run(cmd, Duration::from_secs(30));
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -466,16 +517,21 @@ impl Kine {
     pub fn sqlite() -> Kine {
         let dir = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
         let db = dir.path().join("state.db");
-        let endpoint = format!("sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000", db.display());
+        let endpoint = format!(
+            "sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000",
+            db.display()
+        );
         let mut k = Kine::spawn_in(dir, &endpoint);
-        k.wait_ready(Duration::from_secs(60)).unwrap_or_else(|e| k.proc.fail(&e));
+        k.wait_ready(Duration::from_secs(60))
+            .unwrap_or_else(|e| k.proc.fail(&e));
         k
     }
 
     /// kine on `endpoint` (e.g. `Postgres::url`); waits until ready.
     pub fn start(endpoint: &str) -> Kine {
         let mut k = Kine::spawn(endpoint);
-        k.wait_ready(Duration::from_secs(60)).unwrap_or_else(|e| k.proc.fail(&e));
+        k.wait_ready(Duration::from_secs(60))
+            .unwrap_or_else(|e| k.proc.fail(&e));
         k
     }
 
@@ -495,7 +551,13 @@ impl Kine {
             .arg("--compact-interval=0")
             .current_dir(dir.path());
         let proc = Proc::spawn("kine", cmd, &dir.path().join("kine.log"));
-        Kine { port, endpoint: endpoint.to_string(), proc, ready_in: None, dir }
+        Kine {
+            port,
+            endpoint: endpoint.to_string(),
+            proc,
+            ready_in: None,
+            dir,
+        }
     }
 
     /// Wait until kine accepts connections (its schema is ready by then), or it exits.
@@ -511,7 +573,10 @@ impl Kine {
                 return Ok(d);
             }
             if Instant::now() >= deadline {
-                return Err(format!("kine did not accept on 127.0.0.1:{} within {timeout:?}", self.port));
+                return Err(format!(
+                    "kine did not accept on 127.0.0.1:{} within {timeout:?}",
+                    self.port
+                ));
             }
             thread::sleep(Duration::from_millis(25));
         }
@@ -629,7 +694,8 @@ impl Kcp {
         });
         if ok.is_none() {
             let why = kcp.get_raw("/readyz?verbose").unwrap_or_else(|e| e);
-            kcp.proc.fail(&format!("/readyz not ok within {:?}:\n{why}", opts.ready_timeout));
+            kcp.proc
+                .fail(&format!("/readyz not ok within {:?}:\n{why}", opts.ready_timeout));
         }
         kcp.ready_in = kcp.proc.started.elapsed();
         kcp
