@@ -5,7 +5,8 @@
 //!
 //! The writes are events (events.k8s.io/v1), which the controller ignores, to a fixed set of
 //! [`CLIENTS`] x [`EVENTS_PER_CLIENT`] objects: well under the event retention limit, so no write
-//! is trimmed away. Each client owns its objects, so the writes to one object are sequential and
+//! is trimmed away; `serve` runs without the controller (`Serve::start`), as in every API test.
+//! Each client owns its objects, so the writes to one object are sequential and
 //! "the last acknowledged write, or a later one" is well defined.
 //!
 //! A write counts as acknowledged only when the server answered 2xx. A write whose answer was lost
