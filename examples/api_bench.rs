@@ -77,7 +77,11 @@ const SHARDS: &str = "/apis/kcpshard.io/v1alpha1/kcpshards";
 
 /// Sends one request and reads the whole body; fails on a non-2xx answer.
 async fn send(client: &Client, method: Method, path: &str, content_type: &str, body: Vec<u8>) -> anyhow::Result<Bytes> {
-    let request = Request::builder().method(method).uri(path).header(http::header::CONTENT_TYPE, content_type).body(body)?;
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .body(body)?;
     let response = client.send(request.map(kube::client::Body::from)).await?;
     let status = response.status();
     let bytes = response.into_body().collect().await?.to_bytes();
@@ -160,8 +164,14 @@ fn ms(d: Duration) -> String {
 }
 
 fn print_table(rows: &[Figures]) {
-    println!("| {:<44} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} |", "request", "samples", "p50 ms", "p99 ms", "mean ms", "max ms", "body B");
-    println!("|{:-<46}|{:->9}|{:->11}|{:->11}|{:->11}|{:->11}|{:->11}|", "", "", "", "", "", "", "");
+    println!(
+        "| {:<44} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} |",
+        "request", "samples", "p50 ms", "p99 ms", "mean ms", "max ms", "body B"
+    );
+    println!(
+        "|{:-<46}|{:->9}|{:->11}|{:->11}|{:->11}|{:->11}|{:->11}|",
+        "", "", "", "", "", "", ""
+    );
     for f in rows {
         println!(
             "| {:<44} | {:>7} | {:>9} | {:>9} | {:>9} | {:>9} | {:>9} |",
@@ -184,7 +194,11 @@ type Kind = (String, Box<dyn Fn(usize) -> BoxFuture<'static, anyhow::Result<Byte
 async fn time(kinds: Vec<Kind>, samples: usize) -> anyhow::Result<Vec<Figures>> {
     let mut rows: Vec<Figures> = kinds
         .iter()
-        .map(|(name, _)| Figures { name: name.clone(), samples: Vec::with_capacity(samples), bytes: 0 })
+        .map(|(name, _)| Figures {
+            name: name.clone(),
+            samples: Vec::with_capacity(samples),
+            bytes: 0,
+        })
         .collect();
     for i in 0..samples + samples / 10 {
         for (row, (_, request)) in rows.iter_mut().zip(&kinds) {
@@ -215,11 +229,21 @@ fn rss(pid: Option<u32>) -> String {
             .map(|l| l[name.len()..].trim().to_string())
             .unwrap_or_else(|| "?".into())
     };
-    format!("VmRSS {}, VmHWM {} (peak), threads {}", field("VmRSS:"), field("VmHWM:"), field("Threads:"))
+    format!(
+        "VmRSS {}, VmHWM {} (peak), threads {}",
+        field("VmRSS:"),
+        field("VmHWM:"),
+        field("Threads:")
+    )
 }
 
 /// One watcher: reports the moment it reads the MODIFIED event of each round.
-async fn watcher(client: Client, path: String, ready: mpsc::Sender<()>, seen: mpsc::UnboundedSender<(u64, Instant)>) -> anyhow::Result<()> {
+async fn watcher(
+    client: Client,
+    path: String,
+    ready: mpsc::Sender<()>,
+    seen: mpsc::UnboundedSender<(u64, Instant)>,
+) -> anyhow::Result<()> {
     let request = Request::get(path).body(kube::client::Body::empty())?;
     let response = client.send(request).await?;
     if !response.status().is_success() {
@@ -253,7 +277,10 @@ async fn main() -> anyhow::Result<()> {
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     config.default_retry = false;
     let client = Client::try_from(config)?;
-    println!("server: {}", String::from_utf8_lossy(&get(&client, "/version").await?).replace('\n', ""));
+    println!(
+        "server: {}",
+        String::from_utf8_lossy(&get(&client, "/version").await?).replace('\n', "")
+    );
     println!("RSS of serve, idle after start: {}", rss(args.pid));
 
     // Fill: events from 8 writers at once (each create is a durable write), then the shards.
@@ -265,19 +292,37 @@ async fn main() -> anyhow::Result<()> {
             let mut samples = Vec::new();
             for i in (w..objects).step_by(8) {
                 let start = Instant::now();
-                send(&client, Method::POST, EVENTS_V1, "application/json", serde_json::to_vec(&event(i))?).await?;
+                send(
+                    &client,
+                    Method::POST,
+                    EVENTS_V1,
+                    "application/json",
+                    serde_json::to_vec(&event(i))?,
+                )
+                .await?;
                 samples.push(start.elapsed());
             }
             anyhow::Ok(samples)
         }));
     }
-    let mut creates = Figures { name: "POST event (create), 8 writers at once".into(), samples: Vec::new(), bytes: 0 };
+    let mut creates = Figures {
+        name: "POST event (create), 8 writers at once".into(),
+        samples: Vec::new(),
+        bytes: 0,
+    };
     for w in writers {
         creates.samples.extend(w.await??);
     }
     let fill = fill_start.elapsed();
     for i in 0..args.shards {
-        send(&client, Method::POST, SHARDS, "application/json", serde_json::to_vec(&shard(i, free_port()?))?).await?;
+        send(
+            &client,
+            Method::POST,
+            SHARDS,
+            "application/json",
+            serde_json::to_vec(&shard(i, free_port()?))?,
+        )
+        .await?;
     }
     println!(
         "filled {} events in {:.2} s ({:.0} creates/s with 8 writers) and {} KcpShards",
@@ -287,7 +332,12 @@ async fn main() -> anyhow::Result<()> {
         args.shards
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
-    println!("RSS of serve, idle with {} events and {} KcpShards: {}", args.objects, args.shards, rss(args.pid));
+    println!(
+        "RSS of serve, idle with {} events and {} KcpShards: {}",
+        args.objects,
+        args.shards,
+        rss(args.pid)
+    );
 
     let n = args.objects;
     let mut rows = vec![creates];
@@ -296,10 +346,18 @@ async fn main() -> anyhow::Result<()> {
     rows.extend(
         time(
             vec![
-                get_kind(&client, "GET one event (events.k8s.io/v1)".into(), move |i| format!("{EVENTS_V1}/{}", event(i))),
-                get_kind(&client, "GET one event (core/v1 view)".into(), move |i| format!("{CORE_EVENTS}/{}", event(i))),
-                get_kind(&client, "GET one KcpShard".into(), move |i| format!("{SHARDS}/bench-{}", i % shards)),
-                get_kind(&client, format!("LIST {} KcpShards", args.shards), |_| SHARDS.to_string()),
+                get_kind(&client, "GET one event (events.k8s.io/v1)".into(), move |i| {
+                    format!("{EVENTS_V1}/{}", event(i))
+                }),
+                get_kind(&client, "GET one event (core/v1 view)".into(), move |i| {
+                    format!("{CORE_EVENTS}/{}", event(i))
+                }),
+                get_kind(&client, "GET one KcpShard".into(), move |i| {
+                    format!("{SHARDS}/bench-{}", i % shards)
+                }),
+                get_kind(&client, format!("LIST {} KcpShards", args.shards), |_| {
+                    SHARDS.to_string()
+                }),
             ],
             args.samples,
         )
@@ -311,10 +369,22 @@ async fn main() -> anyhow::Result<()> {
     rows.extend(
         time(
             vec![
-                get_kind(&client, format!("LIST {n} events (events.k8s.io/v1)"), |_| EVENTS_V1.to_string()),
-                get_kind(&client, format!("LIST {n} events (core/v1 view)"), |_| CORE_EVENTS.to_string()),
-                get_kind(&client, format!("LIST {n} events, selector matches none (v1)"), move |_| format!("{EVENTS_V1}?{none}")),
-                get_kind(&client, format!("LIST {n} events, selector matches none (core)"), move |_| format!("{CORE_EVENTS}?{none}")),
+                get_kind(&client, format!("LIST {n} events (events.k8s.io/v1)"), |_| {
+                    EVENTS_V1.to_string()
+                }),
+                get_kind(&client, format!("LIST {n} events (core/v1 view)"), |_| {
+                    CORE_EVENTS.to_string()
+                }),
+                get_kind(
+                    &client,
+                    format!("LIST {n} events, selector matches none (v1)"),
+                    move |_| format!("{EVENTS_V1}?{none}"),
+                ),
+                get_kind(
+                    &client,
+                    format!("LIST {n} events, selector matches none (core)"),
+                    move |_| format!("{CORE_EVENTS}?{none}"),
+                ),
             ],
             args.list_samples,
         )
@@ -327,7 +397,14 @@ async fn main() -> anyhow::Result<()> {
             let client = patcher.clone();
             async move {
                 let body = serde_json::to_vec(&json!({"note": format!("patched {i}")}))?;
-                send(&client, Method::PATCH, &format!("{EVENTS_V1}/{}", event(i)), "application/merge-patch+json", body).await
+                send(
+                    &client,
+                    Method::PATCH,
+                    &format!("{EVENTS_V1}/{}", event(i)),
+                    "application/merge-patch+json",
+                    body,
+                )
+                .await
             }
             .boxed()
         }),
@@ -342,7 +419,14 @@ async fn main() -> anyhow::Result<()> {
             let mut i = 0;
             while !stop.load(Ordering::Relaxed) {
                 let body = serde_json::to_vec(&json!({"note": format!("busy {i}")}))?;
-                send(&client, Method::PATCH, &format!("{EVENTS_V1}/{}", event(i)), "application/merge-patch+json", body).await?;
+                send(
+                    &client,
+                    Method::PATCH,
+                    &format!("{EVENTS_V1}/{}", event(i)),
+                    "application/merge-patch+json",
+                    body,
+                )
+                .await?;
                 i += 1;
             }
             anyhow::Ok(i)
@@ -350,8 +434,12 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut busy = time(
         vec![
-            get_kind(&client, "GET one event, while 1 client patches".into(), move |i| format!("{EVENTS_V1}/{}", event(i))),
-            get_kind(&client, "GET one KcpShard, while 1 client patches".into(), move |i| format!("{SHARDS}/bench-{}", i % shards)),
+            get_kind(&client, "GET one event, while 1 client patches".into(), move |i| {
+                format!("{EVENTS_V1}/{}", event(i))
+            }),
+            get_kind(&client, "GET one KcpShard, while 1 client patches".into(), move |i| {
+                format!("{SHARDS}/bench-{}", i % shards)
+            }),
         ],
         args.samples / 2,
     )
@@ -371,22 +459,44 @@ async fn main() -> anyhow::Result<()> {
     let connect_start = Instant::now();
     for _ in 0..args.watchers {
         let path = format!("{SHARDS}?watch=true&resourceVersion={rv}&allowWatchBookmarks=true");
-        tasks.push(tokio::spawn(watcher(client.clone(), path, ready_tx.clone(), seen_tx.clone())));
+        tasks.push(tokio::spawn(watcher(
+            client.clone(),
+            path,
+            ready_tx.clone(),
+            seen_tx.clone(),
+        )));
     }
     for _ in 0..args.watchers {
         ready_rx.recv().await.context("a watcher failed to start")?;
     }
     let connect = connect_start.elapsed();
     println!("RSS of serve with {} open watches: {}", args.watchers, rss(args.pid));
-    let mut all_saw = Figures { name: format!("{} watchers all see one update", args.watchers), samples: Vec::new(), bytes: 0 };
-    let mut each_saw = Figures { name: format!("{} watchers: each one sees the update", args.watchers), samples: Vec::new(), bytes: 0 };
+    let mut all_saw = Figures {
+        name: format!("{} watchers all see one update", args.watchers),
+        samples: Vec::new(),
+        bytes: 0,
+    };
+    let mut each_saw = Figures {
+        name: format!("{} watchers: each one sees the update", args.watchers),
+        samples: Vec::new(),
+        bytes: 0,
+    };
     for round in 0..args.rounds as u64 {
         let patch = json!({"metadata": {"annotations": {"bench.kcpshard.io/round": round.to_string()}}});
         let start = Instant::now();
-        send(&client, Method::PATCH, &format!("{SHARDS}/bench-0"), "application/merge-patch+json", serde_json::to_vec(&patch)?).await?;
+        send(
+            &client,
+            Method::PATCH,
+            &format!("{SHARDS}/bench-0"),
+            "application/merge-patch+json",
+            serde_json::to_vec(&patch)?,
+        )
+        .await?;
         let mut last = start;
         for _ in 0..args.watchers {
-            let (seen_round, at) = tokio::time::timeout(Duration::from_secs(30), seen_rx.recv()).await?.context("watchers ended")?;
+            let (seen_round, at) = tokio::time::timeout(Duration::from_secs(30), seen_rx.recv())
+                .await?
+                .context("watchers ended")?;
             if seen_round != round {
                 bail!("a watcher saw round {seen_round} during round {round}");
             }
@@ -409,7 +519,17 @@ async fn main() -> anyhow::Result<()> {
         format!("POST event at the {n}-event retention limit"),
         Box::new(move |i| {
             let client = creator.clone();
-            async move { send(&client, Method::POST, EVENTS_V1, "application/json", serde_json::to_vec(&event_named(&format!("extra-{i:04}"), i))?).await }.boxed()
+            async move {
+                send(
+                    &client,
+                    Method::POST,
+                    EVENTS_V1,
+                    "application/json",
+                    serde_json::to_vec(&event_named(&format!("extra-{i:04}"), i))?,
+                )
+                .await
+            }
+            .boxed()
         }),
     );
     rows.extend(time(vec![create], args.list_samples).await?);
@@ -417,7 +537,12 @@ async fn main() -> anyhow::Result<()> {
     println!();
     print_table(&rows);
     println!();
-    println!("{} watches opened and subscribed in {:.1} ms; {} rounds", args.watchers, connect.as_secs_f64() * 1000.0, args.rounds);
+    println!(
+        "{} watches opened and subscribed in {:.1} ms; {} rounds",
+        args.watchers,
+        connect.as_secs_f64() * 1000.0,
+        args.rounds
+    );
     drop(tasks);
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!("RSS of serve, idle after the runs: {}", rss(args.pid));

@@ -127,7 +127,11 @@ async fn connect(shared: &Shared) -> (u64, Api<DynamicObject>) {
         {
             return (before, Api::namespaced_with(client, NAMESPACE, &events_resource()));
         }
-        assert!(Instant::now() < deadline, "no usable kubeconfig at {} for 60s", shared.kubeconfig.display());
+        assert!(
+            Instant::now() < deadline,
+            "no usable kubeconfig at {} for 60s",
+            shared.kubeconfig.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -196,11 +200,26 @@ async fn writer(shared: Arc<Shared>, client: usize) -> Vec<Record> {
             let answered_by = (before == after && after == epoch).then_some(after);
             match result {
                 Ok(written) => {
-                    let rv = written.metadata.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+                    let rv = written
+                        .metadata
+                        .resource_version
+                        .as_deref()
+                        .and_then(|rv| rv.parse().ok());
                     assert!(rv.is_some(), "a 2xx answer without a resourceVersion: {written:?}");
                     let note = written.data["note"].as_str().unwrap_or_default();
-                    assert_eq!(note, marker(client, object, seq), "the answer to a write carries what was written");
-                    records.push(Record { client, object, seq, rv, epoch: answered_by, retried: !lost.is_empty() });
+                    assert_eq!(
+                        note,
+                        marker(client, object, seq),
+                        "the answer to a write carries what was written"
+                    );
+                    records.push(Record {
+                        client,
+                        object,
+                        seq,
+                        rv,
+                        epoch: answered_by,
+                        retried: !lost.is_empty(),
+                    });
                     break;
                 }
                 Err(Failed::Refused(status)) if seq == 0 && status.code == 409 && !lost.is_empty() => {
@@ -209,14 +228,25 @@ async fn writer(shared: Arc<Shared>, client: usize) -> Vec<Record> {
                     break;
                 }
                 Err(Failed::Refused(status)) if seq > 0 && status.code == 404 => {
-                    panic!("writer {client}: {} is gone, though its create was settled earlier: {status:?}", event_name(client, object))
+                    panic!(
+                        "writer {client}: {} is gone, though its create was settled earlier: {status:?}",
+                        event_name(client, object)
+                    )
                 }
                 Err(Failed::Refused(status)) => {
-                    panic!("writer {client}: write {seq} to {} was refused after {} lost attempts: {status:?}", event_name(client, object), lost.len())
+                    panic!(
+                        "writer {client}: write {seq} to {} was refused after {} lost attempts: {status:?}",
+                        event_name(client, object),
+                        lost.len()
+                    )
                 }
                 Err(Failed::Lost(why)) => {
                     lost.push(why);
-                    assert!(lost.len() < 50, "writer {client}: write {seq} to {} never got an answer: {lost:?}", event_name(client, object));
+                    assert!(
+                        lost.len() < 50,
+                        "writer {client}: write {seq} to {} never got an answer: {lost:?}",
+                        event_name(client, object)
+                    );
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     (epoch, api) = connect(&shared).await;
                 }
@@ -233,7 +263,10 @@ async fn writer(shared: Arc<Shared>, client: usize) -> Vec<Record> {
 async fn killer(shared: Arc<Shared>, mut serve: Serve, thresholds: Vec<usize>, delays_ms: Vec<u64>) -> Serve {
     let mut settled = shared.settled.subscribe();
     for (threshold, delay) in thresholds.into_iter().zip(delays_ms) {
-        settled.wait_for(|n| *n >= threshold).await.expect("the writers' counter");
+        settled
+            .wait_for(|n| *n >= threshold)
+            .await
+            .expect("the writers' counter");
         tokio::time::sleep(Duration::from_millis(delay)).await;
         let at = *settled.borrow();
         serve.kill();
@@ -257,7 +290,9 @@ async fn acknowledged_writes_survive_sigkill_and_resource_versions_never_go_back
     let total = CLIENTS * WRITES_PER_CLIENT;
     // Kill points spread over the run: one in each of KILLS equal stretches of the writes.
     let stretch = (total - 100) / KILLS;
-    let thresholds: Vec<usize> = (0..KILLS).map(|i| 50 + i * stretch + rng.below(stretch as u64) as usize).collect();
+    let thresholds: Vec<usize> = (0..KILLS)
+        .map(|i| 50 + i * stretch + rng.below(stretch as u64) as usize)
+        .collect();
     let delays_ms: Vec<u64> = (0..KILLS).map(|_| rng.below(15)).collect();
 
     let serve = Serve::start().await;
@@ -301,12 +336,21 @@ async fn acknowledged_writes_survive_sigkill_and_resource_versions_never_go_back
         );
         max_before = max_before.max(*max);
     }
-    assert!(acked_by_epoch.len() > KILLS / 2, "the writes should span the restarts: {acked_by_epoch:?}");
+    assert!(
+        acked_by_epoch.len() > KILLS / 2,
+        "the writes should span the restarts: {acked_by_epoch:?}"
+    );
     // Within one object (one writer, in order) versions only grow.
     let mut last_by_object: BTreeMap<(usize, usize), &Record> = BTreeMap::new();
     for r in &records {
         if let Some(previous) = last_by_object.insert((r.client, r.object), r) {
-            assert!(r.rv >= previous.rv, "{} went from resourceVersion {:?} to {:?} (seed {seed})", event_name(r.client, r.object), previous.rv, r.rv);
+            assert!(
+                r.rv >= previous.rv,
+                "{} went from resourceVersion {:?} to {:?} (seed {seed})",
+                event_name(r.client, r.object),
+                previous.rv,
+                r.rv
+            );
         }
     }
 
@@ -315,44 +359,92 @@ async fn acknowledged_writes_survive_sigkill_and_resource_versions_never_go_back
     shared.epoch.fetch_add(1, Ordering::SeqCst);
     serve.restart().await;
     let (_, api) = connect(&shared).await;
-    let list = api.list(&ListParams::default()).await.expect("list events after the last restart");
-    let list_rv: u64 = list.metadata.resource_version.as_deref().and_then(|rv| rv.parse().ok()).expect("a list resourceVersion");
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .expect("list events after the last restart");
+    let list_rv: u64 = list
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|rv| rv.parse().ok())
+        .expect("a list resourceVersion");
     let max_acked = records.iter().filter_map(|r| r.rv).max().unwrap_or(0);
-    assert!(list_rv >= max_acked, "the list's resourceVersion {list_rv} is below the acknowledged {max_acked} (seed {seed})");
-    let stored: BTreeMap<String, &DynamicObject> = list.items.iter().map(|o| (o.metadata.name.clone().unwrap_or_default(), o)).collect();
-    assert_eq!(stored.len(), CLIENTS * EVENTS_PER_CLIENT, "one event per name, none lost, none extra: {:?}", stored.keys().collect::<Vec<_>>());
+    assert!(
+        list_rv >= max_acked,
+        "the list's resourceVersion {list_rv} is below the acknowledged {max_acked} (seed {seed})"
+    );
+    let stored: BTreeMap<String, &DynamicObject> = list
+        .items
+        .iter()
+        .map(|o| (o.metadata.name.clone().unwrap_or_default(), o))
+        .collect();
+    assert_eq!(
+        stored.len(),
+        CLIENTS * EVENTS_PER_CLIENT,
+        "one event per name, none lost, none extra: {:?}",
+        stored.keys().collect::<Vec<_>>()
+    );
     for ((client, object), last) in &last_by_object {
         let name = event_name(*client, *object);
-        let event = stored.get(&name).unwrap_or_else(|| panic!("{name} was acknowledged but is gone (seed {seed})"));
+        let event = stored
+            .get(&name)
+            .unwrap_or_else(|| panic!("{name} was acknowledged but is gone (seed {seed})"));
         let note = event.data["note"].as_str().unwrap_or_default();
-        let annotation = event.metadata.annotations.as_ref().and_then(|a| a.get(MARKER)).map(String::as_str).unwrap_or_default();
+        let annotation = event
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(MARKER))
+            .map(String::as_str)
+            .unwrap_or_default();
         assert_eq!(note, annotation, "{name}: note and annotation were written together");
         let seq = marker_seq(note).unwrap_or_else(|| panic!("{name} carries no marker: {note:?}"));
         // A later write may have happened without being acknowledged (its answer was lost), but
         // never one later than the writer sent.
         assert!(
-            seq >= last.seq && seq < WRITES_PER_CLIENT.div_ceil(EVENTS_PER_CLIENT) && note == marker(*client, *object, seq),
+            seq >= last.seq
+                && seq < WRITES_PER_CLIENT.div_ceil(EVENTS_PER_CLIENT)
+                && note == marker(*client, *object, seq),
             "{name} shows {note:?}, but write {} ({:?}) was acknowledged (seed {seed})",
             last.seq,
             marker(*client, *object, last.seq)
         );
-        let rv: u64 = event.metadata.resource_version.as_deref().and_then(|rv| rv.parse().ok()).unwrap_or(0);
-        assert!(rv >= last.rv.unwrap_or(0), "{name} is at resourceVersion {rv}, below its acknowledged {:?} (seed {seed})", last.rv);
+        let rv: u64 = event
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            rv >= last.rv.unwrap_or(0),
+            "{name} is at resourceVersion {rv}, below its acknowledged {:?} (seed {seed})",
+            last.rv
+        );
     }
     // The core/v1 view of the same store reads too (what kubectl describe uses).
-    let core: Api<DynamicObject> = Api::namespaced_with(api.clone().into_client(), NAMESPACE, &ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Event")));
+    let core: Api<DynamicObject> = Api::namespaced_with(
+        api.clone().into_client(),
+        NAMESPACE,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Event")),
+    );
     let core_list = core.list(&ListParams::default()).await.expect("list core/v1 events");
     assert_eq!(core_list.items.len(), stored.len());
     // A write killed before its rename leaves a temp file that the next start removes; a torn
     // object file would have been moved aside as *.corrupt.
     let leftovers = files_ending(&serve.state_dir().join("objects"), &[".tmp", ".corrupt"]);
-    assert!(leftovers.is_empty(), "torn or leftover files after a restart: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "torn or leftover files after a restart: {leftovers:?}"
+    );
     eprintln!("done in {:?}", started.elapsed());
 }
 
 fn files_ending(dir: &Path, suffixes: &[&str]) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {
