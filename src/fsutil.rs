@@ -41,7 +41,13 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
-    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    // A new directory's entry lives in its parent: make it durable too, or the first file written
+    // into it could be lost with the directory on a power loss.
+    match dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        _ => Ok(()),
+    }
 }
 
 /// Reads a file that may not exist yet.

@@ -232,7 +232,12 @@ async fn resource_request(
             let items: Vec<Value> = items.into_iter().map(|o| with_type(resource, o)).collect();
             Ok(Reply::Json(
                 StatusCode::OK,
-                json!({"apiVersion": resource.api_version(), "kind": format!("{}List", resource.kind), "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
+                {
+                    // The items go in by move: `json!` would copy every object once more.
+                    let mut list = json!({"apiVersion": resource.api_version(), "kind": format!("{}List", resource.kind), "metadata": {"resourceVersion": rv.to_string()}});
+                    list["items"] = Value::Array(items);
+                    list
+                },
                 Vec::new(),
             ))
         }
