@@ -34,7 +34,7 @@ pub struct Actor<'a> {
 impl Actor<'_> {
     pub async fn act(&self, step: &Step) -> anyhow::Result<Notes> {
         match step {
-            Step::Idle | Step::AwaitReady { .. } => Ok(vec![]),
+            Step::Idle | Step::AwaitReady { .. } | Step::AwaitSettle { .. } => Ok(vec![]),
             Step::Blocked { cause } => Ok(vec![Note::warning("RollBlocked", cause.message())]),
             Step::EnsureStore => {
                 let endpoint = self.ctx.ensure_store(self.dirs).await?;

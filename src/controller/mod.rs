@@ -207,7 +207,10 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
             publish(ctx, shard, note).await;
         }
     }
-    let world = if matches!(next, Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. }) {
+    let world = if matches!(
+        next,
+        Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. } | Step::AwaitSettle { .. }
+    ) {
         world
     } else {
         observe::observe(ctx, &dirs, listen).await?
@@ -234,7 +237,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         (_, Some(_)) => Action::requeue(WHEN_IDLE),
         (Step::Idle, _) if desired.deleting => Action::await_change(),
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
-        (Step::AwaitReady { .. }, _) => Action::requeue(WHILE_STARTING),
+        (Step::AwaitReady { .. } | Step::AwaitSettle { .. }, _) => Action::requeue(WHILE_STARTING),
         _ => Action::requeue(NEXT_STEP),
     })
 }

@@ -166,6 +166,10 @@ pub enum Step {
     SwitchFront {
         to: String,
     },
+    /// The front just switched: give connections pinned to the old slot a moment before it stops.
+    AwaitSettle {
+        name: String,
+    },
     /// Stop a slot that is no longer needed (SIGTERM, bounded wait, SIGKILL).
     StopSlot {
         name: String,
@@ -190,6 +194,9 @@ pub enum Step {
     /// Converged.
     Idle,
 }
+
+/// How long the old slot keeps serving, untouched, after the front switched away from it.
+pub const SWITCH_SETTLE: Duration = Duration::from_secs(1);
 
 /// The slot names, used in turn: the new slot takes the name no running slot has.
 pub const SLOT_NAMES: [&str; 2] = ["a", "b"];
@@ -295,6 +302,15 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         };
     }
     if let Some(old) = running.iter().find(|s| s.name != current.name) {
+        // Connections the front accepted just before the switch are pinned to the old slot and may
+        // still be in their TLS handshake: let their first request land before the old slot turns
+        // its /readyz to 500 at SIGTERM (seen by the end-to-end poller; the spike waited 5 s).
+        let switched = observed.roll.as_ref().and_then(|r| r.front_switched_at);
+        if let Some(switched) = switched
+            && (observed.now - switched).to_std().unwrap_or_default() < SWITCH_SETTLE
+        {
+            return Step::AwaitSettle { name: old.name.clone() };
+        }
         return Step::StopSlot { name: old.name.clone() };
     }
     match &observed.roll {
@@ -404,6 +420,9 @@ mod tests {
         o.front = FrontObservation::Up {
             backend: Some("b".into()),
         };
+        o.roll.as_mut().unwrap().front_switched_at = Some(at(10));
+        assert_eq!(plan(&d, &o), Step::AwaitSettle { name: "a".into() });
+        o.now = at(12);
         assert_eq!(plan(&d, &o), Step::StopSlot { name: "a".into() });
         o.slots.remove(0);
         assert_eq!(plan(&d, &o), Step::ReleaseLease);
