@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 
 use super::clients::Identity;
 use super::observe::World;
-use super::plan::{BlockCause, Blocked, Desired, RollRecord, Step};
+use super::plan::{BlockCause, Blocked, Desired, RollRecord, SWITCH_SETTLE, Step};
 use super::state::{CompletedRoll, ShardDirs, SlotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
@@ -232,7 +232,27 @@ impl Actor<'_> {
             .find(|s| s.record.name == name)
             .ok_or_else(|| anyhow::anyhow!("slot {name} has no record"))?;
         let drain = self.shard.spec.rollout.drain_timeout().map_err(anyhow::Error::msg)?;
-        let termination = self.ctx.runtime.terminate(&slot.process, drain).await?;
+        // kcp serves through its shutdown delay, then stops listening but stays alive while
+        // connections (watches) are open through the front, until drainTimeout kills it. Once the
+        // delay is over, the front closes them: clients re-watch, through the new slot.
+        let delay = crate::api::parse_duration(&slot.record.template.shutdown_delay).unwrap_or_default();
+        let terminate = self.ctx.runtime.terminate(&slot.process, drain);
+        tokio::pin!(terminate);
+        let termination = tokio::select! {
+            done = &mut terminate => done?,
+            _ = tokio::time::sleep(delay + SWITCH_SETTLE) => {
+                let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
+                match FrontClient::connect(&self.dirs.front()).await {
+                    Ok(front) => {
+                        if let Err(e) = front.close(address).await {
+                            tracing::warn!(slot = name, error = %e, "cannot close the front's connections to a stopping slot");
+                        }
+                    }
+                    Err(e) => tracing::warn!(slot = name, error = %e, "cannot reach the front"),
+                }
+                terminate.await?
+            }
+        };
         let exited_at = Utc::now();
         self.update_roll(|roll| {
             if roll.from.as_deref() == Some(name) {

@@ -4,6 +4,7 @@
 //! simply the one answering now. A connect refused for a moment (a successor taking over the
 //! socket path) and an answer marked `retry` (an old front handing over) are retried for up to
 //! [`RECONNECT_WINDOW`].
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -55,6 +56,11 @@ impl FrontClient {
             return Err(self.protocol(format!("switch answered with backend {:?}", status.backend)));
         }
         Ok(())
+    }
+
+    /// Closes the front's open connections to `address`: clients reconnect, to the active slot.
+    pub async fn close(&self, address: SocketAddr) -> Result<(), FrontError> {
+        self.request(&Request::Close { address }).await.map(|_| ())
     }
 
     async fn request(&self, request: &Request) -> Result<FrontStatus, FrontError> {

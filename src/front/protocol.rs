@@ -62,6 +62,10 @@ pub(crate) enum Request {
     },
     /// From the successor, on the same connection: I accept now; stop accepting and drain.
     Commit,
+    /// Close every open connection to this address (a slot shutting down).
+    Close {
+        address: SocketAddr,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

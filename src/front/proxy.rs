@@ -14,7 +14,7 @@
 //!   then 4 probes 15 s apart) on client connections instead finds peers that vanished without a
 //!   FIN, so a dead client does not hold a slot connection (and its watch) forever. Both are set
 //!   once on the listening socket; accepted sockets inherit them.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -53,6 +53,8 @@ pub struct Router {
     slots: Mutex<BTreeMap<String, Arc<SlotCounters>>>,
     /// Connections open in this process, whatever their slot; drained to 0 on shutdown.
     open: watch::Sender<u64>,
+    /// Backends whose open connections are to be closed (a slot that is shutting down).
+    closing: watch::Sender<BTreeSet<SocketAddr>>,
 }
 
 impl Router {
@@ -61,6 +63,7 @@ impl Router {
             active: watch::Sender::new(None),
             slots: Mutex::new(BTreeMap::new()),
             open: watch::Sender::new(0),
+            closing: watch::Sender::new(BTreeSet::new()),
         });
         if let Some(backend) = initial {
             router.switch(backend);
@@ -68,8 +71,18 @@ impl Router {
         router
     }
 
+    /// Closes every open connection to `address` (a slot that is shutting down: kcp keeps a
+    /// stopping process alive while watches are open through it). Clients see their connection
+    /// end and reconnect, to the active slot. A later switch to the same address lifts it.
+    pub fn close(&self, address: SocketAddr) {
+        self.closing.send_modify(|set| {
+            set.insert(address);
+        });
+    }
+
     /// Makes `backend` the target of new connections. Open connections are not touched.
     pub fn switch(&self, backend: Backend) {
+        self.closing.send_if_modified(|set| set.remove(&backend.address));
         let counters = self
             .slots
             .lock()
@@ -258,10 +271,17 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     };
     // The slot is a local process: a dead one closes its sockets, so no keepalive is needed here.
     let _ = upstream.set_nodelay(true);
-    match tokio::io::copy_bidirectional(&mut client, upstream).await {
-        Ok((up, down)) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
-        Err(err) => {
-            debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error")
+    let mut closing = router.closing.subscribe();
+    let address = active.backend.address;
+    tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut client, upstream) => match copied {
+            Ok((up, down)) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
+            Err(err) => {
+                debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error")
+            }
+        },
+        _ = closing.wait_for(|set| set.contains(&address)) => {
+            debug!(%peer, slot = %active.backend.slot, "closing a connection to a slot that is shutting down");
         }
     }
     drop(pin);
@@ -340,6 +360,55 @@ mod tests {
         });
         assert_eq!(router.drain(Duration::from_secs(5)).await, 0);
         closer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn closing_a_slot_ends_its_open_connections_and_spares_the_others() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Two backends that accept and hold their connections open, echoing nothing.
+        let hold = || async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                while let Ok((stream, _)) = listener.accept().await {
+                    held.push(stream);
+                }
+            });
+            address
+        };
+        let (old, new) = (hold().await, hold().await);
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front_address = front.local_addr().unwrap();
+        let router = Router::new(Some(Backend {
+            slot: "a".into(),
+            address: old,
+        }));
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(accept_loop(Arc::new(front), router.clone(), stopped));
+
+        let mut on_old = TcpStream::connect(front_address).await.unwrap();
+        on_old.write_all(b"x").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        router.switch(Backend {
+            slot: "b".into(),
+            address: new,
+        });
+        let mut on_new = TcpStream::connect(front_address).await.unwrap();
+        on_new.write_all(b"y").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        router.close(old);
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), on_old.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the connection to the closed slot ends: {read:?}"
+        );
+        let still = tokio::time::timeout(Duration::from_millis(300), on_new.read(&mut buf)).await;
+        assert!(still.is_err(), "the connection to the active slot stays open");
+        assert_eq!(router.connections()["a"].open, 0);
+        assert_eq!(router.connections()["b"].open, 1);
     }
 
     #[tokio::test]

@@ -445,6 +445,10 @@ async fn serve_control_connection(stream: UnixStream, front: Arc<Front>) {
                 return;
             }
             Ok(Request::Commit) => Response::error("commit without a handover"),
+            Ok(Request::Close { address }) => {
+                front.router.close(address);
+                Response::ok(front.status())
+            }
         };
         if reader.get_mut().write_all(&response.to_line()).await.is_err() {
             return;
