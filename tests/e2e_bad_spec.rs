@@ -4,6 +4,7 @@
 //! controller must handle, a version with no binary and a front address in use, are walked on a
 //! real shard in e2e_roll.rs.)
 mod e2e;
+mod support;
 
 use std::process::Command;
 

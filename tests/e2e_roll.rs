@@ -24,6 +24,7 @@
 //! kcpshard binary. Timings (status.lastRoll) are printed for docs/benchmarks.md: run with
 //! `cargo test --test e2e_roll -- --nocapture --test-threads=1`.
 mod e2e;
+mod support;
 
 use std::time::{Duration, Instant};
 

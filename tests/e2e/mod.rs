@@ -14,7 +14,6 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -31,51 +30,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-pub fn bin_dir() -> PathBuf {
-    std::env::var_os("KCPSHARD_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("bin"))
-}
-
-pub fn in_ci() -> bool {
-    matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
-}
-
-/// `bin/<component>`, or a failure that says how to install it. Never a skip.
-pub fn require(component: &str) -> PathBuf {
-    let path = bin_dir().join(component);
-    let ok = std::fs::metadata(&path)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "required component `{component}` is missing: {} is not an executable file; run hack/install-deps.sh \
-         (or point KCPSHARD_BIN_DIR at a directory that has it). End-to-end tests never skip{}.",
-        path.display(),
-        if in_ci() {
-            " (CI=true: a missing component is a failure)"
-        } else {
-            ""
-        }
-    );
-    path
-}
-
-/// A pin from hack/versions.env, read at run time.
-pub fn pin(key: &str) -> String {
-    let path = repo_root().join("hack/versions.env");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim_start().starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .find(|(k, _)| k.trim() == key)
-        .map(|(_, v)| v.trim().trim_matches('"').to_string())
-        .unwrap_or_else(|| panic!("hack/versions.env has no {key}"))
-}
+// Locating components and pins is shared with the other real-component tests.
+pub use crate::support::{bin_dir, pin, repo_root, require};
 
 pub fn kcp_older() -> String {
     pin("KCP_VERSION_OLDER")
