@@ -115,6 +115,7 @@ fn start_slot(
         bind_address: IpAddr::from([127, 0, 0, 1]),
         port,
         etcd_servers: etcd.to_string(),
+        etcd_tls: Default::default(),
         front_url: front.to_string(),
         shutdown_delay: Duration::from_secs(1),
         extra_args: Vec::new(),
@@ -344,6 +345,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
             args: store::kine::kine_args(
                 &store::kine::sqlite_endpoint(&std::path::absolute(&dir).unwrap()),
                 extra_port,
+                None,
             ),
             env: Vec::new(),
             log: tmp.path().join("extra.log"),

@@ -339,9 +339,13 @@ pub struct RolloutSpec {
     /// How long the old slot may take to exit after SIGTERM before it is killed, e.g. "30s". At most 1h.
     #[schemars(pattern(DURATION_PATTERN))]
     pub drain_timeout: String,
-    /// Snapshot the store (pg_dump for KinePostgres, a copy of the sqlite file for KineSqlite)
-    /// before a roll that changes spec.version.
+    /// Snapshot the store before a roll that changes spec.version: a pg_dump of the KinePostgres
+    /// database into the shard's snapshots directory (its path goes into status.lastRoll.snapshot).
+    /// KineSqlite and Etcd stores take none.
     pub snapshot_before_version_change: bool,
+    /// How many snapshots to keep; older ones are removed after each new one.
+    #[schemars(range(min = 1, max = 1000))]
+    pub snapshots_to_keep: u32,
     /// Allow a roll that changes the minor version (v0.31.x to v0.32.y). Patch changes are always
     /// allowed; major changes never.
     pub allow_minor_version_change: bool,
@@ -356,6 +360,7 @@ impl Default for RolloutSpec {
             readiness_timeout: "120s".into(),
             drain_timeout: "30s".into(),
             snapshot_before_version_change: true,
+            snapshots_to_keep: 5,
             allow_minor_version_change: false,
             allow_downgrade: false,
         }

@@ -10,15 +10,18 @@ use kube::runtime::events::EventType;
 use super::clients::Identity;
 use super::observe::World;
 use super::plan::{BlockCause, Blocked, Desired, RollRecord, SWITCH_SETTLE, Step};
-use super::state::{CompletedRoll, ShardDirs, SlotRecord};
+use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
 use crate::front::{self, Backend, FrontClient};
 use crate::process::{ProcessSpec, free_port};
 use crate::slot;
+use crate::store::StoreBackend;
 
 /// How long the probe workspace may take to become Ready.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a slot's own kine may take to exit after SIGTERM.
+const KINE_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// What a step did that the user should hear about.
 pub type Notes = Vec<Note>;
@@ -36,13 +39,8 @@ impl Actor<'_> {
         match step {
             Step::Idle | Step::AwaitReady { .. } | Step::AwaitSettle { .. } => Ok(vec![]),
             Step::Blocked { cause } => Ok(vec![Note::warning("RollBlocked", cause.message())]),
-            Step::EnsureStore => {
-                let endpoint = self.ctx.ensure_store(self.dirs).await?;
-                Ok(vec![Note::normal(
-                    "StoreStarted",
-                    format!("the store accepts connections at {endpoint}"),
-                )])
-            }
+            Step::EnsureStore => self.ensure_store().await,
+            Step::Snapshot => self.snapshot().await,
             Step::EnsureFront => {
                 let listen = self.front_listen()?;
                 // A front that moves must not be stopped before its new address is known to be free:
@@ -66,6 +64,7 @@ impl Actor<'_> {
             Step::SwitchFront { to } => self.switch_front(to).await,
             Step::StopSlot { name } => self.stop_slot(name).await,
             Step::ForgetSlot { name, was_active } => {
+                self.stop_slot_store(name).await?;
                 self.dirs.slot(name).forget()?;
                 if *was_active {
                     return Ok(vec![Note::warning(
@@ -91,6 +90,69 @@ impl Actor<'_> {
         listen
             .parse()
             .map_err(|e| anyhow::anyhow!("spec.front.listen {listen:?} is not an IP address and port: {e}"))
+    }
+
+    fn store(&self) -> anyhow::Result<StoreBackend> {
+        Ok(self.ctx.store(self.shard, self.dirs)?)
+    }
+
+    /// Starts the store's shard-wide part, then brings back the own kine of every running slot
+    /// whose kine is down (on the port that slot dials).
+    async fn ensure_store(&self) -> anyhow::Result<Notes> {
+        let store = self.store()?;
+        let mut notes = vec![Note::normal("StoreStarted", store.ensure(&self.ctx.runtime).await?)];
+        for (slot, seen) in self.world.slots.iter().zip(&self.world.observed.slots) {
+            let name = &slot.record.name;
+            let dir = self.dirs.slot(name).store();
+            if seen.running && store.running_slot_kine(&self.ctx.runtime, &dir, name).await.is_none() {
+                let own = store.ensure_slot(&self.ctx.runtime, &dir, name).await?;
+                notes.push(Note::warning(
+                    "SlotStoreRestarted",
+                    format!(
+                        "the kine of slot {name} was down; it runs again at {}",
+                        own.etcd_servers
+                    ),
+                ));
+            }
+        }
+        Ok(notes)
+    }
+
+    /// Stops what only this slot used of the store (its own kine, for KinePostgres).
+    async fn stop_slot_store(&self, name: &str) -> anyhow::Result<()> {
+        self.store()?
+            .stop_slot(&self.ctx.runtime, &self.dirs.slot(name).store(), name, KINE_STOP_GRACE)
+            .await?;
+        Ok(())
+    }
+
+    /// Dumps the store before a roll to a new version, and remembers the file for the roll.
+    async fn snapshot(&self) -> anyhow::Result<Notes> {
+        let from = self.world.serving_version().unwrap_or_else(|| "none".into());
+        let to = &self.desired.template.version;
+        let keep = self.shard.spec.rollout.snapshots_to_keep.max(1) as usize;
+        let started = std::time::Instant::now();
+        let path = self
+            .store()?
+            .snapshot(&self.dirs.snapshots(), &from, to, keep)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("this store takes no snapshots"))?;
+        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let mut state = self.dirs.load_state()?;
+        state.snapshot = Some(SnapshotRecord {
+            template: self.desired.template.clone(),
+            path: path.display().to_string(),
+            taken_at: Utc::now(),
+        });
+        self.dirs.save_state(&state)?;
+        Ok(vec![Note::normal(
+            "SnapshotTaken",
+            format!(
+                "dumped the store to {} ({size} bytes, {:.1}s) before rolling {from} to {to}; docs/operations.md says how to restore it",
+                path.display(),
+                started.elapsed().as_secs_f64()
+            ),
+        )])
     }
 
     fn update_roll(&self, change: impl FnOnce(&mut RollRecord)) -> anyhow::Result<()> {
@@ -129,6 +191,11 @@ impl Actor<'_> {
             });
             state.roll = Some(RollRecord {
                 from_version: serving.map(|s| s.record.template.version.clone()),
+                snapshot: state
+                    .snapshot
+                    .as_ref()
+                    .filter(|s| &s.template == template)
+                    .map(|s| s.path.clone()),
                 // A slot that is no longer there has already exited.
                 old_slot_exited_at: from.as_ref().filter(|_| serving.is_none()).map(|_| now),
                 from,
@@ -148,6 +215,13 @@ impl Actor<'_> {
         })?;
 
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
+        // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
+        // kine, if any, has long created kine's schema (research 3: two kines racing on a fresh
+        // database).
+        let store = self
+            .store()?
+            .ensure_slot(&self.ctx.runtime, &slot_dirs.store(), name)
+            .await?;
         let launch = slot::args::SlotLaunch {
             name: name.to_string(),
             version: template.version.clone(),
@@ -155,11 +229,8 @@ impl Actor<'_> {
             root_dir: slot_dirs.root(),
             bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
             port,
-            etcd_servers: self
-                .world
-                .store_endpoint
-                .clone()
-                .ok_or_else(|| anyhow::anyhow!("the store is not running"))?,
+            etcd_servers: store.etcd_servers.clone(),
+            etcd_tls: store.tls,
             front_url: template.front_url.clone(),
             shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(anyhow::Error::msg)?,
             extra_args: template.extra_args.clone(),
@@ -178,8 +249,8 @@ impl Actor<'_> {
         Ok(vec![Note::normal(
             "SlotStarting",
             format!(
-                "started slot {name} (kcp {}, pid {}, port {port}); waiting for /readyz on its own port",
-                template.version, process.pid
+                "started slot {name} (kcp {}, pid {}, port {port}, store {}); waiting for /readyz on its own port",
+                template.version, process.pid, store.etcd_servers
             ),
         )])
     }
@@ -254,6 +325,7 @@ impl Actor<'_> {
             }
         };
         let exited_at = Utc::now();
+        self.stop_slot_store(name).await?;
         self.update_roll(|roll| {
             if roll.from.as_deref() == Some(name) {
                 roll.old_slot_exited_at = Some(exited_at);
@@ -283,6 +355,7 @@ impl Actor<'_> {
                 .terminate(&slot.process, Duration::from_secs(10))
                 .await?;
         }
+        self.stop_slot_store(name).await?;
         self.dirs.slot(name).forget()?;
         let mut state = self.dirs.load_state()?;
         state.roll = None;
@@ -373,9 +446,10 @@ impl Actor<'_> {
                 .drain_timeout()
                 .unwrap_or(Duration::from_secs(30));
             self.ctx.runtime.terminate(&slot.process, drain).await?;
+            self.stop_slot_store(&slot.record.name).await?;
             self.dirs.slot(&slot.record.name).forget()?;
         }
-        self.ctx.stop_store(self.dirs).await?;
+        self.store()?.stop(&self.ctx.runtime, KINE_STOP_GRACE).await?;
         front::stop(&self.dirs.front()).await?;
         Ok(vec![Note::normal(
             "Stopped",

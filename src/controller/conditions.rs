@@ -93,7 +93,10 @@ pub fn verdicts(observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<
             "StoreReady",
             false,
             "StoreDown",
-            "the store does not accept connections",
+            observed
+                .store_problem
+                .clone()
+                .unwrap_or_else(|| "the store does not accept connections".into()),
         )
     };
     let front = match &backend {
@@ -123,6 +126,7 @@ fn healthy() -> Verdict {
 fn progress_reason(step: &Step) -> &'static str {
     match step {
         Step::EnsureStore => "StoreStarting",
+        Step::Snapshot => "TakingSnapshot",
         Step::EnsureFront => "FrontStarting",
         Step::StartSlot { .. } => "SlotStarting",
         Step::AwaitReady { .. } => "AwaitingReadiness",
@@ -139,6 +143,7 @@ fn progress_reason(step: &Step) -> &'static str {
 fn progress_message(step: &Step) -> String {
     match step {
         Step::EnsureStore => "starting the store".into(),
+        Step::Snapshot => "dumping the store before the version changes".into(),
         Step::EnsureFront => "starting the front".into(),
         Step::StartSlot { name } => format!("starting slot {name}"),
         Step::AwaitReady { name } => format!("waiting for slot {name} to answer /readyz on its own port"),
@@ -222,6 +227,9 @@ mod tests {
         Observed {
             now: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),
             store_up: true,
+            store_problem: None,
+            store_processes_up: true,
+            snapshot_for: None,
             front: FrontObservation::Up {
                 backend: backend.map(str::to_string),
             },

@@ -28,7 +28,7 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION};
 use crate::process::Runtime;
-use crate::store::StoreBackend;
+use crate::store::{StoreBackend, StoreError, StorePaths};
 use plan::{Desired, SlotTemplate, Step};
 use state::ShardDirs;
 
@@ -53,7 +53,7 @@ pub struct Context {
     pub reporter: Reporter,
     pub runtime: Runtime,
     pub state_dir: PathBuf,
-    /// The kine binary the store runs.
+    /// The kine binary the store runs (KineSqlite, KinePostgres).
     pub kine_binary: PathBuf,
     /// This binary, which runs `kcpshard front`.
     pub front_binary: PathBuf,
@@ -71,31 +71,13 @@ pub enum Error {
 }
 
 impl Context {
-    fn store(&self, dirs: &ShardDirs) -> StoreBackend {
-        StoreBackend::KineSqlite {
-            kine_binary: self.kine_binary.clone(),
-            dir: dirs.store(),
-        }
-    }
-
-    /// The store's endpoint when its kine runs and accepts; nothing is started.
-    pub async fn running_store(&self, dirs: &ShardDirs) -> Option<String> {
-        let record = Runtime::load(&dirs.store().join(crate::store::kine::RECORD_FILE))
-            .ok()
-            .flatten()?;
-        let port = crate::store::kine::listen_port(&record.args)?;
-        (self.runtime.is_running(&record) && crate::store::kine::port_accepts(port).await)
-            .then(|| format!("http://127.0.0.1:{port}"))
-    }
-
-    /// Starts the store, or adopts it; returns the `--etcd-servers` for slots.
-    pub async fn ensure_store(&self, dirs: &ShardDirs) -> anyhow::Result<String> {
-        Ok(self.store(dirs).ensure(&self.runtime).await?.etcd_servers)
-    }
-
-    pub async fn stop_store(&self, dirs: &ShardDirs) -> anyhow::Result<()> {
-        self.store(dirs).stop(&self.runtime, Duration::from_secs(10)).await?;
-        Ok(())
+    /// The store the spec asks for (a password is read now).
+    pub fn store(&self, shard: &KcpShard, dirs: &ShardDirs) -> Result<StoreBackend, StoreError> {
+        let paths = StorePaths {
+            state_dir: std::path::absolute(&self.state_dir).unwrap_or_else(|_| self.state_dir.clone()),
+            store_dir: std::path::absolute(dirs.store()).unwrap_or_else(|_| dirs.store()),
+        };
+        StoreBackend::from_spec(&shard.spec.store, &self.kine_binary, &paths, &shard.name_any())
     }
 }
 
@@ -117,6 +99,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> anyhow::Result<Desired> 
         readiness_timeout: spec.rollout.readiness_timeout().map_err(anyhow::Error::msg)?,
         deleting: shard.meta().deletion_timestamp.is_some(),
         version_refused: None,
+        snapshot_before_version_change: spec.rollout.snapshot_before_version_change
+            && spec.store.type_ == crate::api::StoreType::KinePostgres,
     })
 }
 
@@ -155,7 +139,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         .listen
         .parse()
         .map_err(|e| anyhow::anyhow!("spec.front.listen {:?}: {e}", shard.spec.front.listen))?;
-    let world = observe::observe(ctx, &dirs, listen).await?;
+    let world = observe::observe(ctx, shard, &dirs, listen).await?;
     let mut desired = desired;
     if let Some(serving) = world.serving_version() {
         desired.version_refused = shard.spec.rollout.version_change(&serving, &shard.spec.version).err();
@@ -213,7 +197,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     ) {
         world
     } else {
-        observe::observe(ctx, &dirs, listen).await?
+        observe::observe(ctx, shard, &dirs, listen).await?
     };
     let status = status::build(
         shard,

@@ -1,6 +1,7 @@
 //! Observe: what runs now. Slot processes (by their records: same pid, same start time), each
-//! slot's `/readyz` on its own port, the front's backend through its control socket, the store's
-//! port, and the controller's own record of the roll.
+//! slot's `/readyz` on its own port, the front's backend through its control socket, the store
+//! (its shard-wide part, and each running slot's own kine for KinePostgres), and the controller's
+//! own record of the roll.
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -23,8 +24,8 @@ pub struct World {
     pub slots: Vec<ObservedSlot>,
     /// What the front forwards new connections to, as it says (possibly a slot that is gone).
     pub front_backend: Option<Backend>,
-    /// The store's `--etcd-servers` when it runs.
-    pub store_endpoint: Option<String>,
+    /// The etcd-protocol endpoints the slots dial now (never a password).
+    pub store_endpoints: Vec<String>,
 }
 
 impl World {
@@ -64,9 +65,18 @@ fn process_of(slot: &SlotDirs) -> anyhow::Result<Option<ProcessRecord>> {
     Ok(Some(record))
 }
 
-pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::SocketAddr) -> anyhow::Result<World> {
+pub async fn observe(
+    ctx: &Context,
+    shard: &crate::api::KcpShard,
+    dirs: &ShardDirs,
+    front_listen: std::net::SocketAddr,
+) -> anyhow::Result<World> {
     let state = dirs.load_state()?;
-    let store_endpoint = ctx.running_store(dirs).await;
+    let store = ctx.store(shard, dirs).map_err(|e| e.to_string());
+    let mut store_status = match &store {
+        Ok(store) => store.check(&ctx.runtime).await,
+        Err(e) => Err(e.clone()),
+    };
     let front_status = match FrontClient::connect(&dirs.front()).await {
         Ok(client) => client.status().await.ok(),
         Err(_) => None,
@@ -85,6 +95,17 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
             continue;
         };
         let running = ctx.runtime.is_running(&process);
+        // A running slot whose own kine is down has no store (KinePostgres): EnsureStore brings
+        // the kine back on the port the slot dials.
+        if running && let (Ok(store), Ok(endpoints)) = (&store, &mut store_status) {
+            match store
+                .running_slot_kine(&ctx.runtime, &slot_dirs.store(), &record.name)
+                .await
+            {
+                Some(own) => endpoints.extend(own),
+                None => store_status = Err(format!("the kine of slot {} does not run", record.name)),
+            }
+        }
         let ready = running && slot_ready(ctx, &slot_dirs.admin_kubeconfig(), record.port).await;
         let started_at = process.started_at.parse::<DateTime<Utc>>().unwrap_or(record.created_at);
         observations.push(SlotObservation {
@@ -113,7 +134,10 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
     };
     let observed = Observed {
         now: Utc::now(),
-        store_up: store_endpoint.is_some(),
+        store_up: store_status.is_ok(),
+        store_processes_up: store_status.is_ok() && store.as_ref().is_ok_and(|s| s.runs_processes()),
+        store_problem: store_status.as_ref().err().cloned(),
+        snapshot_for: state.snapshot.as_ref().map(|s| s.template.clone()),
         front,
         front_elsewhere,
         slots: observations,
@@ -125,7 +149,7 @@ pub async fn observe(ctx: &Context, dirs: &ShardDirs, front_listen: std::net::So
         state,
         slots,
         front_backend,
-        store_endpoint,
+        store_endpoints: store_status.unwrap_or_default(),
     })
 }
 

@@ -44,6 +44,9 @@ pub struct Desired {
     /// Why spec.rollout refuses a roll from the serving slot's version to this one, if it does
     /// (a minor change or a downgrade that is not allowed).
     pub version_refused: Option<String>,
+    /// Snapshot the store before a roll that changes the version (spec.rollout, and a store that
+    /// takes snapshots).
+    pub snapshot_before_version_change: bool,
 }
 
 /// The front, as observed through its control socket.
@@ -133,13 +136,23 @@ pub struct RollRecord {
     pub old_slot_exited_at: Option<DateTime<Utc>>,
     pub lease_released_at: Option<DateTime<Utc>>,
     pub probe_succeeded_at: Option<DateTime<Utc>>,
+    /// The store snapshot taken before this roll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
     pub now: DateTime<Utc>,
-    /// The store accepts connections.
+    /// The store accepts connections (and every running slot's own kine, for KinePostgres).
     pub store_up: bool,
+    /// Why the store is not up (PostgreSQL's own error, a kine that is down), for StoreReady.
+    pub store_problem: Option<String>,
+    /// kcpshard runs processes for the shard-wide store (kine over sqlite, a managed PostgreSQL)
+    /// and they are up: deleting the shard stops them. An external store is not ours to stop.
+    pub store_processes_up: bool,
+    /// The template the latest store snapshot was taken for.
+    pub snapshot_for: Option<SlotTemplate>,
     pub front: FrontObservation,
     /// The front runs, but on another address than spec.front.listen (the spec changed).
     pub front_elsewhere: bool,
@@ -155,6 +168,8 @@ pub enum Step {
     Cleanup,
     EnsureStore,
     EnsureFront,
+    /// Dump the store before a roll to a new version (research section 4).
+    Snapshot,
     /// Start a slot with the desired template.
     StartSlot {
         name: String,
@@ -203,8 +218,9 @@ pub const SLOT_NAMES: [&str; 2] = ["a", "b"];
 
 pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     if desired.deleting {
-        let anything_runs =
-            observed.store_up || observed.front != FrontObservation::Down || observed.slots.iter().any(|s| s.running);
+        let anything_runs = observed.store_processes_up
+            || observed.front != FrontObservation::Down
+            || observed.slots.iter().any(|s| s.running);
         return if anything_runs { Step::Cleanup } else { Step::Idle };
     }
     if !observed.store_up {
@@ -262,6 +278,16 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
                     path: desired.template.binary.clone(),
                 },
             };
+        }
+        let serving_version = running
+            .iter()
+            .find(|s| Some(s.name.as_str()) == backend)
+            .map(|s| s.template.version.as_str());
+        if desired.snapshot_before_version_change
+            && serving_version.is_some_and(|v| v != desired.template.version)
+            && observed.snapshot_for.as_ref() != Some(&desired.template)
+        {
+            return Step::Snapshot;
         }
         if running.len() >= 2 {
             // Two slots of older templates (the spec changed again mid-roll): stop the one that does
@@ -350,6 +376,7 @@ mod tests {
             readiness_timeout: Duration::from_secs(120),
             deleting: false,
             version_refused: None,
+            snapshot_before_version_change: false,
         }
     }
 
@@ -367,6 +394,9 @@ mod tests {
         Observed {
             now: at(10),
             store_up: true,
+            store_problem: None,
+            store_processes_up: true,
+            snapshot_for: None,
             front: FrontObservation::Up {
                 backend: backend.map(str::to_string),
             },
@@ -385,6 +415,33 @@ mod tests {
             started_at: at(0),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_version_change_snapshots_the_store_first_and_only_once() {
+        let mut d = desired("v2");
+        d.snapshot_before_version_change = true;
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        assert_eq!(plan(&d, &o), Step::Snapshot);
+        o.snapshot_for = Some(template("v2"));
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+        // A snapshot for another target does not count.
+        o.snapshot_for = Some(template("v3"));
+        assert_eq!(plan(&d, &o), Step::Snapshot);
+    }
+
+    #[test]
+    fn restarts_first_starts_and_stores_without_snapshots_do_not_snapshot() {
+        let mut d = desired("v1");
+        d.snapshot_before_version_change = true;
+        d.template.restarted_at = Some("now".into());
+        let o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+        let first = observed(None, vec![]);
+        assert_eq!(plan(&d, &first), Step::StartSlot { name: "a".into() });
+        let mut d = desired("v2");
+        d.snapshot_before_version_change = false;
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
     }
 
     #[test]
@@ -558,8 +615,14 @@ mod tests {
         assert_eq!(plan(&d, &o), Step::Cleanup);
         let mut o = observed(None, vec![]);
         o.store_up = false;
+        o.store_processes_up = false;
         o.front = FrontObservation::Down;
         assert_eq!(plan(&d, &o), Step::Idle);
+        // An external store (etcd, a PostgreSQL someone else runs) stays up: not ours to stop.
+        o.store_up = true;
+        assert_eq!(plan(&d, &o), Step::Idle);
+        o.store_processes_up = true;
+        assert_eq!(plan(&d, &o), Step::Cleanup);
     }
 
     fn arb_slot() -> impl Strategy<Value = SlotObservation> {
@@ -586,12 +649,16 @@ mod tests {
             prop::collection::vec(arb_slot(), 0..=2),
             prop::option::of((prop::sample::select(vec!["a", "b"]), any::<bool>(), any::<bool>())),
             0i64..400,
+            prop::option::of(prop::sample::select(vec!["v1", "v2", "v3"])),
         )
-            .prop_map(|(store_up, front, mut slots, rolling, now)| {
+            .prop_map(|(store_up, front, mut slots, rolling, now, snapshot_for)| {
                 slots.dedup_by(|a, b| a.name == b.name);
                 Observed {
                     now: at(now),
                     store_up,
+                    store_problem: None,
+                    store_processes_up: store_up,
+                    snapshot_for: snapshot_for.map(template),
                     front: match front {
                         None => FrontObservation::Down,
                         Some(backend) => FrontObservation::Up {
@@ -652,6 +719,22 @@ mod tests {
             let step = plan(&desired(version), &o);
             if !o.store_up {
                 prop_assert_eq!(step, Step::EnsureStore);
+            }
+        }
+
+        #[test]
+        fn no_slot_of_a_new_version_starts_before_the_snapshot(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
+            let mut d = desired(version);
+            d.snapshot_before_version_change = true;
+            let serving = match &o.front {
+                FrontObservation::Up { backend: Some(b) } => o.slots.iter().find(|s| &s.name == b && s.running),
+                _ => None,
+            };
+            if let Step::StartSlot { .. } = plan(&d, &o)
+                && let Some(serving) = serving
+                && serving.template.version != version
+            {
+                prop_assert_eq!(o.snapshot_for, Some(template(version)));
             }
         }
     }

@@ -7,7 +7,9 @@
 //! shared/                key material every slot must share (research 2.2), 0700
 //! slots/<a|b>/slot.json  the slot's template and port, written before its process starts
 //! slots/<a|b>/process.json, kcp.log, root/   its process record, log and kcp root directory
-//! store/                 the store's processes and data (kine, sqlite)
+//! slots/<a|b>/store/     the slot's own kine (KinePostgres): record and log
+//! store/                 the store's processes and data (kine and sqlite, or a managed PostgreSQL)
+//! snapshots/             pg_dump files taken before version changes (KinePostgres)
 //! front/                 the front's control socket, backend, pid and log
 //! ```
 //!
@@ -49,6 +51,10 @@ impl ShardDirs {
 
     pub fn front(&self) -> PathBuf {
         self.root.join("front")
+    }
+
+    pub fn snapshots(&self) -> PathBuf {
+        self.root.join("snapshots")
     }
 
     /// The kubeconfig users reach kcp with through the front (the active slot's admin.kubeconfig).
@@ -111,6 +117,11 @@ impl SlotDirs {
         self.dir.join("kcp.log")
     }
 
+    /// What the slot runs of the store for itself (its kine, for KinePostgres).
+    pub fn store(&self) -> PathBuf {
+        self.dir.join("store")
+    }
+
     /// The kubeconfig kcp writes into its root on every start.
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.root().join("admin.kubeconfig")
@@ -152,6 +163,18 @@ pub struct ControllerState {
     pub blocked: Option<Blocked>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_roll: Option<CompletedRoll>,
+    /// The latest snapshot taken before a version change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotRecord>,
+}
+
+/// A store snapshot taken before rolling to `template`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotRecord {
+    pub template: SlotTemplate,
+    pub path: String,
+    pub taken_at: DateTime<Utc>,
 }
 
 /// A finished roll, for `status.lastRoll`.

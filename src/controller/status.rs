@@ -53,9 +53,9 @@ pub fn build(
         }),
         store: Some(StoreStatus {
             type_: shard.spec.store.type_,
-            endpoints: world.store_endpoint.clone().into_iter().collect(),
+            endpoints: world.store_endpoints.clone(),
             ready: observed.store_up,
-            message: None,
+            message: observed.store_problem.clone(),
         }),
         last_roll,
         conditions: conditions::merge(previous, &verdicts, generation, observed.now),
@@ -74,7 +74,7 @@ fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollSt
         completed_at: completed_at.map(micro_time),
         from_version: roll.from_version.clone(),
         to_version: Some(roll.to_version.clone()),
-        snapshot: None,
+        snapshot: roll.snapshot.clone(),
     }
 }
 

@@ -37,6 +37,8 @@ pub struct SlotLaunch {
     pub port: u16,
     /// `--etcd-servers`: the shard's store, e.g. `http://127.0.0.1:2379`.
     pub etcd_servers: String,
+    /// `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile` for an Etcd store with TLS.
+    pub etcd_tls: crate::store::EtcdTls,
     /// The front's URL, e.g. `https://127.0.0.1:6443`.
     pub front_url: String,
     /// `--shutdown-delay-duration`: after SIGTERM, /readyz fails but requests are still served
@@ -47,11 +49,14 @@ pub struct SlotLaunch {
 }
 
 /// Flags that kcpshard sets for every slot and that extra arguments may not set again.
-pub const SAFETY_FLAGS: [&str; 12] = [
+pub const SAFETY_FLAGS: [&str; 15] = [
     "root-directory",
     "bind-address",
     "secure-port",
     "etcd-servers",
+    "etcd-cafile",
+    "etcd-certfile",
+    "etcd-keyfile",
     "enable-leader-election",
     // The lease kcpshard deletes after the old slot exits (kube-system/kcp-controllers).
     "leader-election-name",
@@ -132,6 +137,16 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         format!("--shard-external-url={}", launch.front_url),
         format!("--shutdown-delay-duration={}", go_duration(launch.shutdown_delay)),
     ];
+    let tls = &launch.etcd_tls;
+    for (flag, file) in [
+        ("etcd-cafile", &tls.ca_file),
+        ("etcd-certfile", &tls.cert_file),
+        ("etcd-keyfile", &tls.key_file),
+    ] {
+        if let Some(file) = file {
+            args.push(format!("--{flag}={}", file.display()));
+        }
+    }
     args.extend(launch.extra_args.iter().cloned());
     Ok(args)
 }
@@ -191,6 +206,7 @@ mod tests {
             bind_address: "127.0.0.1".parse().unwrap(),
             port: 16444,
             etcd_servers: "http://127.0.0.1:23790".into(),
+            etcd_tls: Default::default(),
             front_url: "https://127.0.0.1:6443".into(),
             shutdown_delay: Duration::from_secs(2),
             extra_args: vec!["--feature-gates=WorkspaceMounts=true".into()],

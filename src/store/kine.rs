@@ -1,13 +1,16 @@
-//! kine over sqlite: one kine process per shard, which every slot dials (research 3: sqlite is one
-//! kine process only; a second kine on the same file is never started).
+//! kine: an etcd-protocol server over SQL. One kine process per [`KineSpec`]: for KineSqlite the one
+//! shard-wide kine every slot dials (sqlite is one kine process only, research 3); for KinePostgres
+//! one kine per slot, each with its own listen and metrics addresses, all on one database.
 //!
-//! Layout of the store directory (0700): `state.db` (+ WAL files), `kine.log`, `kine.json` (the
-//! [`ProcessRecord`]; the port is in its argv, so the record is the one source of truth).
+//! Layout of a kine's directory (0700): `kine.json` (the [`ProcessRecord`]; the ports are in its
+//! argv, so the record is the one source of truth), `kine.log`, and for sqlite `state.db`.
 //!
-//! [`ensure_kine_sqlite`] is idempotent and crash-safe: it adopts the recorded kine when it runs and
+//! [`ensure_kine`] is idempotent and crash-safe: it adopts the recorded kine when it runs and
 //! accepts; it finds a kine whose record was never written (serve died right after the spawn) by its
-//! `--endpoint=` argument, which names the database file; it stops extra kines on the file; only
-//! then does it start one. kine's port accepting means its schema is ready (DESIGN.md section 6).
+//! `--endpoint=` argument, which is unique per kine; it stops extra kines on that endpoint; only then
+//! does it start one, on the recorded port when there is one, so that a slot that dials a kine that
+//! died finds the new one at the same address. kine's port accepting means its schema is ready
+//! (DESIGN.md section 6).
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -40,25 +43,36 @@ pub struct Kine {
     pub adopted: bool,
 }
 
+impl Kine {
+    fn at(port: u16, record: ProcessRecord, adopted: bool) -> Kine {
+        Kine {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            port,
+            record,
+            adopted,
+        }
+    }
+}
+
 /// `sqlite://<dir>/state.db?<params>`.
 pub fn sqlite_endpoint(dir: &Path) -> String {
     format!("sqlite://{}?{SQLITE_PARAMS}", dir.join(DB_FILE).display())
 }
 
-/// The argument that names the database: unique per store directory, so it finds the kine of a
-/// store by its argv.
+/// The argument that names the database: unique per kine, so it finds a kine by its argv.
 pub fn endpoint_arg(endpoint: &str) -> String {
     format!("--endpoint={endpoint}")
 }
 
-/// kine's arguments. `--metrics-bind-address=0` disables the metrics listener (its default :8080
-/// collides between kines, and a bind failure is fatal); `--compact-interval=0` leaves compaction
-/// to the apiserver.
-pub fn kine_args(endpoint: &str, port: u16) -> Vec<String> {
+/// kine's arguments. Without a metrics port, `--metrics-bind-address=0` disables the metrics
+/// listener (its default :8080 collides between kines, and a bind failure is fatal);
+/// `--compact-interval=0` leaves compaction to the apiserver.
+pub fn kine_args(endpoint: &str, port: u16, metrics_port: Option<u16>) -> Vec<String> {
+    let metrics = metrics_port.map_or("0".to_string(), |p| format!("127.0.0.1:{p}"));
     vec![
         endpoint_arg(endpoint),
         format!("--listen-address=127.0.0.1:{port}"),
-        "--metrics-bind-address=0".to_string(),
+        format!("--metrics-bind-address={metrics}"),
         "--compact-interval=0".to_string(),
     ]
 }
@@ -71,36 +85,95 @@ pub fn listen_port(args: &[String]) -> Option<u16> {
         .and_then(|(_, port)| port.parse().ok())
 }
 
-/// Makes sure the kine of the sqlite store in `dir` runs and accepts, adopting a running one.
-pub async fn ensure_kine_sqlite(runtime: &Runtime, kine_binary: &Path, dir: &Path) -> Result<Kine, StoreError> {
-    ensure_kine_sqlite_within(runtime, kine_binary, dir, READY_TIMEOUT).await
+/// One kine: what it serves and where it keeps its record and log.
+#[derive(Clone)]
+pub struct KineSpec {
+    pub binary: PathBuf,
+    /// kine's `--endpoint`; unique per kine (it identifies an unrecorded kine by its argv).
+    pub endpoint: String,
+    /// Holds `kine.json` and `kine.log` (and the sqlite database).
+    pub dir: PathBuf,
+    /// Added to kine's environment, e.g. PGPASSWORD: a secret never goes into argv, where every
+    /// local user can read it.
+    pub env: Vec<(String, String)>,
+    /// Serve kine's Prometheus metrics on a port of its own.
+    pub metrics: bool,
+    pub ready_timeout: Duration,
 }
 
-/// [`ensure_kine_sqlite`] with a bound on how long a kine may take to accept.
-pub async fn ensure_kine_sqlite_within(
-    runtime: &Runtime,
-    kine_binary: &Path,
-    dir: &Path,
-    ready_timeout: Duration,
-) -> Result<Kine, StoreError> {
-    let dir = absolute_private_dir(dir)?;
-    if dir.to_string_lossy().contains(['?', '#']) {
-        return Err(StoreError::Invalid(format!(
-            "store directory {} has ? or # in its path, which a sqlite DSN cannot hold",
-            dir.display()
-        )));
+impl std::fmt::Debug for KineSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KineSpec")
+            .field("endpoint", &self.endpoint)
+            .field("dir", &self.dir)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .finish_non_exhaustive()
     }
-    let endpoint = sqlite_endpoint(&dir);
-    let record_path = dir.join(RECORD_FILE);
+}
 
-    // Every kine on this database: the recorded one first, then any unrecorded ones.
-    let mut candidates: Vec<ProcessRecord> = Vec::new();
-    if let Some(rec) = Runtime::load(&record_path)?
-        && runtime.is_running(&rec)
-    {
-        candidates.push(rec);
+impl KineSpec {
+    /// The shard-wide kine over `<dir>/state.db`.
+    pub fn sqlite(binary: &Path, dir: &Path) -> Result<KineSpec, StoreError> {
+        let dir = absolute_private_dir(dir)?;
+        if dir.to_string_lossy().contains(['?', '#']) {
+            return Err(StoreError::Invalid(format!(
+                "store directory {} has ? or # in its path, which a sqlite DSN cannot hold",
+                dir.display()
+            )));
+        }
+        Ok(KineSpec {
+            binary: binary.to_path_buf(),
+            endpoint: sqlite_endpoint(&dir),
+            dir,
+            env: Vec::new(),
+            metrics: false,
+            ready_timeout: READY_TIMEOUT,
+        })
     }
-    for pid in Runtime::find_by_argument(&endpoint_arg(&endpoint)) {
+
+    fn record_path(&self) -> PathBuf {
+        self.dir.join(RECORD_FILE)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(LOG_FILE)
+    }
+}
+
+/// Makes sure the kine of the sqlite store in `dir` runs and accepts, adopting a running one.
+pub async fn ensure_kine_sqlite(runtime: &Runtime, kine_binary: &Path, dir: &Path) -> Result<Kine, StoreError> {
+    ensure_kine(runtime, &KineSpec::sqlite(kine_binary, dir)?).await
+}
+
+/// Stops the kine of the sqlite store in `dir`; see [`stop_kine`].
+pub async fn stop_kine_sqlite(
+    runtime: &Runtime,
+    dir: &Path,
+    grace: Duration,
+) -> Result<Option<Termination>, StoreError> {
+    stop_kine(runtime, &KineSpec::sqlite(Path::new("kine"), dir)?, grace).await
+}
+
+/// The recorded kine when it runs and accepts; nothing is started.
+pub async fn running_kine(runtime: &Runtime, spec: &KineSpec) -> Option<Kine> {
+    let record = Runtime::load(&spec.record_path()).ok().flatten()?;
+    let port = listen_port(&record.args)?;
+    (runtime.is_running(&record) && port_accepts(port).await).then(|| Kine::at(port, record, true))
+}
+
+/// Makes sure the kine of `spec` runs and accepts, adopting a running one.
+pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, StoreError> {
+    let record_path = spec.record_path();
+    let recorded = Runtime::load(&record_path)?;
+
+    // Every kine on this endpoint: the recorded one first, then any unrecorded ones.
+    let mut candidates: Vec<ProcessRecord> = Vec::new();
+    if let Some(rec) = &recorded
+        && runtime.is_running(rec)
+    {
+        candidates.push(rec.clone());
+    }
+    for pid in Runtime::find_by_argument(&endpoint_arg(&spec.endpoint)) {
         if !candidates.iter().any(|c| c.pid == pid)
             && let Some(rec) = Runtime::observe(pid)
         {
@@ -112,71 +185,69 @@ pub async fn ensure_kine_sqlite_within(
     for rec in candidates {
         if adopted.is_none()
             && let Some(port) = listen_port(&rec.args)
-            && wait_accepting(runtime, &rec, port, ready_timeout).await
+            && wait_accepting(runtime, &rec, port, spec.ready_timeout).await
         {
             if Runtime::load(&record_path)?.as_ref() != Some(&rec) {
                 rec.save(&record_path)?;
             }
             tracing::info!(pid = rec.pid, port, "adopted the running kine");
-            adopted = Some(Kine {
-                endpoint: format!("http://127.0.0.1:{port}"),
-                port,
-                record: rec,
-                adopted: true,
-            });
+            adopted = Some(Kine::at(port, rec, true));
             continue;
         }
-        // sqlite takes one kine: stop one that does not accept or is one too many.
-        tracing::warn!(
-            pid = rec.pid,
-            "stopping a kine on {} that is not the one in use",
-            dir.display()
-        );
+        // One kine per endpoint: stop one that does not accept or is one too many.
+        tracing::warn!(pid = rec.pid, dir = %spec.dir.display(), "stopping a kine that is not the one in use");
         runtime.terminate(&rec, STOP_GRACE).await?;
     }
     if let Some(kine) = adopted {
         return Ok(kine);
     }
 
+    // A kine that died comes back on its port: slots dial that address.
+    let mut reuse_port = recorded.as_ref().and_then(|r| listen_port(&r.args));
     let mut last_error = None;
     for _ in 0..START_ATTEMPTS {
-        let port = free_port().map_err(|e| StoreError::Io {
-            path: dir.clone(),
+        let io = |e| StoreError::Io {
+            path: spec.dir.clone(),
             source: e,
-        })?;
-        let spec = ProcessSpec {
+        };
+        let port = match reuse_port.take() {
+            Some(port) => port,
+            None => free_port().map_err(io)?,
+        };
+        let metrics_port = if spec.metrics {
+            Some(free_port().map_err(io)?)
+        } else {
+            None
+        };
+        let process = ProcessSpec {
             name: "kine".to_string(),
-            program: kine_binary.to_path_buf(),
-            args: kine_args(&endpoint, port),
-            env: Vec::new(),
-            log: dir.join(LOG_FILE),
+            program: spec.binary.clone(),
+            args: kine_args(&spec.endpoint, port, metrics_port),
+            env: spec.env.clone(),
+            log: spec.log_path(),
             record: record_path.clone(),
         };
-        let rec = runtime.start(&spec)?;
+        let rec = runtime.start(&process)?;
         let started = Instant::now();
-        if wait_accepting(runtime, &rec, port, ready_timeout).await {
+        if wait_accepting(runtime, &rec, port, spec.ready_timeout).await {
             tracing::info!(pid = rec.pid, port, ready_in = ?started.elapsed(), "kine accepts");
-            return Ok(Kine {
-                endpoint: format!("http://127.0.0.1:{port}"),
-                port,
-                record: rec,
-                adopted: false,
-            });
+            return Ok(Kine::at(port, rec, false));
         }
         let running = runtime.is_running(&rec);
         runtime.terminate(&rec, STOP_GRACE).await?;
         let error = if running {
             StoreError::NotReady {
-                waited: ready_timeout,
-                log: spec.log.clone(),
-                log_tail: log_tail(&spec.log),
+                waited: spec.ready_timeout,
+                log: process.log.clone(),
+                log_tail: log_tail(&process.log),
             }
         } else {
-            // Most likely the port was taken between our probe and kine's bind: try another.
+            // The port was taken between our probe and kine's bind, or two kines raced to create
+            // the schema on a fresh PostgreSQL database (research 3): try again.
             StoreError::Exited {
                 status: runtime.exit_status(&rec).map(|s| s.to_string()),
-                log: spec.log.clone(),
-                log_tail: log_tail(&spec.log),
+                log: process.log.clone(),
+                log_tail: log_tail(&process.log),
             }
         };
         tracing::warn!(error = %error, "kine did not come up");
@@ -189,25 +260,17 @@ pub async fn ensure_kine_sqlite_within(
     Err(last_error.expect("at least one attempt"))
 }
 
-/// Stops the kine of the sqlite store in `dir` (and any unrecorded kine on the same database), and
-/// removes its record. Returns how the recorded one ended; None when none ran.
-pub async fn stop_kine_sqlite(
-    runtime: &Runtime,
-    dir: &Path,
-    grace: Duration,
-) -> Result<Option<Termination>, StoreError> {
-    let dir = std::path::absolute(dir).map_err(|e| StoreError::Io {
-        path: dir.to_path_buf(),
-        source: e,
-    })?;
-    let record_path = dir.join(RECORD_FILE);
+/// Stops the kine of `spec` (and any unrecorded kine on the same endpoint), and removes its
+/// record. Returns how the recorded one ended; None when none ran.
+pub async fn stop_kine(runtime: &Runtime, spec: &KineSpec, grace: Duration) -> Result<Option<Termination>, StoreError> {
+    let record_path = spec.record_path();
     let mut result = None;
     if let Some(rec) = Runtime::load(&record_path)?
         && runtime.is_running(&rec)
     {
         result = Some(runtime.terminate(&rec, grace).await?);
     }
-    for pid in Runtime::find_by_argument(&endpoint_arg(&sqlite_endpoint(&dir))) {
+    for pid in Runtime::find_by_argument(&endpoint_arg(&spec.endpoint)) {
         if let Some(rec) = Runtime::observe(pid) {
             runtime.terminate(&rec, grace).await?;
         }
@@ -287,7 +350,7 @@ mod tests {
 
     #[test]
     fn kine_runs_on_loopback_without_metrics_or_its_own_compaction() {
-        let args = kine_args("sqlite:///x/state.db", 23790);
+        let args = kine_args("sqlite:///x/state.db", 23790, None);
         assert_eq!(
             args,
             [
@@ -297,6 +360,8 @@ mod tests {
                 "--compact-interval=0"
             ]
         );
+        let with_metrics = kine_args("postgres://kcp@db/kcp", 23790, Some(23791));
+        assert_eq!(with_metrics[2], "--metrics-bind-address=127.0.0.1:23791");
         assert_eq!(listen_port(&args), Some(23790));
         assert_eq!(listen_port(&["--endpoint=x".to_string()]), None);
     }

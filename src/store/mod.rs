@@ -2,56 +2,238 @@
 //! slot (DESIGN.md section 3, step 1).
 //!
 //! Backends:
-//! - [`StoreBackend::KineSqlite`]: one kine over a sqlite file, dialed by every slot. For dev and
-//!   single-host use; a kine restart is a store outage for both slots (research 3).
-//! - Later: `KinePostgres` (one kine per slot over a shared database; the first kine must start
-//!   alone, research 3's schema race) and `Etcd` (endpoints the user runs). Their slot-scoped
-//!   processes fit [`StoreBackend::ensure`] taking a slot name; nothing here assumes sqlite
-//!   beyond the variant itself.
+//! - KineSqlite: one kine over a sqlite file, dialed by every slot. For dev and single-host use; a
+//!   kine restart is a store outage for both slots (research 3).
+//! - KinePostgres: one kine per slot over one PostgreSQL database ([`postgres`]); the database is
+//!   created if missing, and the first slot's kine creates kine's schema alone (two kines racing on
+//!   a fresh database: research 3). Optionally on a PostgreSQL kcpshard runs ([`managed`]).
+//! - Etcd: endpoints the user runs ([`etcd`]).
+//!
+//! The shard-wide part ([`StoreBackend::ensure`], [`StoreBackend::check`]) is separate from each
+//! slot's part ([`StoreBackend::ensure_slot`], [`StoreBackend::stop_slot`]), which is empty for the
+//! stores slots share.
+pub mod etcd;
 pub mod kine;
+pub mod managed;
+pub mod postgres;
+pub mod snapshot;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::process::{ProcessError, ProcessRecord, Runtime};
+use crate::api::{StoreSpec, StoreType};
+use crate::process::{ProcessError, Runtime};
 
-pub use kine::{Kine, ensure_kine_sqlite, stop_kine_sqlite};
+pub use etcd::{EtcdCluster, EtcdTls};
+pub use kine::{Kine, KineSpec, ensure_kine_sqlite, stop_kine_sqlite};
+pub use managed::ManagedPostgres;
+pub use postgres::PostgresServer;
 
 /// Which store a shard uses, with what it needs to run it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum StoreBackend {
     /// One kine over `<dir>/state.db`.
-    KineSqlite { kine_binary: PathBuf, dir: PathBuf },
+    KineSqlite { kine: KineSpec },
+    /// One kine per slot on one PostgreSQL database.
+    KinePostgres {
+        server: PostgresServer,
+        kine_binary: PathBuf,
+        /// Set when kcpshard runs the PostgreSQL itself.
+        managed: Option<ManagedPostgres>,
+        /// Names each slot's kine in PostgreSQL (application_name) and in its argv.
+        shard: String,
+    },
+    /// Etcd endpoints the user runs.
+    Etcd(EtcdCluster),
 }
 
-/// A ready store, as slots see it.
+/// Where one slot's kcp finds the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreEndpoint {
-    /// `--etcd-servers` for the slots.
+pub struct SlotStore {
+    /// `--etcd-servers`.
     pub etcd_servers: String,
-    /// The processes kcpshard runs for this store (empty for an external store).
-    pub processes: Vec<ProcessRecord>,
+    pub tls: EtcdTls,
+}
+
+/// Where a store's files live.
+#[derive(Debug, Clone)]
+pub struct StorePaths {
+    /// The state dir (managed PostgreSQL makes the path down to its cluster searchable).
+    pub state_dir: PathBuf,
+    /// The shard's store directory.
+    pub store_dir: PathBuf,
 }
 
 impl StoreBackend {
-    /// Starts the store, or adopts it when it already runs; returns once it accepts.
-    pub async fn ensure(&self, runtime: &Runtime) -> Result<StoreEndpoint, StoreError> {
-        match self {
-            StoreBackend::KineSqlite { kine_binary, dir } => {
-                let k = ensure_kine_sqlite(runtime, kine_binary, dir).await?;
-                Ok(StoreEndpoint {
-                    etcd_servers: k.endpoint,
-                    processes: vec![k.record],
+    /// The backend the spec asks for. Reads a PostgreSQL password now: an unreadable one is an error
+    /// the user sees as StoreReady=False.
+    pub fn from_spec(
+        spec: &StoreSpec,
+        kine_binary: &Path,
+        paths: &StorePaths,
+        shard: &str,
+    ) -> Result<StoreBackend, StoreError> {
+        let missing =
+            |what: &str| StoreError::Invalid(format!("spec.store.type is {what} but its settings are missing"));
+        match spec.type_ {
+            StoreType::KineSqlite => Ok(StoreBackend::KineSqlite {
+                kine: KineSpec::sqlite(kine_binary, &paths.store_dir)?,
+            }),
+            StoreType::KinePostgres => {
+                let settings = spec.kine_postgres.as_ref().ok_or_else(|| missing("KinePostgres"))?;
+                Ok(StoreBackend::KinePostgres {
+                    server: PostgresServer::from_spec(settings)?,
+                    kine_binary: kine_binary.to_path_buf(),
+                    managed: settings.managed.then(|| ManagedPostgres {
+                        dir: paths.store_dir.join("postgres"),
+                        state_dir: paths.state_dir.clone(),
+                    }),
+                    shard: shard.to_string(),
                 })
+            }
+            StoreType::Etcd => Ok(StoreBackend::Etcd(EtcdCluster::from_spec(
+                spec.etcd.as_ref().ok_or_else(|| missing("Etcd"))?,
+            ))),
+        }
+    }
+
+    /// Whether the shard-wide part accepts: Ok with the endpoints slots share (none for
+    /// KinePostgres, whose slots each have their own), or why not.
+    pub async fn check(&self, runtime: &Runtime) -> Result<Vec<String>, String> {
+        match self {
+            StoreBackend::KineSqlite { kine } => match kine::running_kine(runtime, kine).await {
+                Some(k) => Ok(vec![k.endpoint]),
+                None => Err("kine does not run or does not accept connections".into()),
+            },
+            StoreBackend::KinePostgres { server, .. } => {
+                server.check().await.map(|()| vec![]).map_err(|e| e.to_string())
+            }
+            StoreBackend::Etcd(cluster) => cluster.check().await.map(|()| cluster.endpoints.clone()),
+        }
+    }
+
+    /// Starts the shard-wide part, or adopts it; returns what is up, for an event.
+    pub async fn ensure(&self, runtime: &Runtime) -> Result<String, StoreError> {
+        match self {
+            StoreBackend::KineSqlite { kine } => Ok(format!(
+                "kine accepts connections at {}",
+                kine::ensure_kine(runtime, kine).await?.endpoint
+            )),
+            StoreBackend::KinePostgres { server, managed, .. } => {
+                if let Some(managed) = managed {
+                    managed.ensure(server).await?;
+                }
+                let created = server.ensure_database().await?;
+                server.check().await?;
+                Ok(format!(
+                    "PostgreSQL accepts connections at {}{}",
+                    server.describe(),
+                    if created { " (database created)" } else { "" }
+                ))
+            }
+            StoreBackend::Etcd(cluster) => {
+                cluster.check().await.map_err(StoreError::Invalid)?;
+                Ok(format!("etcd accepts connections at {}", cluster.etcd_servers()))
             }
         }
     }
 
-    /// Stops the store's processes; the data stays.
+    /// The kine a slot runs for itself (KinePostgres only), kept in `slot_dir`.
+    fn slot_kine(&self, slot_dir: &Path, slot: &str) -> Option<KineSpec> {
+        match self {
+            StoreBackend::KinePostgres {
+                server,
+                kine_binary,
+                shard,
+                ..
+            } => Some(server.slot_kine(kine_binary, slot_dir.to_path_buf(), &format!("kcpshard-{shard}-{slot}"))),
+            _ => None,
+        }
+    }
+
+    /// Makes sure what slot `slot` dials runs (its own kine for KinePostgres, on the port it had
+    /// if it ran before); returns where its kcp finds the store.
+    pub async fn ensure_slot(&self, runtime: &Runtime, slot_dir: &Path, slot: &str) -> Result<SlotStore, StoreError> {
+        match self {
+            StoreBackend::KineSqlite { kine } => Ok(SlotStore {
+                etcd_servers: kine::ensure_kine(runtime, kine).await?.endpoint,
+                tls: EtcdTls::default(),
+            }),
+            StoreBackend::KinePostgres { .. } => {
+                let spec = self.slot_kine(slot_dir, slot).expect("KinePostgres has slot kines");
+                Ok(SlotStore {
+                    etcd_servers: kine::ensure_kine(runtime, &spec).await?.endpoint,
+                    tls: EtcdTls::default(),
+                })
+            }
+            StoreBackend::Etcd(cluster) => Ok(SlotStore {
+                etcd_servers: cluster.etcd_servers(),
+                tls: cluster.tls.clone(),
+            }),
+        }
+    }
+
+    /// The endpoint of the slot's own kine when it runs and accepts; None when it does not, and
+    /// for stores the slots share.
+    pub async fn running_slot_kine(&self, runtime: &Runtime, slot_dir: &Path, slot: &str) -> Option<Option<String>> {
+        match self.slot_kine(slot_dir, slot) {
+            None => Some(None),
+            Some(spec) => kine::running_kine(runtime, &spec).await.map(|k| Some(k.endpoint)),
+        }
+    }
+
+    /// Stops what only slot `slot` used (its kine, for KinePostgres).
+    pub async fn stop_slot(
+        &self,
+        runtime: &Runtime,
+        slot_dir: &Path,
+        slot: &str,
+        grace: Duration,
+    ) -> Result<(), StoreError> {
+        if let Some(spec) = self.slot_kine(slot_dir, slot) {
+            kine::stop_kine(runtime, &spec, grace).await?;
+        }
+        Ok(())
+    }
+
+    /// Stops the shard-wide processes kcpshard runs; the data stays.
     pub async fn stop(&self, runtime: &Runtime, grace: Duration) -> Result<(), StoreError> {
         match self {
-            StoreBackend::KineSqlite { dir, .. } => stop_kine_sqlite(runtime, dir, grace).await.map(|_| ()),
+            StoreBackend::KineSqlite { kine } => kine::stop_kine(runtime, kine, grace).await.map(|_| ()),
+            StoreBackend::KinePostgres { managed, .. } => match managed {
+                Some(managed) => managed.stop().await,
+                None => Ok(()),
+            },
+            StoreBackend::Etcd(_) => Ok(()),
         }
+    }
+
+    /// Dumps the store before a roll from `from` to `to` (KinePostgres only); None for stores that
+    /// have no snapshot.
+    pub async fn snapshot(&self, dir: &Path, from: &str, to: &str, keep: usize) -> Result<Option<PathBuf>, StoreError> {
+        match self {
+            StoreBackend::KinePostgres { server, .. } => {
+                snapshot::pg_dump(server, dir, from, to, chrono::Utc::now(), keep)
+                    .await
+                    .map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether kcpshard runs processes for the shard-wide part (kine over sqlite, a managed
+    /// PostgreSQL), which [`StoreBackend::stop`] stops.
+    pub fn runs_processes(&self) -> bool {
+        match self {
+            StoreBackend::KineSqlite { .. } => true,
+            StoreBackend::KinePostgres { managed, .. } => managed.is_some(),
+            StoreBackend::Etcd(_) => false,
+        }
+    }
+
+    /// Whether [`StoreBackend::snapshot`] takes one.
+    pub fn takes_snapshots(&self) -> bool {
+        matches!(self, StoreBackend::KinePostgres { .. })
     }
 }
 
@@ -63,6 +245,8 @@ pub enum StoreError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Invalid(String),
+    #[error("PostgreSQL at {server}: {message}")]
+    Postgres { server: String, message: String },
     #[error("kine runs but does not accept within {waited:?}; see {log}:\n{log_tail}")]
     NotReady {
         waited: Duration,

@@ -1,0 +1,320 @@
+//! kine over PostgreSQL: one kine per slot, all on one database (research section 3: the old and
+//! the new slot each dial their own kine, so a slot's kine stops with the slot and a kine restart
+//! never takes both slots down).
+//!
+//! kcpshard talks to PostgreSQL itself (tokio-postgres) to create the database when it is missing
+//! and to tell the user PostgreSQL's own error when it cannot be reached. The password comes from a
+//! file or an environment variable named in the spec; it reaches kine and pg_dump as PGPASSWORD in
+//! their environment, never in argv (which every local user can read), status, events or logs.
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::api::{KinePostgresStore, PasswordSource, SslMode};
+
+use super::StoreError;
+use super::kine::{KineSpec, READY_TIMEOUT};
+
+/// How long one connection attempt to PostgreSQL may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A password; Debug never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(<redacted>)")
+    }
+}
+
+/// Reads a password from where `source` says. A trailing newline in a file is not part of it.
+pub fn read_password(source: &PasswordSource) -> Result<Password, StoreError> {
+    let field = "spec.store.kinePostgres.passwordFrom";
+    match (&source.file, &source.env) {
+        (Some(file), None) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                StoreError::Invalid(format!(
+                    "cannot read the PostgreSQL password from {field}.file {file}: {e}; create it (mode 0600) or fix the path"
+                ))
+            })?;
+            Ok(Password(text.trim_end_matches(['\n', '\r']).to_string()))
+        }
+        (None, Some(var)) => std::env::var(var).map(Password).map_err(|_| {
+            StoreError::Invalid(format!(
+                "the environment variable {var} named by {field}.env is not set for kcpshard serve; set it where serve starts, or use {field}.file"
+            ))
+        }),
+        _ => Err(StoreError::Invalid(format!("{field} needs exactly one of file or env"))),
+    }
+}
+
+/// Where the shard's database is and how to log in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresServer {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub user: String,
+    pub password: Option<Password>,
+    pub ssl_mode: SslMode,
+}
+
+impl PostgresServer {
+    /// The server the spec names, with the password read now.
+    pub fn from_spec(spec: &KinePostgresStore) -> Result<PostgresServer, StoreError> {
+        Ok(PostgresServer {
+            host: spec.host.clone(),
+            port: spec.port,
+            database: spec.database.clone(),
+            user: spec.user.clone(),
+            password: spec.password_from.as_ref().map(read_password).transpose()?,
+            ssl_mode: spec.ssl_mode,
+        })
+    }
+
+    /// `host:port/database`, for messages.
+    pub fn describe(&self) -> String {
+        format!("{}:{}/{}", self.host, self.port, self.database)
+    }
+
+    /// kine's `--endpoint`: no password (kine reads PGPASSWORD, as libpq and pgx do), and an
+    /// application_name that makes each slot's kine endpoint unique (it finds the kine by its argv;
+    /// PostgreSQL shows it in pg_stat_activity).
+    pub fn kine_endpoint(&self, application: &str) -> String {
+        let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!(
+            "postgres://{}@{host}:{}/{}?sslmode={}&application_name={}",
+            enc(&self.user),
+            self.port,
+            enc(&self.database),
+            self.ssl_mode.as_str(),
+            enc(application),
+        )
+    }
+
+    /// The environment kine and pg_dump need: the password, if there is one.
+    pub fn env(&self) -> Vec<(String, String)> {
+        self.password
+            .iter()
+            .map(|p| ("PGPASSWORD".to_string(), p.expose().to_string()))
+            .collect()
+    }
+
+    /// The kine of one slot: its own directory, listen and metrics ports, on the shared database.
+    pub fn slot_kine(&self, binary: &Path, dir: PathBuf, application: &str) -> KineSpec {
+        KineSpec {
+            binary: binary.to_path_buf(),
+            endpoint: self.kine_endpoint(application),
+            dir,
+            env: self.env(),
+            metrics: true,
+            ready_timeout: READY_TIMEOUT,
+        }
+    }
+
+    async fn connect(&self, database: &str) -> Result<tokio_postgres::Client, StoreError> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .dbname(database)
+            .application_name("kcpshard")
+            .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(password) = &self.password {
+            config.password(password.expose());
+        }
+        let failed = |message: String| StoreError::Postgres {
+            server: format!("{}:{}/{database}", self.host, self.port),
+            message,
+        };
+        let client = match self.ssl_mode {
+            SslMode::Disable => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                let (client, connection) = connect_within(config.connect(tokio_postgres::NoTls))
+                    .await
+                    .map_err(failed)?;
+                tokio::spawn(connection);
+                client
+            }
+            _ => {
+                // kcpshard's own connections verify the server against the system's roots (like
+                // verify-full); kine applies the spec's sslmode itself.
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let (client, connection) = connect_within(config.connect(tls_connector()?)).await.map_err(failed)?;
+                tokio::spawn(connection);
+                client
+            }
+        };
+        Ok(client)
+    }
+
+    /// Connects to the shard's database and runs `SELECT 1`: PostgreSQL's own error when it fails.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        let client = self.connect(&self.database).await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map_err(|e| StoreError::Postgres {
+                server: self.describe(),
+                message: postgres_message(&e),
+            })?;
+        Ok(())
+    }
+
+    /// Creates the shard's database if it is missing (connected to the `postgres` database).
+    /// Returns whether it created it.
+    pub async fn ensure_database(&self) -> Result<bool, StoreError> {
+        let client = self.connect("postgres").await?;
+        let failed = |e: tokio_postgres::Error| StoreError::Postgres {
+            server: self.describe(),
+            message: postgres_message(&e),
+        };
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&self.database])
+            .await
+            .map_err(failed)?
+            .is_some();
+        if exists {
+            return Ok(false);
+        }
+        let quoted = format!("\"{}\"", self.database.replace('"', "\"\""));
+        client
+            .batch_execute(&format!("CREATE DATABASE {quoted}"))
+            .await
+            .map_err(|e| StoreError::Postgres {
+                server: self.describe(),
+                message: format!(
+                    "{}; create database {quoted} yourself, or grant user {} CREATEDB",
+                    postgres_message(&e),
+                    self.user
+                ),
+            })?;
+        Ok(true)
+    }
+}
+
+/// The connection, or PostgreSQL's message. connect_timeout bounds each TCP connect; this bounds
+/// the whole handshake as well (a server that accepts but never answers).
+async fn connect_within<F, T>(connecting: F) -> Result<T, String>
+where
+    F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    match tokio::time::timeout(CONNECT_TIMEOUT * 2, connecting).await {
+        Ok(result) => result.map_err(|e| postgres_message(&e)),
+        Err(_) => Err(format!("no answer within {:?}", CONNECT_TIMEOUT * 2)),
+    }
+}
+
+fn tls_connector() -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| StoreError::Invalid(format!("TLS for PostgreSQL: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// PostgreSQL's message: the server's own for an error it reported, else the client's chain
+/// ("error connecting to server: Connection refused").
+pub fn postgres_message(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        message.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server() -> PostgresServer {
+        PostgresServer {
+            host: "127.0.0.1".into(),
+            port: 5433,
+            database: "kcp".into(),
+            user: "kcp".into(),
+            password: Some(Password("s3cret".into())),
+            ssl_mode: SslMode::Disable,
+        }
+    }
+
+    #[test]
+    fn the_kine_endpoint_never_holds_the_password_and_is_unique_per_slot() {
+        let s = server();
+        let a = s.kine_endpoint("kcpshard-dev-a");
+        assert_eq!(
+            a,
+            "postgres://kcp@127.0.0.1:5433/kcp?sslmode=disable&application_name=kcpshard-dev-a"
+        );
+        assert_ne!(a, s.kine_endpoint("kcpshard-dev-b"));
+        assert!(!a.contains("s3cret"));
+        assert_eq!(s.env(), [("PGPASSWORD".to_string(), "s3cret".to_string())]);
+        assert!(!format!("{s:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn an_ipv6_host_is_bracketed() {
+        let mut s = server();
+        s.host = "::1".into();
+        assert!(s.kine_endpoint("x").starts_with("postgres://kcp@[::1]:5433/"));
+    }
+
+    #[test]
+    fn passwords_come_from_a_file_without_its_newline_or_from_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pgpass");
+        std::fs::write(&file, "hunter2\n").unwrap();
+        let from_file = read_password(&PasswordSource {
+            file: Some(file.display().to_string()),
+            env: None,
+        })
+        .unwrap();
+        assert_eq!(from_file.expose(), "hunter2");
+
+        let missing = read_password(&PasswordSource {
+            file: Some(dir.path().join("nope").display().to_string()),
+            env: None,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            missing.contains("passwordFrom.file") && missing.contains("create it"),
+            "{missing}"
+        );
+
+        let unset = read_password(&PasswordSource {
+            file: None,
+            env: Some("KCPSHARD_TEST_SURELY_UNSET_VARIABLE".into()),
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            unset.contains("KCPSHARD_TEST_SURELY_UNSET_VARIABLE") && unset.contains("is not set"),
+            "{unset}"
+        );
+    }
+}
