@@ -14,8 +14,10 @@
 //! - [`client`], [`lifecycle`]: the controller's side (talk to, start, adopt, stop).
 //! - [`handover`]: SCM_RIGHTS passing of the listening socket to a successor.
 //! - [`metrics`]: Prometheus text from a status snapshot.
+//! - [`caddy`]: the other front type, a caddy the user runs, driven through its admin API.
 //!
 //! See docs/front.md for the protocol, the files and what survives what.
+pub mod caddy;
 mod client;
 mod error;
 mod handover;

@@ -1,0 +1,519 @@
+//! Caddy as the front (`spec.front.type: Caddy`): a caddy the user runs, whose `reverse_proxy`
+//! handler, marked `"@id": <upstreamId>`, forwards to the active slot. kcpshard only talks to
+//! caddy's admin API (research section 5, mechanism A): [`CaddyAdmin::upstreams`] reads the
+//! handler's upstreams (and so checks that caddy answers and that the @id names a reverse_proxy
+//! handler), and [`CaddyAdmin::switch`] replaces them with the new slot's address
+//! (`PATCH /id/<id>/upstreams`) and reads them back. [`render_config`] is the caddy JSON config
+//! kcpshard recommends (`kcpshard front caddy-config` prints it; docs/operations-caddy.md says why
+//! each setting is there).
+//!
+//! What Debian's caddy (2.6.2) does, as `tests/caddy_front.rs` measures:
+//! - Every change through the admin API reloads the whole config: every server, the admin
+//!   endpoint included, is replaced; the listening sockets are kept, so no dial is refused. A
+//!   PATCH that changes nothing does not reload, and [`CaddyAdmin::switch`] does not even send one
+//!   when the upstream is already right: a reload cuts every upgraded stream (`kubectl exec`,
+//!   `attach`, `port-forward`) on every site of that caddy.
+//! - A reload closes the idle keep-alive connections of clients; requests already in flight
+//!   finish on the old upstream, and watches (chunked responses) stay open until the old slot
+//!   ends them. With `flush_interval: -1`, caddy 2.6 instead cancels every proxied request in
+//!   flight at a reload (a 502, or a watch cut short), so the rendered config leaves it unset:
+//!   caddy flushes a response of unknown length (a watch) at once anyway.
+//! - Caddy accepts any `dial` string in a PATCH; a wrong one only fails the requests. Hence
+//!   [`CaddyAdmin::switch`] takes a `SocketAddr`.
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+
+/// Caddy's own default admin address, and kcpshard's default for `spec.front.caddy.adminAddress`.
+pub const DEFAULT_ADMIN_ADDRESS: &str = "127.0.0.1:2019";
+/// The @id the rendered config gives the reverse_proxy handler; the docs' `upstreamId`.
+pub const DEFAULT_UPSTREAM_ID: &str = "kcp-proxy";
+/// The name caddy checks each slot's serving certificate against: slots listen on 127.0.0.1, and
+/// kcp's certificate carries that address.
+pub const SLOT_SERVER_NAME: &str = "127.0.0.1";
+/// The tag that ties the server's TLS policy to kcp's certificate among the certificates caddy has.
+const CERTIFICATE_TAG: &str = "kcpshard";
+/// Connecting to the admin API; it answers at once or not at all.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// One admin request, including a reload (milliseconds when measured).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaddyError {
+    #[error(
+        "caddy's admin API at {admin} does not answer ({cause}): start caddy with the config from \
+         docs/operations.md (`kcpshard front caddy-config`), or fix spec.front.caddy.adminAddress"
+    )]
+    Unreachable { admin: String, cause: String },
+
+    #[error("caddy's admin API at {admin} did not answer {what} within {seconds} s; see caddy's log")]
+    Timeout { admin: String, what: String, seconds: u64 },
+
+    #[error(
+        "caddy has no object with @id {id} (admin API {admin}): add \"@id\": \"{id}\" to the reverse_proxy \
+         handler that forwards to kcp, or fix spec.front.caddy.upstreamId"
+    )]
+    UnknownId { admin: String, id: String },
+
+    #[error(
+        "caddy's object with @id {id} (admin API {admin}) is {found}, not a reverse_proxy handler: move \
+         \"@id\": \"{id}\" onto the reverse_proxy handler that forwards to kcp"
+    )]
+    NotReverseProxy { admin: String, id: String, found: String },
+
+    #[error(
+        "caddy's admin API refused the address {admin} ({message}): set spec.front.caddy.adminAddress to \
+         the address in caddy's admin.listen, or add it to admin.origins"
+    )]
+    HostNotAllowed { admin: String, message: String },
+
+    #[error("caddy's admin API at {admin} refused {what} with {status}: {message}")]
+    Refused {
+        admin: String,
+        what: String,
+        status: u16,
+        message: String,
+    },
+
+    #[error(
+        "caddy's admin API at {admin} accepted the switch of @id {id} to {want}, but its upstreams \
+         read back as {got:?}; is another program changing caddy's config?"
+    )]
+    NotApplied {
+        admin: String,
+        id: String,
+        want: String,
+        got: Vec<String>,
+    },
+
+    #[error("caddy's admin API at {admin} answered {what} with something kcpshard cannot read: {detail}")]
+    Protocol {
+        admin: String,
+        what: String,
+        detail: String,
+    },
+
+    #[error("invalid upstream id {id:?}: write the @id of the caddy handler alone, e.g. kcp-proxy")]
+    InvalidId { id: String },
+
+    #[error("{what} {path} is not valid UTF-8, which caddy's JSON config cannot hold; use another path")]
+    NonUtf8Path { what: &'static str, path: PathBuf },
+}
+
+/// What [`CaddyAdmin::switch`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Switch {
+    /// The handler already sent everything to that address; caddy was not touched (no reload).
+    Unchanged,
+    /// The upstreams were replaced (caddy reloaded its config); `from` is what they were.
+    Switched { from: Vec<String> },
+}
+
+/// A client of caddy's admin API over plain HTTP on `host:port` (caddy's `admin.listen`). Each
+/// request opens its own connection: every config change restarts caddy's admin endpoint.
+#[derive(Debug, Clone)]
+pub struct CaddyAdmin {
+    address: String,
+}
+
+impl CaddyAdmin {
+    /// `address` is `host:port`, as in `spec.front.caddy.adminAddress`.
+    pub fn new(address: impl Into<String>) -> CaddyAdmin {
+        CaddyAdmin {
+            address: address.into(),
+        }
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The `dial` addresses of the upstreams of the reverse_proxy handler with @id `id`, in order.
+    /// This is also the check that caddy's admin API answers and that `id` names a reverse_proxy
+    /// handler: each failure comes as an error that says what to fix.
+    pub async fn upstreams(&self, id: &str) -> Result<Vec<String>, CaddyError> {
+        check_id(id)?;
+        let what = format!("GET /id/{id}");
+        let (status, body) = self.call(Method::GET, &format!("/id/{id}"), None).await?;
+        if !status.is_success() {
+            return Err(self.refusal(id, &what, status, &body));
+        }
+        let object: Value = serde_json::from_slice(&body).map_err(|e| self.protocol(&what, e.to_string()))?;
+        let handler = object.get("handler").and_then(Value::as_str);
+        if handler != Some("reverse_proxy") {
+            let found = match handler {
+                Some(other) => format!("a {other} handler"),
+                None => "not a handler".to_string(),
+            };
+            return Err(CaddyError::NotReverseProxy {
+                admin: self.address.clone(),
+                id: id.to_string(),
+                found,
+            });
+        }
+        match object.get("upstreams") {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(upstreams)) => upstreams
+                .iter()
+                .map(|upstream| {
+                    upstream
+                        .get("dial")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .ok_or_else(|| self.protocol(&what, format!("an upstream without a dial address: {upstream}")))
+                })
+                .collect(),
+            Some(other) => Err(self.protocol(&what, format!("upstreams is not a list: {other}"))),
+        }
+    }
+
+    /// Makes the handler with @id `id` send every request to `to`, and reads it back. Does nothing
+    /// when that is already so: each change reloads caddy, which cuts upgraded streams (`exec`).
+    /// Callers check the new slot's `/readyz` on its own port first (research section 5, run 1).
+    pub async fn switch(&self, id: &str, to: SocketAddr) -> Result<Switch, CaddyError> {
+        let want = to.to_string();
+        let before = self.upstreams(id).await?;
+        if before == [want.as_str()] {
+            return Ok(Switch::Unchanged);
+        }
+        let what = format!("PATCH /id/{id}/upstreams");
+        let body = json!([{ "dial": want }]).to_string();
+        let (status, answer) = self
+            .call(Method::PATCH, &format!("/id/{id}/upstreams"), Some(body))
+            .await?;
+        if !status.is_success() {
+            return Err(self.refusal(id, &what, status, &answer));
+        }
+        let after = self.upstreams(id).await?;
+        if after != [want.as_str()] {
+            return Err(CaddyError::NotApplied {
+                admin: self.address.clone(),
+                id: id.to_string(),
+                want,
+                got: after,
+            });
+        }
+        Ok(Switch::Switched { from: before })
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Option<String>) -> Result<(StatusCode, Bytes), CaddyError> {
+        let what = format!("{method} {path}");
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path, body)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CaddyError::Timeout {
+                admin: self.address.clone(),
+                what,
+                seconds: REQUEST_TIMEOUT.as_secs(),
+            }),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(StatusCode, Bytes), CaddyError> {
+        let what = format!("{method} {path}");
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(self.address.as_str())).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err(self.unreachable(e.to_string())),
+            Err(_) => return Err(self.unreachable(format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()))),
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.unreachable(e.to_string()))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        // Caddy checks Host against the addresses its admin endpoint listens on (DNS rebinding),
+        // and wants a JSON content type on every request that carries a body.
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, &self.address)
+            .header(header::ACCEPT, "application/json");
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| self.protocol(&what, format!("cannot build the request: {e}")))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| self.protocol(&what, e.to_string()))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.protocol(&what, e.to_string()))?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+
+    /// The error for a non-2xx answer; caddy's own message is `{"error": "..."}`.
+    fn refusal(&self, id: &str, what: &str, status: StatusCode, body: &[u8]) -> CaddyError {
+        let message = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
+        if status == StatusCode::NOT_FOUND && message.starts_with("unknown object ID") {
+            return CaddyError::UnknownId {
+                admin: self.address.clone(),
+                id: id.to_string(),
+            };
+        }
+        if status == StatusCode::FORBIDDEN && message.starts_with("host not allowed") {
+            return CaddyError::HostNotAllowed {
+                admin: self.address.clone(),
+                message,
+            };
+        }
+        CaddyError::Refused {
+            admin: self.address.clone(),
+            what: what.to_string(),
+            status: status.as_u16(),
+            message,
+        }
+    }
+
+    fn unreachable(&self, cause: String) -> CaddyError {
+        CaddyError::Unreachable {
+            admin: self.address.clone(),
+            cause,
+        }
+    }
+
+    fn protocol(&self, what: &str, detail: String) -> CaddyError {
+        CaddyError::Protocol {
+            admin: self.address.clone(),
+            what: what.to_string(),
+            detail,
+        }
+    }
+}
+
+/// The id goes into a URL path as one segment.
+fn check_id(id: &str) -> Result<(), CaddyError> {
+    if id.is_empty() || id.contains(['/', '?', '#', '%', ' ']) || id.chars().any(char::is_control) {
+        return Err(CaddyError::InvalidId { id: id.to_string() });
+    }
+    Ok(())
+}
+
+/// What [`render_config`] needs: the shard's front address and serving material, and where caddy
+/// keeps its admin endpoint and its storage.
+#[derive(Debug, Clone)]
+pub struct CaddyConfig {
+    /// The address clients dial (`spec.front.listen`); caddy serves HTTPS there.
+    pub listen: SocketAddr,
+    /// caddy's admin endpoint, `host:port` (`spec.front.caddy.adminAddress`).
+    pub admin_address: String,
+    /// The @id of the reverse_proxy handler (`spec.front.caddy.upstreamId`).
+    pub upstream_id: String,
+    /// kcp's serving certificate and key (the shard's shared `apiserver.crt`/`apiserver.key`),
+    /// which caddy serves to clients so that kcp's kubeconfigs verify it unchanged.
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The CA caddy verifies the slots with (kcp's `apiserver.crt` holds its CA).
+    pub ca_file: PathBuf,
+    /// The active slot, if one is known; without it the upstreams start empty (caddy answers 502)
+    /// until the controller's first switch.
+    pub upstream: Option<SocketAddr>,
+    /// caddy's storage root (locks, and the local CA its pki app makes, never installed).
+    pub storage_dir: PathBuf,
+}
+
+/// The caddy JSON config kcpshard recommends for one shard (docs/operations-caddy.md explains each
+/// setting). Paths are written as given: pass absolute ones, caddy resolves relative paths against
+/// its own working directory.
+pub fn render_config(config: &CaddyConfig) -> Result<Value, CaddyError> {
+    check_id(&config.upstream_id)?;
+    let path = |what: &'static str, path: &Path| {
+        path.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| CaddyError::NonUtf8Path {
+                what,
+                path: path.to_path_buf(),
+            })
+    };
+    let cert = path("the certificate file", &config.cert_file)?;
+    let key = path("the key file", &config.key_file)?;
+    let ca = path("the CA file", &config.ca_file)?;
+    let storage = path("the storage directory", &config.storage_dir)?;
+    let upstreams: Vec<Value> = config
+        .upstream
+        .iter()
+        .map(|address| json!({ "dial": address.to_string() }))
+        .collect();
+    Ok(json!({
+        "admin": { "listen": config.admin_address },
+        "storage": { "module": "file_system", "root": storage },
+        "apps": {
+            // Never let caddy put its local CA into the system trust store (the research's spike
+            // did exactly that through a tls.automation policy with the internal issuer).
+            "pki": { "certificate_authorities": { "local": { "install_trust": false } } },
+            // kcp's own certificate, loaded as is; no automation block, so caddy never issues or
+            // renews a certificate for this server.
+            "tls": {
+                "certificates": {
+                    "load_files": [{ "certificate": cert, "key": key, "tags": [CERTIFICATE_TAG] }]
+                }
+            },
+            "http": {
+                "servers": {
+                    "kcpshard": {
+                        "listen": [config.listen.to_string()],
+                        // h1 and h2 over TCP only: no HTTP/3 UDP listener on the front address.
+                        "protocols": ["h1", "h2"],
+                        "automatic_https": { "disable": true },
+                        "tls_connection_policies": [
+                            { "certificate_selection": { "any_tag": [CERTIFICATE_TAG] } }
+                        ],
+                        "routes": [{
+                            "handle": [{
+                                "handler": "reverse_proxy",
+                                "@id": config.upstream_id,
+                                "transport": {
+                                    "protocol": "http",
+                                    // Upgrades (exec, attach, port-forward) need HTTP/1.1 to kcp.
+                                    "versions": ["1.1"],
+                                    "tls": {
+                                        "root_ca_pem_files": [ca],
+                                        "server_name": SLOT_SERVER_NAME
+                                    }
+                                },
+                                // A slot restarting its listener costs latency, not an error (the
+                                // same window as kcpshard's TCP front).
+                                "load_balancing": { "try_duration": "2s", "try_interval": "50ms" },
+                                "upstreams": upstreams
+                            }]
+                        }]
+                    }
+                }
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> CaddyConfig {
+        CaddyConfig {
+            listen: "127.0.0.1:6443".parse().unwrap(),
+            admin_address: "127.0.0.1:2019".into(),
+            upstream_id: "kcp-proxy".into(),
+            cert_file: "/state/shards/dev/shared/apiserver.crt".into(),
+            key_file: "/state/shards/dev/shared/apiserver.key".into(),
+            ca_file: "/state/shards/dev/shared/apiserver.crt".into(),
+            upstream: Some("127.0.0.1:7001".parse().unwrap()),
+            storage_dir: "/var/lib/caddy/kcpshard".into(),
+        }
+    }
+
+    fn proxy(rendered: &Value) -> &Value {
+        &rendered["apps"]["http"]["servers"]["kcpshard"]["routes"][0]["handle"][0]
+    }
+
+    #[test]
+    fn the_config_never_installs_a_ca_and_never_automates_certificates() {
+        let rendered = render_config(&config()).unwrap();
+        assert_eq!(
+            rendered["apps"]["pki"]["certificate_authorities"]["local"]["install_trust"],
+            false
+        );
+        assert!(rendered["apps"]["tls"].get("automation").is_none());
+        let server = &rendered["apps"]["http"]["servers"]["kcpshard"];
+        assert_eq!(server["automatic_https"]["disable"], true);
+        assert_eq!(server["listen"], json!(["127.0.0.1:6443"]));
+        assert_eq!(
+            rendered["apps"]["tls"]["certificates"]["load_files"][0]["key"],
+            "/state/shards/dev/shared/apiserver.key"
+        );
+        assert_eq!(rendered["storage"]["root"], "/var/lib/caddy/kcpshard");
+        assert_eq!(rendered["admin"]["listen"], "127.0.0.1:2019");
+    }
+
+    #[test]
+    fn the_proxy_carries_the_id_and_verifies_slots_with_kcps_ca() {
+        let rendered = render_config(&config()).unwrap();
+        let proxy = proxy(&rendered);
+        assert_eq!(proxy["handler"], "reverse_proxy");
+        assert_eq!(proxy["@id"], "kcp-proxy");
+        assert_eq!(proxy["upstreams"], json!([{ "dial": "127.0.0.1:7001" }]));
+        assert_eq!(proxy["transport"]["versions"], json!(["1.1"]));
+        assert_eq!(
+            proxy["transport"]["tls"]["root_ca_pem_files"],
+            json!(["/state/shards/dev/shared/apiserver.crt"])
+        );
+        assert_eq!(proxy["transport"]["tls"]["server_name"], "127.0.0.1");
+        // caddy 2.6 cancels every request in flight at a reload when flush_interval is -1.
+        assert!(proxy.get("flush_interval").is_none());
+    }
+
+    #[test]
+    fn without_a_known_slot_the_upstreams_start_empty_but_present() {
+        let mut config = config();
+        config.upstream = None;
+        let rendered = render_config(&config).unwrap();
+        // PATCH replaces an existing value only: the key must be there for the first switch.
+        assert_eq!(proxy(&rendered)["upstreams"], json!([]));
+    }
+
+    #[test]
+    fn ids_that_do_not_fit_in_one_url_segment_are_refused() {
+        for id in ["", "kcp/proxy", "a b", "x?y", "x#y", "x%2f"] {
+            assert!(matches!(check_id(id), Err(CaddyError::InvalidId { .. })), "{id:?}");
+        }
+        assert!(check_id("kcp-proxy").is_ok());
+        let mut config = config();
+        config.upstream_id = "kcp/proxy".into();
+        assert!(render_config(&config).is_err());
+    }
+
+    #[test]
+    fn caddys_refusals_become_messages_that_say_what_to_fix() {
+        let admin = CaddyAdmin::new("127.0.0.1:2019");
+        let unknown = admin.refusal(
+            "kcp-proxy",
+            "GET /id/kcp-proxy",
+            StatusCode::NOT_FOUND,
+            br#"{"error":"unknown object ID 'kcp-proxy'"}"#,
+        );
+        assert!(
+            unknown
+                .to_string()
+                .contains("add \"@id\": \"kcp-proxy\" to the reverse_proxy handler"),
+            "{unknown}"
+        );
+        let host = admin.refusal(
+            "kcp-proxy",
+            "GET /id/kcp-proxy",
+            StatusCode::FORBIDDEN,
+            br#"{"error":"host not allowed: 127.0.0.1:2019"}"#,
+        );
+        assert!(matches!(host, CaddyError::HostNotAllowed { .. }), "{host}");
+        let other = admin.refusal(
+            "kcp-proxy",
+            "PATCH /id/kcp-proxy/upstreams",
+            StatusCode::BAD_REQUEST,
+            b"boom",
+        );
+        assert_eq!(
+            other.to_string(),
+            "caddy's admin API at 127.0.0.1:2019 refused PATCH /id/kcp-proxy/upstreams with 400: boom"
+        );
+    }
+}
