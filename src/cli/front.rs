@@ -1,5 +1,6 @@
 //! `kcpshard front`: the TCP front as a process of its own (see `crate::front`). `serve` starts it
-//! detached; people run it by hand only to debug.
+//! detached; people run it by hand only to debug. `kcpshard front caddy-config` prints the config
+//! for the other front type, a caddy you run (see `cli::caddy_config`).
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,13 +9,16 @@ use crate::api::duration::parse_duration;
 use crate::front::{self, FrontConfig};
 
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Address clients dial; port 0 picks a free port (`status` names the real one).
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: SocketAddr,
     /// The front's private directory (made 0700): control.sock, backend.json, front.pid.json.
-    #[arg(long)]
-    dir: PathBuf,
+    #[arg(long, required = true)]
+    dir: Option<PathBuf>,
     /// Also serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -29,10 +33,21 @@ pub struct Args {
     threads: usize,
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Print the caddy JSON config for a shard whose front is a caddy you run (spec.front.type Caddy).
+    CaddyConfig(super::caddy_config::Args),
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let dir = match (args.command, args.dir) {
+        (Some(Command::CaddyConfig(args)), _) => return super::caddy_config::run(args),
+        (None, Some(dir)) => dir,
+        (None, None) => anyhow::bail!("kcpshard front needs --dir"),
+    };
     let config = FrontConfig {
         listen: args.listen,
-        dir: args.dir,
+        dir,
         metrics_listen: args.metrics_listen,
         drain_timeout: args.drain_timeout,
         inherit_from: args.inherit_from,

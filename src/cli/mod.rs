@@ -5,6 +5,7 @@
 //! Each subcommand lives in its own file; [`connect`] finds the API from a kubeconfig and turns
 //! transport and server errors into messages that say what to do.
 mod apply;
+mod caddy_config;
 mod connect;
 mod crd;
 mod delete;
@@ -48,7 +49,7 @@ enum Command {
     Events(events::Args),
     /// Follow a roll to its end, like `kubectl rollout status`.
     Rollout(rollout::Args),
-    /// Run the TCP front (started and adopted by `serve`; see docs/front.md).
+    /// Run the TCP front (started and adopted by `serve`; see docs/front.md), or print a caddy front's config.
     Front(front::Args),
 }
 
