@@ -27,6 +27,7 @@ use hyper_util::rt::TokioIo;
 use kcpshard::front::caddy::{CaddyAdmin, CaddyError, Switch};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
@@ -145,6 +146,7 @@ fn backend_on(name: &'static str, material: &Material, listener: TcpListener) ->
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), service)
+                    .with_upgrades()
                     .await;
             });
         }
@@ -164,6 +166,21 @@ async fn answer(name: &'static str, request: Request<Incoming>) -> Response<Body
         "/slow" => {
             tokio::time::sleep(SLOW_FOR).await;
             text(StatusCode::OK, name.to_string())
+        }
+        // Like kubectl exec: an HTTP/1.1 upgrade, then bytes both ways (echoed here).
+        "/upgrade" => {
+            tokio::spawn(async move {
+                if let Ok(upgraded) = hyper::upgrade::on(request).await {
+                    let (mut reader, mut writer) = tokio::io::split(TokioIo::new(upgraded));
+                    let _ = tokio::io::copy(&mut reader, &mut writer).await;
+                }
+            });
+            Response::builder()
+                .status(StatusCode::SWITCHING_PROTOCOLS)
+                .header("connection", "Upgrade")
+                .header("upgrade", "echo")
+                .body(Empty::new().boxed())
+                .unwrap()
         }
         "/watch" => {
             let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(4);
@@ -333,6 +350,42 @@ async fn get(sender: &mut SendRequest<Empty<Bytes>>, path: &str) -> Result<Strin
         } else {
             Err(format!("{status}: {body}"))
         }
+    };
+    tokio::time::timeout(IO_TIMEOUT, work)
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()))
+}
+
+/// An upgraded stream through the front (what kubectl exec, attach and port-forward open).
+async fn upgrade(front: SocketAddr, connector: &TlsConnector) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(front).await.unwrap();
+    let name = ServerName::from(IpAddr::from(Ipv4Addr::LOCALHOST));
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(b"GET /upgrade HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        assert_eq!(
+            tls.read(&mut byte).await.unwrap(),
+            1,
+            "the front closed during the upgrade"
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tls
+}
+
+/// Sends `text` on an upgraded stream and reads it back: Err when the stream was closed.
+async fn echo(stream: &mut tokio_rustls::client::TlsStream<TcpStream>, text: &str) -> Result<String, String> {
+    let work = async {
+        stream.write_all(text.as_bytes()).await.map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; text.len()];
+        stream.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
     };
     tokio::time::timeout(IO_TIMEOUT, work)
         .await
@@ -652,6 +705,33 @@ async fn a_switch_to_the_current_slot_does_not_reload_caddy() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The research's caveat, measured: every caddy reload cuts upgraded streams (exec, attach,
+/// port-forward), which is why `switch` sends nothing when the upstream is already right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_stream_survives_a_no_op_switch_and_is_cut_by_a_real_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let material = material(tmp.path());
+    let blue = backend("blue", &material).await;
+    let green = backend("green", &material).await;
+    let caddy = start_caddy(&material, blue.addr, |_| {}).await;
+    let mut stream = upgrade(caddy.front, &connector(&material)).await;
+    assert_eq!(echo(&mut stream, "before").await.as_deref(), Ok("before"));
+
+    assert_eq!(caddy.admin.switch(ID, blue.addr).await.unwrap(), Switch::Unchanged);
+    assert_eq!(
+        echo(&mut stream, "after a no-op switch").await.as_deref(),
+        Ok("after a no-op switch")
+    );
+
+    assert!(matches!(
+        caddy.admin.switch(ID, green.addr).await.unwrap(),
+        Switch::Switched { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = echo(&mut stream, "after a switch").await;
+    assert!(after.is_err(), "the upgraded stream survived a caddy reload: {after:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
