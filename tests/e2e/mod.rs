@@ -165,10 +165,17 @@ pub struct Env {
     pub serve_starts: u32,
     pub client: Option<Client>,
     pub started: Instant,
+    /// Flags after `--kine-binary`, given to every start of `serve`.
+    serve_args: Vec<String>,
 }
 
 impl Env {
     pub async fn start() -> Env {
+        Env::start_with(&[]).await
+    }
+
+    /// Starts `serve` with these flags too (e.g. `--manifests DIR`), on this and every restart.
+    pub async fn start_with(serve_args: &[&str]) -> Env {
         let dir = tempfile::Builder::new()
             .prefix("kcpshard-e2e-")
             .tempdir()
@@ -181,6 +188,7 @@ impl Env {
             serve_starts: 0,
             client: None,
             started: Instant::now(),
+            serve_args: serve_args.iter().map(|a| a.to_string()).collect(),
         };
         env.start_serve().await;
         env
@@ -214,6 +222,7 @@ impl Env {
             .args(["--api-listen", "127.0.0.1:0"])
             .arg("--kine-binary")
             .arg(bin_dir().join("kine"))
+            .args(&self.serve_args)
             .current_dir(repo_root())
             .env("RUST_LOG", "info,kcpshard=debug")
             .env_remove("KCPSHARD_STATE_DIR")
@@ -304,15 +313,21 @@ impl Env {
 
     /// Creates a KcpShard (KineSqlite store, Tcp front on `listen`).
     pub async fn apply(&self, name: &str, version: &str, listen: &str) -> DynamicObject {
+        let spec = json!({
+            "version": version,
+            "store": { "type": "KineSqlite" },
+            "front": { "type": "Tcp", "listen": listen },
+        });
+        self.apply_spec(name, spec).await
+    }
+
+    /// Creates a KcpShard with this spec.
+    pub async fn apply_spec(&self, name: &str, spec: Value) -> DynamicObject {
         let object = json!({
             "apiVersion": "kcpshard.io/v1alpha1",
             "kind": "KcpShard",
             "metadata": { "name": name },
-            "spec": {
-                "version": version,
-                "store": { "type": "KineSqlite" },
-                "front": { "type": "Tcp", "listen": listen },
-            },
+            "spec": spec,
         });
         let object: DynamicObject = serde_json::from_value(object).unwrap();
         match self.shards().create(&PostParams::default(), &object).await {

@@ -346,6 +346,7 @@ pub struct Postgres {
     pub port: u16,
     pub proc: Proc,
     pub ready_in: Duration,
+    ids: Option<(u32, u32)>,
     dir: TempDir,
 }
 
@@ -364,7 +365,7 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
 impl Postgres {
     pub fn start() -> Postgres {
         let initdb = require("initdb");
-        let postgres = require("postgres");
+        require("postgres");
         require("psql");
         let dir = tempfile::Builder::new().prefix("kcpshard-pg-").tempdir().unwrap();
         let data = dir.path().join("data");
@@ -420,11 +421,26 @@ impl Postgres {
         if let Some((uid, gid)) = ids {
             std::os::unix::fs::chown(&log, Some(uid), Some(gid)).unwrap();
         }
-        let mut cmd = Command::new(&postgres);
+        let proc = Postgres::launch(dir.path(), port, ids);
+        let mut pg = Postgres {
+            port,
+            ready_in: Duration::ZERO,
+            proc,
+            ids,
+            dir,
+        };
+        pg.wait_accepting();
+        pg.ready_in = pg.proc.started.elapsed();
+        pg
+    }
+
+    /// The postmaster on `port`, over `<dir>/data`.
+    fn launch(dir: &Path, port: u16, ids: Option<(u32, u32)>) -> Proc {
+        let mut cmd = Command::new(require("postgres"));
         cmd.arg("-D")
-            .arg(&data)
+            .arg(dir.join("data"))
             .args(["-p", &port.to_string(), "-k"])
-            .arg(&sock)
+            .arg(dir.join("sock"))
             .args([
                 "-c",
                 "listen_addresses=127.0.0.1",
@@ -437,28 +453,39 @@ impl Postgres {
                 "-c",
                 "max_connections=200",
             ])
-            .current_dir(dir.path());
-        as_user(&mut cmd);
-        let mut proc = Proc::spawn("postgres", cmd, &log);
+            .current_dir(dir);
+        if let Some((uid, gid)) = ids {
+            cmd.uid(uid).gid(gid);
+        }
+        let mut proc = Proc::spawn("postgres", cmd, &dir.join("postgres.log"));
         proc.stop_signal = libc::SIGQUIT; // immediate shutdown: throwaway data
         proc.grace = Duration::from_secs(5);
-        let mut pg = Postgres {
-            port,
-            ready_in: Duration::ZERO,
-            proc,
-            dir,
-        };
+        proc
+    }
+
+    fn wait_accepting(&mut self) {
         let ok = poll(Duration::from_secs(60), Duration::from_millis(100), || {
-            if !pg.proc.is_running() {
-                pg.proc.fail("exited during startup");
+            if !self.proc.is_running() {
+                self.proc.fail("exited during startup");
             }
-            pg.try_psql("postgres", "select 1").ok().filter(|s| s.trim() == "1")
+            self.try_psql("postgres", "select 1").ok().filter(|s| s.trim() == "1")
         });
         if ok.is_none() {
-            pg.proc.fail("not ready within 60s");
+            self.proc.fail("not ready within 60s");
         }
-        pg.ready_in = pg.proc.started.elapsed();
-        pg
+    }
+
+    /// Stops the server as an administrator would (fast shutdown: sessions are ended), keeping
+    /// its data for [`Postgres::restart`].
+    pub fn stop_fast(&mut self) {
+        self.proc.stop_signal = libc::SIGINT;
+        self.proc.stop();
+    }
+
+    /// Starts the server again on the same port and data.
+    pub fn restart(&mut self) {
+        self.proc = Postgres::launch(self.dir.path(), self.port, self.ids);
+        self.wait_accepting();
     }
 
     pub fn dir(&self) -> &Path {
