@@ -13,13 +13,15 @@ use super::plan::{BlockCause, Blocked, Desired, RollRecord, SWITCH_SETTLE, Step}
 use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
-use crate::front::{self, Backend, FrontClient};
+use crate::front::Backend;
 use crate::process::{ProcessSpec, free_port};
 use crate::slot;
 use crate::store::StoreBackend;
 
 /// How long the probe workspace may take to become Ready.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long caddy may take to answer `/readyz` through the front after a switch.
+const FRONT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a slot's own kine may take to exit after SIGTERM.
 const KINE_STOP_GRACE: Duration = Duration::from_secs(10);
 
@@ -42,23 +44,38 @@ impl Actor<'_> {
             Step::EnsureStore => self.ensure_store().await,
             Step::Snapshot => self.snapshot().await,
             Step::EnsureFront => {
-                let listen = self.front_listen()?;
+                let front = self.ctx.front(self.shard, self.dirs)?;
+                let listen = front.listen();
                 // A front that moves must not be stopped before its new address is known to be free:
                 // the running one keeps serving while the spec names a taken address.
-                if self.world.observed.front_elsewhere
-                    || self.world.observed.front == super::plan::FrontObservation::Down
+                let starts = self.world.observed.front_elsewhere
+                    || self.world.observed.front == super::plan::FrontObservation::Down;
+                if front.is_ours()
+                    && starts
+                    && let Err(e) = std::net::TcpListener::bind(listen)
                 {
-                    if let Err(e) = std::net::TcpListener::bind(listen) {
-                        anyhow::bail!(
-                            "the front address {listen} is in use by another program ({e}): choose another spec.front.listen, or stop that program"
-                        );
-                    }
+                    anyhow::bail!(
+                        "the front address {listen} is in use by another program ({e}): choose another spec.front.listen, or stop that program"
+                    );
                 }
-                front::ensure_running(&self.ctx.front_binary, &self.dirs.front(), listen).await?;
-                Ok(vec![Note::normal(
-                    "FrontStarted",
-                    format!("the front listens on {listen}"),
-                )])
+                if !front.is_ours()
+                    && let Some(ready) = self.world.observed.slots.iter().find(|s| s.ready)
+                {
+                    // Caddy serves the shard's certificate: once a slot made it, it is in shared/
+                    // for caddy's config (`kcpshard front caddy-config`), before caddy can run.
+                    slot::material::capture_shared(&self.dirs.slot(&ready.name).root(), &self.dirs.shared())?;
+                }
+                let started = front.ensure().await.map_err(|e| {
+                    if front.is_ours() {
+                        e
+                    } else {
+                        anyhow::anyhow!(
+                            "{e:#} (the shard's certificate, key and CA for caddy's config are in {} once the first slot is ready)",
+                            self.dirs.shared().display()
+                        )
+                    }
+                })?;
+                Ok(vec![Note::normal("FrontStarted", started)])
             }
             Step::StartSlot { name } => self.start_slot(name).await,
             Step::SwitchFront { to } => self.switch_front(to).await,
@@ -85,13 +102,6 @@ impl Actor<'_> {
         }
     }
 
-    fn front_listen(&self) -> anyhow::Result<SocketAddr> {
-        let listen = &self.shard.spec.front.listen;
-        listen
-            .parse()
-            .map_err(|e| anyhow::anyhow!("spec.front.listen {listen:?} is not an IP address and port: {e}"))
-    }
-
     fn store(&self) -> anyhow::Result<StoreBackend> {
         Ok(self.ctx.store(self.shard, self.dirs)?)
     }
@@ -100,7 +110,20 @@ impl Actor<'_> {
     /// whose kine is down (on the port that slot dials).
     async fn ensure_store(&self) -> anyhow::Result<Notes> {
         let store = self.store()?;
-        let mut notes = vec![Note::normal("StoreStarted", store.ensure(&self.ctx.runtime).await?)];
+        // The shard-wide part went away under running slots (a kine killed, PostgreSQL restarted):
+        // an outage the user should hear about, not a start.
+        let outage = match store.check(&self.ctx.runtime).await {
+            Err(problem) if self.world.observed.slots.iter().any(|s| s.running) => Some(problem),
+            _ => None,
+        };
+        let started = store.ensure(&self.ctx.runtime).await?;
+        let mut notes = vec![match outage {
+            Some(problem) => Note::warning(
+                "StoreRestarted",
+                format!("the store was down while slots ran ({problem}); {started}"),
+            ),
+            None => Note::normal("StoreStarted", started),
+        }];
         for (slot, seen) in self.world.slots.iter().zip(&self.world.observed.slots) {
             let name = &slot.record.name;
             let dir = self.dirs.slot(name).store();
@@ -268,31 +291,63 @@ impl Actor<'_> {
         })?;
         // The first slot made the shard's key material; every later slot gets a copy before it starts.
         slot::material::capture_shared(&self.dirs.slot(to).root(), &self.dirs.shared())?;
-        let client = FrontClient::connect(&self.dirs.front()).await?;
+        let front = self.ctx.front(self.shard, self.dirs)?;
         let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
-        client
+        front
             .switch(&Backend {
                 slot: to.to_string(),
                 address,
             })
             .await?;
         self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
+        let mut notes = Vec::new();
+        if !front.is_ours() {
+            // Caddy terminates TLS and may be misconfigured in ways its admin API does not show:
+            // ask it, as a client would, once it forwards to the new slot.
+            if let Err(e) = self.check_through_front(to, front.listen()).await {
+                notes.push(Note::warning(
+                    "FrontCheckFailed",
+                    format!("the front was switched to slot {to}, but {e}: check caddy's config (kcpshard front caddy-config) and log"),
+                ));
+            }
+        }
         // Users reach kcp through the front with this file. kcp writes it with the shard URL (the
         // front); its kcp-admin token belongs to the slot that wrote it, so it is renewed per switch.
         let kubeconfig = std::fs::read(self.dirs.slot(to).admin_kubeconfig())?;
         crate::fsutil::write_atomically(&self.dirs.front_kubeconfig(), &kubeconfig)?;
-        Ok(vec![
-            Note::normal(
-                "SlotReady",
-                format!("slot {to} answers /readyz on its own port {}", slot.record.port),
-            ),
-            Note::normal(
-                "FrontSwitched",
-                format!(
-                    "the front forwards new connections to slot {to} ({address}); open connections stay on their slot"
+        notes.splice(
+            0..0,
+            [
+                Note::normal(
+                    "SlotReady",
+                    format!("slot {to} answers /readyz on its own port {}", slot.record.port),
                 ),
-            ),
-        ])
+                Note::normal(
+                    "FrontSwitched",
+                    format!(
+                        "the front forwards new connections to slot {to} ({address}); open connections stay on their slot"
+                    ),
+                ),
+            ],
+        );
+        Ok(notes)
+    }
+
+    /// `/readyz` through the front's address answers ok within [`FRONT_CHECK_TIMEOUT`].
+    async fn check_through_front(&self, slot: &str, listen: SocketAddr) -> anyhow::Result<()> {
+        let kubeconfig = self.dirs.slot(slot).admin_kubeconfig();
+        let client = slot::access::shard_admin_client(&kubeconfig, &format!("https://{listen}")).await?;
+        let deadline = std::time::Instant::now() + FRONT_CHECK_TIMEOUT;
+        loop {
+            let outcome = tokio::time::timeout(Duration::from_secs(2), slot::access::readyz(&client)).await;
+            match outcome {
+                Ok(Ok(true)) => return Ok(()),
+                _ if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+                Ok(Ok(false)) => anyhow::bail!("/readyz through {listen} does not answer ok"),
+                Ok(Err(e)) => anyhow::bail!("/readyz through {listen} failed: {e}"),
+                Err(_) => anyhow::bail!("/readyz through {listen} did not answer within 2s"),
+            }
+        }
     }
 
     async fn stop_slot(&self, name: &str) -> anyhow::Result<Notes> {
@@ -313,14 +368,7 @@ impl Actor<'_> {
             done = &mut terminate => done?,
             _ = tokio::time::sleep(delay + SWITCH_SETTLE) => {
                 let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
-                match FrontClient::connect(&self.dirs.front()).await {
-                    Ok(front) => {
-                        if let Err(e) = front.close(address).await {
-                            tracing::warn!(slot = name, error = %e, "cannot close the front's connections to a stopping slot");
-                        }
-                    }
-                    Err(e) => tracing::warn!(slot = name, error = %e, "cannot reach the front"),
-                }
+                self.ctx.front(self.shard, self.dirs)?.close(address).await;
                 terminate.await?
             }
         };
@@ -450,7 +498,7 @@ impl Actor<'_> {
             self.dirs.slot(&slot.record.name).forget()?;
         }
         self.store()?.stop(&self.ctx.runtime, KINE_STOP_GRACE).await?;
-        front::stop(&self.dirs.front()).await?;
+        self.ctx.front(self.shard, self.dirs)?.stop().await?;
         Ok(vec![Note::normal(
             "Stopped",
             format!(

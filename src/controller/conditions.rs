@@ -233,6 +233,7 @@ mod tests {
             front: FrontObservation::Up {
                 backend: backend.map(str::to_string),
             },
+            front_ours: true,
             front_elsewhere: false,
             slots: vec![SlotObservation {
                 name: "a".into(),

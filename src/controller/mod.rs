@@ -9,6 +9,7 @@
 pub mod act;
 pub mod clients;
 pub mod conditions;
+pub mod front;
 pub mod observe;
 pub mod plan;
 pub mod state;
@@ -71,6 +72,11 @@ pub enum Error {
 }
 
 impl Context {
+    /// The front the spec asks for.
+    pub fn front(&self, shard: &KcpShard, dirs: &ShardDirs) -> anyhow::Result<front::Front> {
+        front::Front::from_spec(&shard.spec.front, self.front_binary.clone(), dirs.front())
+    }
+
     /// The store the spec asks for (a password is read now).
     pub fn store(&self, shard: &KcpShard, dirs: &ShardDirs) -> Result<StoreBackend, StoreError> {
         let paths = StorePaths {
@@ -133,13 +139,13 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     let dirs = ShardDirs::new(&ctx.state_dir, &name);
     let working_dir = std::env::current_dir().map_err(anyhow::Error::from)?;
     let desired = desired(shard, &working_dir)?;
-    let listen = shard
-        .spec
-        .front
-        .listen
-        .parse()
-        .map_err(|e| anyhow::anyhow!("spec.front.listen {:?}: {e}", shard.spec.front.listen))?;
-    let world = observe::observe(ctx, shard, &dirs, listen).await?;
+    let world = match observe::observe(ctx, shard, &dirs).await {
+        Ok(world) => world,
+        Err(e) => match state::corrupt_file(&e) {
+            Some(path) => return report_unreadable(ctx, shard, &path, &e).await,
+            None => return Err(e.into()),
+        },
+    };
     let mut desired = desired;
     if let Some(serving) = world.serving_version() {
         desired.version_refused = shard.spec.rollout.version_change(&serving, &shard.spec.version).err();
@@ -197,7 +203,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     ) {
         world
     } else {
-        observe::observe(ctx, shard, &dirs, listen).await?
+        observe::observe(ctx, shard, &dirs).await?
     };
     let status = status::build(
         shard,
@@ -224,6 +230,54 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         (Step::AwaitReady { .. } | Step::AwaitSettle { .. }, _) => Action::requeue(WHILE_STARTING),
         _ => Action::requeue(NEXT_STEP),
     })
+}
+
+/// One of the controller's own files does not parse: no step is taken (the processes run on as
+/// they are), and the user reads in Degraded which file it is and what to do. Moving it aside is
+/// safe: what it held is observed again (running slots, the front's backend), and a slot whose
+/// record had to be rebuilt is replaced by a roll.
+async fn report_unreadable(
+    ctx: &Context,
+    shard: &KcpShard,
+    path: &Path,
+    error: &anyhow::Error,
+) -> Result<Action, Error> {
+    let name = shard.name_any();
+    let message = format!(
+        "{error:#}. The controller takes no step for this shard while it cannot read that file; the slots, store and front keep running as they are. Move it aside (mv {path} {path}.bad): the controller then rebuilds what it can observe (running slots, the front's backend) and replaces by a roll a slot whose record it had to rebuild",
+        path = path.display()
+    );
+    tracing::warn!(shard = %name, file = %path.display(), error = %format!("{error:#}"), "a state file does not parse");
+    let api: Api<KcpShard> = Api::all(ctx.client.clone());
+    let stored = api
+        .get_status(&name)
+        .await
+        .map_err(|source| Error::Status {
+            name: name.clone(),
+            source,
+        })?
+        .status;
+    let reported = stored.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.reason == status::UNREADABLE_REASON && c.message == message)
+    });
+    if !reported {
+        publish(ctx, shard, Note::warning("StateFileUnreadable", message.clone())).await;
+    }
+    let status = status::unreadable(stored.as_ref(), shard.metadata.generation, &message, chrono::Utc::now());
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(status::as_patch(stored.as_ref(), &status)),
+    )
+    .await
+    .map_err(|source| Error::Status { name, source })?;
+    if shard.meta().deletion_timestamp.is_some() {
+        // The cleanup loop takes steps until one says "done": an error ends it and retries later.
+        return Err(Error::Step(anyhow::anyhow!("{message}")));
+    }
+    Ok(Action::requeue(WHEN_IDLE))
 }
 
 async fn publish(ctx: &Context, shard: &KcpShard, note: Note) {

@@ -102,6 +102,15 @@ impl BlockCause {
         }
     }
 
+    /// The spec changed in a way that answers this cause without a new template: a slot that was
+    /// not ready in time is tried again once spec.rollout.readinessTimeout is raised.
+    pub fn lifted_by(&self, desired: &Desired) -> bool {
+        match self {
+            BlockCause::SlotNotReady { timeout_seconds, .. } => desired.readiness_timeout.as_secs() > *timeout_seconds,
+            _ => false,
+        }
+    }
+
     /// What happened and what to do about it.
     pub fn message(&self) -> String {
         match self {
@@ -154,6 +163,8 @@ pub struct Observed {
     /// The template the latest store snapshot was taken for.
     pub snapshot_for: Option<SlotTemplate>,
     pub front: FrontObservation,
+    /// kcpshard runs the front (Tcp); a caddy is the user's, and deleting the shard leaves it.
+    pub front_ours: bool,
     /// The front runs, but on another address than spec.front.listen (the spec changed).
     pub front_elsewhere: bool,
     pub slots: Vec<SlotObservation>,
@@ -219,7 +230,7 @@ pub const SLOT_NAMES: [&str; 2] = ["a", "b"];
 pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     if desired.deleting {
         let anything_runs = observed.store_processes_up
-            || observed.front != FrontObservation::Down
+            || (observed.front_ours && observed.front != FrontObservation::Down)
             || observed.slots.iter().any(|s| s.running);
         return if anything_runs { Step::Cleanup } else { Step::Idle };
     }
@@ -227,7 +238,10 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         return Step::EnsureStore;
     }
     let backend = match &observed.front {
-        FrontObservation::Down => return Step::EnsureFront,
+        FrontObservation::Down if observed.front_ours => return Step::EnsureFront,
+        // A caddy serves the shard's certificate, which the first slot makes: slots may start
+        // before it runs; only the switch waits for it.
+        FrontObservation::Down => None,
         FrontObservation::Up { backend } => backend.as_deref(),
     };
     if observed.front_elsewhere {
@@ -260,6 +274,7 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     let Some(current) = current else {
         if let Some(blocked) = &observed.blocked
             && blocked.template == desired.template
+            && !blocked.cause.lifted_by(desired)
         {
             return Step::Blocked {
                 cause: blocked.cause.clone(),
@@ -323,6 +338,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         };
     }
     if backend != Some(current.name.as_str()) {
+        if observed.front == FrontObservation::Down {
+            return Step::EnsureFront;
+        }
         return Step::SwitchFront {
             to: current.name.clone(),
         };
@@ -400,6 +418,7 @@ mod tests {
             front: FrontObservation::Up {
                 backend: backend.map(str::to_string),
             },
+            front_ours: true,
             front_elsewhere: false,
             slots,
             roll: None,
@@ -442,6 +461,19 @@ mod tests {
         let mut d = desired("v2");
         d.snapshot_before_version_change = false;
         assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+    }
+
+    #[test]
+    fn a_caddy_front_that_is_down_lets_the_first_slot_start_and_holds_the_switch() {
+        let d = desired("v1");
+        let mut o = observed(None, vec![]);
+        o.front = FrontObservation::Down;
+        o.front_ours = false;
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+        o.slots = vec![slot("a", "v1", true, true)];
+        assert_eq!(plan(&d, &o), Step::EnsureFront);
+        o.front = FrontObservation::Up { backend: None };
+        assert_eq!(plan(&d, &o), Step::SwitchFront { to: "a".into() });
     }
 
     #[test]
@@ -554,6 +586,36 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_not_ready_in_time_is_retried_once_the_readiness_timeout_is_raised() {
+        let mut d = desired("v2");
+        d.readiness_timeout = Duration::from_secs(5);
+        let mut o = observed(Some("a"), vec![slot("a", "v1", true, true)]);
+        o.blocked = Some(Blocked {
+            template: template("v2"),
+            cause: BlockCause::SlotNotReady {
+                slot: "b".into(),
+                timeout_seconds: 5,
+            },
+        });
+        assert!(matches!(
+            plan(&d, &o),
+            Step::Blocked {
+                cause: BlockCause::SlotNotReady { .. }
+            }
+        ));
+        d.readiness_timeout = Duration::from_secs(4);
+        assert!(
+            matches!(plan(&d, &o), Step::Blocked { .. }),
+            "a lower timeout does not retry"
+        );
+        d.readiness_timeout = Duration::from_secs(300);
+        assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+        // A crashed slot is not retried by a longer timeout: only a new spec helps.
+        o.blocked.as_mut().unwrap().cause = BlockCause::SlotCrashed { slot: "b".into() };
+        assert!(matches!(plan(&d, &o), Step::Blocked { .. }));
+    }
+
+    #[test]
     fn a_new_slot_that_crashes_is_aborted_and_not_retried_until_the_spec_changes() {
         let d = desired("v2");
         let mut o = observed(
@@ -650,8 +712,9 @@ mod tests {
             prop::option::of((prop::sample::select(vec!["a", "b"]), any::<bool>(), any::<bool>())),
             0i64..400,
             prop::option::of(prop::sample::select(vec!["v1", "v2", "v3"])),
+            any::<bool>(),
         )
-            .prop_map(|(store_up, front, mut slots, rolling, now, snapshot_for)| {
+            .prop_map(|(store_up, front, mut slots, rolling, now, snapshot_for, front_ours)| {
                 slots.dedup_by(|a, b| a.name == b.name);
                 Observed {
                     now: at(now),
@@ -665,6 +728,7 @@ mod tests {
                             backend: backend.map(str::to_string),
                         },
                     },
+                    front_ours,
                     front_elsewhere: false,
                     slots,
                     roll: rolling.map(|(to, released, probed)| RollRecord {

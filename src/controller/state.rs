@@ -186,13 +186,41 @@ pub struct CompletedRoll {
     pub completed_at: DateTime<Utc>,
 }
 
+/// A state file that exists but does not parse (edited by hand, or damaged on disk).
+#[derive(Debug, thiserror::Error)]
+#[error("{} does not parse: {reason}", path.display())]
+pub struct CorruptFile {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// The state file (a controller or slot record, a process record) that `error` says cannot be
+/// parsed, if that is what it is about.
+pub fn corrupt_file(error: &anyhow::Error) -> Option<PathBuf> {
+    error.chain().find_map(|cause| {
+        if let Some(e) = cause.downcast_ref::<io::Error>() {
+            return e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<CorruptFile>())
+                .map(|c| c.path.clone());
+        }
+        match cause.downcast_ref::<crate::process::ProcessError>() {
+            Some(crate::process::ProcessError::ParseRecord { path, .. }) => Some(path.clone()),
+            _ => None,
+        }
+    })
+}
+
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
     match fsutil::read_optional(path)? {
         None => Ok(None),
         Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{} does not parse: {e}", path.display()),
+                CorruptFile {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                },
             )
         }),
     }
@@ -224,5 +252,29 @@ mod tests {
         };
         dirs.save_state(&state).unwrap();
         assert_eq!(dirs.load_state().unwrap(), state);
+    }
+
+    #[test]
+    fn a_state_file_that_does_not_parse_is_named_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = ShardDirs::new(dir.path(), "dev");
+        std::fs::create_dir_all(dirs.root()).unwrap();
+        std::fs::write(dirs.controller_file(), b"\0\0{garbage").unwrap();
+        let error = anyhow::Error::from(dirs.load_state().unwrap_err());
+        assert_eq!(corrupt_file(&error), Some(dirs.controller_file()));
+        assert!(error.to_string().contains("controller.json does not parse"), "{error}");
+
+        let slot = dirs.slot("a");
+        std::fs::create_dir_all(slot.record().parent().unwrap()).unwrap();
+        std::fs::write(slot.record(), b"{\"name\": 7}").unwrap();
+        let error = anyhow::Error::from(dirs.slot_records().unwrap_err()).context("observe");
+        assert_eq!(corrupt_file(&error), Some(slot.record()));
+
+        std::fs::write(slot.process(), b"garbage").unwrap();
+        let error = anyhow::Error::from(crate::process::Runtime::load(&slot.process()).unwrap_err());
+        assert_eq!(corrupt_file(&error), Some(slot.process()));
+
+        let other = anyhow::Error::from(io::Error::from(io::ErrorKind::PermissionDenied));
+        assert_eq!(corrupt_file(&other), None);
     }
 }

@@ -62,6 +62,34 @@ pub fn build(
     }
 }
 
+/// Why a shard whose state file cannot be read is Degraded, and what the user can do about it.
+pub const UNREADABLE_REASON: &str = "StateFileUnreadable";
+
+/// The status when the controller cannot read one of its own files (`message` names it): the
+/// status last written, with Degraded=True saying why and the phase Degraded. Nothing else is
+/// claimed, because nothing else was observed.
+pub fn unreadable(
+    stored: Option<&KcpShardStatus>,
+    generation: Option<i64>,
+    message: &str,
+    now: DateTime<Utc>,
+) -> KcpShardStatus {
+    let mut status = stored.cloned().unwrap_or_default();
+    let degraded = conditions::Verdict {
+        type_: "Degraded",
+        status: true,
+        reason: UNREADABLE_REASON.into(),
+        message: message.into(),
+    };
+    let condition = conditions::merge(&status.conditions, &[degraded], generation, now).remove(0);
+    match status.conditions.iter_mut().find(|c| c.type_ == "Degraded") {
+        Some(c) => *c = condition,
+        None => status.conditions.push(condition),
+    }
+    status.phase = Some(crate::api::Phase::Degraded);
+    status
+}
+
 fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollStatus {
     RollStatus {
         started_at: Some(micro_time(roll.started_at)),
@@ -111,6 +139,63 @@ fn micro_time(t: DateTime<Utc>) -> MicroTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_state_file_turns_degraded_and_keeps_the_rest_of_the_status() {
+        use chrono::TimeZone;
+        let t0 = Utc.timestamp_opt(1_800_000_000, 0).unwrap();
+        let stored = KcpShardStatus {
+            active_slot: Some("a".into()),
+            phase: Some(crate::api::Phase::Ready),
+            conditions: conditions::merge(
+                &[],
+                &[
+                    conditions::Verdict {
+                        type_: "Ready",
+                        status: true,
+                        reason: "SlotServing".into(),
+                        message: "slot a serves".into(),
+                    },
+                    conditions::Verdict {
+                        type_: "Degraded",
+                        status: false,
+                        reason: "AsExpected".into(),
+                        message: "nothing is blocked".into(),
+                    },
+                ],
+                Some(1),
+                t0,
+            ),
+            ..Default::default()
+        };
+        let t1 = t0 + chrono::Duration::seconds(5);
+        let status = unreadable(
+            Some(&stored),
+            Some(2),
+            "x/controller.json does not parse: move it aside",
+            t1,
+        );
+        assert_eq!(status.phase, Some(crate::api::Phase::Degraded));
+        assert_eq!(status.active_slot.as_deref(), Some("a"));
+        let degraded = status.conditions.iter().find(|c| c.type_ == "Degraded").unwrap();
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", UNREADABLE_REASON)
+        );
+        assert!(degraded.message.contains("controller.json"));
+        assert_eq!(degraded.last_transition_time, k8s_time(t1));
+        assert_eq!(degraded.observed_generation, Some(2));
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready, &stored.conditions[0], "the other conditions stay as they were");
+        // Reported again: the transition time stays.
+        let again = unreadable(
+            Some(&status),
+            Some(2),
+            &degraded.message,
+            t1 + chrono::Duration::seconds(2),
+        );
+        assert_eq!(again, status);
+    }
 
     #[test]
     fn fields_gone_at_any_depth_are_removed_by_the_patch() {

@@ -1,0 +1,148 @@
+//! The front as the controller drives it: kcpshard's own TCP front (a process it starts, adopts
+//! and stops) or a caddy the user runs (only its reverse_proxy's upstreams are changed, through
+//! the admin API; research section 5, mechanism A). Both answer the same questions: is it up,
+//! where does it listen, which address do new connections go to.
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::api::{FrontSpec, FrontType};
+use crate::front::caddy::CaddyAdmin;
+use crate::front::{self, Backend, FrontClient};
+
+/// The front of one shard.
+pub enum Front {
+    Tcp {
+        binary: PathBuf,
+        dir: PathBuf,
+        listen: SocketAddr,
+    },
+    Caddy {
+        admin: CaddyAdmin,
+        upstream_id: String,
+        listen: SocketAddr,
+    },
+}
+
+/// The front as observed.
+pub struct FrontSeen {
+    /// Where it listens (kcpshard's front says; a caddy's is the spec's).
+    pub listen: SocketAddr,
+    /// Where new connections go. A caddy names no slot: the slot is `""` until matched by port.
+    pub backend: Option<Backend>,
+}
+
+impl Front {
+    pub fn from_spec(spec: &FrontSpec, binary: PathBuf, dir: PathBuf) -> anyhow::Result<Front> {
+        let listen: SocketAddr = spec
+            .listen
+            .parse()
+            .map_err(|e| anyhow::anyhow!("spec.front.listen {:?} is not an IP address and port: {e}", spec.listen))?;
+        Ok(match spec.type_ {
+            FrontType::Tcp => Front::Tcp { binary, dir, listen },
+            FrontType::Caddy => {
+                let caddy = spec
+                    .caddy
+                    .as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("spec.front.type is Caddy but spec.front.caddy is missing"))?;
+                Front::Caddy {
+                    admin: CaddyAdmin::new(&caddy.admin_address),
+                    upstream_id: caddy.upstream_id.clone(),
+                    listen,
+                }
+            }
+        })
+    }
+
+    pub fn listen(&self) -> SocketAddr {
+        match self {
+            Front::Tcp { listen, .. } | Front::Caddy { listen, .. } => *listen,
+        }
+    }
+
+    /// None when it does not run (or caddy's admin API does not answer).
+    pub async fn observe(&self) -> Option<FrontSeen> {
+        match self {
+            Front::Tcp { dir, .. } => {
+                let status = FrontClient::connect(dir).await.ok()?.status().await.ok()?;
+                Some(FrontSeen {
+                    listen: status.listen,
+                    backend: status.backend,
+                })
+            }
+            Front::Caddy {
+                admin,
+                upstream_id,
+                listen,
+            } => {
+                let upstreams = admin.upstreams(upstream_id).await.ok()?;
+                Some(FrontSeen {
+                    listen: *listen,
+                    backend: match upstreams.as_slice() {
+                        [one] => one.parse().ok().map(|address| Backend {
+                            slot: String::new(),
+                            address,
+                        }),
+                        _ => None,
+                    },
+                })
+            }
+        }
+    }
+
+    /// Starts kcpshard's front on the spec's address (the caller has checked it is free), or checks
+    /// that caddy's admin API answers and has the handler. Returns what happened, for an event.
+    pub async fn ensure(&self) -> anyhow::Result<String> {
+        match self {
+            Front::Tcp { binary, dir, listen } => {
+                front::ensure_running(binary, dir, *listen).await?;
+                Ok(format!("the front listens on {listen}"))
+            }
+            Front::Caddy { admin, upstream_id, .. } => {
+                admin.upstreams(upstream_id).await?;
+                Ok(format!(
+                    "caddy's admin API at {} answers and has the reverse_proxy @id {upstream_id}",
+                    admin.address()
+                ))
+            }
+        }
+    }
+
+    /// Sends new connections to `to`.
+    pub async fn switch(&self, to: &Backend) -> anyhow::Result<()> {
+        match self {
+            Front::Tcp { dir, .. } => FrontClient::connect(dir).await?.switch(to).await?,
+            Front::Caddy { admin, upstream_id, .. } => {
+                admin.switch(upstream_id, to.address).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the front's connections to `address` (a slot past its shutdown delay), so watches
+    /// re-establish through the new slot. Caddy keeps proxied streams until the slot ends them.
+    pub async fn close(&self, address: SocketAddr) {
+        if let Front::Tcp { dir, .. } = self {
+            match FrontClient::connect(dir).await {
+                Ok(front) => {
+                    if let Err(e) = front.close(address).await {
+                        tracing::warn!(%address, error = %e, "cannot close the front's connections to a stopping slot");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot reach the front"),
+            }
+        }
+    }
+
+    /// Stops kcpshard's front; a caddy is the user's and stays.
+    pub async fn stop(&self) -> anyhow::Result<()> {
+        if let Front::Tcp { dir, .. } = self {
+            front::stop(dir).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether kcpshard runs this front's process (deleting the shard stops it).
+    pub fn is_ours(&self) -> bool {
+        matches!(self, Front::Tcp { .. })
+    }
+}
