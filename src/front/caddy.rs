@@ -150,7 +150,7 @@ impl CaddyAdmin {
         if handler != Some("reverse_proxy") {
             let found = match handler {
                 Some(other) => format!("a {other} handler"),
-                None => "not a handler".to_string(),
+                None => "an object with no \"handler\"".to_string(),
             };
             return Err(CaddyError::NotReverseProxy {
                 admin: self.address.clone(),
