@@ -310,7 +310,8 @@ impl FrontType {
     }
 }
 
-/// A caddy you run, whose layer4 or reverse_proxy handler forwards to the active slot.
+/// A caddy you run, whose reverse_proxy handler forwards to the active slot (`kcpshard front caddy-config`
+/// prints the config to use). kcpshard only changes that handler's upstreams, through caddy's admin API.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CaddyFront {

@@ -106,9 +106,15 @@ pub fn verdicts(observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<
             "Forwarding",
             format!("the front forwards new connections to slot {b}"),
         ),
-        None if observed.front == FrontObservation::Down => {
-            verdict("FrontReady", false, "FrontDown", "the front is not running")
-        }
+        None if observed.front == FrontObservation::Down => verdict(
+            "FrontReady",
+            false,
+            "FrontDown",
+            observed
+                .front_problem
+                .clone()
+                .unwrap_or_else(|| "the front is not running".into()),
+        ),
         None => verdict(
             "FrontReady",
             false,
@@ -234,6 +240,7 @@ mod tests {
                 backend: backend.map(str::to_string),
             },
             front_ours: true,
+            front_problem: None,
             front_elsewhere: false,
             slots: vec![SlotObservation {
                 name: "a".into(),

@@ -59,12 +59,18 @@ impl Front {
         }
     }
 
-    /// None when it does not run (or caddy's admin API does not answer).
-    pub async fn observe(&self) -> Option<FrontSeen> {
+    /// Err with why, when it does not run (or caddy's admin API does not answer).
+    pub async fn observe(&self) -> Result<FrontSeen, String> {
         match self {
             Front::Tcp { dir, .. } => {
-                let status = FrontClient::connect(dir).await.ok()?.status().await.ok()?;
-                Some(FrontSeen {
+                let down = |e: crate::front::FrontError| format!("the front is not running ({e})");
+                let status = FrontClient::connect(dir)
+                    .await
+                    .map_err(down)?
+                    .status()
+                    .await
+                    .map_err(down)?;
+                Ok(FrontSeen {
                     listen: status.listen,
                     backend: status.backend,
                 })
@@ -74,8 +80,8 @@ impl Front {
                 upstream_id,
                 listen,
             } => {
-                let upstreams = admin.upstreams(upstream_id).await.ok()?;
-                Some(FrontSeen {
+                let upstreams = admin.upstreams(upstream_id).await.map_err(|e| e.to_string())?;
+                Ok(FrontSeen {
                     listen: *listen,
                     backend: match upstreams.as_slice() {
                         [one] => one.parse().ok().map(|address| Backend {

@@ -136,8 +136,8 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     };
     let front = ctx.front(shard, dirs)?;
     let front_seen = front.observe().await;
-    let front_elsewhere = front_seen.as_ref().is_some_and(|seen| seen.listen != front.listen());
-    let mut front_backend = front_seen.as_ref().and_then(|seen| seen.backend.clone());
+    let front_elsewhere = front_seen.as_ref().is_ok_and(|seen| seen.listen != front.listen());
+    let mut front_backend = front_seen.as_ref().ok().and_then(|seen| seen.backend.clone());
     let mut slots = Vec::new();
     let mut observations = Vec::new();
     let mut records = dirs.slot_records()?;
@@ -187,8 +187,8 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     // The front forwards to a slot only if that slot, as recorded now, listens where the front
     // sends: a slot replaced under the same name (after a crash) is on another port.
     let front_observation = match &front_seen {
-        None => FrontObservation::Down,
-        Some(_) => FrontObservation::Up {
+        Err(_) => FrontObservation::Down,
+        Ok(_) => FrontObservation::Up {
             backend: front_backend
                 .as_ref()
                 .filter(|b| {
@@ -206,6 +206,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_problem: store_status.as_ref().err().cloned(),
         snapshot_for: state.snapshot.as_ref().map(|s| s.template.clone()),
         front: front_observation,
+        front_problem: front_seen.err(),
         front_ours: front.is_ours(),
         front_elsewhere,
         slots: observations,

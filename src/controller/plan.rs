@@ -163,6 +163,8 @@ pub struct Observed {
     /// The template the latest store snapshot was taken for.
     pub snapshot_for: Option<SlotTemplate>,
     pub front: FrontObservation,
+    /// Why the front is down (caddy's admin API does not answer, ...), for FrontReady.
+    pub front_problem: Option<String>,
     /// kcpshard runs the front (Tcp); a caddy is the user's, and deleting the shard leaves it.
     pub front_ours: bool,
     /// The front runs, but on another address than spec.front.listen (the spec changed).
@@ -419,6 +421,7 @@ mod tests {
                 backend: backend.map(str::to_string),
             },
             front_ours: true,
+            front_problem: None,
             front_elsewhere: false,
             slots,
             roll: None,
@@ -729,6 +732,7 @@ mod tests {
                         },
                     },
                     front_ours,
+                    front_problem: None,
                     front_elsewhere: false,
                     slots,
                     roll: rolling.map(|(to, released, probed)| RollRecord {
