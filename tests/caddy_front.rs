@@ -664,7 +664,7 @@ async fn a_request_in_flight_and_an_open_watch_finish_on_the_old_slot_across_a_s
 /// Why the rendered config has no `flush_interval: -1` (which the research used): with it, Debian's
 /// caddy 2.6 cancels every proxied request at each reload, so each switch fails the requests in
 /// flight and cuts the open watches short. If this starts failing, caddy no longer does that, and
-/// docs/operations-caddy.md's advice can be revisited.
+/// docs/operations.md (Fronts, Caddy)'s advice can be revisited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_flush_interval_minus_one_caddy_2_6_cuts_what_is_in_flight_at_a_switch() {
     let (slow, lines, _) = in_flight_across_a_switch(|config| {

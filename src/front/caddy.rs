@@ -4,7 +4,7 @@
 //! handler's upstreams (and so checks that caddy answers and that the @id names a reverse_proxy
 //! handler), and [`CaddyAdmin::switch`] replaces them with the new slot's address
 //! (`PATCH /id/<id>/upstreams`) and reads them back. [`render_config`] is the caddy JSON config
-//! kcpshard recommends (`kcpshard front caddy-config` prints it; docs/operations-caddy.md says why
+//! kcpshard recommends (`kcpshard front caddy-config` prints it; docs/operations.md (Fronts, Caddy) says why
 //! each setting is there).
 //!
 //! What Debian's caddy (2.6.2) does, as `tests/caddy_front.rs` measures:
@@ -334,7 +334,7 @@ pub struct CaddyConfig {
     pub storage_dir: PathBuf,
 }
 
-/// The caddy JSON config kcpshard recommends for one shard (docs/operations-caddy.md explains each
+/// The caddy JSON config kcpshard recommends for one shard (docs/operations.md (Fronts, Caddy) explains each
 /// setting). Paths are written as given: pass absolute ones, caddy resolves relative paths against
 /// its own working directory.
 pub fn render_config(config: &CaddyConfig) -> Result<Value, CaddyError> {
