@@ -39,6 +39,15 @@ const NEXT_STEP: Duration = Duration::from_millis(10);
 const WHILE_STARTING: Duration = Duration::from_millis(200);
 /// Requeue when converged or blocked: how soon a crashed slot is noticed.
 const WHEN_IDLE: Duration = Duration::from_secs(2);
+/// The longest wait between retries of a step that keeps failing (an unreachable PostgreSQL):
+/// the retry that finds it back is at most this late.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// How long to wait before retrying a step that has failed since `failing_since`: half the time it
+/// has been failing, between [`WHEN_IDLE`] and [`MAX_BACKOFF`].
+fn backoff(failing_for: Duration) -> Duration {
+    (failing_for / 2).clamp(WHEN_IDLE, MAX_BACKOFF)
+}
 
 /// Something the user should hear about, as an event.
 #[derive(Debug, Clone)]
@@ -223,8 +232,14 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         name: name.clone(),
         source,
     })?;
+    let failing_for = degraded
+        .filter(|c| c.reason == "StepFailed")
+        .and_then(|c| {
+            Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(c.last_transition_time.0)).ok()
+        })
+        .unwrap_or_default();
     Ok(match (&next, failure) {
-        (_, Some(_)) => Action::requeue(WHEN_IDLE),
+        (_, Some(_)) => Action::requeue(backoff(failing_for)),
         (Step::Idle, _) if desired.deleting => Action::await_change(),
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
         (Step::AwaitReady { .. } | Step::AwaitSettle { .. }, _) => Action::requeue(WHILE_STARTING),
@@ -323,5 +338,18 @@ pub fn reporter() -> Reporter {
     Reporter {
         controller: "kcpshard".into(),
         instance: host,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_step_is_retried_less_often_the_longer_it_fails_but_at_least_every_10s() {
+        assert_eq!(backoff(Duration::ZERO), WHEN_IDLE);
+        assert_eq!(backoff(Duration::from_secs(3)), WHEN_IDLE);
+        assert_eq!(backoff(Duration::from_secs(12)), Duration::from_secs(6));
+        assert_eq!(backoff(Duration::from_secs(3600)), MAX_BACKOFF);
     }
 }
