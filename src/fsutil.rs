@@ -15,7 +15,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .ok_or_else(|| std::io::Error::other("a file path needs a parent directory"))?;
     create_private_dir(dir)?;
     let tmp = path.with_extension("tmp");
-    {
+    let written = (|| {
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -25,10 +25,20 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         // A leftover temp file keeps its old mode through open(); make sure it is 0600.
         file.set_permissions(fs::Permissions::from_mode(0o600))?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        file.sync_all()
+    })();
+    if let Err(e) = written {
+        // A part of a file (a full disk) is not left behind to take space or be mistaken for data.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
     fs::rename(&tmp, path)?;
     sync_dir(dir)
+}
+
+/// The write failed because the disk (or the user's quota) is full.
+pub fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 /// Makes a directory entry change (rename, remove) durable.

@@ -84,6 +84,10 @@ pub enum ApiError {
     NotAcceptable(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The write could not be made durable for lack of space (WebDAV's 507, which clients show with
+    /// its message); nothing was written.
+    #[error("{0}")]
+    InsufficientStorage(String),
     #[error("the server is shutting down")]
     Unavailable,
 }
@@ -111,6 +115,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => 415,
             ApiError::Invalid { .. } => 422,
             ApiError::Internal(_) => 500,
+            ApiError::InsufficientStorage(_) => 507,
             ApiError::Unavailable => 503,
         }
     }
@@ -130,6 +135,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
             ApiError::Invalid { .. } => "Invalid",
             ApiError::Internal(_) => "InternalError",
+            ApiError::InsufficientStorage(_) => "InsufficientStorage",
             ApiError::Unavailable => "ServiceUnavailable",
         }
     }

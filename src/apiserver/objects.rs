@@ -19,6 +19,9 @@ use super::store::{Action, Key, Outcome, Store, StoreError, resource_version_of}
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         tracing::error!(error = %e, "store write failed");
+        if e.is_no_space() {
+            return ApiError::InsufficientStorage(e.to_string());
+        }
         ApiError::Internal(e.to_string())
     }
 }

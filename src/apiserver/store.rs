@@ -3,7 +3,12 @@
 //!
 //! Invariants:
 //! - A write is acknowledged only after its file is durable: temp file, fsync, rename, fsync of the
-//!   directory. A store killed mid-write leaves at most a `*.tmp` file, which `open` removes.
+//!   directory. A store killed mid-write leaves at most a `*.tmp` file, which `open` removes. A
+//!   write that fails (a full disk) changes nothing, on disk or in memory, and says so
+//!   ([`StoreError::NoSpace`]).
+//! - Nothing on disk is dropped silently: an object file (or the counter) that does not parse stops
+//!   `open` with an error naming it ([`StoreError::Corrupt`]). Serving without it would make the
+//!   object vanish from the API, and whoever watches (the controller, GitOps) act on its absence.
 //! - resourceVersions never go backwards, across restarts too: on open the counter is the largest of
 //!   every object's resourceVersion and `objects/resource-version`, which is written before any
 //!   delete (a delete removes the only file that carried the largest version).
@@ -32,6 +37,36 @@ pub enum StoreError {
     },
     #[error("cannot encode an object for {path}: {source}")]
     Encode { path: PathBuf, source: serde_json::Error },
+    #[error(
+        "cannot {action} {path}: no space left on the device that holds the state directory; nothing was written. Free space there (or grow the filesystem), then retry"
+    )]
+    NoSpace { action: &'static str, path: PathBuf },
+    #[error(
+        "{path} does not parse ({reason}); serve does not start without it, because the object would vanish from the API. Repair it (it is JSON), or move it out of the state directory to drop that object (a KcpShard can then be applied again: the controller adopts its running processes)"
+    )]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+impl StoreError {
+    fn io(action: &'static str, path: &Path, source: std::io::Error) -> StoreError {
+        if fsutil::is_no_space(&source) {
+            StoreError::NoSpace {
+                action,
+                path: path.to_path_buf(),
+            }
+        } else {
+            StoreError::Io {
+                action,
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    }
+
+    /// The disk is full: the client may retry once space is freed (HTTP 507).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StoreError::NoSpace { .. })
+    }
 }
 
 /// Where an object lives: its resource's storage name, its namespace (None when cluster-scoped),
@@ -192,12 +227,9 @@ impl Store {
                 // The counter is made durable first: once the file is gone, nothing else carries it.
                 write_object(&self.dir.join("resource-version"), &Value::from(resource_version))?;
                 let path = self.object_path(key);
-                let io = |action: &'static str| {
-                    let path = path.clone();
-                    move |source| StoreError::Io { action, path, source }
-                };
-                fs::remove_file(&path).map_err(io("remove"))?;
-                fsutil::sync_dir(path.parent().unwrap_or(&self.dir)).map_err(io("fsync the directory of"))?;
+                fs::remove_file(&path).map_err(|e| StoreError::io("remove", &path, e))?;
+                fsutil::sync_dir(path.parent().unwrap_or(&self.dir))
+                    .map_err(|e| StoreError::io("fsync the directory of", &path, e))?;
                 inner.objects.remove(key);
                 object["metadata"]["resourceVersion"] = Value::String(resource_version.to_string());
                 (ChangeType::Deleted, object)
@@ -318,15 +350,18 @@ pub fn resource_version_of(object: &Value) -> u64 {
 }
 
 fn read_counter(path: &Path) -> Result<u64, StoreError> {
-    let bytes = fsutil::read_optional(path).map_err(|source| StoreError::Io {
-        action: "read",
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(bytes
-        .and_then(|b| String::from_utf8(b).ok())
+    let bytes = fsutil::read_optional(path).map_err(|e| StoreError::io("read", path, e))?;
+    let Some(bytes) = bytes else {
+        return Ok(0);
+    };
+    // A counter that does not parse could let resourceVersions go backwards after a delete.
+    String::from_utf8(bytes)
+        .ok()
         .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(0))
+        .ok_or_else(|| StoreError::Corrupt {
+            path: path.to_path_buf(),
+            reason: "not a resourceVersion number".into(),
+        })
 }
 
 fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
@@ -341,36 +376,25 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
 }
 
 /// Reads one object file. A leftover temp file (a write killed before its rename) is removed. A file
-/// that does not parse is moved aside as `*.corrupt` and reported, so one bad file cannot stop the
-/// server from starting.
+/// that does not parse is an error naming it: see [`StoreError::Corrupt`].
 fn load_object(path: &Path) -> Result<Option<Value>, StoreError> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("tmp") => {
-            fs::remove_file(path).map_err(|source| StoreError::Io {
-                action: "remove",
-                path: path.to_path_buf(),
-                source,
-            })?;
+            fs::remove_file(path).map_err(|e| StoreError::io("remove", path, e))?;
             Ok(None)
         }
         Some("json") => {
-            let bytes = fs::read(path).map_err(|source| StoreError::Io {
-                action: "read",
-                path: path.to_path_buf(),
-                source,
-            })?;
+            let bytes = fs::read(path).map_err(|e| StoreError::io("read", path, e))?;
             match serde_json::from_slice::<Value>(&bytes) {
                 Ok(object) if object.is_object() => Ok(Some(object)),
-                _ => {
-                    let aside = path.with_extension("json.corrupt");
-                    tracing::error!(path = %path.display(), moved_to = %aside.display(), "object file does not parse; moved aside");
-                    fs::rename(path, &aside).map_err(|source| StoreError::Io {
-                        action: "move aside",
-                        path: path.to_path_buf(),
-                        source,
-                    })?;
-                    Ok(None)
-                }
+                Ok(_) => Err(StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    reason: "not a JSON object".into(),
+                }),
+                Err(e) => Err(StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                }),
             }
         }
         _ => Ok(None),
@@ -383,19 +407,11 @@ fn write_object(path: &Path, value: &Value) -> Result<(), StoreError> {
         path: path.to_path_buf(),
         source,
     })?;
-    fsutil::write_atomically(path, &bytes).map_err(|source| StoreError::Io {
-        action: "write",
-        path: path.to_path_buf(),
-        source,
-    })
+    fsutil::write_atomically(path, &bytes).map_err(|e| StoreError::io("write", path, e))
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
-    fsutil::create_private_dir(dir).map_err(|source| StoreError::Io {
-        action: "create directory",
-        path: dir.to_path_buf(),
-        source,
-    })
+    fsutil::create_private_dir(dir).map_err(|e| StoreError::io("create directory", dir, e))
 }
 
 #[cfg(test)]
@@ -457,18 +473,60 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_file_is_moved_aside_and_the_rest_loads() {
+    fn a_corrupt_object_file_stops_open_with_its_name_and_is_left_in_place() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), &["things"]).unwrap();
         put(&store, "a", json!({"metadata": {"name": "a"}}));
         put(&store, "b", json!({"metadata": {"name": "b"}}));
         drop(store);
-        fs::write(dir.path().join("things/_cluster/b.json"), b"garbage").unwrap();
-
+        let b = dir.path().join("things/_cluster/b.json");
+        for garbage in [&b"garbage"[..], b"[1, 2]", b"{\"metadata\": {\"na"] {
+            fs::write(&b, garbage).unwrap();
+            let message = match Store::open(dir.path(), &["things"]) {
+                Err(e @ StoreError::Corrupt { .. }) => e.to_string(),
+                Err(e) => panic!("another error: {e}"),
+                Ok(_) => panic!("a store with a corrupt object file opened"),
+            };
+            assert!(message.contains(&b.display().to_string()), "{message}");
+            assert!(message.contains("move it out of the state directory"), "{message}");
+            assert_eq!(fs::read(&b).unwrap(), garbage, "the file is left as it was, for repair");
+        }
+        // Moved away by the operator: the rest loads.
+        fs::rename(&b, dir.path().join("b.json.bad")).unwrap();
         let store = Store::open(dir.path(), &["things"]).unwrap();
         assert!(store.get(&key("a")).is_some());
         assert!(store.get(&key("b")).is_none());
-        assert!(dir.path().join("things/_cluster/b.json.corrupt").exists());
+    }
+
+    #[test]
+    fn a_corrupt_counter_stops_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        put(&store, "a", json!({"metadata": {"name": "a"}}));
+        store.modify::<StoreError>(&key("a"), |_| Ok(Action::Delete)).unwrap();
+        drop(store);
+        fs::write(dir.path().join("resource-version"), b"\0\0garbage").unwrap();
+        assert!(matches!(
+            Store::open(dir.path(), &["things"]),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_full_disk_is_told_apart_from_other_write_errors() {
+        let full = StoreError::io(
+            "write",
+            Path::new("/s/x.json"),
+            std::io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        assert!(full.is_no_space());
+        assert!(full.to_string().contains("no space left") && full.to_string().contains("Free space"));
+        let other = StoreError::io(
+            "write",
+            Path::new("/s/x.json"),
+            std::io::Error::from_raw_os_error(libc::EACCES),
+        );
+        assert!(!other.is_no_space());
     }
 
     #[test]
