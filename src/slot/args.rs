@@ -235,6 +235,31 @@ mod tests {
     }
 
     #[test]
+    fn an_etcd_store_with_tls_gives_kcp_its_files_and_extra_args_cannot_override_them() {
+        let mut l = launch();
+        l.etcd_servers = "https://10.0.0.1:2379,https://10.0.0.2:2379".into();
+        l.etcd_tls = crate::store::EtcdTls {
+            ca_file: Some("/etc/etcd/ca.crt".into()),
+            cert_file: Some("/etc/etcd/client.crt".into()),
+            key_file: Some("/etc/etcd/client.key".into()),
+        };
+        let args = kcp_args(&l).unwrap();
+        for want in [
+            "--etcd-servers=https://10.0.0.1:2379,https://10.0.0.2:2379",
+            "--etcd-cafile=/etc/etcd/ca.crt",
+            "--etcd-certfile=/etc/etcd/client.crt",
+            "--etcd-keyfile=/etc/etcd/client.key",
+        ] {
+            assert!(has(&args, want), "{want} in {args:?}");
+        }
+        l.extra_args = vec!["--etcd-keyfile=/tmp/other.key".into()];
+        assert!(matches!(kcp_args(&l), Err(ArgsError::SafetyFlagOverridden { .. })));
+        l.extra_args.clear();
+        l.etcd_tls = Default::default();
+        assert!(!kcp_args(&l).unwrap().iter().any(|a| a.starts_with("--etcd-cafile")));
+    }
+
+    #[test]
     fn both_shard_urls_are_the_front() {
         let args = kcp_args(&launch()).unwrap();
         assert!(has(&args, "--shard-base-url=https://127.0.0.1:6443"), "{args:?}");
