@@ -8,12 +8,15 @@
 //!   unmodified `kubectl`, kube-runtime and GitOps tools can read and write `KcpShard` objects on a
 //!   single host with no cluster.
 //! - [`cli`] is the `kcpshard` command: `serve`, `crd`, and thin kubectl-like clients.
+//! - [`gitops`] keeps a directory of KcpShard manifests (a git checkout) applied to the API, for
+//!   `serve --manifests DIR`.
 pub mod api;
 pub mod apiserver;
 pub mod cli;
 pub mod controller;
 pub mod front;
 pub mod fsutil;
+pub mod gitops;
 pub mod process;
 pub mod slot;
 pub mod store;

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 
 use crate::apiserver::{self, ApiServer, ServeConfig, StateLock};
-use crate::controller;
+use crate::{controller, gitops};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -26,6 +26,15 @@ pub struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1,
           require_equals = true, default_missing_value = "true")]
     controller: bool,
+    /// GitOps: apply every KcpShard in the YAML files under DIR (a git checkout, say) at start and
+    /// whenever they change, with server-side apply under the field manager `kcpshard-gitops`.
+    /// Deleting a file does not delete its objects. See docs/operations-gitops.md.
+    #[arg(long, value_name = "DIR")]
+    manifests: Option<PathBuf>,
+    /// With --manifests: how often DIR is read again in case a change was not seen (`30s`, `2m`).
+    /// Only files whose bytes changed are applied.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::api::parse_duration, requires = "manifests")]
+    manifests_interval: std::time::Duration,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -33,9 +42,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         state_dir: args.state_dir.clone(),
         api_listen: args.api_listen,
     };
+    let working_dir = std::env::current_dir().context("cannot read the working directory")?;
+    let manifests = args.manifests.as_ref().map(|dir| working_dir.join(dir));
+    if let Some(dir) = &manifests {
+        gitops::check_dir(dir)?;
+    }
     let _lock = StateLock::acquire(&config.state_dir)?;
     let server = ApiServer::open(&config.state_dir)?;
-    let working_dir = std::env::current_dir().context("cannot read the working directory")?;
+    let gitops_client = server.client();
     let ctx = controller::Context {
         client: server.client(),
         reporter: controller::reporter(),
@@ -50,6 +64,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let api = apiserver::serve(&config, server, until_stopped(stopped.clone()));
+    let gitops = manifests.map(|dir| {
+        tokio::spawn(gitops::run(
+            gitops_client,
+            dir,
+            args.manifests_interval,
+            until_stopped(stopped.clone()),
+        ))
+    });
     let controller = args
         .controller
         .then(|| tokio::spawn(controller::run(ctx, until_stopped(stopped))));
@@ -62,6 +84,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     api.await?;
     if let Some(controller) = controller {
         let _ = controller.await;
+    }
+    if let Some(gitops) = gitops {
+        let _ = gitops.await;
     }
     Ok(())
 }

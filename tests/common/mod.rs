@@ -75,7 +75,9 @@ impl Serve {
         Serve::start_with(&[]).await
     }
 
-    async fn start_with(extra: &[&str]) -> Serve {
+    /// Starts `serve` with these flags after `--api-listen` (e.g. `--controller=false`,
+    /// `--manifests DIR`); they are kept for [`Serve::restart`].
+    pub async fn start_with(extra: &[&str]) -> Serve {
         let dir = tempfile::Builder::new()
             .prefix("kcpshard-serve-")
             .tempdir()
@@ -162,6 +164,11 @@ impl Serve {
             Ok(client) => client,
             Err(err) => self.fail(&format!("cannot build a client from the kubeconfig: {err:#}")),
         }
+    }
+
+    /// Everything serve has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
     }
 
     /// The end of serve's log, for failure messages.
