@@ -28,7 +28,7 @@ pub struct Args {
     controller: bool,
     /// GitOps: apply every KcpShard in the YAML files under DIR (a git checkout, say) at start and
     /// whenever they change, with server-side apply under the field manager `kcpshard-gitops`.
-    /// Deleting a file does not delete its objects. See docs/operations-gitops.md.
+    /// Deleting a file does not delete its objects. See docs/operations.md.
     #[arg(long, value_name = "DIR")]
     manifests: Option<PathBuf>,
     /// With --manifests: how often DIR is read again in case a change was not seen (`30s`, `2m`).
