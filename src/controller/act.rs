@@ -75,7 +75,12 @@ impl Actor<'_> {
                         )
                     }
                 })?;
-                Ok(vec![Note::normal("FrontStarted", started)])
+                let reason = if self.world.observed.front_outdated {
+                    "FrontUpgraded"
+                } else {
+                    "FrontStarted"
+                };
+                Ok(vec![Note::normal(reason, started)])
             }
             Step::StartSlot { name } => self.start_slot(name).await,
             Step::SwitchFront { to } => self.switch_front(to).await,

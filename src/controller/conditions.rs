@@ -241,6 +241,7 @@ mod tests {
             },
             front_ours: true,
             front_problem: None,
+            front_outdated: false,
             front_elsewhere: false,
             slots: vec![SlotObservation {
                 name: "a".into(),

@@ -29,6 +29,9 @@ pub struct FrontSeen {
     pub listen: SocketAddr,
     /// Where new connections go. A caddy names no slot: the slot is `""` until matched by port.
     pub backend: Option<Backend>,
+    /// kcpshard's front runs another binary than this `serve`'s: it hands its listening socket
+    /// over to a successor of this binary (docs/front.md, Upgrades).
+    pub outdated: bool,
 }
 
 impl Front {
@@ -62,7 +65,7 @@ impl Front {
     /// Err with why, when it does not run (or caddy's admin API does not answer).
     pub async fn observe(&self) -> Result<FrontSeen, String> {
         match self {
-            Front::Tcp { dir, .. } => {
+            Front::Tcp { dir, binary, .. } => {
                 let down = |e: crate::front::FrontError| format!("the front is not running ({e})");
                 let status = FrontClient::connect(dir)
                     .await
@@ -73,6 +76,7 @@ impl Front {
                 Ok(FrontSeen {
                     listen: status.listen,
                     backend: status.backend,
+                    outdated: front::runs_other_binary(binary, dir, status.pid),
                 })
             }
             Front::Caddy {
@@ -82,6 +86,7 @@ impl Front {
             } => {
                 let upstreams = admin.upstreams(upstream_id).await.map_err(|e| e.to_string())?;
                 Ok(FrontSeen {
+                    outdated: false,
                     listen: *listen,
                     backend: match upstreams.as_slice() {
                         [one] => one.parse().ok().map(|address| Backend {
@@ -95,13 +100,24 @@ impl Front {
         }
     }
 
-    /// Starts kcpshard's front on the spec's address (the caller has checked it is free), or checks
-    /// that caddy's admin API answers and has the handler. Returns what happened, for an event.
+    /// Starts kcpshard's front on the spec's address (the caller has checked it is free), or
+    /// upgrades it to this binary; or checks that caddy's admin API answers and has the handler.
+    /// Returns what happened, for an event.
     pub async fn ensure(&self) -> anyhow::Result<String> {
         match self {
             Front::Tcp { binary, dir, listen } => {
-                front::ensure_running(binary, dir, *listen).await?;
-                Ok(format!("the front listens on {listen}"))
+                let before = match FrontClient::connect(dir).await {
+                    Ok(client) => client.status().await.ok().map(|s| s.pid),
+                    Err(_) => None,
+                };
+                let after = front::ensure_running(binary, dir, *listen).await?.status().await?.pid;
+                Ok(match before {
+                    Some(old) if old != after => format!(
+                        "the front on {listen} runs {} now (pid {after}, was {old}); its listening socket was handed over",
+                        binary.display()
+                    ),
+                    _ => format!("the front listens on {listen}"),
+                })
             }
             Front::Caddy { admin, upstream_id, .. } => {
                 admin.upstreams(upstream_id).await?;

@@ -206,6 +206,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_problem: store_status.as_ref().err().cloned(),
         snapshot_for: state.snapshot.as_ref().map(|s| s.template.clone()),
         front: front_observation,
+        front_outdated: front_seen.as_ref().is_ok_and(|seen| seen.outdated),
         front_problem: front_seen.err(),
         front_ours: front.is_ours(),
         front_elsewhere,

@@ -165,6 +165,8 @@ pub struct Observed {
     pub front: FrontObservation,
     /// Why the front is down (caddy's admin API does not answer, ...), for FrontReady.
     pub front_problem: Option<String>,
+    /// kcpshard's front runs an older binary than this controller: EnsureFront upgrades it.
+    pub front_outdated: bool,
     /// kcpshard runs the front (Tcp); a caddy is the user's, and deleting the shard leaves it.
     pub front_ours: bool,
     /// The front runs, but on another address than spec.front.listen (the spec changed).
@@ -246,7 +248,7 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         FrontObservation::Down => None,
         FrontObservation::Up { backend } => backend.as_deref(),
     };
-    if observed.front_elsewhere {
+    if observed.front_elsewhere || observed.front_outdated {
         return Step::EnsureFront;
     }
     let roll_target = observed.roll.as_ref().map(|r| r.to.as_str());
@@ -422,6 +424,7 @@ mod tests {
             },
             front_ours: true,
             front_problem: None,
+            front_outdated: false,
             front_elsewhere: false,
             slots,
             roll: None,
@@ -733,6 +736,7 @@ mod tests {
                     },
                     front_ours,
                     front_problem: None,
+                    front_outdated: false,
                     front_elsewhere: false,
                     slots,
                     roll: rolling.map(|(to, released, probed)| RollRecord {

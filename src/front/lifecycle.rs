@@ -82,16 +82,29 @@ pub async fn ensure_running(binary: &Path, dir: &Path, listen: SocketAddr) -> Re
     start(binary, dir, listen, None).await
 }
 
+/// Whether the front `pid` serving `dir` runs another binary than `binary` (another file, or the
+/// same path rebuilt) that has not failed an upgrade before: [`ensure_running`] would upgrade it.
+pub fn runs_other_binary(binary: &Path, dir: &Path, pid: u32) -> bool {
+    let (Some(running), Some(wanted)) = (exe_identity(pid), file_identity(binary)) else {
+        return false;
+    };
+    running != wanted && std::fs::read_to_string(dir.join(UPGRADE_FAILED_FILE)).ok() != Some(upgrade_marker(wanted))
+}
+
+fn upgrade_marker((dev, ino): (u64, u64)) -> String {
+    format!("{dev} {ino}\n")
+}
+
 /// The adopted front, upgraded first if it runs another binary than `binary`.
 async fn adopt(binary: &Path, dir: &Path, client: FrontClient, status: &FrontStatus) -> FrontClient {
-    let (Some(running), Some(wanted)) = (exe_identity(status.pid), file_identity(binary)) else {
+    if !runs_other_binary(binary, dir, status.pid) {
+        return client;
+    }
+    let Some(wanted) = file_identity(binary) else {
         return client;
     };
     let failed_path = dir.join(UPGRADE_FAILED_FILE);
-    let marker = format!("{} {}\n", wanted.0, wanted.1);
-    if running == wanted || std::fs::read_to_string(&failed_path).is_ok_and(|m| m == marker) {
-        return client;
-    }
+    let marker = upgrade_marker(wanted);
     info!(pid = status.pid, binary = %binary.display(), "the front runs another binary; upgrading it");
     match upgrade(binary, dir).await {
         Ok(upgraded) => {

@@ -167,6 +167,8 @@ pub struct Env {
     pub started: Instant,
     /// Flags after `--kine-binary`, given to every start of `serve`.
     serve_args: Vec<String>,
+    /// The kcpshard binary the next start of `serve` runs (the front it starts runs it too).
+    pub serve_binary: PathBuf,
 }
 
 impl Env {
@@ -189,6 +191,7 @@ impl Env {
             client: None,
             started: Instant::now(),
             serve_args: serve_args.iter().map(|a| a.to_string()).collect(),
+            serve_binary: kcpshard_bin(),
         };
         env.start_serve().await;
         env
@@ -214,7 +217,7 @@ impl Env {
             .append(true)
             .open(self.serve_log())
             .expect("serve.log");
-        let mut command = Command::new(kcpshard_bin());
+        let mut command = Command::new(&self.serve_binary);
         command
             .arg("serve")
             .arg("--state-dir")
@@ -614,12 +617,12 @@ pub fn roll_timings(last_roll: &Value) -> Result<Vec<(&'static str, DateTime<Utc
     for phase in ROLL_PHASES {
         let t =
             parse_time(&last_roll[phase]).ok_or_else(|| format!("status.lastRoll.{phase} is not set: {last_roll}"))?;
-        if let Some((before, previous)) = times.last() {
-            if t < *previous {
-                return Err(format!(
-                    "status.lastRoll.{phase} ({t}) is before {before} ({previous}): {last_roll}"
-                ));
-            }
+        if let Some((before, previous)) = times.last()
+            && t < *previous
+        {
+            return Err(format!(
+                "status.lastRoll.{phase} ({t}) is before {before} ({previous}): {last_roll}"
+            ));
         }
         times.push((phase, t));
     }
