@@ -1,0 +1,912 @@
+//! The fault matrix (issue 6, docs/reliability.md), on real kcp, kine and PostgreSQL through
+//! `kcpshard serve`, as a user sees it: a `/readyz` poller through the front (50 ms, a new
+//! connection each), the status (sampled every 100 ms: what `kubectl get ks -w` shows) and the
+//! events. Before each fault a workspace is created through the front; after it, every workspace
+//! created so far must still be there: no data lost.
+//!
+//! - `kine_front_and_state_file_faults_on_a_kine_sqlite_shard`, one shard, no roll:
+//!   1. SIGKILL of the shard's kine: the controller starts it again on the same port (a Warning
+//!      StoreRestarted), no roll; clients see failed `/readyz` until kcp reconnects (reported).
+//!   2. SIGKILL of the front (`kcpshard front`): started again with the same backend, no roll;
+//!      clients see refused connections meanwhile (measured and reported, not asserted).
+//!   3. garbage in `controller.json`: Degraded=True, reason StateFileUnreadable, naming the file
+//!      and what to do, one Warning event, the slot serving on (0 failed polls); moved aside, the
+//!      shard is Ready again with no roll.
+//! - `slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard`, one shard on PostgreSQL:
+//!   1. SIGKILL of the active slot's own kine (found by `application_name=kcpshard-<shard>-<slot>`
+//!      in its argv): started again on the same port (SlotStoreRestarted), no roll.
+//!   2. a slot that starts slowly: spec.rollout.readinessTimeout 5s with a restart request: the
+//!      roll is abandoned (Degraded, SlotNotReady), the old slot serves with 0 failed polls.
+//!   3. raising readinessTimeout retries the roll, and PostgreSQL is restarted in the middle of it
+//!      (after the new slot started, before it is ready): the roll completes.
+//!   4. SIGKILL of the NEW kcp mid-roll (started, not yet switched to): the roll is abandoned
+//!      (Degraded, SlotCrashed), the old slot serves with 0 failed polls, the new slot's kine stops.
+//!   5. garbage in the active slot's `slot.json`: Degraded StateFileUnreadable naming it, 0 failed
+//!      polls; moved aside, the controller rebuilds the record from the running kcp, and the next
+//!      spec change rolls away from that slot with 0 failed polls.
+//!
+//! Covered elsewhere: SIGKILL of the active kcp and of `serve` at roll boundaries (e2e_roll.rs),
+//! PostgreSQL stopped while the shard is idle (e2e_postgres.rs), a full disk and a corrupt object
+//! file of the API (faults_api.rs), SIGKILL of `serve` during 20 rolls
+//! (hack/faults/serve-kill-rolls.sh). Figures are printed for docs/reliability.md: run with
+//! `cargo test --test e2e_faults -- --nocapture --test-threads=1`.
+//!
+//! Components come from bin/ (hack/install-deps.sh); a missing one fails, never skips.
+mod e2e;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use e2e::*;
+use kube::api::{Api, DynamicObject};
+use serde_json::{Value, json};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
+const RECOVER_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long PostgreSQL stays down in the restart mid-roll.
+const PG_DOWN: Duration = Duration::from_secs(5);
+
+// ------------------------------------------------------------------------------------------------
+// What the user sees
+
+/// One line of the status a user watches: phase and the conditions that matter here.
+fn summary(object: &Value) -> String {
+    let cond = |t: &str| match condition(object, t) {
+        Some(c) if c["status"] == "True" && t == "Degraded" => format!("True({})", c["reason"].as_str().unwrap_or("")),
+        Some(c) => c["status"].as_str().unwrap_or("?").to_string(),
+        None => "-".into(),
+    };
+    format!(
+        "phase={} Ready={} StoreReady={} FrontReady={} Degraded={}",
+        object["status"]["phase"].as_str().unwrap_or("-"),
+        cond("Ready"),
+        cond("StoreReady"),
+        cond("FrontReady"),
+        cond("Degraded")
+    )
+}
+
+/// The status as sampled every 100 ms: each change, with its time from the start.
+struct Timeline {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(Duration, String)>>,
+}
+
+impl Timeline {
+    fn start(env: &Env, shard: &str) -> Timeline {
+        let api: Api<DynamicObject> = env.shards();
+        let name = shard.to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let mut seen: Vec<(Duration, String)> = Vec::new();
+            while !flag.load(Ordering::SeqCst) {
+                if let Ok(o) = api.get(&name).await {
+                    let line = summary(&serde_json::to_value(o).unwrap());
+                    if seen.last().is_none_or(|(_, last)| *last != line) {
+                        seen.push((started.elapsed(), line));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            seen
+        });
+        Timeline { stop, task }
+    }
+
+    async fn finish(self) -> Vec<(Duration, String)> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("timeline task")
+    }
+}
+
+fn render(timeline: &[(Duration, String)]) -> String {
+    timeline
+        .iter()
+        .map(|(t, line)| format!("    +{:6.2}s {line}", t.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Events about the shard since `since`, as `Type Reason: message` lines.
+async fn events_since(env: &Env, shard: &str, since: DateTime<Utc>) -> Vec<(String, String, String)> {
+    env.events(shard)
+        .await
+        .into_iter()
+        .filter(|e| {
+            event_time(e)
+                .parse::<DateTime<Utc>>()
+                .is_ok_and(|t| t >= since - chrono::Duration::seconds(1))
+        })
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn render_events(events: &[(String, String, String)]) -> String {
+    events
+        .iter()
+        .map(|(t, r, m)| format!("    {t} {r}: {m}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `/readyz` through the front every 50 ms, each on a new connection (as `curl` does), like the
+/// e2e `Poller`, but each poll is kept with the time it STARTED and how long it took: while the
+/// store is down a request hangs before it fails, and a user waits that long.
+struct Polls {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Stats>,
+}
+
+#[derive(Default)]
+struct Stats {
+    polls: u64,
+    /// (start of the poll, error)
+    failures: Vec<(DateTime<Utc>, String)>,
+    /// Polls that failed or took over a second: (start, end).
+    disrupted: Vec<(DateTime<Utc>, DateTime<Utc>)>,
+    slowest: Duration,
+}
+
+impl Polls {
+    fn start(config: kube::Config) -> Polls {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut stats = Stats::default();
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !flag.load(Ordering::SeqCst) {
+                tick.tick().await;
+                let (at, started) = (Utc::now(), Instant::now());
+                let result = readyz_ok(&config).await;
+                let took = started.elapsed();
+                stats.polls += 1;
+                stats.slowest = stats.slowest.max(took);
+                if result.is_err() || took > Duration::from_secs(1) {
+                    stats.disrupted.push((at, Utc::now()));
+                }
+                if let Err(e) = result {
+                    stats.failures.push((at, e));
+                }
+            }
+            stats
+        });
+        Polls { stop, task }
+    }
+
+    async fn finish(self) -> Stats {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("poller task")
+    }
+}
+
+fn list_failures(stats: &Stats) -> String {
+    stats
+        .failures
+        .iter()
+        .take(20)
+        .map(|(t, e)| format!("  {t}: {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What the poller saw, relative to the fault: failures, and how long requests were disrupted
+/// (from the start of the first poll that failed or took over 1 s to the end of the last one).
+fn failure_window(stats: &Stats, fault: DateTime<Utc>) -> String {
+    let at = |t: DateTime<Utc>| (t - fault).num_milliseconds() as f64 / 1000.0;
+    let mut out = format!(
+        "{} polls, {} failed, slowest {:.2}s",
+        stats.polls,
+        stats.failures.len(),
+        stats.slowest.as_secs_f64()
+    );
+    if let (Some(first), Some(last)) = (stats.disrupted.first(), stats.disrupted.last()) {
+        out.push_str(&format!(
+            "; requests disrupted from {:+.2}s to {:+.2}s after the fault",
+            at(first.0),
+            at(last.1)
+        ));
+    }
+    let mut kinds: Vec<String> = stats
+        .failures
+        .iter()
+        .map(|(_, e)| e.replace('\n', " ").chars().take(60).collect::<String>())
+        .collect();
+    kinds.dedup();
+    kinds.truncate(2);
+    if !kinds.is_empty() {
+        out.push_str(&format!(" (e.g. {})", kinds.join(" | ")));
+    }
+    out
+}
+
+// ------------------------------------------------------------------------------------------------
+// Helpers
+
+fn restart_annotation() -> Value {
+    json!({ "kcpshard.io/restartedAt": Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true) })
+}
+
+/// Ready at the current generation with nothing in progress.
+async fn settle(env: &Env, shard: &str, timeout: Duration, what: &str) -> Value {
+    env.until(shard, timeout, what, |o| {
+        (ready_now(o) && condition_is(o, "Progressing", "False") && condition_is(o, "Degraded", "False"))
+            .then(|| o.clone())
+    })
+    .await
+}
+
+/// Waits for Degraded=True with `reason`; returns the condition.
+async fn degraded_with(env: &Env, shard: &str, reason: &str, timeout: Duration) -> Value {
+    env.until(shard, timeout, &format!("Degraded=True with reason {reason}"), |o| {
+        condition(o, "Degraded")
+            .filter(|c| c["status"] == "True" && c["reason"] == reason)
+            .cloned()
+    })
+    .await
+}
+
+/// The one live process whose argv contains `needle`.
+fn one_process(env: &Env, needle: &str, what: &str) -> (i32, String) {
+    let found = processes_with(needle);
+    if found.len() != 1 {
+        env.fail(&format!(
+            "want exactly one {what} (argv contains {needle}), found {found:#?}"
+        ));
+    }
+    found[0].clone()
+}
+
+/// The port of a kine's `--listen-address=127.0.0.1:<port>`.
+fn listen_port(argv: &str) -> u16 {
+    argv.split_whitespace()
+        .find_map(|a| a.strip_prefix("--listen-address="))
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("no --listen-address in {argv}"))
+}
+
+/// Waits for a process naming `needle` other than `old`; returns it.
+async fn replacement(env: &Env, needle: &str, old: i32, what: &str) -> (i32, String) {
+    let deadline = Instant::now() + RECOVER_TIMEOUT;
+    loop {
+        let found: Vec<(i32, String)> = processes_with(needle).into_iter().filter(|(p, _)| *p != old).collect();
+        if let Some(p) = found.first() {
+            return p.clone();
+        }
+        if Instant::now() > deadline {
+            env.fail(&format!("no new {what} within {RECOVER_TIMEOUT:?} of the SIGKILL"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates workspace `name` through the front as the active slot's kcp-admin (201: kcp stored it).
+async fn create_workspace(env: &Env, shard: &str, front: &str, name: &str) {
+    let object = env.get(shard).await.unwrap();
+    let slot = active_slot(&object).unwrap_or_else(|| env.fail("no active slot"));
+    let config = front_kcp_admin(env, shard, &slot, front).await;
+    let body = json!({ "apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": { "name": name } });
+    match once(&config, http::Method::POST, WORKSPACES, Some(&body)).await {
+        Ok((201 | 200, _)) => {}
+        other => env.fail(&format!("create workspace {name} through the front: {other:?}")),
+    }
+}
+
+/// Every workspace in `names` is there (GET through the front, as the shard admin). A 404 is data
+/// lost; other failures (kcp still reconnecting) are retried for a while.
+async fn all_there(env: &Env, admin: &kube::Config, names: &[String], after: &str) {
+    for name in names {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match once(admin, http::Method::GET, &format!("{WORKSPACES}/{name}"), None).await {
+                Ok((200, _)) => break,
+                Ok((404, body)) => env.fail(&format!(
+                    "DATA LOST: workspace {name}, created before {after}, is gone: {body}"
+                )),
+                other if Instant::now() > deadline => {
+                    env.fail(&format!("workspace {name} cannot be read 60s after {after}: {other:?}"))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+}
+
+/// The serving slot is still `pid`, and the last roll is the one from before.
+fn no_roll(env: &Env, before: &Value, after: &Value, what: &str) {
+    assert_eq!(
+        active_pid(after),
+        active_pid(before),
+        "{what}: the serving kcp changed (a roll or a replacement): {}",
+        after["status"]
+    );
+    assert_eq!(
+        after["status"]["lastRoll"]["startedAt"], before["status"]["lastRoll"]["startedAt"],
+        "{what}: a roll ran"
+    );
+    let pid = active_pid(after).unwrap_or_else(|| env.fail("no active pid"));
+    assert!(alive(pid), "{what}: the serving kcp (pid {pid}) is gone");
+}
+
+/// Ready with the store up and `/readyz` through the front ok; returns the object.
+async fn recovered(env: &Env, shard: &str, admin: &kube::Config, what: &str) -> Value {
+    let deadline = Instant::now() + RECOVER_TIMEOUT;
+    loop {
+        let object = env.get(shard).await.unwrap();
+        if ready_now(&object)
+            && condition_is(&object, "StoreReady", "True")
+            && condition_is(&object, "Progressing", "False")
+            && readyz_ok(admin).await.is_ok()
+        {
+            return object;
+        }
+        if Instant::now() > deadline {
+            env.fail(&format!(
+                "{what}: not recovered within {RECOVER_TIMEOUT:?}: {}",
+                summary(&object)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Garbage for a state file: what a disk error or a bad hand edit leaves.
+const GARBAGE: &[u8] = b"{\"roll\": {\"to\": \"b\", \0\0\0\0\0 garbage";
+
+/// Corrupts `file`, checks what the user sees (Degraded naming it, what to do, one event, the
+/// shard serving on with 0 failed polls), moves it aside, waits for `after_move`, and returns the
+/// object then.
+async fn corrupt_and_move_aside(
+    env: &Env,
+    shard: &str,
+    front: &str,
+    file: &std::path::Path,
+    report: &mut Report,
+    after_move: impl Fn(&Value) -> bool,
+) -> Value {
+    let label = format!(
+        "garbage in {}",
+        file.strip_prefix(env.shard_dir(shard)).unwrap().display()
+    );
+    assert!(file.is_file(), "{label}: {} does not exist", file.display());
+    let admin = front_shard_admin(env, shard, front).await;
+    let before = env.get(shard).await.unwrap();
+    let poller = Polls::start(admin.clone());
+    let timeline = Timeline::start(env, shard);
+    let since = Utc::now();
+    std::fs::write(file, GARBAGE).unwrap();
+    let written = Instant::now();
+    let degraded = degraded_with(env, shard, "StateFileUnreadable", Duration::from_secs(30)).await;
+    let noticed = written.elapsed();
+    let message = degraded["message"].as_str().unwrap_or_default().to_string();
+    env.log(&format!(
+        "{label}: Degraded after {:.2}s: {message}",
+        noticed.as_secs_f64()
+    ));
+    assert!(
+        message.contains(&file.display().to_string()) && message.contains("Move it aside"),
+        "{label}: the message does not name the file and what to do: {message}"
+    );
+    // Reported once, not on every look; the shard serves on.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let events = events_since(env, shard, since).await;
+    let reported = events.iter().filter(|(_, r, _)| r == "StateFileUnreadable").count();
+    assert_eq!(
+        reported,
+        1,
+        "{label}: want one StateFileUnreadable event in 5 s:\n{}",
+        render_events(&events)
+    );
+    let during = env.get(shard).await.unwrap();
+    assert_eq!(
+        active_pid(&during),
+        active_pid(&before),
+        "{label}: the serving slot changed"
+    );
+
+    let aside = file.with_extension("json.bad");
+    std::fs::rename(file, &aside).unwrap();
+    let moved = Instant::now();
+    let after = env
+        .until(
+            shard,
+            RECOVER_TIMEOUT,
+            &format!("{label}: recovery once the file is moved aside"),
+            |o| after_move(o).then(|| o.clone()),
+        )
+        .await;
+    let recovery = moved.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = poller.finish().await;
+    let timeline = timeline.finish().await;
+    assert!(stats.polls > 20, "{label}: the poller ran only {} polls", stats.polls);
+    assert!(
+        stats.failures.is_empty(),
+        "{label}: /readyz through the front failed:\n{}",
+        list_failures(&stats)
+    );
+    report.add(format!(
+        "{label}: Degraded/StateFileUnreadable after {:.2}s; recovered {:.2}s after the file was moved aside; /readyz through the front: {}\n  status:\n{}\n  events:\n{}",
+        noticed.as_secs_f64(),
+        recovery.as_secs_f64(),
+        failure_window(&stats, since),
+        render(&timeline),
+        render_events(&events_since(env, shard, since).await)
+    ));
+    after
+}
+
+// ------------------------------------------------------------------------------------------------
+// KineSqlite: kine, front, controller.json
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
+async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
+    let _serial = serial();
+    let version = kcp_newer();
+    require_components(&[&version]);
+    let mut env = Env::start().await;
+    let shard = "sq";
+    let front = format!("127.0.0.1:{}", free_port());
+    let state = env.state.display().to_string();
+    let mut report = Report::default();
+    let mut workspaces: Vec<String> = Vec::new();
+
+    env.apply(shard, &version, &front).await;
+    settle(&env, shard, READY_TIMEOUT, "the shard to be Ready and settled").await;
+    let admin = front_shard_admin(&env, shard, &front).await;
+
+    // 1. SIGKILL of the shard's kine.
+    workspaces.push("before-kine-kill".into());
+    create_workspace(&env, shard, &front, "before-kine-kill").await;
+    let before = env.get(shard).await.unwrap();
+    let needle = format!("{state}/shards/{shard}/store");
+    let (kine_pid, argv) = one_process(&env, &needle, "kine");
+    let port = listen_port(&argv);
+    let poller = Polls::start(admin.clone());
+    let timeline = Timeline::start(&env, shard);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let since = Utc::now();
+    let killed = Instant::now();
+    signal(kine_pid, libc::SIGKILL);
+    env.log(&format!("kine: SIGKILLed pid {kine_pid} (port {port})"));
+    let (new_pid, new_argv) = replacement(&env, &needle, kine_pid, "kine").await;
+    let restarted = killed.elapsed();
+    let after = recovered(&env, shard, &admin, "kine SIGKILL").await;
+    let recovery = killed.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = poller.finish().await;
+    let timeline = timeline.finish().await;
+    assert_eq!(
+        listen_port(&new_argv),
+        port,
+        "the new kine listens elsewhere: {new_argv}"
+    );
+    no_roll(&env, &before, &after, "kine SIGKILL");
+    all_there(&env, &admin, &workspaces, "the kine SIGKILL").await;
+    let events = events_since(&env, shard, since).await;
+    assert!(
+        events
+            .iter()
+            .any(|(t, r, m)| t == "Warning" && r == "StoreRestarted" && m.contains(&port.to_string())),
+        "no Warning StoreRestarted naming port {port}:\n{}",
+        render_events(&events)
+    );
+    report.add(format!(
+        "KineSqlite: SIGKILL of the shard's kine: a new kine (pid {new_pid}) on the same port {port} after {:.2}s; Ready with /readyz ok through the front after {:.2}s; /readyz through the front: {}; no roll; workspaces kept\n  status:\n{}\n  events:\n{}",
+        restarted.as_secs_f64(),
+        recovery.as_secs_f64(),
+        failure_window(&stats, since),
+        render(&timeline),
+        render_events(&events)
+    ));
+
+    // 2. SIGKILL of the front.
+    workspaces.push("before-front-kill".into());
+    create_workspace(&env, shard, &front, "before-front-kill").await;
+    let before = env.get(shard).await.unwrap();
+    let needle = format!("{state}/shards/{shard}/front");
+    let (front_pid, _) = one_process(&env, &needle, "front");
+    let poller = Polls::start(admin.clone());
+    let timeline = Timeline::start(&env, shard);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let since = Utc::now();
+    let killed = Instant::now();
+    signal(front_pid, libc::SIGKILL);
+    env.log(&format!("front: SIGKILLed pid {front_pid}"));
+    // The time clients are refused: until /readyz through the front answers again.
+    let mut first_error = None;
+    loop {
+        match readyz_ok(&admin).await {
+            Ok(()) => break,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+        if killed.elapsed() > RECOVER_TIMEOUT {
+            env.fail("the front did not come back");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused_for = killed.elapsed();
+    let (new_front, _) = replacement(&env, &needle, front_pid, "front").await;
+    let after = recovered(&env, shard, &admin, "front SIGKILL").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = poller.finish().await;
+    let timeline = timeline.finish().await;
+    no_roll(&env, &before, &after, "front SIGKILL");
+    assert_eq!(
+        after["status"]["front"], before["status"]["front"],
+        "the new front forwards elsewhere"
+    );
+    all_there(&env, &admin, &workspaces, "the front SIGKILL").await;
+    let events = events_since(&env, shard, since).await;
+    assert!(
+        events.iter().any(|(_, r, _)| r == "FrontStarted"),
+        "no FrontStarted event after the front was killed:\n{}",
+        render_events(&events)
+    );
+    report.add(format!(
+        "Tcp front: SIGKILL of `kcpshard front`: clients refused for {:.2}s (first error: {}); new front pid {new_front}, same address and backend; /readyz through the front: {}; no roll; workspaces kept\n  status:\n{}\n  events:\n{}",
+        refused_for.as_secs_f64(),
+        first_error.as_deref().unwrap_or("none"),
+        failure_window(&stats, since),
+        render(&timeline),
+        render_events(&events)
+    ));
+
+    // 3. Garbage in controller.json.
+    workspaces.push("before-corrupt-state".into());
+    create_workspace(&env, shard, &front, "before-corrupt-state").await;
+    let before = env.get(shard).await.unwrap();
+    let file = env.shard_dir(shard).join("controller.json");
+    let after = corrupt_and_move_aside(&env, shard, &front, &file, &mut report, |o| {
+        ready_now(o) && condition_is(o, "Degraded", "False") && condition_is(o, "Progressing", "False")
+    })
+    .await;
+    assert_eq!(
+        active_pid(&after),
+        active_pid(&before),
+        "controller.json moved aside: the serving slot changed"
+    );
+    all_there(&env, &admin, &workspaces, "the corrupt controller.json").await;
+
+    let left = env.shutdown(&[shard]).await;
+    report.print("e2e_faults: KineSqlite shard");
+    assert!(left.is_empty(), "processes left: {left:?}");
+}
+
+// ------------------------------------------------------------------------------------------------
+// KinePostgres: a slot's kine, readinessTimeout, PostgreSQL mid-roll, the new kcp, slot.json
+
+fn postgres_spec(version: &str, front: &str, pg: &support::Postgres) -> Value {
+    json!({
+        "version": version,
+        "store": {
+            "type": "KinePostgres",
+            "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "kcp_faults", "user": "postgres" },
+        },
+        "front": { "type": "Tcp", "listen": front },
+    })
+}
+
+/// Waits until the roll requested at `requested` has started its new slot; returns that slot.
+async fn new_slot_started(env: &Env, shard: &str, requested: DateTime<Utc>) -> String {
+    env.until(shard, Duration::from_secs(60), "the new slot to start", |o| {
+        let active = active_slot(o)?;
+        roll_phase(&o["status"]["lastRoll"], "newSlotStartedAt", requested)?;
+        o["status"]["slots"]
+            .as_array()?
+            .iter()
+            .filter_map(|s| s["name"].as_str())
+            .find(|s| *s != active)
+            .map(str::to_string)
+    })
+    .await
+}
+
+fn slot_root(env: &Env, shard: &str, slot: &str) -> String {
+    format!("--root-directory={}/slots/{slot}/root", env.shard_dir(shard).display())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
+async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
+    let _serial = serial();
+    let version = kcp_newer();
+    require_components(&[&version]);
+    let mut pg = support::Postgres::start();
+    let mut env = Env::start().await;
+    let shard = "pgf";
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut report = Report::default();
+    let mut workspaces: Vec<String> = Vec::new();
+
+    env.apply_spec(shard, postgres_spec(&version, &front, &pg)).await;
+    settle(&env, shard, READY_TIMEOUT, "the shard to be Ready and settled").await;
+    let admin = front_shard_admin(&env, shard, &front).await;
+
+    // 1. SIGKILL of the active slot's own kine.
+    workspaces.push("before-slot-kine-kill".into());
+    create_workspace(&env, shard, &front, "before-slot-kine-kill").await;
+    let before = env.get(shard).await.unwrap();
+    let active = active_slot(&before).unwrap();
+    let needle = format!("application_name=kcpshard-{shard}-{active}");
+    let (kine_pid, argv) = one_process(&env, &needle, "slot kine");
+    let port = listen_port(&argv);
+    let poller = Polls::start(admin.clone());
+    let timeline = Timeline::start(&env, shard);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let since = Utc::now();
+    let killed = Instant::now();
+    signal(kine_pid, libc::SIGKILL);
+    env.log(&format!("slot {active}'s kine: SIGKILLed pid {kine_pid} (port {port})"));
+    let (new_pid, new_argv) = replacement(&env, &needle, kine_pid, "slot kine").await;
+    let restarted = killed.elapsed();
+    let after = recovered(&env, shard, &admin, "slot kine SIGKILL").await;
+    let recovery = killed.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = poller.finish().await;
+    let timeline = timeline.finish().await;
+    assert_eq!(
+        listen_port(&new_argv),
+        port,
+        "the new kine listens elsewhere: {new_argv}"
+    );
+    no_roll(&env, &before, &after, "slot kine SIGKILL");
+    all_there(&env, &admin, &workspaces, "the slot kine SIGKILL").await;
+    let events = events_since(&env, shard, since).await;
+    assert!(
+        events
+            .iter()
+            .any(|(_, r, m)| r == "SlotStoreRestarted" && m.contains(&port.to_string())),
+        "no SlotStoreRestarted event naming port {port}:\n{}",
+        render_events(&events)
+    );
+    report.add(format!(
+        "KinePostgres: SIGKILL of slot {active}'s kine: a new kine (pid {new_pid}) on the same port {port} after {:.2}s; Ready with /readyz ok through the front after {:.2}s; /readyz through the front: {}; no roll; workspaces kept\n  status:\n{}\n  events:\n{}",
+        restarted.as_secs_f64(),
+        recovery.as_secs_f64(),
+        failure_window(&stats, since),
+        render(&timeline),
+        render_events(&events)
+    ));
+
+    // 2. A slot that starts slowly: readinessTimeout 5s.
+    workspaces.push("before-slow-slot".into());
+    create_workspace(&env, shard, &front, "before-slow-slot").await;
+    let before = env.get(shard).await.unwrap();
+    let poller = Polls::start(admin.clone());
+    let since = Utc::now();
+    let requested = Instant::now();
+    env.patch(
+        shard,
+        json!({ "metadata": { "annotations": restart_annotation() }, "spec": { "rollout": { "readinessTimeout": "5s" } } }),
+    )
+    .await;
+    let degraded = degraded_with(&env, shard, "SlotNotReady", Duration::from_secs(90)).await;
+    let abandoned = requested.elapsed();
+    let message = degraded["message"].as_str().unwrap_or_default();
+    assert!(message.contains("readinessTimeout"), "{message}");
+    let new_roots = |env: &Env| {
+        processes_with(&format!("--root-directory={}/slots/", env.shard_dir(shard).display()))
+            .into_iter()
+            .filter(|(p, _)| Some(*p) != active_pid(&before))
+            .collect::<Vec<_>>()
+    };
+    let gone = support::poll(Duration::from_secs(15), Duration::from_millis(100), || {
+        new_roots(&env).is_empty().then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "the abandoned slot's kcp still runs: {:?}",
+        new_roots(&env)
+    );
+    let stats = poller.finish().await;
+    let after = env.get(shard).await.unwrap();
+    no_roll(&env, &before, &after, "slow slot");
+    assert!(
+        stats.failures.is_empty(),
+        "slow slot: /readyz through the front failed:\n{}",
+        list_failures(&stats)
+    );
+    all_there(&env, &admin, &workspaces, "the slow slot").await;
+    report.add(format!(
+        "readinessTimeout 5s: roll abandoned {:.2}s after the request (Degraded/SlotNotReady: {message}); the old slot served on: /readyz through the front: {}\n  events:\n{}",
+        abandoned.as_secs_f64(),
+        failure_window(&stats, since),
+        render_events(&events_since(&env, shard, since).await)
+    ));
+
+    // 3. Raising the timeout retries; PostgreSQL restarts in the middle of that roll.
+    let poller = Polls::start(admin.clone());
+    let timeline = Timeline::start(&env, shard);
+    let since = Utc::now();
+    let requested = Utc::now();
+    let raised = Instant::now();
+    env.patch(shard, json!({ "spec": { "rollout": { "readinessTimeout": "120s" } } }))
+        .await;
+    let new_slot = new_slot_started(&env, shard, requested).await;
+    env.log(&format!(
+        "raised readinessTimeout: slot {new_slot} started {:.2}s later; restarting PostgreSQL in 3 s",
+        raised.elapsed().as_secs_f64()
+    ));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let switched = env.get(shard).await.unwrap()["status"]["lastRoll"]["frontSwitchedAt"].clone();
+    assert!(
+        switched.is_null(),
+        "the front switched before PostgreSQL could be restarted mid-roll"
+    );
+    let pg_stopped = Instant::now();
+    let pg_stopped_at = Utc::now();
+    pg.stop_fast();
+    env.until(
+        shard,
+        Duration::from_secs(20),
+        "StoreReady=False with PostgreSQL down",
+        |o| condition_is(o, "StoreReady", "False").then_some(()),
+    )
+    .await;
+    // Down for a while, as a restart of a loaded server may take.
+    tokio::time::sleep(PG_DOWN.saturating_sub(pg_stopped.elapsed())).await;
+    pg.restart();
+    let pg_down = pg_stopped.elapsed();
+    env.log(&format!("PostgreSQL was down {:.2}s", pg_down.as_secs_f64()));
+    let done = env
+        .until(
+            shard,
+            ROLL_TIMEOUT,
+            "the roll to complete after the PostgreSQL restart",
+            |o| {
+                if let Some(c) =
+                    condition(o, "Degraded").filter(|c| c["status"] == "True" && c["reason"] != "StepFailed")
+                {
+                    return Some(Err(c.clone()));
+                }
+                (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some()
+                    && ready_now(o)
+                    && condition_is(o, "Progressing", "False"))
+                .then(|| Ok(o.clone()))
+            },
+        )
+        .await;
+    let rolled_in = raised.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = poller.finish().await;
+    let timeline = timeline.finish().await;
+    let events = events_since(&env, shard, since).await;
+    let done = match done {
+        Ok(done) => done,
+        Err(c) => env.fail(&format!(
+            "the roll did not complete after PostgreSQL restarted mid-roll: Degraded {c}\nstatus:\n{}\nevents:\n{}",
+            render(&timeline),
+            render_events(&events)
+        )),
+    };
+    assert_eq!(active_slot(&done).as_deref(), Some(new_slot.as_str()));
+    all_there(&env, &admin, &workspaces, "the PostgreSQL restart mid-roll").await;
+    report.add(format!(
+        "readinessTimeout raised to 120s: the roll retried at once; PostgreSQL restarted mid-roll (down {:.2}s): the roll completed {:.2}s after the raise; /readyz through the front: {}; workspaces kept\n  status:\n{}\n  events:\n{}",
+        pg_down.as_secs_f64(),
+        rolled_in.as_secs_f64(),
+        failure_window(&stats, pg_stopped_at),
+        render(&timeline),
+        render_events(&events)
+    ));
+
+    // 4. SIGKILL of the new kcp mid-roll, after it started and before the switch.
+    workspaces.push("before-new-kcp-kill".into());
+    create_workspace(&env, shard, &front, "before-new-kcp-kill").await;
+    let before = env.get(shard).await.unwrap();
+    let poller = Polls::start(admin.clone());
+    let since = Utc::now();
+    let requested = Utc::now();
+    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
+        .await;
+    let new_slot = new_slot_started(&env, shard, requested).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (new_pid, _) = one_process(&env, &slot_root(&env, shard, &new_slot), "new kcp");
+    let rolling = env.get(shard).await.unwrap();
+    assert!(
+        rolling["status"]["lastRoll"]["frontSwitchedAt"].is_null(),
+        "the front switched to the new slot within 2 s of its start: {}",
+        rolling["status"]["lastRoll"]
+    );
+    let killed = Instant::now();
+    signal(new_pid, libc::SIGKILL);
+    env.log(&format!("new kcp: SIGKILLed slot {new_slot} (pid {new_pid})"));
+    let degraded = degraded_with(&env, shard, "SlotCrashed", Duration::from_secs(30)).await;
+    let noticed = killed.elapsed();
+    let kines = support::poll(Duration::from_secs(15), Duration::from_millis(100), || {
+        (processes_with(&format!("application_name=kcpshard-{shard}-")).len() == 1).then_some(())
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = poller.finish().await;
+    let after = env.get(shard).await.unwrap();
+    no_roll(&env, &before, &after, "new kcp SIGKILL");
+    assert!(kines.is_some(), "the abandoned slot's kine still runs");
+    assert!(
+        stats.failures.is_empty(),
+        "new kcp SIGKILL: /readyz through the front failed:\n{}",
+        list_failures(&stats)
+    );
+    all_there(&env, &admin, &workspaces, "the new kcp SIGKILL").await;
+    report.add(format!(
+        "SIGKILL of the new kcp (slot {new_slot}, 2 s after its start, before the switch): roll abandoned {:.2}s later (Degraded/SlotCrashed: {}); the old slot served on: /readyz through the front: {}\n  events:\n{}",
+        noticed.as_secs_f64(),
+        degraded["message"].as_str().unwrap_or_default(),
+        failure_window(&stats, since),
+        render_events(&events_since(&env, shard, since).await)
+    ));
+
+    // 5. Garbage in the active slot's slot.json; moved aside, the record is rebuilt from the
+    //    running kcp (the shard stays blocked on the crashed spec), and the next spec change rolls.
+    workspaces.push("before-corrupt-slot".into());
+    create_workspace(&env, shard, &front, "before-corrupt-slot").await;
+    let before = env.get(shard).await.unwrap();
+    let active = active_slot(&before).unwrap();
+    let record = env.shard_dir(shard).join(format!("slots/{active}/slot.json"));
+    let after = corrupt_and_move_aside(&env, shard, &front, &record, &mut report, |o| {
+        condition(o, "Degraded").is_some_and(|c| c["reason"] == "SlotCrashed") && ready_now(o)
+    })
+    .await;
+    assert_eq!(
+        active_pid(&after),
+        active_pid(&before),
+        "slot.json moved aside: the serving slot changed"
+    );
+    let rebuilt: Value = serde_json::from_slice(&std::fs::read(&record).expect("the slot record is rebuilt")).unwrap();
+    env.log(&format!("rebuilt {}: {rebuilt}", record.display()));
+    assert_eq!(rebuilt["port"], after["status"]["slots"][0]["port"], "{rebuilt}");
+
+    let poller = Polls::start(admin.clone());
+    let since = Utc::now();
+    let requested = Utc::now();
+    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
+        .await;
+    let done = env
+        .until(shard, ROLL_TIMEOUT, "the roll away from the rebuilt slot", |o| {
+            (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some()
+                && ready_now(o)
+                && condition_is(o, "Progressing", "False"))
+            .then(|| o.clone())
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = poller.finish().await;
+    assert_ne!(
+        active_slot(&done),
+        Some(active.clone()),
+        "the rebuilt slot still serves"
+    );
+    assert_eq!(done["status"]["lastRoll"]["fromVersion"], version.as_str());
+    assert!(
+        stats.failures.is_empty(),
+        "roll from a rebuilt slot: /readyz through the front failed:\n{}",
+        list_failures(&stats)
+    );
+    all_there(&env, &admin, &workspaces, "the roll away from the rebuilt slot").await;
+    report.add(format!(
+        "the next spec change rolled from the rebuilt slot {active} to {}: /readyz through the front: {}\n  events:\n{}",
+        active_slot(&done).unwrap_or_default(),
+        failure_window(&stats, since),
+        render_events(&events_since(&env, shard, since).await)
+    ));
+
+    let left = env.shutdown(&[shard]).await;
+    report.print("e2e_faults: KinePostgres shard");
+    assert!(left.is_empty(), "processes left: {left:?}");
+}
