@@ -10,6 +10,7 @@
 pub mod crd;
 pub mod duration;
 pub mod kcpshard;
+pub mod manifest;
 pub mod validation;
 pub mod version;
 

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
-use serde::Deserialize as _;
 use serde_json::{Map, Value};
 
 use super::connect::{self, Cluster, Conn, QUALIFIED};
@@ -279,20 +278,9 @@ fn read_manifests(path: &Path) -> anyhow::Result<Vec<Manifest>> {
 /// that is not a named KcpShard.
 fn parse_manifests(source: &str, text: &str) -> anyhow::Result<Vec<Manifest>> {
     let mut out = Vec::new();
-    for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let at = format!("{source} (document {})", index + 1);
-        let value =
-            serde_yaml::Value::deserialize(document).with_context(|| format!("{at} is not valid YAML or JSON"))?;
-        let value: Value =
-            serde_json::to_value(value).with_context(|| format!("{at} cannot be represented as JSON"))?;
-        if value.is_null() {
-            continue;
-        }
-        let items = if value["kind"] == "List" {
-            value["items"].as_array().cloned().unwrap_or_default()
-        } else {
-            vec![value]
-        };
+    for (index, items) in crate::api::manifest::documents(text) {
+        let at = format!("{source} (document {index})");
+        let items = items.map_err(|e| anyhow::anyhow!("{at} {e}"))?;
         for object in items {
             check_manifest(&at, &object)?;
             out.push(Manifest {

@@ -10,7 +10,6 @@ use std::hash::{Hash, Hasher};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize as _;
 use serde_json::Value;
 
 use crate::apiserver::error::ApiError;
@@ -117,30 +116,13 @@ impl Checker {
         let mut mentions = Vec::new();
         let mut first_error = None;
         let mut defined: BTreeMap<String, usize> = BTreeMap::new();
-        for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let at = index + 1;
-            let value = match serde_yaml::Value::deserialize(document) {
-                Ok(value) => value,
+        for (at, items) in crate::api::manifest::documents(text) {
+            let items = match items {
+                Ok(items) => items,
                 Err(e) => {
-                    first_error.get_or_insert(format!("document {at} is not valid YAML: {e}"));
-                    // The YAML parser cannot resume after an error.
-                    break;
-                }
-            };
-            let value: Value = match serde_json::to_value(value) {
-                Ok(value) => value,
-                Err(e) => {
-                    first_error.get_or_insert(format!("document {at} cannot be read as JSON: {e}"));
+                    first_error.get_or_insert(format!("document {at} {e}"));
                     continue;
                 }
-            };
-            if value.is_null() {
-                continue;
-            }
-            let items = if value["kind"] == "List" {
-                value["items"].as_array().cloned().unwrap_or_default()
-            } else {
-                vec![value]
             };
             for item in items {
                 if let Some(name) = item["metadata"]["name"].as_str().filter(|n| !n.is_empty())
