@@ -72,16 +72,20 @@ impl ApiRequest {
         }
     }
 
-    /// The body as a JSON value; YAML is accepted where its media type says so (apply patches).
     fn decode(&self) -> ApiResult<Value> {
-        let content_type = self.content_type();
-        if content_type.contains("yaml") {
-            serde_yaml::from_slice(&self.body)
-                .map_err(|e| ApiError::BadRequest(format!("the request body is not valid YAML: {e}")))
-        } else {
-            serde_json::from_slice(&self.body)
-                .map_err(|e| ApiError::BadRequest(format!("the request body is not valid JSON: {e}")))
-        }
+        decode_body(self.content_type(), &self.body)
+    }
+}
+
+/// A request body as a JSON value; YAML is accepted where its media type says so (apply patches).
+/// Pure, so that the fuzz target (fuzz/) feeds it arbitrary bytes.
+pub fn decode_body(content_type: &str, body: &[u8]) -> ApiResult<Value> {
+    if content_type.contains("yaml") {
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::BadRequest(format!("the request body is not valid YAML: {e}")))
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::BadRequest(format!("the request body is not valid JSON: {e}")))
     }
 }
 

@@ -93,37 +93,12 @@ impl Objects {
         body: Value,
         unknown: UnknownFields,
     ) -> ApiResult<Written> {
-        let mut object = resource.from_view(&check_type(resource, body)?);
-        let name = match object["metadata"]["name"].as_str() {
-            Some(name) if !name.is_empty() => name.to_string(),
-            _ => match object["metadata"]["generateName"].as_str() {
-                Some(prefix) => format!("{prefix}{}", random_suffix()),
-                None => return Err(invalid(resource, "", vec![FieldCause::required("metadata.name")])),
-            },
-        };
-        check_name(resource, &name)?;
-        let namespace = scope(resource, namespace, &object)?;
-        let now = now();
-        let metadata = &mut object["metadata"];
-        metadata["name"] = json!(name);
-        if let Some(ns) = &namespace {
-            metadata["namespace"] = json!(ns);
-        }
-        metadata["uid"] = json!(uuid());
-        metadata["creationTimestamp"] = json!(now);
-        metadata["generation"] = json!(1);
-        for system in [
-            "resourceVersion",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "selfLink",
-        ] {
-            remove(metadata, system);
-        }
-        if resource.status_subresource {
-            remove(&mut object, "status");
-        }
-        let warnings = validate(resource, &mut object, unknown)?;
+        let NewObject {
+            namespace,
+            name,
+            object,
+            warnings,
+        } = new_object(resource, namespace, body, unknown)?;
         let key = self.key(resource, namespace.as_deref(), &name);
         let outcome = self.store.modify(&key, |existing| match existing {
             Some(_) => Err(ApiError::AlreadyExists {
@@ -152,18 +127,7 @@ impl Objects {
         body: Value,
         unknown: UnknownFields,
     ) -> ApiResult<Written> {
-        let body = resource.from_view(&check_type(resource, body)?);
-        check_body_name(&body, name)?;
-        let Some(expected) = body["metadata"]["resourceVersion"].as_str().map(str::to_string) else {
-            return Err(invalid(
-                resource,
-                name,
-                vec![FieldCause::invalid(
-                    "metadata.resourceVersion",
-                    "Invalid value: 0x0: must be specified for an update",
-                )],
-            ));
-        };
+        let (body, expected) = update_body(resource, name, body)?;
         let key = self.key(resource, namespace, name);
         let mut warnings = Vec::new();
         let outcome = self.store.modify(&key, |existing| {
@@ -194,26 +158,21 @@ impl Objects {
     ) -> ApiResult<Written> {
         let key = self.key(resource, namespace, name);
         if self.store.get(&key).is_none() && patch_type == PatchType::Apply && part == Part::Main {
-            check_body_name(&patch, name)?;
-            let mut body = patch;
-            body["metadata"]["name"] = json!(name);
-            return self.create(resource, namespace, body, unknown);
+            return self.create(resource, namespace, applied_to_nothing(name, patch)?, unknown);
         }
         let mut warnings = Vec::new();
         let outcome = self.store.modify(&key, |existing| {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
-            let served = resource.to_view(existing);
-            let patched = apply_patch(resource, name, &served, patch_type, &patch)?;
-            let patched = resource.from_view(&check_type(resource, patched)?);
-            check_body_name(&patched, name)?;
-            // A patch may pin the version it was computed from (kubectl apply does); if it does, it
-            // must still be current.
-            if let Some(pinned) = patched["metadata"]["resourceVersion"].as_str()
-                && pinned != existing["metadata"]["resourceVersion"].as_str().unwrap_or_default()
-            {
-                return Err(conflict(resource, name));
-            }
-            next_state(resource, existing, patched, part, unknown, &mut warnings)
+            patched_state(
+                resource,
+                name,
+                existing,
+                part,
+                patch_type,
+                &patch,
+                unknown,
+                &mut warnings,
+            )
         })?;
         Ok(Written {
             object: resource.to_view(&written(outcome)),
@@ -266,9 +225,119 @@ impl Objects {
     }
 }
 
+/// A create's object, checked and filled in, before the store gives it a resourceVersion.
+#[derive(Debug)]
+pub struct NewObject {
+    pub namespace: Option<String>,
+    pub name: String,
+    /// In stored form.
+    pub object: Value,
+    pub warnings: Vec<String>,
+}
+
+/// What a create does before it stores: type, name and scope checks, server-set metadata,
+/// pruning, defaulting and validation. Pure (no store), so the fuzz target (fuzz/) can drive it.
+pub fn new_object(
+    resource: &Resource,
+    namespace: Option<&str>,
+    body: Value,
+    unknown: UnknownFields,
+) -> ApiResult<NewObject> {
+    let mut object = resource.from_view(&check_type(resource, body)?);
+    let name = match object["metadata"]["name"].as_str() {
+        Some(name) if !name.is_empty() => name.to_string(),
+        _ => match object["metadata"]["generateName"].as_str() {
+            Some(prefix) => format!("{prefix}{}", random_suffix()),
+            None => return Err(invalid(resource, "", vec![FieldCause::required("metadata.name")])),
+        },
+    };
+    check_name(resource, &name)?;
+    let namespace = scope(resource, namespace, &object)?;
+    let now = now();
+    let metadata = &mut object["metadata"];
+    metadata["name"] = json!(name);
+    if let Some(ns) = &namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    metadata["uid"] = json!(uuid());
+    metadata["creationTimestamp"] = json!(now);
+    metadata["generation"] = json!(1);
+    for system in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+    ] {
+        remove(metadata, system);
+    }
+    if resource.status_subresource {
+        remove(&mut object, "status");
+    }
+    let warnings = validate(resource, &mut object, unknown)?;
+    Ok(NewObject {
+        namespace,
+        name,
+        object,
+        warnings,
+    })
+}
+
+/// The body an apply patch creates when `name` does not exist yet: the patch itself, named.
+pub fn applied_to_nothing(name: &str, patch: Value) -> ApiResult<Value> {
+    check_body_name(&patch, name)?;
+    let mut body = patch;
+    body["metadata"]["name"] = json!(name);
+    Ok(body)
+}
+
+/// The checks an update (PUT) makes on its body before it reads the stored object: the body in
+/// stored form, and the resourceVersion it must match. Pure, for the fuzz target too.
+pub fn update_body(resource: &Resource, name: &str, body: Value) -> ApiResult<(Value, String)> {
+    let body = resource.from_view(&check_type(resource, body)?);
+    check_body_name(&body, name)?;
+    let Some(expected) = body["metadata"]["resourceVersion"].as_str().map(str::to_string) else {
+        return Err(invalid(
+            resource,
+            name,
+            vec![FieldCause::invalid(
+                "metadata.resourceVersion",
+                "Invalid value: 0x0: must be specified for an update",
+            )],
+        ));
+    };
+    Ok((body, expected))
+}
+
+/// What a patch of the stored `existing` leads to: the patch applied to the served view, the
+/// type, name and pinned-version checks, then [`next_state`]. Pure, for the fuzz target too.
+#[allow(clippy::too_many_arguments)]
+pub fn patched_state(
+    resource: &Resource,
+    name: &str,
+    existing: &Value,
+    part: Part,
+    patch_type: PatchType,
+    patch: &Value,
+    unknown: UnknownFields,
+    warnings: &mut Vec<String>,
+) -> ApiResult<Action> {
+    let served = resource.to_view(existing);
+    let patched = apply_patch(resource, name, &served, patch_type, patch)?;
+    let patched = resource.from_view(&check_type(resource, patched)?);
+    check_body_name(&patched, name)?;
+    // A patch may pin the version it was computed from (kubectl apply does); if it does, it
+    // must still be current.
+    if let Some(pinned) = patched["metadata"]["resourceVersion"].as_str()
+        && pinned != existing["metadata"]["resourceVersion"].as_str().unwrap_or_default()
+    {
+        return Err(conflict(resource, name));
+    }
+    next_state(resource, existing, patched, part, unknown, warnings)
+}
+
 /// The object an update or patch leads to, from the stored `existing` and the client's `proposed`
 /// (both in stored form).
-fn next_state(
+pub fn next_state(
     resource: &Resource,
     existing: &Value,
     proposed: Value,
