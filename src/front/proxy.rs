@@ -9,19 +9,28 @@
 //!   switch racing a connect costs latency, not a failed request. While no byte has flowed, a
 //!   retry may follow a switch to the new backend; after that the connection is pinned.
 //! - With no backend yet, a connection waits up to [`RETRY_WINDOW`] for one, then is closed.
-//! - TCP_NODELAY on both sides, EOF propagated as a half-close (`copy_bidirectional` shuts down the
-//!   write side), and no idle timeout: kcp watches stay open for hours. TCP keepalive (idle 60 s,
-//!   then 4 probes 15 s apart) on client connections instead finds peers that vanished without a
-//!   FIN, so a dead client does not hold a slot connection (and its watch) forever. Both are set
-//!   once on the listening socket; accepted sockets inherit them.
+//! - TCP_NODELAY on both sides, EOF propagated as a half-close (`shutdown(SHUT_WR)` on the other
+//!   side), and no idle timeout: kcp watches stay open for hours. TCP keepalive (idle 60 s, then 4
+//!   probes 15 s apart) on client connections instead finds peers that vanished without a FIN, so a
+//!   dead client does not hold a slot connection (and its watch) forever. Both are set once on the
+//!   listening socket; accepted sockets inherit them.
+//! - The copy ([`pump`]) reads into one 64 KiB scratch buffer per thread and writes straight on;
+//!   a connection owns a buffer only while its destination cannot take what was read
+//!   (backpressure), so an idle watch holds no buffer and a connection costs no allocation.
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -51,8 +60,11 @@ struct Active {
 pub struct Router {
     active: watch::Sender<Option<Arc<Active>>>,
     slots: Mutex<BTreeMap<String, Arc<SlotCounters>>>,
-    /// Connections open in this process, whatever their slot; drained to 0 on shutdown.
-    open: watch::Sender<u64>,
+    /// Connections open in this process, whatever their slot; drained to 0 on shutdown. An atomic
+    /// (not a watch channel, whose every update takes a lock and wakes its shards) because it
+    /// changes twice per connection; `idle` is notified when it drops to 0.
+    open: AtomicU64,
+    idle: Notify,
     /// Backends whose open connections are to be closed (a slot that is shutting down).
     closing: watch::Sender<BTreeSet<SocketAddr>>,
 }
@@ -62,7 +74,8 @@ impl Router {
         let router = Arc::new(Router {
             active: watch::Sender::new(None),
             slots: Mutex::new(BTreeMap::new()),
-            open: watch::Sender::new(0),
+            open: AtomicU64::new(0),
+            idle: Notify::new(),
             closing: watch::Sender::new(BTreeSet::new()),
         });
         if let Some(backend) = initial {
@@ -114,14 +127,25 @@ impl Router {
     }
 
     pub fn open_connections(&self) -> u64 {
-        *self.open.borrow()
+        self.open.load(Ordering::Acquire)
     }
 
     /// Waits until every connection of this process has closed, or `bound` has passed; returns the
     /// number still open.
     pub async fn drain(&self, bound: Duration) -> u64 {
-        let mut open = self.open.subscribe();
-        let _ = tokio::time::timeout(bound, open.wait_for(|n| *n == 0)).await;
+        let _ = tokio::time::timeout(bound, async {
+            loop {
+                // Registered before the check, so that a close in between is not missed.
+                let idle = self.idle.notified();
+                tokio::pin!(idle);
+                idle.as_mut().enable();
+                if self.open_connections() == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        })
+        .await;
         self.open_connections()
     }
 
@@ -139,17 +163,17 @@ impl Router {
 }
 
 /// Counts one connection in its slot: total at once, open for as long as it lives.
-struct Pin(Arc<SlotCounters>);
+struct Pinned(Arc<SlotCounters>);
 
-impl Pin {
-    fn new(counters: &Arc<SlotCounters>) -> Pin {
+impl Pinned {
+    fn new(counters: &Arc<SlotCounters>) -> Pinned {
         counters.total.fetch_add(1, Ordering::Relaxed);
         counters.open.fetch_add(1, Ordering::Relaxed);
-        Pin(counters.clone())
+        Pinned(counters.clone())
     }
 }
 
-impl Drop for Pin {
+impl Drop for Pinned {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
@@ -160,14 +184,16 @@ struct Tracked(Arc<Router>);
 
 impl Tracked {
     fn new(router: &Arc<Router>) -> Tracked {
-        router.open.send_modify(|n| *n += 1);
+        router.open.fetch_add(1, Ordering::AcqRel);
         Tracked(router.clone())
     }
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        self.0.open.send_modify(|n| *n -= 1);
+        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -178,10 +204,15 @@ pub async fn accept_loop(listener: Arc<TcpListener>, router: Arc<Router>, mut st
         let _ = stop.wait_for(|s| *s).await;
     };
     tokio::pin!(stopped);
+    // A timer always due within a second, so that the connect deadline each new connection sets
+    // (2 s away) is never the runtime's earliest: tokio wakes its own driver (an eventfd write, one
+    // syscall per connection) whenever a new timer becomes the earliest.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             biased;
             _ = &mut stopped => return,
+            _ = tick.tick() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     tokio::spawn(forward(router.clone(), stream, peer));
@@ -243,7 +274,7 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
             }
         },
     };
-    let mut pin = Pin::new(&active.counters);
+    let mut pin = Pinned::new(&active.counters);
     let mut upstream = loop {
         let attempt = tokio::time::timeout_at(deadline, TcpStream::connect(active.backend.address)).await;
         let err = match attempt {
@@ -263,7 +294,7 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
             && now.backend != active.backend
         {
             active = now;
-            pin = Pin::new(&active.counters);
+            pin = Pinned::new(&active.counters);
         }
     };
     let Some(upstream) = upstream.as_mut() else {
@@ -274,7 +305,7 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     let mut closing = router.closing.subscribe();
     let address = active.backend.address;
     tokio::select! {
-        copied = tokio::io::copy_bidirectional(&mut client, upstream) => match copied {
+        copied = pump(&mut client, upstream) => match copied {
             Ok((up, down)) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
             Err(err) => {
                 debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error")
@@ -285,6 +316,103 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
         }
     }
     drop(pin);
+}
+
+/// Size of the per-thread scratch buffer every read goes into: large enough that a bulk transfer
+/// moves in few syscalls, and shared, so that it costs one allocation per thread, not per connection.
+const SCRATCH: usize = 64 * 1024;
+
+thread_local! {
+    static SCRATCH_BUFFER: RefCell<Box<[u8]>> = RefCell::new(vec![0; SCRATCH].into_boxed_slice());
+}
+
+/// One direction of a connection: bytes from a read half to a write half.
+#[derive(Default)]
+struct Half {
+    /// Read but not yet taken by the destination (its send buffer was full); empty, and
+    /// unallocated, otherwise.
+    pending: Vec<u8>,
+    sent: usize,
+    /// The source has ended (EOF).
+    ended: bool,
+    copied: u64,
+}
+
+impl Half {
+    /// Copies until the source ends (Ready) or a socket is not ready (Pending, with the task's
+    /// waker registered on it). Reads and writes go through tokio's `poll_read`/`poll_write`, which
+    /// clear a socket's readiness on a short read or write, so the copy needs no `EAGAIN` syscall;
+    /// each read spends tokio's cooperative budget, so a bulk transfer yields to other connections.
+    fn poll(&mut self, cx: &mut Context<'_>, src: &mut ReadHalf<'_>, dst: &mut WriteHalf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            while self.sent < self.pending.len() {
+                let n = ready!(Pin::new(&mut *dst).poll_write(cx, &self.pending[self.sent..]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.sent += n;
+            }
+            if !self.pending.is_empty() {
+                self.pending = Vec::new();
+                self.sent = 0;
+            }
+            let step = SCRATCH_BUFFER.with_borrow_mut(|scratch| {
+                let mut read = ReadBuf::new(scratch);
+                ready!(Pin::new(&mut *src).poll_read(cx, &mut read))?;
+                let n = read.filled().len();
+                if n == 0 {
+                    return Poll::Ready(Ok(true));
+                }
+                self.copied += n as u64;
+                let mut sent = 0;
+                while sent < n {
+                    match Pin::new(&mut *dst).poll_write(cx, &scratch[sent..n]) {
+                        Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                        Poll::Ready(Ok(k)) => sent += k,
+                        Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+                        Poll::Pending => {
+                            // The waker is registered for the destination's room; keep the rest.
+                            self.pending = scratch[sent..n].to_vec();
+                            return Poll::Pending;
+                        }
+                    }
+                }
+                Poll::Ready(Ok(false))
+            });
+            if ready!(step)? {
+                self.ended = true;
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
+/// Copies both ways until both directions have ended (or one fails); returns the bytes copied
+/// client to upstream and back. An EOF from one side becomes a `shutdown(SHUT_WR)` on the other,
+/// unless the other direction has ended already: the close that follows sends the FIN then.
+async fn pump(client: &mut TcpStream, upstream: &mut TcpStream) -> io::Result<(u64, u64)> {
+    let (mut client_read, mut client_write) = client.split();
+    let (mut upstream_read, mut upstream_write) = upstream.split();
+    let mut up = Half::default();
+    let mut down = Half::default();
+    std::future::poll_fn(|cx| {
+        // Both directions first, then the shutdowns: when both ends closed together (the common
+        // end of a short connection), neither needs one.
+        let up_ends = !up.ended && up.poll(cx, &mut client_read, &mut upstream_write)?.is_ready();
+        let down_ends = !down.ended && down.poll(cx, &mut upstream_read, &mut client_write)?.is_ready();
+        if up_ends && !down.ended {
+            let _ = Pin::new(&mut upstream_write).poll_shutdown(cx);
+        }
+        if down_ends && !up.ended {
+            let _ = Pin::new(&mut client_write).poll_shutdown(cx);
+        }
+        if up.ended && down.ended {
+            Poll::Ready(Ok((up.copied, down.copied)))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -302,10 +430,10 @@ mod tests {
     fn a_switch_changes_the_backend_and_keeps_each_slots_counts() {
         let router = Router::new(Some(backend("blue", 1)));
         let blue = router.current().unwrap();
-        let pinned = Pin::new(&blue.counters);
+        let pinned = Pinned::new(&blue.counters);
         router.switch(backend("green", 2));
         assert_eq!(router.backend(), Some(backend("green", 2)));
-        let green = Pin::new(&router.current().unwrap().counters);
+        let green = Pinned::new(&router.current().unwrap().counters);
         let counts = router.connections();
         assert_eq!((counts["blue"].open, counts["blue"].total), (1, 1));
         assert_eq!((counts["green"].open, counts["green"].total), (1, 1));
@@ -313,7 +441,7 @@ mod tests {
         drop(green);
         // Back to blue: the same counters continue.
         router.switch(backend("blue", 1));
-        let _again = Pin::new(&router.current().unwrap().counters);
+        let _again = Pinned::new(&router.current().unwrap().counters);
         let counts = router.connections();
         assert_eq!((counts["blue"].open, counts["blue"].total), (1, 2));
         assert_eq!((counts["green"].open, counts["green"].total), (0, 1));
@@ -430,5 +558,100 @@ mod tests {
             .wait_for_backend(Instant::now() + Duration::from_millis(20))
             .await;
         assert!(none.is_none());
+    }
+
+    /// A connected pair of loopback sockets: (ours, theirs).
+    async fn socket_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dialled = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        (accepted, dialled)
+    }
+
+    /// A client, the pump, an upstream: returns the client's and the upstream's far ends.
+    async fn pumped() -> (TcpStream, TcpStream, tokio::task::JoinHandle<io::Result<(u64, u64)>>) {
+        let (mut client_near, client_far) = socket_pair().await;
+        let (mut upstream_near, upstream_far) = socket_pair().await;
+        let pump = tokio::spawn(async move { pump(&mut client_near, &mut upstream_near).await });
+        (client_far, upstream_far, pump)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_pump_carries_a_large_transfer_intact_through_a_slow_reader() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, mut upstream, pump) = pumped().await;
+        const SIZE: usize = 8 << 20;
+        let data: Vec<u8> = (0..SIZE).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let sender = {
+            let data = data.clone();
+            tokio::spawn(async move {
+                upstream.write_all(&data).await.unwrap();
+                upstream.shutdown().await.unwrap();
+                upstream
+            })
+        };
+        // Read in small, slow steps, so that the pump's writes to the client come up short and it
+        // holds the rest as pending bytes.
+        let mut got = Vec::with_capacity(SIZE);
+        let mut buf = vec![0u8; 3000];
+        loop {
+            let n = client.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+            if got.len() % 7 == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        assert_eq!(got.len(), SIZE);
+        assert!(got == data, "the bytes arrive in order and unchanged");
+        // The client ends too; the pump returns with the counts.
+        drop(client);
+        let _upstream = sender.await.unwrap();
+        let (up, down) = tokio::time::timeout(Duration::from_secs(5), pump)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!((up, down), (0, SIZE as u64));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_eof_from_the_upstream_is_a_half_close_and_the_client_can_still_send() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client, mut upstream, pump) = pumped().await;
+        upstream.write_all(b"bye").await.unwrap();
+        upstream.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"bye", "the client sees the bytes, then EOF");
+        client.write_all(b"still here").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        upstream.read_to_end(&mut got).await.unwrap();
+        assert_eq!(
+            got, b"still here",
+            "the other direction stays open until the client ends it"
+        );
+        let counts = tokio::time::timeout(Duration::from_secs(5), pump)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(counts, (10, 3));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reset_ends_the_pump_with_an_error() {
+        let (client, _upstream, pump) = pumped().await;
+        // SO_LINGER 0: close sends a RST instead of a FIN.
+        client.set_zero_linger().unwrap();
+        drop(client);
+        let ended = tokio::time::timeout(Duration::from_secs(5), pump)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(ended.is_err(), "{ended:?}");
     }
 }
