@@ -56,6 +56,13 @@ pub async fn kcp_admin_client(kubeconfig: &Path, server: &str) -> Result<kube::C
 /// A client for `context` of an `admin.kubeconfig`, with its server replaced by `server`. Short
 /// connect and read timeouts: a slot that does not answer within seconds is not ready.
 pub async fn client_for_context(kubeconfig: &Path, context: &str, server: &str) -> Result<kube::Client, SlotError> {
+    let config = config_for_context(kubeconfig, context, server).await?;
+    kube::Client::try_from(config).map_err(|e| SlotError::Client(e.to_string()))
+}
+
+/// The configuration [`client_for_context`] builds its client from, for callers that need other
+/// timeouts (a long watch must not have the 10 s read timeout).
+pub async fn config_for_context(kubeconfig: &Path, context: &str, server: &str) -> Result<kube::Config, SlotError> {
     let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| SlotError::Kubeconfig {
         path: kubeconfig.to_path_buf(),
         message: e.to_string(),
@@ -85,7 +92,7 @@ pub async fn client_for_context(kubeconfig: &Path, context: &str, server: &str) 
     config.connect_timeout = Some(Duration::from_secs(2));
     config.read_timeout = Some(Duration::from_secs(10));
     config.write_timeout = Some(Duration::from_secs(10));
-    kube::Client::try_from(config).map_err(|e| SlotError::Client(e.to_string()))
+    Ok(config)
 }
 
 /// One request; the status and body, whatever the status. Err only when no answer came.

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use access::{
-    client_for_context, controllers_lease_holder, kcp_admin_client, probe_workspace, readyz, release_controllers_lease,
-    shard_admin_client, slot_ready, slot_url,
+    client_for_context, config_for_context, controllers_lease_holder, kcp_admin_client, probe_workspace, readyz,
+    release_controllers_lease, shard_admin_client, slot_ready, slot_url,
 };
 pub use args::{ArgsError, SlotLaunch, kcp_args};
 pub use material::{SHARED_FILES, capture_shared, seed_root};

@@ -1,0 +1,309 @@
+#!/usr/bin/env bash
+# Rolls of a real shard under load through the front (issue 6). For each store (KineSqlite; then
+# KinePostgres with a PostgreSQL that kcpshard runs itself, `managed: true`): starts `kcpshard serve`
+# on a scratch state dir, applies a KcpShard, waits for Ready, starts examples/roll_load.rs (a
+# /readyz poller every 20 ms, 4 keep-alive and 4 new-connection GET clients, 3 client-go-like
+# watches, all through the front), then makes N rolls: version changes between the two pinned kcp
+# releases (hack/versions.env: odd rolls, up then down) and restarts (kcpshard.io/restartedAt: even
+# rolls), each waited for until status.lastRoll.completedAt. It prints every roll's phases, the
+# controller gap, the controller time beyond kcp's own (docs/benchmarks.md, "Rolls under load",
+# defines it), the requests and failures by kind, and whether each target is met.
+#
+# Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--rolls N] [--pause SECONDS]
+#                           [--shutdown-delay DURATION]
+#   defaults: both, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
+#   (kcpshard's default, 2s).
+# Needs hack/install-deps.sh (kcp, kine, kubectl, PostgreSQL). Run alone: kcp is heavy, and other
+# real-kcp runs on the machine change the figures (e.g. `flock /tmp/kcpshard-realkcp.lock ...`).
+# Env: KCPSHARD and ROLL_LOAD: built binaries to use instead of `cargo build --release`;
+#      KEEP=1 keeps each state dir (logs, serve's and kcp's) after the run.
+set -euo pipefail
+command_line="$*"
+stores=both
+rolls=10
+pause=5
+shutdown_delay=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --store) stores=$2; shift 2 ;;
+    --rolls) rolls=$2; shift 2 ;;
+    --pause) pause=$2; shift 2 ;;
+    --shutdown-delay) shutdown_delay=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$stores" in
+  both) stores="sqlite postgres" ;;
+  sqlite|postgres) ;;
+  *) echo "roll.sh: --store must be sqlite, postgres or both" >&2; exit 2 ;;
+esac
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+source hack/versions.env
+for c in bin/kubectl "bin/kcp-$KCP_VERSION_OLDER" "bin/kcp-$KCP_VERSION_NEWER" bin/kine; do
+  [ -x "$c" ] || { echo "roll.sh: $c is missing: run hack/install-deps.sh" >&2; exit 1; }
+done
+
+# Copies of the binaries: builds by others in the shared target dir must not replace them mid-run.
+bins=$(mktemp -d /tmp/kcpshard-roll-bin-XXXXXX)
+if [ -z "${KCPSHARD:-}" ] || [ -z "${ROLL_LOAD:-}" ]; then
+  cargo build --release -q --bin kcpshard --example roll_load
+fi
+cp "${KCPSHARD:-target/release/kcpshard}" "$bins/kcpshard"
+cp "${ROLL_LOAD:-target/release/examples/roll_load}" "$bins/roll_load"
+ks=$bins/kcpshard
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
+[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit with uncommitted changes"
+kubectl=$root/bin/kubectl
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+now() { date +%s.%N; }
+
+state=""
+serve=""
+load=""
+# Stops what one store's run started: the load, the shard (its finalizer stops the slots, kines,
+# the front and a managed PostgreSQL), serve, then anything still naming the state dir in its argv.
+stop_run() {
+  [ -n "$load" ] && { kill -TERM "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; }
+  load=""
+  if [ -n "$state" ] && [ -s "$state/kubeconfig" ] && [ -n "$serve" ] && kill -0 "$serve" 2>/dev/null; then
+    "$kubectl" --kubeconfig "$state/kubeconfig" delete ks bench --timeout=120s >/dev/null 2>&1 || true
+  fi
+  [ -n "$serve" ] && { kill -TERM "$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; }
+  serve=""
+  if [ -n "$state" ]; then
+    local pids
+    pids=$(pgrep -f -- "$state" || true)
+    if [ -n "$pids" ]; then
+      echo "roll.sh: stopping processes left with $state in their argv:" >&2
+      ps -o pid=,args= -p "$(echo $pids | tr ' ' ,)" | cut -c1-160 >&2 || true
+      kill -TERM $pids 2>/dev/null || true
+      sleep 3
+      kill -KILL $pids 2>/dev/null || true
+    fi
+    if [ -n "${KEEP:-}" ]; then echo "roll.sh: kept $state" >&2; else rm -rf "$state"; fi
+  fi
+  state=""
+}
+cleanup() {
+  stop_run
+  rm -rf "$bins"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# One line per roll (JSON) from status.lastRoll, the serve log (the moment StopSlot began, i.e. the
+# old slot's SIGTERM) and the time the change was made. Waits for the roll to complete.
+wait_roll() { # changed_at roll kind
+  python3 - "$state" "$1" "$2" "$3" "$kubectl" <<'PY'
+import json, re, subprocess, sys, time
+from datetime import datetime
+state, changed, roll, kind, kubectl = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+ts = lambda v: datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp() if v else None
+deadline = time.time() + 900
+while True:
+    out = subprocess.run([kubectl, "--kubeconfig", f"{state}/kubeconfig", "get", "ks", "bench", "-o", "json"],
+                         capture_output=True, text=True)
+    if out.returncode == 0:
+        o = json.loads(out.stdout)
+        r = (o.get("status") or {}).get("lastRoll") or {}
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in o["status"].get("conditions", []))
+        if ts(r.get("startedAt")) and ts(r["startedAt"]) >= changed - 0.05 and r.get("completedAt") and ready:
+            break
+    if time.time() > deadline:
+        sys.exit(f"roll {roll} did not complete within 900 s")
+    time.sleep(0.5)
+t = {k: ts(r.get(k)) for k in ["startedAt", "newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt",
+                               "oldSlotExitedAt", "leaseReleasedAt", "probeSucceededAt", "completedAt"]}
+# serve logs each step it plans (kcpshard::controller=debug), then takes it at once: StopSlot sends
+# the old slot SIGTERM, ReleaseLease sends the Lease DELETE.
+found = {}
+ansi = re.compile(r"\x1b\[[0-9;]*m")
+with open(f"{state}/serve.log", errors="replace") as f:
+    for line in f:
+        line = ansi.sub("", line)
+        for step, key, lo, hi in (("StopSlot", "sigterm", "frontSwitchedAt", "oldSlotExitedAt"),
+                                  ("ReleaseLease", "leaseDeleteSent", "oldSlotExitedAt", "leaseReleasedAt")):
+            if key not in found and "planned" in line and f"step={step}" in line:
+                at = ts(line.split()[0])
+                if at and t[lo] <= at <= t[hi]:
+                    found[key] = at
+t["sigterm"] = found.get("sigterm")
+t["leaseDeleteSent"] = found.get("leaseDeleteSent")
+t["changedAt"] = changed
+print(json.dumps({"roll": int(roll), "kind": kind, "from": r.get("fromVersion"), "to": r.get("toVersion"),
+                  "snapshot": bool(r.get("snapshot")), "t": t}))
+print(f"roll {roll} ({kind} {r.get('fromVersion')} -> {r.get('toVersion')}): done in "
+      f"{t['completedAt'] - t['startedAt']:.1f} s, gap {t['probeSucceededAt'] - t['oldSlotExitedAt']:.2f} s",
+      file=sys.stderr)
+PY
+}
+
+# The table, the totals and the targets for one store.
+report() { # store
+  python3 - "$1" "$state/rolls.jsonl" "$state/load.json" "$rolls" "$state/about.txt" <<'PY'
+import json, sys
+store, rolls_file, load_file, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rows = [json.loads(l) for l in open(rolls_file)]
+load = json.load(open(load_file))
+cols = ["newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "sigterm", "oldSlotExitedAt",
+        "leaseDeleteSent", "leaseReleasedAt", "probeSucceededAt", "completedAt"]
+print(f"\n=== {store}: {len(rows)} rolls; seconds after status.lastRoll.startedAt ===")
+print(open(sys.argv[5]).read().strip())
+head = "| roll | change | spec->start | slot started | ready | switched | SIGTERM old | old exited | lease DELETE | lease released | probe Ready | done | gap | kcp start-up | kcp shutdown | kcp takeover | controller | of it: settle |"
+print(head)
+print("|" + "---|" * (head.count("|") - 1))
+gaps, ctrl = [], []
+for r in rows:
+    t = r["t"]; s = t["startedAt"]
+    rel = lambda k: f"{t[k]-s:.2f}" if t.get(k) is not None else "-"
+    startup = t["newSlotReadyAt"] - t["newSlotStartedAt"]
+    total = t["completedAt"] - s
+    gap = t["probeSucceededAt"] - t["oldSlotExitedAt"]
+    # kcp's takeover starts when the controller sends the Lease DELETE (the DELETE's own time is kcp's).
+    takeover = t["probeSucceededAt"] - (t.get("leaseDeleteSent") or t["leaseReleasedAt"])
+    if t.get("sigterm") is not None:
+        shutdown = t["oldSlotExitedAt"] - t["sigterm"]
+        settle = f"{t['sigterm'] - t['frontSwitchedAt']:.2f}"
+    else:
+        shutdown, settle = None, "-"
+    controller = total - startup - (shutdown or 0) - takeover if shutdown is not None else None
+    gaps.append(gap); ctrl.append(controller)
+    change = r["kind"] if r["kind"] == "restart" else f"{r['from']}->{r['to']}"
+    print(f"| {r['roll']} | {change} | {s - t['changedAt']:.2f} | " + " | ".join(rel(k) for k in cols)
+          + f" | **{gap:.2f}** | {startup:.2f} | " + (f"{shutdown:.2f}" if shutdown is not None else "-")
+          + f" | {takeover:.2f} | " + (f"**{controller:.2f}**" if controller is not None else "-") + f" | {settle} |")
+# Each failure (and each retried first attempt) placed in its roll and phase.
+from datetime import datetime
+phases = [("startedAt", "start"), ("newSlotStartedAt", "new slot starting"), ("newSlotReadyAt", "ready, switching"),
+          ("frontSwitchedAt", "switched, before SIGTERM"), ("sigterm", "old slot draining (SIGTERM to exit)"),
+          ("oldSlotExitedAt", "old exited, before lease DELETE"), ("leaseDeleteSent", "lease DELETE in flight"),
+          ("leaseReleasedAt", "lease released, before probe Ready"),
+          ("probeSucceededAt", "probe Ready, completing"), ("completedAt", None)]
+def place(at):
+    x = datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+    for r in rows:
+        t = r["t"]
+        if t["startedAt"] <= x <= t["completedAt"]:
+            name = "roll"
+            for key, label in phases:
+                if t.get(key) is not None and x >= t[key] and label:
+                    name = label
+            return r["roll"], name
+    return None, "outside any roll"
+per_roll = {}
+for kind in ("failures", "retried"):
+    places = {}
+    for f in load.get(kind, []):
+        roll, phase = place(f["at"])
+        per_roll.setdefault((kind, roll), 0)
+        per_roll[(kind, roll)] += 1
+        key = (roll, phase, f["client"], f["path"], f["kind"], f["detail"][:90])
+        places[key] = places.get(key, 0) + 1
+    if places:
+        print(f"\n{kind} by roll and phase:")
+        for (roll, phase, client, path, k, detail), count in sorted(places.items(), key=lambda i: (i[0][0] or 0, i[0][1:])):
+            print(f"  roll {roll}: {phase}: {count} x {client} {path}: {k}: {detail}")
+print("failed / retried per roll: " + ", ".join(
+    f"{r['roll']}: {per_roll.get(('failures', r['roll']), 0)}/{per_roll.get(('retried', r['roll']), 0)}" for r in rows)
+    + f"; outside rolls: {per_roll.get(('failures', None), 0)}/{per_roll.get(('retried', None), 0)}")
+req, failed = load["requests"], load["failed"]
+print(f"\nload ({load['seconds']:.0f} s): {req:,} requests, {failed} failed; by kind: "
+      + ", ".join(f"{k} {v}" for k, v in load["failedByKind"].items())
+      + f"; keep-alive GETs retried after a broken connection: {len(load.get('retried', []))}"
+      + f"; poller ticks skipped: {load.get('pollsSkipped', 0)}")
+for c, v in load["clients"].items():
+    print(f"  {c:<15} {v['requests']:>7,} requests, {v['failed']} failed, p50 {v['p50_ms']:.1f} ms, p99 {v['p99_ms']:.1f} ms, max {v['max_ms']:.1f} ms")
+w = load["watch"]
+print(f"  watches: {w['lists']} lists, {w['watches']} watch requests, {w['relists410']} re-lists after 410, "
+      f"streams ended by the server {w['streamsEndedByServer']}, cut {sum(w['streamsCut'].values())} {w['streamsCut']}, events {w['events']}")
+ok = lambda b: "met" if b else "MISSED"
+print(f"\ntargets ({store}):")
+print(f"  0 failures in at least 10,000 requests: {ok(failed == 0 and req >= 10000)} ({failed} of {req:,})")
+print(f"  controller gap at most 2.5 s in every roll: {ok(max(gaps) <= 2.5)} "
+      f"(min {min(gaps):.2f}, max {max(gaps):.2f}; {sum(g > 2.5 for g in gaps)} of {len(gaps)} rolls above)")
+known = [c for c in ctrl if c is not None]
+if known:
+    print(f"  at most 1 s of controller time per roll: {ok(max(known) <= 1.0)} "
+          f"(min {min(known):.2f}, max {max(known):.2f}; {sum(c > 1.0 for c in known)} of {len(known)} rolls above)")
+PY
+}
+
+run_store() { # sqlite|postgres
+  local store=$1
+  state=$(mktemp -d /tmp/kcpshard-roll-XXXXXX)
+  local front_port; front_port=$(free_port)
+  echo "=== $store: state $state, front 127.0.0.1:$front_port; $(uptime | sed 's/.*load/load/')" >&2
+  {
+    echo "command: hack/bench/roll.sh $command_line (store $store)"
+    echo "kcpshard: $commit; kcp $KCP_VERSION_OLDER and $KCP_VERSION_NEWER, kine $KINE_VERSION"
+    echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(free -g | awk '/^Mem:/ {print $2}') GiB"
+    echo "began: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')"
+  } >"$state/about.txt"
+  # Debug lines of the controller name each step it plans (the old slot's SIGTERM time).
+  RUST_LOG="info,kube_client::client::builder=off,kcpshard::controller=debug" NO_COLOR=1 \
+    "$ks" serve --state-dir "$state" --api-listen 127.0.0.1:0 >"$state/serve.log" 2>&1 &
+  serve=$!
+  for _ in $(seq 1 300); do [ -s "$state/kubeconfig" ] && break; sleep 0.1; done
+  [ -s "$state/kubeconfig" ] || { echo "roll.sh: serve wrote no kubeconfig; see $state/serve.log" >&2; exit 1; }
+  export KUBECONFIG=$state/kubeconfig
+  local store_spec
+  if [ "$store" = postgres ]; then
+    local pg_port; pg_port=$(free_port)
+    (umask 077; python3 -c 'import secrets; print(secrets.token_hex(16))' >"$state/pgpass")
+    store_spec="{type: KinePostgres, kinePostgres: {host: 127.0.0.1, port: $pg_port, database: kcp, user: kcp, passwordFrom: {file: $state/pgpass}, managed: true}}"
+  else
+    store_spec="{type: KineSqlite}"
+  fi
+  local began; began=$(now)
+  for _ in $(seq 1 30); do
+    "$kubectl" apply -f - >/dev/null 2>&1 <<EOF && break
+apiVersion: kcpshard.io/v1alpha1
+kind: KcpShard
+metadata: {name: bench}
+spec:
+  version: $KCP_VERSION_OLDER
+  kcp: {binary: "$root/bin/kcp-{version}"${shutdown_delay:+, shutdownDelay: "$shutdown_delay"}}
+  store: $store_spec
+  front: {type: Tcp, listen: "127.0.0.1:$front_port"}
+  rollout: {allowDowngrade: true}
+EOF
+    sleep 1
+  done
+  "$ks" rollout status bench --timeout 600 >/dev/null
+  echo "$store: first start to Ready: $(python3 -c "print(f'{$(now)-$began:.1f}')") s" >&2
+
+  "$bins/roll_load" --kubeconfig "$state/shards/bench/admin.kubeconfig" --front "127.0.0.1:$front_port" \
+    --json "$state/load.json" >"$state/load.txt" 2>"$state/load.err" &
+  load=$!
+  sleep 5
+  kill -0 "$load" 2>/dev/null || { echo "roll.sh: the load generator exited:" >&2; cat "$state/load.err" >&2; exit 1; }
+  : >"$state/rolls.jsonl"
+  local i kind version changed
+  for i in $(seq 1 "$rolls"); do
+    changed=$(now)
+    if [ $((i % 2)) -eq 1 ]; then
+      # Odd rolls change the version: up on 1, 5, 9, ..., down on 3, 7, ...
+      if [ $((i % 4)) -eq 1 ]; then version=$KCP_VERSION_NEWER; else version=$KCP_VERSION_OLDER; fi
+      kind=version
+      "$kubectl" patch ks bench --type merge -p "{\"spec\":{\"version\":\"$version\"}}" >/dev/null
+    else
+      kind=restart
+      "$kubectl" annotate ks bench kcpshard.io/restartedAt="roll-$i-$(date +%s%N)" --overwrite >/dev/null
+    fi
+    wait_roll "$changed" "$i" "$kind" >>"$state/rolls.jsonl"
+    sleep "$pause"
+  done
+  kill -TERM "$load"; wait "$load" || true
+  load=""
+  echo "ended: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')" >>"$state/about.txt"
+  cat "$state/load.txt" >&2
+  report "$store"
+  stop_run
+}
+
+for store in $stores; do
+  run_store "$store"
+done
