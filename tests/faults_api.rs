@@ -10,6 +10,13 @@
 //!   file aside and serve without the object, which then vanished from the API with only a log
 //!   line); the file is left as it was; moved aside by the operator, `serve` starts with the rest.
 //!
+//! - `a_corrupt_controller_or_kine_record_is_reported_and_recovers_once_moved_aside`: with the
+//!   controller, on a shard that needs no kcp (its version has no binary: Degraded BinaryMissing,
+//!   but its kine and front run). Garbage in `controller.json`, then in the kine's process record
+//!   `store/kine.json`: Degraded=True, reason StateFileUnreadable, naming the file and what to do;
+//!   moved aside, the shard is back where it was and the same kine serves (adopted, not restarted).
+//!   The same path on real kcp, with a slot record too, is in e2e_faults.rs.
+//!
 //! The tmpfs needs root (CAP_SYS_ADMIN): without it the test fails and says so; it never skips.
 mod common;
 
@@ -273,4 +280,106 @@ async fn a_corrupt_object_file_stops_serve_with_its_name_until_it_is_moved_aside
         "the good object is served"
     );
     assert!(api.get_opt("bad").await.unwrap().is_none());
+}
+
+/// Ends (by pid) every process whose argv names `dir`: the kine and front a shard's controller
+/// started, which run in sessions of their own and outlive `serve`.
+struct Sweep(PathBuf);
+
+impl Sweep {
+    fn pids(&self) -> Vec<(i32, String)> {
+        let needle = self.0.display().to_string();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
+            if argv.contains(&needle) && pid != std::process::id() as i32 {
+                found.push((pid, argv));
+            }
+        }
+        found
+    }
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for (pid, _) in self.pids() {
+            // SAFETY: kill(2) of a process this test's serve started (its argv names our temp dir).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+async fn degraded_reason(api: &kube::Api<DynamicObject>, name: &str, reason: &str) -> String {
+    common::eventually(
+        std::time::Duration::from_secs(60),
+        &format!("Degraded={reason}"),
+        || async {
+            let object = serde_json::to_value(api.get(name).await.ok()?).unwrap();
+            object["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Degraded" && c["status"] == "True" && c["reason"] == reason)
+                .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_controller_or_kine_record_is_reported_and_recovers_once_moved_aside() {
+    let serve = Serve::start_with_controller().await;
+    let sweep = Sweep(serve.state_dir());
+    let api = kcpshards(&serve.client().await);
+    let front = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut dev = shard("dev", "v0.31.99");
+    dev.data["spec"]["front"]["listen"] = json!(front.to_string());
+    api.create(&PostParams::default(), &dev)
+        .await
+        .unwrap_or_else(|e| serve.fail(&format!("create dev: {e}")));
+    degraded_reason(&api, "dev", "BinaryMissing").await;
+    let shard_dir = serve.state_dir().join("shards/dev");
+    let kine_pids = |sweep: &Sweep| -> Vec<i32> {
+        sweep
+            .pids()
+            .into_iter()
+            .filter(|(_, argv)| argv.contains("--endpoint=sqlite://"))
+            .map(|(pid, _)| pid)
+            .collect()
+    };
+    let kine_before = kine_pids(&sweep);
+    assert_eq!(kine_before.len(), 1, "one kine runs for the shard: {:?}", sweep.pids());
+
+    for file in [shard_dir.join("controller.json"), shard_dir.join("store/kine.json")] {
+        std::fs::write(&file, b"{\"pid\": 12, \0\0 garbage").unwrap();
+        let message = degraded_reason(&api, "dev", "StateFileUnreadable").await;
+        println!("garbage in {}: Degraded: {message}", file.display());
+        assert!(
+            message.contains(&file.display().to_string()) && message.contains("Move it aside"),
+            "the message does not name {} and what to do: {message}",
+            file.display()
+        );
+        std::fs::rename(&file, file.with_extension("json.bad")).unwrap();
+        degraded_reason(&api, "dev", "BinaryMissing").await;
+        assert_eq!(kine_pids(&sweep), kine_before, "the kine was replaced, not adopted");
+    }
+
+    api.delete("dev", &DeleteParams::default()).await.unwrap();
+    common::eventually(
+        std::time::Duration::from_secs(60),
+        "the shard to be deleted",
+        || async { api.get_opt("dev").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    assert!(
+        sweep.pids().iter().all(|(_, argv)| argv.contains(" serve ")),
+        "processes left: {:?}",
+        sweep.pids()
+    );
 }

@@ -172,6 +172,10 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     let (notes, failure) = match outcome {
         Ok(notes) => (notes, None),
         Err(e) => {
+            // A record the step needed does not parse (a kine's, a slot's process record): as above.
+            if let Some(path) = state::corrupt_file(&e) {
+                return report_unreadable(ctx, shard, &path, &e).await;
+            }
             tracing::warn!(shard = %name, step = ?next, error = %format!("{e:#}"), "step failed");
             (
                 vec![Note::warning("StepFailed", format!("{e:#}"))],

@@ -204,7 +204,12 @@ pub fn corrupt_file(error: &anyhow::Error) -> Option<PathBuf> {
                 .and_then(|inner| inner.downcast_ref::<CorruptFile>())
                 .map(|c| c.path.clone());
         }
-        match cause.downcast_ref::<crate::process::ProcessError>() {
+        // A store error wraps a process error transparently: the chain skips the process error.
+        let process = match cause.downcast_ref::<crate::store::StoreError>() {
+            Some(crate::store::StoreError::Process(e)) => Some(e),
+            _ => cause.downcast_ref::<crate::process::ProcessError>(),
+        };
+        match process {
             Some(crate::process::ProcessError::ParseRecord { path, .. }) => Some(path.clone()),
             _ => None,
         }
@@ -273,6 +278,14 @@ mod tests {
         std::fs::write(slot.process(), b"garbage").unwrap();
         let error = anyhow::Error::from(crate::process::Runtime::load(&slot.process()).unwrap_err());
         assert_eq!(corrupt_file(&error), Some(slot.process()));
+
+        // A kine's record, as the store reports it.
+        let kine = slot.store().join("kine.json");
+        std::fs::create_dir_all(slot.store()).unwrap();
+        std::fs::write(&kine, b"{").unwrap();
+        let error = crate::process::Runtime::load(&kine).unwrap_err();
+        let error = anyhow::Error::from(crate::store::StoreError::from(error)).context("ensure the store");
+        assert_eq!(corrupt_file(&error), Some(kine));
 
         let other = anyhow::Error::from(io::Error::from(io::ErrorKind::PermissionDenied));
         assert_eq!(corrupt_file(&other), None);
