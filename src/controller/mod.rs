@@ -186,14 +186,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     // The status as stored now (the watcher's copy may lag a write behind): the patch removes what
     // it has and the new status lacks, and repeated warnings are told apart from new ones.
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
-    let stored = api
-        .get_status(&name)
-        .await
-        .map_err(|source| Error::Status {
-            name: name.clone(),
-            source,
-        })?
-        .status;
+    let stored = stored_status(&api, &name).await?;
     let degraded = stored.as_ref().and_then(|s| {
         s.conditions
             .iter()
@@ -226,16 +219,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         &plan::plan(&desired, &world.observed),
         failure.as_deref(),
     );
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(status::as_patch(stored.as_ref(), &status)),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: name.clone(),
-        source,
-    })?;
+    write_status(&api, &name, stored.as_ref(), &status).await?;
     let failing_for = degraded
         .filter(|c| c.reason == "StepFailed")
         .and_then(|c| {
@@ -268,14 +252,7 @@ async fn report_unreadable(
     );
     tracing::warn!(shard = %name, file = %path.display(), error = %format!("{error:#}"), "a state file does not parse");
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
-    let stored = api
-        .get_status(&name)
-        .await
-        .map_err(|source| Error::Status {
-            name: name.clone(),
-            source,
-        })?
-        .status;
+    let stored = stored_status(&api, &name).await?;
     let reported = stored.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
@@ -285,18 +262,43 @@ async fn report_unreadable(
         publish(ctx, shard, Note::warning("StateFileUnreadable", message.clone())).await;
     }
     let status = status::unreadable(stored.as_ref(), shard.metadata.generation, &message, chrono::Utc::now());
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(status::as_patch(stored.as_ref(), &status)),
-    )
-    .await
-    .map_err(|source| Error::Status { name, source })?;
+    write_status(&api, &name, stored.as_ref(), &status).await?;
     if shard.meta().deletion_timestamp.is_some() {
         // The cleanup loop takes steps until one says "done": an error ends it and retries later.
         return Err(Error::Step(anyhow::anyhow!("{message}")));
     }
     Ok(Action::requeue(WHEN_IDLE))
+}
+
+/// The status as stored now (the watcher's copy may lag a write behind).
+async fn stored_status(api: &Api<KcpShard>, name: &str) -> Result<Option<crate::api::KcpShardStatus>, Error> {
+    api.get_status(name)
+        .await
+        .map(|shard| shard.status)
+        .map_err(|source| Error::Status {
+            name: name.to_string(),
+            source,
+        })
+}
+
+/// Writes `status` as one merge patch over `stored`: an unchanged status is a no-op on the server.
+async fn write_status(
+    api: &Api<KcpShard>,
+    name: &str,
+    stored: Option<&crate::api::KcpShardStatus>,
+    status: &crate::api::KcpShardStatus,
+) -> Result<(), Error> {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(status::as_patch(stored, status)),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|source| Error::Status {
+        name: name.to_string(),
+        source,
+    })
 }
 
 async fn publish(ctx: &Context, shard: &KcpShard, note: Note) {
