@@ -85,6 +85,7 @@ impl Actor<'_> {
             Step::StartSlot { name } => self.start_slot(name).await,
             Step::SwitchFront { to } => self.switch_front(to).await,
             Step::StopSlot { name } => self.stop_slot(name).await,
+            Step::RestartSlot { name } => self.restart_slot(name).await,
             Step::ForgetSlot { name, was_active } => {
                 self.stop_slot_store(name).await?;
                 self.dirs.slot(name).forget()?;
@@ -114,6 +115,13 @@ impl Actor<'_> {
     /// Starts the store's shard-wide part, then brings back the own kine of every running slot
     /// whose kine is down (on the port that slot dials).
     async fn ensure_store(&self) -> anyhow::Result<Notes> {
+        // A new slot that is still starting will be started again once the store is back.
+        let now = Utc::now();
+        self.update_roll(|roll| {
+            if roll.new_slot_ready_at.is_none() && roll.new_slot_started_at.is_some() {
+                roll.store_down_at = Some(now);
+            }
+        })?;
         let store = self.store()?;
         // The shard-wide part went away under running slots (a kine killed, PostgreSQL restarted):
         // an outage the user should hear about, not a start.
@@ -399,6 +407,25 @@ impl Actor<'_> {
             ));
         }
         Ok(notes)
+    }
+
+    /// Stops a new slot that is not ready yet (it serves nobody: no drain) and its own kine; the
+    /// roll record stays, so the next step starts the slot again for the same roll.
+    async fn restart_slot(&self, name: &str) -> anyhow::Result<Notes> {
+        if let Some(slot) = self.world.slots.iter().find(|s| s.record.name == name) {
+            self.ctx
+                .runtime
+                .terminate(&slot.process, Duration::from_secs(10))
+                .await?;
+        }
+        self.stop_slot_store(name).await?;
+        self.dirs.slot(name).forget()?;
+        Ok(vec![Note::warning(
+            "SlotRestarting",
+            format!(
+                "slot {name} was starting when the store went down, and a kcp may never get ready after that (its informers do not sync); starting it again"
+            ),
+        )])
     }
 
     async fn abort_roll(&self, name: &str, cause: &BlockCause) -> anyhow::Result<Notes> {

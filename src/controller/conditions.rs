@@ -138,6 +138,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::AwaitReady { .. } => "AwaitingReadiness",
         Step::SwitchFront { .. } => "SwitchingFront",
         Step::AwaitSettle { .. } | Step::StopSlot { .. } => "SlotStopping",
+        Step::RestartSlot { .. } => "SlotRestarting",
         Step::ForgetSlot { .. } => "SlotReplacing",
         Step::ReleaseLease => "ReleasingLease",
         Step::Probe => "Probing",
@@ -156,6 +157,9 @@ fn progress_message(step: &Step) -> String {
         Step::SwitchFront { to } => format!("switching the front to slot {to}"),
         Step::AwaitSettle { name } => format!("letting connections pinned to slot {name} settle before it stops"),
         Step::StopSlot { name } => format!("stopping slot {name}"),
+        Step::RestartSlot { name } => {
+            format!("starting slot {name} again: the store went down while it started")
+        }
         Step::ForgetSlot { name, .. } => format!("slot {name} exited; replacing it"),
         Step::ReleaseLease => "releasing the kcp-controllers Lease so the new slot leads".into(),
         Step::Probe => "checking that a workspace reaches Ready".into(),

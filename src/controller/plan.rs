@@ -148,6 +148,12 @@ pub struct RollRecord {
     /// The store snapshot taken before this roll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// When the store was last seen down while the new slot was not ready yet. A kcp whose store
+    /// goes away during its start-up may never get ready once the store is back (its informers
+    /// never sync: seen with PostgreSQL restarted mid-roll, docs/reliability.md), so that slot is
+    /// started again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_down_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -202,6 +208,11 @@ pub enum Step {
     },
     /// Stop a slot that is no longer needed (SIGTERM, bounded wait, SIGKILL).
     StopSlot {
+        name: String,
+    },
+    /// Stop the new slot, not ready yet, whose start-up overlapped a store outage; the next step
+    /// starts it again.
+    RestartSlot {
         name: String,
     },
     /// A slot's process is gone: drop its record (and report it if it served).
@@ -327,6 +338,16 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     };
 
     if !current.ready {
+        let outage_during_start = observed
+            .roll
+            .as_ref()
+            .and_then(|r| r.store_down_at.filter(|_| r.to == current.name))
+            .is_some_and(|down| down >= current.started_at);
+        if outage_during_start && backend != Some(current.name.as_str()) {
+            return Step::RestartSlot {
+                name: current.name.clone(),
+            };
+        }
         let waited = (observed.now - current.started_at).to_std().unwrap_or_default();
         if waited > desired.readiness_timeout && backend != Some(current.name.as_str()) {
             return Step::AbortRoll {
@@ -592,6 +613,36 @@ mod tests {
     }
 
     #[test]
+    fn a_new_slot_whose_start_overlapped_a_store_outage_is_started_again_once_the_store_is_back() {
+        let d = desired("v2");
+        let mut o = observed(
+            Some("a"),
+            vec![slot("a", "v1", true, true), slot("b", "v2", true, false)],
+        );
+        o.roll = Some(RollRecord {
+            store_down_at: Some(at(3)),
+            ..roll(Some("a"), "b")
+        });
+        o.store_up = false;
+        assert_eq!(plan(&d, &o), Step::EnsureStore, "the store first");
+        o.store_up = true;
+        assert_eq!(plan(&d, &o), Step::RestartSlot { name: "b".into() });
+        // Started again after the outage: waited for as usual.
+        o.slots[1].started_at = at(5);
+        assert_eq!(plan(&d, &o), Step::AwaitReady { name: "b".into() });
+        // An outage before the slot started, or one a ready slot went through, changes nothing.
+        o.slots[1].started_at = at(0);
+        o.slots[1].ready = true;
+        assert_eq!(plan(&d, &o), Step::SwitchFront { to: "b".into() });
+        // The slot the front serves from is never restarted this way.
+        o.slots[1].ready = false;
+        o.front = FrontObservation::Up {
+            backend: Some("b".into()),
+        };
+        assert_eq!(plan(&d, &o), Step::AwaitReady { name: "b".into() });
+    }
+
+    #[test]
     fn a_slot_not_ready_in_time_is_retried_once_the_readiness_timeout_is_raised() {
         let mut d = desired("v2");
         d.readiness_timeout = Duration::from_secs(5);
@@ -762,7 +813,7 @@ mod tests {
         fn the_slot_the_front_serves_from_is_never_stopped_while_it_is_the_only_ready_one(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
             let backend = match &o.front { FrontObservation::Up { backend } => backend.clone(), FrontObservation::Down => None };
             match plan(&desired(version), &o) {
-                Step::StopSlot { name } | Step::AbortRoll { name, .. } => {
+                Step::StopSlot { name } | Step::AbortRoll { name, .. } | Step::RestartSlot { name } => {
                     let serving = backend.as_deref() == Some(name.as_str()) && o.slots.iter().any(|s| s.name == name && s.ready);
                     let other_ready = o.slots.iter().any(|s| s.name != name && s.running && s.ready);
                     prop_assert!(!serving || other_ready, "stopped {name}, the last ready slot behind the front");
