@@ -284,9 +284,19 @@ pub fn new_object(
 
 /// The body an apply patch creates when `name` does not exist yet: the patch itself, named.
 pub fn applied_to_nothing(name: &str, patch: Value) -> ApiResult<Value> {
+    // As for a patch of an existing object: a body that is not an object is a 400 (naming it below
+    // would panic on anything else).
+    if !patch.is_object() {
+        return Err(ApiError::BadRequest(
+            "a merge or apply patch must be a JSON object".into(),
+        ));
+    }
     check_body_name(&patch, name)?;
     let mut body = patch;
-    body["metadata"]["name"] = json!(name);
+    // metadata that is not an object is refused by the create's type check, with its own message.
+    if body["metadata"].is_object() || body["metadata"].is_null() {
+        body["metadata"]["name"] = json!(name);
+    }
     Ok(body)
 }
 
@@ -717,6 +727,30 @@ mod tests {
             1,
             "a null test of a present value still fails"
         );
+    }
+
+    /// Found by the fuzz target (fuzz/seeds/api_request/regression-apply-scalar): an apply patch
+    /// that is not an object, to a name that does not exist yet, panicked while being named.
+    #[test]
+    fn an_apply_patch_that_creates_must_be_an_object() {
+        let resource = &super::super::resources::all()[0];
+        for body in [
+            &b"metaaadt\":null}}"[..],
+            b"[]",
+            b"3",
+            b"null",
+            b"{metadata: x}",
+            b"{metadata: [1]}",
+        ] {
+            let patch = super::super::handler::decode_body("application/apply-patch+yaml", body).unwrap();
+            let refused = applied_to_nothing("new", patch)
+                .and_then(|body| new_object(resource, None, body, UnknownFields::Warn).map(|_| Value::Null));
+            assert!(
+                matches!(refused, Err(ApiError::BadRequest(_))),
+                "{}: {refused:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
