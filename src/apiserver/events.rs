@@ -114,9 +114,11 @@ fn finish(mut out: Map<String, Value>, api_version: &str) -> Value {
 /// metav1.Time has second precision; MicroTime has microseconds. `2026-11-29T10:00:00.123456Z` ->
 /// `2026-11-29T10:00:00Z`.
 fn truncate_to_seconds(time: &Value) -> Value {
-    match time.as_str() {
-        Some(s) if s.len() > 19 => json!(format!("{}Z", &s[..19])),
-        _ => time.clone(),
+    // `get` rather than indexing: a time that is not ASCII (no schema checks events) must not panic
+    // every read of the core view.
+    match time.as_str().filter(|s| s.len() > 19).and_then(|s| s.get(..19)) {
+        Some(seconds) => json!(format!("{seconds}Z")),
+        None => time.clone(),
     }
 }
 
@@ -154,6 +156,19 @@ mod tests {
         let core = to_core(&event);
         assert_eq!(core["count"], 3);
         assert_eq!(core["lastTimestamp"], "2026-11-29T10:05:00Z");
+    }
+
+    /// Found by the fuzz target (fuzz/seeds/api_request/regression-event-time): an eventTime with
+    /// a multi-byte character across its 19th byte panicked every read of /api/v1/events.
+    #[test]
+    fn a_time_that_is_not_ascii_is_shown_as_it_is() {
+        let mut event = recorder_event();
+        event["eventTime"] = json!("2026-01-02T03:04:0\u{e9}5.1Z"); // é is bytes 18 and 19
+        let core = to_core(&event);
+        assert_eq!(core["firstTimestamp"], event["eventTime"]);
+        assert_eq!(core["lastTimestamp"], event["eventTime"]);
+        event["eventTime"] = json!("2026-01-02T03:04:05.123456Z");
+        assert_eq!(to_core(&event)["firstTimestamp"], "2026-01-02T03:04:05Z");
     }
 
     #[test]
