@@ -38,6 +38,9 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    // What serve and the processes it starts (kine, fronts, kcp) create is private to this user,
+    // not only the files kcpshard writes itself: kine's sqlite database holds kcp's Secrets.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let config = ServeConfig {
         state_dir: args.state_dir.clone(),
         api_listen: args.api_listen,
