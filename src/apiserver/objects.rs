@@ -438,7 +438,9 @@ fn apply_patch(
         PatchType::Json => {
             let ops: json_patch::Patch = serde_json::from_value(lenient_null_tests(served, patch.clone()))
                 .map_err(|e| ApiError::BadRequest(format!("the JSON patch is not a list of operations: {e}")))?;
-            json_patch::patch(&mut target, &ops).map_err(|e| match e.kind {
+            // `patch_unsafe`: `target` is a copy that is dropped on failure, and `patch` undoes the
+            // operations already applied, which panics when a `move` failed half way.
+            json_patch::patch_unsafe(&mut target, &ops).map_err(|e| match e.kind {
                 json_patch::PatchErrorKind::TestFailed => ApiError::Invalid {
                     kind: resource.kind.clone(),
                     group: resource.group.to_string(),
@@ -751,6 +753,21 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    /// Found by the fuzz target (fuzz/seeds/api_request/regression-json-patch-move): a JSON patch
+    /// whose `move` fails after an earlier operation applied panicked in json-patch's undo.
+    #[test]
+    fn a_json_patch_that_fails_half_way_is_a_422_not_a_panic() {
+        let resource = &super::super::resources::all()[0];
+        let served = json!({"apiVersion": "kcpshard.io/v1alpha1", "kind": "KcpShard", "metadata": {"name": "dev"},
+            "status": {"phase": "Ready", "slots": [{"name": "a"}]}});
+        let patch = json!([
+            {"op": "remove", "path": "/status/slots/0"},
+            {"op": "move", "from": "/status", "path": "/nowhere/phase"},
+        ]);
+        let result = apply_patch(resource, "dev", &served, PatchType::Json, &patch);
+        assert!(matches!(result, Err(ApiError::Invalid { .. })), "{result:?}");
     }
 
     #[test]
