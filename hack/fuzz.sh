@@ -44,7 +44,7 @@ for target in $(cargo fuzz list); do
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
-  say "$target: $result, ${runs:-?} executions in ${seconds}s (${rate:-?}/s), ${cov:-cov: ?}, corpus $(ls "$corpus" | wc -l) inputs; build $((built - start))s"
+  say "$target: $result after $(($(date +%s) - built))s: ${runs:-?} executions (${rate:-?}/s), ${cov:-cov: ?}, corpus $(ls "$corpus" | wc -l) inputs; build $((built - start))s"
   if [ "$result" = FAILED ]; then
     grep -v -E '^#[0-9]+\s+(NEW|REDUCE|pulse|RELOAD)' "$log" | tail -60 >&2
     say "the crashing input is under $root/fuzz/artifacts/$target/ (full log: $log)"

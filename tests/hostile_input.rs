@@ -338,8 +338,9 @@ fn api_address(kubeconfig: &Path) -> SocketAddr {
 }
 
 /// What the fuzz target found (fuzz/seeds/api_request/regression-*), through the real server: an
-/// apply patch that is not an object, to a name not yet taken, is a 400 (it panicked, dropping the
-/// connection); an event whose time is not ASCII no longer breaks every read of /api/v1/events.
+/// apply patch that is not an object, to a name not yet taken, is a 400, and a JSON patch whose
+/// `move` fails after an earlier operation is a 422 (both panicked, dropping the connection); an
+/// event whose time is not ASCII no longer breaks every read of /api/v1/events.
 #[tokio::test]
 async fn bodies_the_fuzzer_found_get_an_answer_and_leave_the_api_working() {
     let serve = common::Serve::start().await;
@@ -355,6 +356,37 @@ async fn bodies_the_fuzzer_found_get_an_answer_and_leave_the_api_working() {
             .unwrap_or_else(|e| serve.fail(&format!("apply {body:?}: no HTTP answer: {e}")));
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "apply {body:?}");
     }
+    let shards = common::kcpshards(&client);
+    let dev: kube::api::DynamicObject = serde_json::from_value(common::dev_manifest()).unwrap();
+    shards.create(&Default::default(), &dev).await.unwrap();
+    let slots = json!({"status": {"slots": [{"name": "a", "version": "v0.31.2", "ready": true}]}});
+    shards
+        .patch_status("dev", &Default::default(), &kube::api::Patch::Merge(&slots))
+        .await
+        .unwrap();
+    let request = Request::patch(format!("{SHARDS}/dev/status"))
+        .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+        .body(kube::client::Body::from(
+            json!([{"op": "remove", "path": "/status/slots/0"}, {"op": "move", "from": "/status", "path": "/x/phase"}])
+                .to_string()
+                .into_bytes(),
+        ))
+        .unwrap();
+    let response = client
+        .send(request)
+        .await
+        .unwrap_or_else(|e| serve.fail(&format!("a failing JSON patch: no HTTP answer: {e}")));
+    assert_eq!(
+        response.status(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "a JSON patch that fails half way"
+    );
+    let dev = shards.get("dev").await.unwrap();
+    assert_eq!(
+        dev.data["status"]["slots"][0]["name"], "a",
+        "nothing of the failed patch was kept"
+    );
+
     let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "odd", "namespace": "default"}, "eventTime": "2026-01-02T03:04:0\u{e9}5.1Z",
         "regarding": {"kind": "KcpShard", "name": "dev"}, "reason": "Odd", "note": "n", "type": "Normal",
