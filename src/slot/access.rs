@@ -60,8 +60,8 @@ pub async fn client_for_context(kubeconfig: &Path, context: &str, server: &str) 
     kube::Client::try_from(config).map_err(|e| SlotError::Client(e.to_string()))
 }
 
-/// The configuration [`client_for_context`] builds its client from, for callers that need other
-/// timeouts (a long watch must not have the 10 s read timeout).
+/// The configuration [`client_for_context`] builds its client from, for callers that build their
+/// own client from it (other timeouts or connector settings, e.g. examples/roll_load.rs).
 pub async fn config_for_context(kubeconfig: &Path, context: &str, server: &str) -> Result<kube::Config, SlotError> {
     let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| SlotError::Kubeconfig {
         path: kubeconfig.to_path_buf(),
