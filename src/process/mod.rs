@@ -182,10 +182,16 @@ impl Runtime {
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(log_err)?)
             .stderr(log);
-        // SAFETY: setsid(2) is async-signal-safe and touches no memory of the parent.
+        // SAFETY: setsid(2) and close_range(2) are async-signal-safe and touch no memory of the
+        // parent.
         unsafe {
             cmd.pre_exec(|| {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
+                // What serve inherited from its parent (a lock file held for its whole run, a
+                // socket) must not stay open in a process that outlives serve: every descriptor
+                // above stderr closes at exec. Marked, not closed: spawn's own error pipe is needed
+                // until then. A kernel without close_range (before 5.11) keeps the old behaviour.
+                libc::close_range(3, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as libc::c_int);
                 Ok(())
             });
         }
@@ -435,6 +441,37 @@ mod tests {
         let port = free_port().unwrap();
         assert!(port > 0);
         TcpListener::bind(("127.0.0.1", port)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_started_process_does_not_inherit_descriptors_of_serve() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        // As `flock FILE kcpshard serve` hands serve its lock: open, and inherited across exec.
+        let held = std::fs::File::create(dir.path().join("held.lock")).unwrap();
+        // SAFETY: fcntl(2) on a descriptor this test owns.
+        unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETFD, 0) };
+        let runtime = Runtime::new();
+        let record = runtime
+            .start(&ProcessSpec {
+                name: "sleeper".into(),
+                program: "sleep".into(),
+                args: vec!["30".into()],
+                env: vec![],
+                log: dir.path().join("sleep.log"),
+                record: dir.path().join("sleep.json"),
+            })
+            .unwrap();
+        let open: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", record.pid))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .map(|p| p.display().to_string())
+            .collect();
+        runtime.terminate(&record, Duration::from_secs(5)).await.unwrap();
+        assert!(
+            !open.iter().any(|p| p.ends_with("held.lock")),
+            "the detached process holds serve's lock file: {open:?}"
+        );
     }
 
     #[test]
