@@ -17,13 +17,15 @@
 //!      in its argv): started again on the same port (SlotStoreRestarted), no roll.
 //!   2. a slot that starts slowly: spec.rollout.readinessTimeout 5s with a restart request: the
 //!      roll is abandoned (Degraded, SlotNotReady), the old slot serves with 0 failed polls.
-//!   3. raising readinessTimeout retries the roll, and PostgreSQL is restarted in the middle of it
-//!      (after the new slot started, before it is ready): the roll completes.
-//!   4. SIGKILL of the NEW kcp mid-roll (started, not yet switched to): the roll is abandoned
-//!      (Degraded, SlotCrashed), the old slot serves with 0 failed polls, the new slot's kine stops.
-//!   5. garbage in the active slot's `slot.json`: Degraded StateFileUnreadable naming it, 0 failed
-//!      polls; moved aside, the controller rebuilds the record from the running kcp, and the next
-//!      spec change rolls away from that slot with 0 failed polls.
+//!   3. raising readinessTimeout retries the roll at once; its NEW kcp is SIGKILLed after it
+//!      started and before the switch: the roll is abandoned (Degraded, SlotCrashed), the old slot
+//!      serves with 0 failed polls, the new slot's kine stops.
+//!   4. garbage in the active slot's `slot.json`: Degraded StateFileUnreadable naming it, 0 failed
+//!      polls; moved aside, the controller rebuilds the record from the running kcp.
+//!   5. a new spec change rolls away from that rebuilt slot, and PostgreSQL is restarted in the
+//!      middle of the roll (after the new slot started, before it is ready): the new slot is
+//!      started again once PostgreSQL is back (SlotRestarting), the roll completes, and requests
+//!      fail only while PostgreSQL is down.
 //!
 //! Covered elsewhere: SIGKILL of the active kcp and of `serve` at roll boundaries (e2e_roll.rs),
 //! PostgreSQL stopped while the shard is idle (e2e_postgres.rs), a full disk and a corrupt object
@@ -258,9 +260,18 @@ async fn degraded_with(env: &Env, shard: &str, reason: &str, timeout: Duration) 
     .await
 }
 
-/// The one live process whose argv contains `needle`.
-fn one_process(env: &Env, needle: &str, what: &str) -> (i32, String) {
-    let found = processes_with(needle);
+/// Live processes whose argv contains `needle` and `also` (this run's, where another run's
+/// processes may carry the same names: e.g. its PostgreSQL port).
+fn live(needle: &str, also: &str) -> Vec<(i32, String)> {
+    processes_with(needle)
+        .into_iter()
+        .filter(|(_, argv)| argv.contains(also))
+        .collect()
+}
+
+/// The one live process whose argv contains `needle` and `also`.
+fn one_process(env: &Env, needle: &str, also: &str, what: &str) -> (i32, String) {
+    let found = live(needle, also);
     if found.len() != 1 {
         env.fail(&format!(
             "want exactly one {what} (argv contains {needle}), found {found:#?}"
@@ -278,11 +289,11 @@ fn listen_port(argv: &str) -> u16 {
         .unwrap_or_else(|| panic!("no --listen-address in {argv}"))
 }
 
-/// Waits for a process naming `needle` other than `old`; returns it.
-async fn replacement(env: &Env, needle: &str, old: i32, what: &str) -> (i32, String) {
+/// Waits for a process naming `needle` and `also` other than `old`; returns it.
+async fn replacement(env: &Env, needle: &str, also: &str, old: i32, what: &str) -> (i32, String) {
     let deadline = Instant::now() + RECOVER_TIMEOUT;
     loop {
-        let found: Vec<(i32, String)> = processes_with(needle).into_iter().filter(|(p, _)| *p != old).collect();
+        let found: Vec<(i32, String)> = live(needle, also).into_iter().filter(|(p, _)| *p != old).collect();
         if let Some(p) = found.first() {
             return p.clone();
         }
@@ -474,7 +485,7 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
     create_workspace(&env, shard, &front, "before-kine-kill").await;
     let before = env.get(shard).await.unwrap();
     let needle = format!("{state}/shards/{shard}/store");
-    let (kine_pid, argv) = one_process(&env, &needle, "kine");
+    let (kine_pid, argv) = one_process(&env, &needle, "", "kine");
     let port = listen_port(&argv);
     let poller = Polls::start(admin.clone());
     let timeline = Timeline::start(&env, shard);
@@ -483,7 +494,7 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
     let killed = Instant::now();
     signal(kine_pid, libc::SIGKILL);
     env.log(&format!("kine: SIGKILLed pid {kine_pid} (port {port})"));
-    let (new_pid, new_argv) = replacement(&env, &needle, kine_pid, "kine").await;
+    let (new_pid, new_argv) = replacement(&env, &needle, "", kine_pid, "kine").await;
     let restarted = killed.elapsed();
     let after = recovered(&env, shard, &admin, "kine SIGKILL").await;
     let recovery = killed.elapsed();
@@ -519,7 +530,7 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
     create_workspace(&env, shard, &front, "before-front-kill").await;
     let before = env.get(shard).await.unwrap();
     let needle = format!("{state}/shards/{shard}/front");
-    let (front_pid, _) = one_process(&env, &needle, "front");
+    let (front_pid, _) = one_process(&env, &needle, "", "front");
     let poller = Polls::start(admin.clone());
     let timeline = Timeline::start(&env, shard);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -542,7 +553,7 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let refused_for = killed.elapsed();
-    let (new_front, _) = replacement(&env, &needle, front_pid, "front").await;
+    let (new_front, _) = replacement(&env, &needle, "", front_pid, "front").await;
     let after = recovered(&env, shard, &admin, "front SIGKILL").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stats = poller.finish().await;
@@ -592,6 +603,19 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
 // ------------------------------------------------------------------------------------------------
 // KinePostgres: a slot's kine, readinessTimeout, PostgreSQL mid-roll, the new kcp, slot.json
 
+/// Ends the slots' kines on this run's PostgreSQL (their argv names its port, not the state dir,
+/// which is what `Env` sweeps for), so that a failed test leaves none behind.
+struct SlotKines(String);
+
+impl Drop for SlotKines {
+    fn drop(&mut self) {
+        let left = sweep(&self.0, Duration::from_secs(5));
+        if !left.is_empty() {
+            eprintln!("killed {} slot kine(s) left on {}", left.len(), self.0);
+        }
+    }
+}
+
 fn postgres_spec(version: &str, front: &str, pg: &support::Postgres) -> Value {
     json!({
         "version": version,
@@ -629,6 +653,10 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     let version = kcp_newer();
     require_components(&[&version]);
     let mut pg = support::Postgres::start();
+    // This run's slot kines name its PostgreSQL in their argv.
+    let on_pg = format!("@127.0.0.1:{}/", pg.port);
+    // Dropped after `env` (which kills serve and sweeps what names the state dir) and before `pg`.
+    let _kines = SlotKines(on_pg.clone());
     let mut env = Env::start().await;
     let shard = "pgf";
     let front = format!("127.0.0.1:{}", free_port());
@@ -645,7 +673,7 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     let before = env.get(shard).await.unwrap();
     let active = active_slot(&before).unwrap();
     let needle = format!("application_name=kcpshard-{shard}-{active}");
-    let (kine_pid, argv) = one_process(&env, &needle, "slot kine");
+    let (kine_pid, argv) = one_process(&env, &needle, &on_pg, "slot kine");
     let port = listen_port(&argv);
     let poller = Polls::start(admin.clone());
     let timeline = Timeline::start(&env, shard);
@@ -654,7 +682,7 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     let killed = Instant::now();
     signal(kine_pid, libc::SIGKILL);
     env.log(&format!("slot {active}'s kine: SIGKILLed pid {kine_pid} (port {port})"));
-    let (new_pid, new_argv) = replacement(&env, &needle, kine_pid, "slot kine").await;
+    let (new_pid, new_argv) = replacement(&env, &needle, &on_pg, kine_pid, "slot kine").await;
     let restarted = killed.elapsed();
     let after = recovered(&env, shard, &admin, "slot kine SIGKILL").await;
     let recovery = killed.elapsed();
@@ -731,18 +759,90 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
         render_events(&events_since(&env, shard, since).await)
     ));
 
-    // 3. Raising the timeout retries; PostgreSQL restarts in the middle of that roll.
+    // 3. Raising the timeout retries at once. The NEW kcp of that roll is SIGKILLed after it
+    //    started and before the switch: the roll is abandoned, the old slot serves on.
+    workspaces.push("before-new-kcp-kill".into());
+    create_workspace(&env, shard, &front, "before-new-kcp-kill").await;
+    let before = env.get(shard).await.unwrap();
     let poller = Polls::start(admin.clone());
-    let timeline = Timeline::start(&env, shard);
     let since = Utc::now();
     let requested = Utc::now();
     let raised = Instant::now();
     env.patch(shard, json!({ "spec": { "rollout": { "readinessTimeout": "120s" } } }))
         .await;
     let new_slot = new_slot_started(&env, shard, requested).await;
+    let retried = raised.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (new_pid, _) = one_process(&env, &slot_root(&env, shard, &new_slot), "", "new kcp");
+    let rolling = env.get(shard).await.unwrap();
+    assert!(
+        rolling["status"]["lastRoll"]["frontSwitchedAt"].is_null(),
+        "the front switched to the new slot within 2 s of its start: {}",
+        rolling["status"]["lastRoll"]
+    );
+    let killed = Instant::now();
+    signal(new_pid, libc::SIGKILL);
+    env.log(&format!("new kcp: SIGKILLed slot {new_slot} (pid {new_pid})"));
+    let degraded = degraded_with(&env, shard, "SlotCrashed", Duration::from_secs(30)).await;
+    let noticed = killed.elapsed();
+    let kines = support::poll(Duration::from_secs(15), Duration::from_millis(100), || {
+        (live(&format!("application_name=kcpshard-{shard}-"), &on_pg).len() == 1).then_some(())
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stats = poller.finish().await;
+    let after = env.get(shard).await.unwrap();
+    no_roll(&env, &before, &after, "new kcp SIGKILL");
+    assert!(kines.is_some(), "the abandoned slot's kine still runs");
+    assert!(
+        stats.failures.is_empty(),
+        "new kcp SIGKILL: /readyz through the front failed:\n{}",
+        list_failures(&stats)
+    );
+    all_there(&env, &admin, &workspaces, "the new kcp SIGKILL").await;
+    report.add(format!(
+        "readinessTimeout raised to 120s: the roll retried, slot {new_slot} started {:.2}s later. SIGKILL of that new kcp (2 s after its start, before the switch): roll abandoned {:.2}s later (Degraded/SlotCrashed: {}); the old slot served on: /readyz through the front: {}\n  events:\n{}",
+        retried.as_secs_f64(),
+        noticed.as_secs_f64(),
+        degraded["message"].as_str().unwrap_or_default(),
+        failure_window(&stats, since),
+        render_events(&events_since(&env, shard, since).await)
+    ));
+
+    // 4. Garbage in the active slot's slot.json; moved aside, the record is rebuilt from the
+    //    running kcp (the shard stays blocked on the crashed spec).
+    workspaces.push("before-corrupt-slot".into());
+    create_workspace(&env, shard, &front, "before-corrupt-slot").await;
+    let before = env.get(shard).await.unwrap();
+    let active = active_slot(&before).unwrap();
+    let record = env.shard_dir(shard).join(format!("slots/{active}/slot.json"));
+    let after = corrupt_and_move_aside(&env, shard, &front, &record, &mut report, |o| {
+        condition(o, "Degraded").is_some_and(|c| c["reason"] == "SlotCrashed") && ready_now(o)
+    })
+    .await;
+    assert_eq!(
+        active_pid(&after),
+        active_pid(&before),
+        "slot.json moved aside: the serving slot changed"
+    );
+    let rebuilt: Value = serde_json::from_slice(&std::fs::read(&record).expect("the slot record is rebuilt")).unwrap();
+    env.log(&format!("rebuilt {}: {rebuilt}", record.display()));
+    assert_eq!(rebuilt["port"], after["status"]["slots"][0]["port"], "{rebuilt}");
+
+    // 5. A new spec change rolls away from the rebuilt slot, and PostgreSQL is restarted in the
+    //    middle of that roll (after the new slot started, before it is ready): the roll completes,
+    //    and clients see failures only while PostgreSQL is down.
+    workspaces.push("before-postgres-restart".into());
+    create_workspace(&env, shard, &front, "before-postgres-restart").await;
+    let poller = Polls::start(admin.clone());
+    let timeline = Timeline::start(&env, shard);
+    let since = Utc::now();
+    let requested = Utc::now();
+    let started = Instant::now();
+    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
+        .await;
+    let new_slot = new_slot_started(&env, shard, requested).await;
     env.log(&format!(
-        "raised readinessTimeout: slot {new_slot} started {:.2}s later; restarting PostgreSQL in 3 s",
-        raised.elapsed().as_secs_f64()
+        "rolling from the rebuilt slot {active} to {new_slot}; restarting PostgreSQL in 3 s"
     ));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let switched = env.get(shard).await.unwrap()["status"]["lastRoll"]["frontSwitchedAt"].clone();
@@ -763,6 +863,7 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     // Down for a while, as a restart of a loaded server may take.
     tokio::time::sleep(PG_DOWN.saturating_sub(pg_stopped.elapsed())).await;
     pg.restart();
+    let pg_back_at = Utc::now();
     let pg_down = pg_stopped.elapsed();
     env.log(&format!("PostgreSQL was down {:.2}s", pg_down.as_secs_f64()));
     let done = env
@@ -783,7 +884,7 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
             },
         )
         .await;
-    let rolled_in = raised.elapsed();
+    let rolled_in = started.elapsed();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stats = poller.finish().await;
     let timeline = timeline.finish().await;
@@ -797,113 +898,35 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
         )),
     };
     assert_eq!(active_slot(&done).as_deref(), Some(new_slot.as_str()));
+    assert_eq!(done["status"]["lastRoll"]["fromVersion"], version.as_str());
+    // The new slot was starting when the store went away: it is started again (a kcp may never get
+    // ready after that), not left to run into readinessTimeout.
+    assert!(
+        events.iter().any(|(t, r, _)| t == "Warning" && r == "SlotRestarting"),
+        "no SlotRestarting event for the slot that was starting during the outage:\n{}",
+        render_events(&events)
+    );
+    // A poll sent up to 2 s before the stop may fail with it; none may fail 3 s after PostgreSQL is back.
+    let outside: Vec<_> = stats
+        .disrupted
+        .iter()
+        .filter(|(from, to)| {
+            *from < pg_stopped_at - chrono::Duration::seconds(2) || *to > pg_back_at + chrono::Duration::seconds(3)
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "requests through the front failed or stalled outside the PostgreSQL outage ({pg_stopped_at} to {pg_back_at}): {outside:?}\n{}",
+        list_failures(&stats)
+    );
     all_there(&env, &admin, &workspaces, "the PostgreSQL restart mid-roll").await;
     report.add(format!(
-        "readinessTimeout raised to 120s: the roll retried at once; PostgreSQL restarted mid-roll (down {:.2}s): the roll completed {:.2}s after the raise; /readyz through the front: {}; workspaces kept\n  status:\n{}\n  events:\n{}",
+        "the next spec change rolled from the rebuilt slot {active} to {new_slot}; PostgreSQL restarted mid-roll (down {:.2}s): the roll completed {:.2}s after the request; /readyz through the front: {}; workspaces kept\n  status:\n{}\n  events:\n{}",
         pg_down.as_secs_f64(),
         rolled_in.as_secs_f64(),
         failure_window(&stats, pg_stopped_at),
         render(&timeline),
         render_events(&events)
-    ));
-
-    // 4. SIGKILL of the new kcp mid-roll, after it started and before the switch.
-    workspaces.push("before-new-kcp-kill".into());
-    create_workspace(&env, shard, &front, "before-new-kcp-kill").await;
-    let before = env.get(shard).await.unwrap();
-    let poller = Polls::start(admin.clone());
-    let since = Utc::now();
-    let requested = Utc::now();
-    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
-        .await;
-    let new_slot = new_slot_started(&env, shard, requested).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (new_pid, _) = one_process(&env, &slot_root(&env, shard, &new_slot), "new kcp");
-    let rolling = env.get(shard).await.unwrap();
-    assert!(
-        rolling["status"]["lastRoll"]["frontSwitchedAt"].is_null(),
-        "the front switched to the new slot within 2 s of its start: {}",
-        rolling["status"]["lastRoll"]
-    );
-    let killed = Instant::now();
-    signal(new_pid, libc::SIGKILL);
-    env.log(&format!("new kcp: SIGKILLed slot {new_slot} (pid {new_pid})"));
-    let degraded = degraded_with(&env, shard, "SlotCrashed", Duration::from_secs(30)).await;
-    let noticed = killed.elapsed();
-    let kines = support::poll(Duration::from_secs(15), Duration::from_millis(100), || {
-        (processes_with(&format!("application_name=kcpshard-{shard}-")).len() == 1).then_some(())
-    });
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let stats = poller.finish().await;
-    let after = env.get(shard).await.unwrap();
-    no_roll(&env, &before, &after, "new kcp SIGKILL");
-    assert!(kines.is_some(), "the abandoned slot's kine still runs");
-    assert!(
-        stats.failures.is_empty(),
-        "new kcp SIGKILL: /readyz through the front failed:\n{}",
-        list_failures(&stats)
-    );
-    all_there(&env, &admin, &workspaces, "the new kcp SIGKILL").await;
-    report.add(format!(
-        "SIGKILL of the new kcp (slot {new_slot}, 2 s after its start, before the switch): roll abandoned {:.2}s later (Degraded/SlotCrashed: {}); the old slot served on: /readyz through the front: {}\n  events:\n{}",
-        noticed.as_secs_f64(),
-        degraded["message"].as_str().unwrap_or_default(),
-        failure_window(&stats, since),
-        render_events(&events_since(&env, shard, since).await)
-    ));
-
-    // 5. Garbage in the active slot's slot.json; moved aside, the record is rebuilt from the
-    //    running kcp (the shard stays blocked on the crashed spec), and the next spec change rolls.
-    workspaces.push("before-corrupt-slot".into());
-    create_workspace(&env, shard, &front, "before-corrupt-slot").await;
-    let before = env.get(shard).await.unwrap();
-    let active = active_slot(&before).unwrap();
-    let record = env.shard_dir(shard).join(format!("slots/{active}/slot.json"));
-    let after = corrupt_and_move_aside(&env, shard, &front, &record, &mut report, |o| {
-        condition(o, "Degraded").is_some_and(|c| c["reason"] == "SlotCrashed") && ready_now(o)
-    })
-    .await;
-    assert_eq!(
-        active_pid(&after),
-        active_pid(&before),
-        "slot.json moved aside: the serving slot changed"
-    );
-    let rebuilt: Value = serde_json::from_slice(&std::fs::read(&record).expect("the slot record is rebuilt")).unwrap();
-    env.log(&format!("rebuilt {}: {rebuilt}", record.display()));
-    assert_eq!(rebuilt["port"], after["status"]["slots"][0]["port"], "{rebuilt}");
-
-    let poller = Polls::start(admin.clone());
-    let since = Utc::now();
-    let requested = Utc::now();
-    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
-        .await;
-    let done = env
-        .until(shard, ROLL_TIMEOUT, "the roll away from the rebuilt slot", |o| {
-            (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some()
-                && ready_now(o)
-                && condition_is(o, "Progressing", "False"))
-            .then(|| o.clone())
-        })
-        .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let stats = poller.finish().await;
-    assert_ne!(
-        active_slot(&done),
-        Some(active.clone()),
-        "the rebuilt slot still serves"
-    );
-    assert_eq!(done["status"]["lastRoll"]["fromVersion"], version.as_str());
-    assert!(
-        stats.failures.is_empty(),
-        "roll from a rebuilt slot: /readyz through the front failed:\n{}",
-        list_failures(&stats)
-    );
-    all_there(&env, &admin, &workspaces, "the roll away from the rebuilt slot").await;
-    report.add(format!(
-        "the next spec change rolled from the rebuilt slot {active} to {}: /readyz through the front: {}\n  events:\n{}",
-        active_slot(&done).unwrap_or_default(),
-        failure_window(&stats, since),
-        render_events(&events_since(&env, shard, since).await)
     ));
 
     let left = env.shutdown(&[shard]).await;
