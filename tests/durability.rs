@@ -431,7 +431,8 @@ async fn acknowledged_writes_survive_sigkill_and_resource_versions_never_go_back
     let core_list = core.list(&ListParams::default()).await.expect("list core/v1 events");
     assert_eq!(core_list.items.len(), stored.len());
     // A write killed before its rename leaves a temp file that the next start removes; a torn
-    // object file would have been moved aside as *.corrupt.
+    // object file would stop serve from starting (tests/faults_api.rs), and no older version moved
+    // aside as *.corrupt may be lying around either.
     let leftovers = files_ending(&serve.state_dir().join("objects"), &[".tmp", ".corrupt"]);
     assert!(
         leftovers.is_empty(),
