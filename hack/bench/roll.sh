@@ -130,8 +130,32 @@ with open(f"{state}/serve.log", errors="replace") as f:
                 at = ts(line.split()[0])
                 if at and t[lo] <= at <= t[hi]:
                     found[key] = at
+                    name = re.search(r'name: "(\w+)"', line)
+                    if name:
+                        found["old"] = name.group(1)
 t["sigterm"] = found.get("sigterm")
 t["leaseDeleteSent"] = found.get("leaseDeleteSent")
+# kcp's own account of the controllers' hand-over, from the slots' logs (klog, local time): the
+# old slot stops leading at the end of its shutdown delay, the new one leads at an election retry.
+def klog_times(path, needle):
+    times = []
+    try:
+        for line in open(path, errors="replace"):
+            if needle in line and line[:1] in "IWE":
+                fields = line.split()
+                at = datetime.strptime(f"{time.localtime().tm_year}{fields[0][1:]} {fields[1]}", "%Y%m%d %H:%M:%S.%f")
+                times.append(at.timestamp())
+    except (OSError, ValueError, IndexError):
+        pass
+    return times
+slots = f"{state}/shards/bench/slots"
+old = found.get("old")
+new = {"a": "b", "b": "a"}.get(old)
+lo = t["sigterm"] or t["frontSwitchedAt"]
+t["oldStoppedLeading"] = next((x for x in klog_times(f"{slots}/{old}/kcp.log", '"stopped leading"')
+                               if lo <= x <= t["oldSlotExitedAt"]), None)
+t["newLeads"] = next((x for x in klog_times(f"{slots}/{new}/kcp.log", '"Successfully acquired lease"')
+                      if t["oldSlotExitedAt"] <= x <= t["probeSucceededAt"]), None)
 t["changedAt"] = changed
 print(json.dumps({"roll": int(roll), "kind": kind, "from": r.get("fromVersion"), "to": r.get("toVersion"),
                   "snapshot": bool(r.get("snapshot")), "t": t}))
@@ -219,6 +243,14 @@ for c, v in load["clients"].items():
 w = load["watch"]
 print(f"  watches: {w['lists']} lists, {w['watches']} watch requests, {w['relists410']} re-lists after 410, "
       f"streams ended by the server {w['streamsEndedByServer']}, cut {sum(w['streamsCut'].values())} {w['streamsCut']}, events {w['events']}")
+print("\nthe controllers' hand-over, seconds (kcp's logs):")
+print("| roll | old stopped leading -> old exited | lease DELETE sent -> new slot leads | new slot leads -> probe Ready | no leader (old stopped leading -> new leads) |")
+print("|---|---|---|---|---|")
+for r in rows:
+    t = r["t"]
+    d = lambda a, b: f"{t[b] - t[a]:.2f}" if t.get(a) is not None and t.get(b) is not None else "-"
+    print(f"| {r['roll']} | {d('oldStoppedLeading', 'oldSlotExitedAt')} | {d('leaseDeleteSent', 'newLeads')} | "
+          f"{d('newLeads', 'probeSucceededAt')} | {d('oldStoppedLeading', 'newLeads')} |")
 ok = lambda b: "met" if b else "MISSED"
 print(f"\ntargets ({store}):")
 print(f"  0 failures in at least 10,000 requests: {ok(failed == 0 and req >= 10000)} ({failed} of {req:,})")
