@@ -6,10 +6,13 @@
 # - Stable Rust is enough: `--sanitizer=none` (the code under test is safe Rust, so AddressSanitizer
 #   adds little and needs nightly) and `--dev` with optimised dependencies (fuzz/Cargo.toml), so
 #   that a run after a change to kcpshard spends its time fuzzing, not compiling.
-# - Builds in target/fuzz; the corpus grows in target/fuzz/corpus/<target> across runs, seeded from
-#   the checked-in fuzz/seeds/<target>. A crashing input is written to fuzz/artifacts/<target>/:
-#   reproduce it with `cd fuzz && cargo fuzz run --dev --sanitizer=none --target-dir ../target/fuzz
-#   <target> artifacts/<target>/<file>`, then keep it as a regression test next to the fix.
+# - Builds in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/fuzz/target, outside the checkout like the
+#   components of hack/install-deps.sh: the first build on a machine compiles every dependency with
+#   coverage instrumentation (about 20 min of CPU); later ones only kcpshard. The corpus grows in
+#   .../fuzz/corpus/<target> across runs, seeded from the checked-in fuzz/seeds/<target>.
+# - A crashing input is written to fuzz/artifacts/<target>/: reproduce it with `cd fuzz && cargo fuzz
+#   run --dev --sanitizer=none --target-dir <cache>/fuzz/target <target> artifacts/<target>/<file>`,
+#   then keep it in fuzz/seeds/<target>/regression-* and as a test next to the fix.
 set -euo pipefail
 seconds=${1:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,17 +26,23 @@ fi
 
 # The versions kcpshard is built and tested with (cargo adds libfuzzer-sys to this copy).
 cp "$root/Cargo.lock" Cargo.lock
-flags=(--dev --sanitizer=none --target-dir "$root/target/fuzz")
-logs=$root/target/fuzz/logs
+cache=${KCPSHARD_CACHE:-$HOME/.cache/kcpshard}/fuzz
+flags=(--dev --sanitizer=none --target-dir "$cache/target")
+logs=$cache/logs
 mkdir -p "$logs"
 failed=0
 for target in $(cargo fuzz list); do
-  corpus=$root/target/fuzz/corpus/$target
+  corpus=$cache/corpus/$target
   mkdir -p "$corpus" "seeds/$target"
   start=$(date +%s)
   cargo fuzz build "${flags[@]}" "$target"
   built=$(date +%s)
   log=$logs/$target.log
+  # Every input in the corpus is replayed at the start of a run: keep it to the inputs that matter.
+  if [ "$(ls "$corpus" | wc -l)" -gt 20000 ]; then
+    say "$target: minimising the corpus ($(ls "$corpus" | wc -l) inputs)"
+    cargo fuzz cmin "${flags[@]}" "$target" "$corpus" >"$log" 2>&1 || say "cmin failed (see $log); fuzzing anyway"
+  fi
   if cargo fuzz run "${flags[@]}" "$target" "$corpus" "seeds/$target" -- \
       -max_total_time="$seconds" -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
     result=ok
