@@ -93,3 +93,42 @@ async fn a_negative_or_absurd_timeout_is_refused_with_422_and_nothing_is_stored(
     let left = env.shutdown(&[]).await;
     assert!(left.is_empty(), "processes left: {left:?}");
 }
+
+/// A new shard whose kcp binary is missing: Degraded says so, and one RollBlocked Warning event
+/// says it too (the status written after the front started already carried the block, which made
+/// the next look take the event as sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_shard_without_its_binary_gets_one_roll_blocked_event() {
+    let mut env = Env::start().await;
+    let shard = "nobinary";
+    env.apply(shard, "v0.0.1", &format!("127.0.0.1:{}", free_port())).await;
+    env.until(
+        shard,
+        std::time::Duration::from_secs(60),
+        "Degraded BinaryMissing",
+        |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["reason"] == "BinaryMissing")
+                .map(|_| ())
+        },
+    )
+    .await;
+    let blocked = |events: &[k8s_openapi::api::core::v1::Event]| {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("RollBlocked"))
+            .map(|e| e.message.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while blocked(&env.events(shard).await).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Several more looks (one every 2 s) add no second event.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    let events = env.events(shard).await;
+    let messages = blocked(&events);
+    assert_eq!(messages.len(), 1, "{}", summarize_events(&events));
+    assert!(messages[0].contains("no kcp binary at"), "{}", messages[0]);
+    env.shutdown(&[shard]).await;
+}

@@ -211,15 +211,18 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     } else {
         observe::observe(ctx, shard, &dirs).await?
     };
-    let status = status::build(
-        shard,
-        stored.as_ref(),
-        &desired,
-        &world,
-        &plan::plan(&desired, &world.observed),
-        failure.as_deref(),
-    );
+    let upcoming = plan::plan(&desired, &world.observed);
+    let status = status::build(shard, stored.as_ref(), &desired, &world, &upcoming, failure.as_deref());
     write_status(&api, &name, stored.as_ref(), &status).await?;
+    // This status already says Degraded for a block the next look will find (a new shard with no
+    // binary): that look takes the block as reported, so the event goes out now.
+    if let Step::Blocked { cause } = &upcoming
+        && !matches!(next, Step::Blocked { .. })
+        && failure.is_none()
+        && degraded.is_none_or(|c| c.reason != cause.reason())
+    {
+        publish(ctx, shard, Note::warning("RollBlocked", cause.message())).await;
+    }
     let failing_for = degraded
         .filter(|c| c.reason == "StepFailed")
         .and_then(|c| {
