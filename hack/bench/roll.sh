@@ -63,6 +63,7 @@ now() { date +%s.%N; }
 state=""
 serve=""
 load=""
+keep_state=""
 # Stops what one store's run started: the load, the shard (its finalizer stops the slots, kines,
 # the front and a managed PostgreSQL), serve, then anything still naming the state dir in its argv.
 stop_run() {
@@ -83,7 +84,8 @@ stop_run() {
       sleep 3
       kill -KILL $pids 2>/dev/null || true
     fi
-    if [ -n "${KEEP:-}" ]; then echo "roll.sh: kept $state" >&2; else rm -rf "$state"; fi
+    if [ -n "${KEEP:-}${keep_state:-}" ]; then echo "roll.sh: kept $state" >&2; else rm -rf "$state"; fi
+    keep_state=""
   fi
   state=""
 }
@@ -109,9 +111,15 @@ while True:
     if out.returncode == 0:
         o = json.loads(out.stdout)
         r = (o.get("status") or {}).get("lastRoll") or {}
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in o["status"].get("conditions", []))
+        conditions = {c["type"]: c for c in o["status"].get("conditions", [])}
+        ready = conditions.get("Ready", {}).get("status") == "True"
         if ts(r.get("startedAt")) and ts(r["startedAt"]) >= changed - 0.05 and r.get("completedAt") and ready:
             break
+        # A roll kcpshard stopped (the new slot never got ready, or crashed): the old slot serves on.
+        progressing = conditions.get("Progressing", {})
+        if progressing.get("reason") == "RollBlocked" and (ts(progressing.get("lastTransitionTime")) or 0) >= changed - 1:
+            print(f"roll {roll} ({kind}) stopped by kcpshard: {progressing.get('message')}", file=sys.stderr)
+            sys.exit(3)
     if time.time() > deadline:
         sys.exit(f"roll {roll} did not complete within 900 s")
     time.sleep(0.5)
@@ -171,10 +179,14 @@ report() { # store
 import json, sys
 store, rolls_file, load_file, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 rows = [json.loads(l) for l in open(rolls_file)]
+if not rows:
+    print(f"\n=== {store}: no roll completed ===")
+    print(open(sys.argv[5]).read().strip())
+    sys.exit(0)
 load = json.load(open(load_file))
 cols = ["newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "sigterm", "oldSlotExitedAt",
         "leaseDeleteSent", "leaseReleasedAt", "probeSucceededAt", "completedAt"]
-print(f"\n=== {store}: {len(rows)} rolls; seconds after status.lastRoll.startedAt ===")
+print(f"\n=== {store}: {len(rows)} of {n} rolls completed; seconds after status.lastRoll.startedAt ===")
 print(open(sys.argv[5]).read().strip())
 head = "| roll | change | spec->start | slot started | ready | switched | SIGTERM old | old exited | lease DELETE | lease released | probe Ready | done | gap | kcp start-up | kcp shutdown | kcp takeover | controller | of it: settle |"
 print(head)
@@ -325,7 +337,14 @@ EOF
       kind=restart
       "$kubectl" annotate ks bench kcpshard.io/restartedAt="roll-$i-$(date +%s%N)" --overwrite >/dev/null
     fi
-    wait_roll "$changed" "$i" "$kind" >>"$state/rolls.jsonl"
+    if ! wait_roll "$changed" "$i" "$kind" >>"$state/rolls.jsonl" 2>"$state/roll-$i.err"; then
+      cat "$state/roll-$i.err" >&2
+      echo "roll $i of $rolls did not complete: $(cat "$state/roll-$i.err")" >>"$state/about.txt"
+      failed_runs="$failed_runs $store"
+      keep_state=1
+      break
+    fi
+    cat "$state/roll-$i.err" >&2
     sleep "$pause"
   done
   kill -TERM "$load"; wait "$load" || true
@@ -336,6 +355,11 @@ EOF
   stop_run
 }
 
+failed_runs=""
 for store in $stores; do
   run_store "$store"
 done
+if [ -n "$failed_runs" ]; then
+  echo "roll.sh: a roll did not complete on:$failed_runs (see the report above)" >&2
+  exit 1
+fi
