@@ -50,8 +50,9 @@ bins=$(mktemp -d /tmp/kcpshard-roll-bin-XXXXXX)
 if [ -z "${KCPSHARD:-}" ] || [ -z "${ROLL_LOAD:-}" ]; then
   cargo build --release -q --bin kcpshard --example roll_load
 fi
-cp "${KCPSHARD:-target/release/kcpshard}" "$bins/kcpshard"
-cp "${ROLL_LOAD:-target/release/examples/roll_load}" "$bins/roll_load"
+target=${CARGO_TARGET_DIR:-target}
+cp "${KCPSHARD:-$target/release/kcpshard}" "$bins/kcpshard"
+cp "${ROLL_LOAD:-$target/release/examples/roll_load}" "$bins/roll_load"
 ks=$bins/kcpshard
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
 [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit with uncommitted changes"
