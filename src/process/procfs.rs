@@ -1,5 +1,6 @@
 //! What Linux's `/proc` tells about a process: its start time (to tell a process from a later one
-//! that reuses its pid), its state (a zombie is not running) and its argv.
+//! that reuses its pid), its state (a zombie is not running) and its argv; and whether anything
+//! listens on a TCP port (the socket tables), which can be asked without connecting.
 use std::fs;
 use std::path::PathBuf;
 
@@ -91,8 +92,51 @@ pub fn clock_ticks() -> u64 {
         .unwrap_or(100)
 }
 
+/// Something on this machine listens on TCP `port` (any address, IPv4 or IPv6), from the socket
+/// tables: asking this way opens no connection, so the listener logs nothing.
+pub fn tcp_listening(port: u16) -> bool {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| fs::read_to_string(table).ok())
+        .any(|text| table_listens(&text, port))
+}
+
+/// Whether a `/proc/net/tcp{,6}` table has a socket in state LISTEN (`0A`) on local port `port`.
+fn table_listens(text: &str, port: u16) -> bool {
+    let wanted = format!(":{port:04X}");
+    text.lines().skip(1).any(|line| {
+        let mut fields = line.split_whitespace();
+        let local = fields.nth(1);
+        let state = fields.nth(1);
+        local.is_some_and(|l| l.ends_with(&wanted)) && state == Some("0A")
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_listening_socket_is_told_from_connections_on_the_same_port() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:0050 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 20 4 30 10 -1
+";
+        assert!(super::table_listens(table, 8080));
+        assert!(
+            !super::table_listens(table, 80),
+            "an established connection is not a listener"
+        );
+        assert!(!super::table_listens(table, 443));
+    }
+
+    #[test]
+    fn a_bound_listener_is_seen_and_a_closed_one_is_not() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(super::tcp_listening(port));
+        drop(listener);
+        assert!(!super::tcp_listening(port));
+    }
+
     use super::*;
 
     #[test]
