@@ -364,8 +364,9 @@ async fn roll_and_check(
         !alive(old_pid),
         "{label}: the old slot's kcp (pid {old_pid}) still runs"
     );
-    // The hand-over, as the Lease object shows it: the new slot leads within 5 s of the old
-    // slot's exit (without the release it waits out the old leader's lease, ~60 s).
+    // The hand-over, as the Lease object shows it: the new slot leads within 5 s of the old slot
+    // stopping listening, the moment it stops leading (without the release it waits out the old
+    // leader's lease, ~60 s), and not before: the old slot could still have renewed it.
     let lease_path = "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
     let lease = match once(&shard_admin, http::Method::GET, lease_path, None).await {
         Ok((200, body)) => serde_json::from_str::<Value>(&body).unwrap_or_default(),
@@ -374,18 +375,20 @@ async fn roll_and_check(
         )),
     };
     let acquired = parse_time(&lease["spec"]["acquireTime"]);
-    let lead_after_exit = acquired.map(|t| (t - at("oldSlotExitedAt")).num_milliseconds() as f64 / 1000.0);
+    let seconds_after = |phase: &str| acquired.map(|t| (t - at(phase)).num_milliseconds() as f64 / 1000.0);
+    let lead_after_stop = seconds_after("oldSlotStoppedListeningAt");
     env.log(&format!(
-        "{label}: Lease kcp-controllers held by {} since {} ({:+.2}s from oldSlotExitedAt, {:+.2}s from leaseReleasedAt)",
+        "{label}: Lease kcp-controllers held by {} since {} ({:+.2}s from oldSlotStoppedListeningAt, {:+.2}s from leaseReleasedAt, {:+.2}s from oldSlotExitedAt)",
         lease["spec"]["holderIdentity"],
         lease["spec"]["acquireTime"],
-        lead_after_exit.unwrap_or(f64::NAN),
-        acquired.map(|t| (t - at("leaseReleasedAt")).num_milliseconds() as f64 / 1000.0).unwrap_or(f64::NAN)
+        lead_after_stop.unwrap_or(f64::NAN),
+        seconds_after("leaseReleasedAt").unwrap_or(f64::NAN),
+        seconds_after("oldSlotExitedAt").unwrap_or(f64::NAN),
     ));
     let bound = kcp_bound(env, label);
-    if !lead_after_exit.is_some_and(|s| (0.0..=bound.as_secs_f64()).contains(&s)) {
+    if !lead_after_stop.is_some_and(|s| (0.0..=bound.as_secs_f64()).contains(&s)) {
         problems.push(format!(
-            "{label}: the new slot did not take the controllers Lease within {bound:?} of the old slot's exit: {}",
+            "{label}: the new slot did not take the controllers Lease within {bound:?} of the old slot stopping listening: {}",
             lease["spec"]
         ));
     }
@@ -393,7 +396,7 @@ async fn roll_and_check(
     // over what a workspace takes on the settled shard right before the roll (the machine's load).
     if took > baseline + bound {
         let problem = format!(
-            "{label}: a workspace created through the front after the old slot exited took {:.2}s to be Ready, more than {bound:?} over the settled shard's {:.2}s (lease released {:+.2}s after the exit; probe Ready {:+.2}s after the release)",
+            "{label}: a workspace created through the front after the old slot exited took {:.2}s to be Ready, more than {bound:?} over the settled shard's {:.2}s (lease released {:+.2}s from the exit; probe Ready {:+.2}s after the release)",
             took.as_secs_f64(),
             baseline.as_secs_f64(),
             (at("leaseReleasedAt") - at("oldSlotExitedAt")).num_milliseconds() as f64 / 1000.0,
@@ -858,11 +861,12 @@ fn restart_patch() -> Value {
 /// Where in a roll `serve` is SIGKILLed: once the controller's record of the roll (its state file
 /// `shards/<name>/controller.json`, written before each step's effect and mirrored in
 /// status.lastRoll) carries this timestamp.
-const BOUNDARIES: [(&str, &str); 4] = [
+const BOUNDARIES: [(&str, &str); 5] = [
     ("after SlotStarting", "newSlotStartedAt"),
     ("after SlotReady/FrontSwitched", "frontSwitchedAt"),
-    ("after SlotStopped", "oldSlotExitedAt"),
+    ("after SlotDraining", "oldSlotStoppedListeningAt"),
     ("after LeaseReleased", "leaseReleasedAt"),
+    ("after ProbeSucceeded", "probeSucceededAt"),
 ];
 
 /// The roll in progress (or the last one) from the controller's state file.

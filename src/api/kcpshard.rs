@@ -89,7 +89,9 @@ pub struct KcpSettings {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
     /// How long a slot keeps serving after SIGTERM before closing its listener
-    /// (kcp's --shutdown-delay-duration), e.g. "2s".
+    /// (kcp's --shutdown-delay-duration), e.g. "2s". Default 0s: the front moves new connections to
+    /// the new slot before the old one gets SIGTERM, so a delay only keeps kept-alive connections
+    /// on a slot whose /readyz fails. Set one if another load balancer also sends to the slots.
     #[schemars(pattern(DURATION_PATTERN))]
     pub shutdown_delay: String,
 }
@@ -99,7 +101,7 @@ impl Default for KcpSettings {
         Self {
             binary: "bin/kcp-{version}".into(),
             extra_args: Vec::new(),
-            shutdown_delay: "2s".into(),
+            shutdown_delay: "0s".into(),
         }
     }
 }
@@ -505,6 +507,10 @@ pub struct RollStatus {
     /// When the front began forwarding new connections to the new slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub front_switched_at: Option<MicroTime>,
+    /// When the old slot, sent SIGTERM, stopped listening (after spec.kcp.shutdownDelay): from then
+    /// on it leads no controllers, and the Lease is released while it drains its connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_slot_stopped_listening_at: Option<MicroTime>,
     /// When the old slot's process exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub old_slot_exited_at: Option<MicroTime>,

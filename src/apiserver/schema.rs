@@ -558,7 +558,7 @@ mod tests {
         let spec = &obj["spec"];
         assert_eq!(
             spec["kcp"],
-            json!({"binary": "bin/kcp-{version}", "shutdownDelay": "2s"})
+            json!({"binary": "bin/kcp-{version}", "shutdownDelay": "0s"})
         );
         assert_eq!(spec["front"], json!({"type": "Tcp", "listen": "127.0.0.1:6443"}));
         assert_eq!(spec["rollout"]["readinessTimeout"], "120s");

@@ -9,7 +9,7 @@ use kube::runtime::events::EventType;
 
 use super::clients::Identity;
 use super::observe::World;
-use super::plan::{BlockCause, Blocked, Desired, RollRecord, SWITCH_SETTLE, Step};
+use super::plan::{BlockCause, Blocked, Desired, RollRecord, Step};
 use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
@@ -24,6 +24,11 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
 const FRONT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a slot's own kine may take to exit after SIGTERM.
 const KINE_STOP_GRACE: Duration = Duration::from_secs(10);
+/// How often a slot sent SIGTERM is looked at, to see when it stops listening.
+const LISTEN_POLL: Duration = Duration::from_millis(10);
+/// How long requests a slot admitted before it stopped listening get to finish before the front
+/// closes that slot's connections. Watches never finish, and kcp stays alive while they are open.
+const IN_FLIGHT_GRACE: Duration = Duration::from_secs(1);
 
 /// What a step did that the user should hear about.
 pub type Notes = Vec<Note>;
@@ -84,6 +89,7 @@ impl Actor<'_> {
             }
             Step::StartSlot { name } => self.start_slot(name).await,
             Step::SwitchFront { to } => self.switch_front(to).await,
+            Step::TerminateSlot { name } => self.terminate_slot(name).await,
             Step::StopSlot { name } => self.stop_slot(name).await,
             Step::RestartSlot { name } => self.restart_slot(name).await,
             Step::ForgetSlot { name, was_active } => {
@@ -292,12 +298,7 @@ impl Actor<'_> {
     }
 
     async fn switch_front(&self, to: &str) -> anyhow::Result<Notes> {
-        let slot = self
-            .world
-            .slots
-            .iter()
-            .find(|s| s.record.name == to)
-            .ok_or_else(|| anyhow::anyhow!("slot {to} has no record"))?;
+        let slot = self.slot(to)?;
         let ready_at = Utc::now();
         self.update_roll(|roll| {
             roll.new_slot_ready_at.get_or_insert(ready_at);
@@ -363,23 +364,75 @@ impl Actor<'_> {
         }
     }
 
-    async fn stop_slot(&self, name: &str) -> anyhow::Result<Notes> {
-        let slot = self
-            .world
+    fn slot(&self, name: &str) -> anyhow::Result<&super::observe::ObservedSlot> {
+        self.world
             .slots
             .iter()
             .find(|s| s.record.name == name)
-            .ok_or_else(|| anyhow::anyhow!("slot {name} has no record"))?;
+            .ok_or_else(|| anyhow::anyhow!("slot {name} has no record"))
+    }
+
+    /// Sends the roll's old slot SIGTERM and waits until it stops listening, after its shutdown
+    /// delay (or exits). kcp then cancels its leader election and controllers, which reach kcp
+    /// only through that listener: the old slot can no longer renew or re-create the Lease, so the
+    /// Lease goes to the new slot while the old one drains its open connections.
+    async fn terminate_slot(&self, name: &str) -> anyhow::Result<Notes> {
+        let slot = self.slot(name)?;
         let drain = self.shard.spec.rollout.drain_timeout().map_err(anyhow::Error::msg)?;
-        // kcp serves through its shutdown delay, then stops listening but stays alive while
-        // connections (watches) are open through the front, until drainTimeout kills it. Once the
-        // delay is over, the front closes them: clients re-watch, through the new slot.
-        let delay = crate::api::parse_duration(&slot.record.template.shutdown_delay).unwrap_or_default();
+        let port = slot.record.port;
+        let began = std::time::Instant::now();
+        let stopped_listening = async {
+            while crate::process::procfs::tcp_listening(port) {
+                tokio::time::sleep(LISTEN_POLL).await;
+            }
+        };
+        let exited = tokio::select! {
+            // SIGTERM goes out on the first poll of `terminate`, before the first look at the port.
+            biased;
+            done = self.ctx.runtime.terminate(&slot.process, drain) => Some(done?),
+            () = stopped_listening => None,
+        };
+        let now = Utc::now();
+        self.update_roll(|roll| {
+            roll.old_slot_stopped_listening_at = Some(now);
+            if exited.is_some() {
+                roll.old_slot_exited_at = Some(now);
+            }
+        })?;
+        let took = began.elapsed().as_secs_f64();
+        let message = match exited {
+            Some(_) => format!("slot {name} exited {took:.2}s after SIGTERM"),
+            None => format!(
+                "slot {name} stopped listening {took:.2}s after SIGTERM; it drains its open connections while the new slot takes the controllers' Lease"
+            ),
+        };
+        Ok(vec![Note::normal("SlotDraining", message)])
+    }
+
+    async fn stop_slot(&self, name: &str) -> anyhow::Result<Notes> {
+        let slot = self.slot(name)?;
+        let drain = self.shard.spec.rollout.drain_timeout().map_err(anyhow::Error::msg)?;
+        // kcp stops listening after its shutdown delay, but stays alive while connections (watches)
+        // are open through the front, until drainTimeout kills it. Once what it admitted before
+        // has had time to finish, the front closes them: clients re-watch, through the new slot.
+        let stopped_listening = self
+            .world
+            .observed
+            .roll
+            .as_ref()
+            .filter(|r| r.from.as_deref() == Some(name))
+            .and_then(|r| r.old_slot_stopped_listening_at);
+        let close_after = match stopped_listening {
+            Some(at) => IN_FLIGHT_GRACE.saturating_sub((Utc::now() - at).to_std().unwrap_or_default()),
+            None => {
+                crate::api::parse_duration(&slot.record.template.shutdown_delay).unwrap_or_default() + IN_FLIGHT_GRACE
+            }
+        };
         let terminate = self.ctx.runtime.terminate(&slot.process, drain);
         tokio::pin!(terminate);
         let termination = tokio::select! {
             done = &mut terminate => done?,
-            _ = tokio::time::sleep(delay + SWITCH_SETTLE) => {
+            _ = tokio::time::sleep(close_after) => {
                 let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
                 self.ctx.front(self.shard, self.dirs)?.close(address).await;
                 terminate.await?
@@ -389,16 +442,22 @@ impl Actor<'_> {
         self.stop_slot_store(name).await?;
         self.update_roll(|roll| {
             if roll.from.as_deref() == Some(name) {
-                roll.old_slot_exited_at = Some(exited_at);
+                roll.old_slot_exited_at.get_or_insert(exited_at);
             }
         })?;
         self.dirs.slot(name).forget()?;
         let mut notes = vec![Note::normal(
             "SlotStopped",
-            format!(
-                "slot {name} exited {:.1}s after SIGTERM",
-                termination.exited_after.as_secs_f64()
-            ),
+            match stopped_listening {
+                Some(at) => format!(
+                    "slot {name} exited {:.1}s after it stopped listening",
+                    (exited_at - at).num_milliseconds() as f64 / 1000.0
+                ),
+                None => format!(
+                    "slot {name} exited {:.1}s after SIGTERM",
+                    termination.exited_after.as_secs_f64()
+                ),
+            },
         )];
         if termination.killed {
             notes.push(Note::warning(
@@ -409,10 +468,10 @@ impl Actor<'_> {
         Ok(notes)
     }
 
-    /// Stops a new slot that is not ready yet (it serves nobody: no drain) and its own kine; the
-    /// roll record stays, so the next step starts the slot again for the same roll.
-    async fn restart_slot(&self, name: &str) -> anyhow::Result<Notes> {
-        if let Some(slot) = self.world.slots.iter().find(|s| s.record.name == name) {
+    /// Stops a slot that never got ready (it serves nobody: no drain), then its own kine, and drops
+    /// its records.
+    async fn discard_unready_slot(&self, name: &str) -> anyhow::Result<()> {
+        if let Ok(slot) = self.slot(name) {
             self.ctx
                 .runtime
                 .terminate(&slot.process, Duration::from_secs(10))
@@ -420,6 +479,13 @@ impl Actor<'_> {
         }
         self.stop_slot_store(name).await?;
         self.dirs.slot(name).forget()?;
+        Ok(())
+    }
+
+    /// Stops a new slot that is not ready yet and its own kine; the roll record stays, so the next
+    /// step starts the slot again for the same roll.
+    async fn restart_slot(&self, name: &str) -> anyhow::Result<Notes> {
+        self.discard_unready_slot(name).await?;
         Ok(vec![Note::warning(
             "SlotRestarting",
             format!(
@@ -429,14 +495,7 @@ impl Actor<'_> {
     }
 
     async fn abort_roll(&self, name: &str, cause: &BlockCause) -> anyhow::Result<Notes> {
-        if let Some(slot) = self.world.slots.iter().find(|s| s.record.name == name) {
-            self.ctx
-                .runtime
-                .terminate(&slot.process, Duration::from_secs(10))
-                .await?;
-        }
-        self.stop_slot_store(name).await?;
-        self.dirs.slot(name).forget()?;
+        self.discard_unready_slot(name).await?;
         let mut state = self.dirs.load_state()?;
         state.roll = None;
         state.blocked = Some(Blocked {
@@ -459,12 +518,7 @@ impl Actor<'_> {
         let super::plan::FrontObservation::Up { backend: Some(active) } = &self.world.observed.front else {
             anyhow::bail!("the front has no backend");
         };
-        let slot = self
-            .world
-            .slots
-            .iter()
-            .find(|s| &s.record.name == active)
-            .ok_or_else(|| anyhow::anyhow!("slot {active} has no record"))?;
+        let slot = self.slot(active)?;
         let identity = if kcp_admin {
             Identity::KcpAdmin
         } else {
@@ -478,8 +532,8 @@ impl Actor<'_> {
     }
 
     async fn release_lease(&self) -> anyhow::Result<Notes> {
-        // Only now that the old slot has exited: a live leader would take the Lease back
-        // (research section 0.3: without this, controllers stop for ~61 s).
+        // Only once the old slot has stopped listening or exited: a live leader would take the Lease
+        // back (research section 0.3: without this, controllers stop for ~61 s).
         let deleted = slot::access::release_controllers_lease(&self.active_client(false).await?).await?;
         self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
         let message = if deleted {
@@ -552,13 +606,14 @@ fn roll_summary(done: &CompletedRoll) -> String {
         None => format!("started slot {}", r.to),
     };
     format!(
-        "{what} ({}): new slot ready {}, front switched {}, old slot exited {}, lease released {}, probe Ready {}, done {}",
+        "{what} ({}): new slot ready {}, front switched {}, old slot stopped listening {}, lease released {}, probe Ready {}, old slot exited {}, done {}",
         r.to_version,
         since(r.new_slot_ready_at),
         since(r.front_switched_at),
-        since(r.old_slot_exited_at),
+        since(r.old_slot_stopped_listening_at),
         since(r.lease_released_at),
         since(r.probe_succeeded_at),
+        since(r.old_slot_exited_at),
         since(Some(done.completed_at)),
     )
 }

@@ -137,7 +137,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::StartSlot { .. } => "SlotStarting",
         Step::AwaitReady { .. } => "AwaitingReadiness",
         Step::SwitchFront { .. } => "SwitchingFront",
-        Step::AwaitSettle { .. } | Step::StopSlot { .. } => "SlotStopping",
+        Step::AwaitSettle { .. } | Step::TerminateSlot { .. } | Step::StopSlot { .. } => "SlotStopping",
         Step::RestartSlot { .. } => "SlotRestarting",
         Step::ForgetSlot { .. } => "SlotReplacing",
         Step::ReleaseLease => "ReleasingLease",
@@ -155,7 +155,8 @@ fn progress_message(step: &Step) -> String {
         Step::StartSlot { name } => format!("starting slot {name}"),
         Step::AwaitReady { name } => format!("waiting for slot {name} to answer /readyz on its own port"),
         Step::SwitchFront { to } => format!("switching the front to slot {to}"),
-        Step::AwaitSettle { name } => format!("letting connections pinned to slot {name} settle before it stops"),
+        Step::AwaitSettle { name, .. } => format!("letting connections pinned to slot {name} settle before it stops"),
+        Step::TerminateSlot { name } => format!("stopping slot {name}: waiting for it to stop listening"),
         Step::StopSlot { name } => format!("stopping slot {name}"),
         Step::RestartSlot { name } => {
             format!("starting slot {name} again: the store went down while it started")

@@ -233,7 +233,8 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         (_, Some(_)) => Action::requeue(backoff(failing_for)),
         (Step::Idle, _) if desired.deleting => Action::await_change(),
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
-        (Step::AwaitReady { .. } | Step::AwaitSettle { .. }, _) => Action::requeue(WHILE_STARTING),
+        (Step::AwaitSettle { remaining, .. }, _) => Action::requeue(*remaining),
+        (Step::AwaitReady { .. }, _) => Action::requeue(WHILE_STARTING),
         _ => Action::requeue(NEXT_STEP),
     })
 }

@@ -8,8 +8,10 @@
 //! - the slot the front forwards to is never stopped while no other slot is ready (the last ready
 //!   slot keeps serving whatever else fails);
 //! - at most two slots run, and a slot is only started when fewer than two run;
-//! - the Lease is released only when no slot but the new one runs: a live old leader would renew it
-//!   (research section 0.3);
+//! - the Lease is released only when no slot but the new one runs, or the other one has stopped
+//!   listening after SIGTERM: a live old leader would renew it (research section 0.3), but kcp's
+//!   leader election and controllers talk to kcp through its own listener, and kcp cancels them when
+//!   it closes that listener (`pkg/server/server.go`, the `kcp-start-controllers` post-start hook);
 //! - a roll that failed for a spec is not retried until the spec changes (no crash loop).
 use std::time::Duration;
 
@@ -142,6 +144,10 @@ pub struct RollRecord {
     pub new_slot_started_at: Option<DateTime<Utc>>,
     pub new_slot_ready_at: Option<DateTime<Utc>>,
     pub front_switched_at: Option<DateTime<Utc>>,
+    /// When the old slot, sent SIGTERM, stopped listening: from then on it can neither reach its
+    /// own API nor lead controllers, so the Lease can go to the new slot while it drains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_slot_stopped_listening_at: Option<DateTime<Utc>>,
     pub old_slot_exited_at: Option<DateTime<Utc>>,
     pub lease_released_at: Option<DateTime<Utc>>,
     pub probe_succeeded_at: Option<DateTime<Utc>>,
@@ -205,8 +211,15 @@ pub enum Step {
     /// The front just switched: give connections pinned to the old slot a moment before it stops.
     AwaitSettle {
         name: String,
+        /// Until the settle time is over.
+        remaining: Duration,
     },
-    /// Stop a slot that is no longer needed (SIGTERM, bounded wait, SIGKILL).
+    /// SIGTERM the roll's old slot and wait until it stops listening (after its shutdownDelay);
+    /// it drains its open connections while the Lease goes to the new slot.
+    TerminateSlot {
+        name: String,
+    },
+    /// Stop a slot that is no longer needed (SIGTERM, bounded wait, SIGKILL), then its own store.
     StopSlot {
         name: String,
     },
@@ -236,8 +249,11 @@ pub enum Step {
     Idle,
 }
 
-/// How long the old slot keeps serving, untouched, after the front switched away from it.
-pub const SWITCH_SETTLE: Duration = Duration::from_secs(1);
+/// How long the old slot keeps serving, untouched, after the front switched away from it: long
+/// enough for a connection the front accepted just before the switch to finish its TLS handshake
+/// and send its first request (p99 of a whole request under the roll bench's load: 0.18-0.26 s,
+/// docs/benchmarks.md "Rolls under load").
+pub const SWITCH_SETTLE: Duration = Duration::from_millis(500);
 
 /// The slot names, used in turn: the new slot takes the name no running slot has.
 pub const SLOT_NAMES: [&str; 2] = ["a", "b"];
@@ -267,6 +283,11 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     // A slot whose process is gone: the new slot of a roll failed; any other is forgotten (and a
     // replacement started below).
     if let Some(dead) = observed.slots.iter().find(|s| !s.running) {
+        if is_terminated(observed, &dead.name) {
+            return Step::StopSlot {
+                name: dead.name.clone(),
+            };
+        }
         if roll_target == Some(dead.name.as_str())
             && backend != Some(dead.name.as_str())
             && dead.template == desired.template
@@ -285,7 +306,10 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     }
 
     let running: Vec<&SlotObservation> = observed.slots.iter().collect();
-    let current = running.iter().find(|s| s.template == desired.template).copied();
+    let current = running
+        .iter()
+        .find(|s| s.template == desired.template && !is_terminated(observed, &s.name))
+        .copied();
     let Some(current) = current else {
         if let Some(blocked) = &observed.blocked
             && blocked.template == desired.template
@@ -370,25 +394,50 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
             to: current.name.clone(),
         };
     }
+    let roll = observed.roll.as_ref();
     if let Some(old) = running.iter().find(|s| s.name != current.name) {
+        if is_terminated(observed, &old.name) {
+            // It drains its open connections meanwhile; it is stopped once a leader runs.
+            return match roll {
+                Some(roll) if roll.lease_released_at.is_none() => Step::ReleaseLease,
+                Some(roll) if roll.probe_succeeded_at.is_none() => Step::Probe,
+                _ => Step::StopSlot { name: old.name.clone() },
+            };
+        }
         // Connections the front accepted just before the switch are pinned to the old slot and may
         // still be in their TLS handshake: let their first request land before the old slot turns
         // its /readyz to 500 at SIGTERM (seen by the end-to-end poller; the spike waited 5 s).
-        let switched = observed.roll.as_ref().and_then(|r| r.front_switched_at);
-        if let Some(switched) = switched
-            && (observed.now - switched).to_std().unwrap_or_default() < SWITCH_SETTLE
+        let settled_for = roll
+            .and_then(|r| r.front_switched_at)
+            .map(|switched| (observed.now - switched).to_std().unwrap_or_default());
+        if let Some(settled_for) = settled_for
+            && settled_for < SWITCH_SETTLE
         {
-            return Step::AwaitSettle { name: old.name.clone() };
+            return Step::AwaitSettle {
+                name: old.name.clone(),
+                remaining: SWITCH_SETTLE - settled_for,
+            };
+        }
+        if roll.is_some_and(|r| r.from.as_deref() == Some(old.name.as_str())) {
+            return Step::TerminateSlot { name: old.name.clone() };
         }
         return Step::StopSlot { name: old.name.clone() };
     }
-    match &observed.roll {
+    match roll {
         // Only a roll from an earlier slot has a leader's Lease to hand over.
         Some(roll) if roll.from.is_some() && roll.lease_released_at.is_none() => Step::ReleaseLease,
         Some(roll) if roll.probe_succeeded_at.is_none() => Step::Probe,
         Some(_) => Step::CompleteRoll,
         None => Step::Idle,
     }
+}
+
+/// Slot `name` is the roll's old slot and has stopped listening after SIGTERM.
+fn is_terminated(observed: &Observed, name: &str) -> bool {
+    observed
+        .roll
+        .as_ref()
+        .is_some_and(|r| r.from.as_deref() == Some(name) && r.old_slot_stopped_listening_at.is_some())
 }
 
 #[cfg(test)]
@@ -537,17 +586,81 @@ mod tests {
             backend: Some("b".into()),
         };
         o.roll.as_mut().unwrap().front_switched_at = Some(at(10));
-        assert_eq!(plan(&d, &o), Step::AwaitSettle { name: "a".into() });
+        assert_eq!(
+            plan(&d, &o),
+            Step::AwaitSettle {
+                name: "a".into(),
+                remaining: SWITCH_SETTLE
+            }
+        );
         o.now = at(12);
+        assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+        // The old slot stopped listening: the Lease and the probe go first, while it drains.
+        o.roll.as_mut().unwrap().old_slot_stopped_listening_at = Some(at(12));
+        o.slots[0].ready = false;
+        assert_eq!(plan(&d, &o), Step::ReleaseLease);
+        o.roll.as_mut().unwrap().lease_released_at = Some(at(12));
+        assert_eq!(plan(&d, &o), Step::Probe);
+        o.roll.as_mut().unwrap().probe_succeeded_at = Some(at(13));
         assert_eq!(plan(&d, &o), Step::StopSlot { name: "a".into() });
         o.slots.remove(0);
-        assert_eq!(plan(&d, &o), Step::ReleaseLease);
-        o.roll.as_mut().unwrap().lease_released_at = Some(at(5));
-        assert_eq!(plan(&d, &o), Step::Probe);
-        o.roll.as_mut().unwrap().probe_succeeded_at = Some(at(6));
         assert_eq!(plan(&d, &o), Step::CompleteRoll);
         o.roll = None;
         assert_eq!(plan(&d, &o), Step::Idle);
+    }
+
+    #[test]
+    fn the_settle_wait_asks_for_exactly_the_time_left() {
+        let d = desired("v2");
+        let mut o = observed(
+            Some("b"),
+            vec![slot("a", "v1", true, true), slot("b", "v2", true, true)],
+        );
+        o.roll = Some(RollRecord {
+            front_switched_at: Some(o.now - chrono::Duration::milliseconds(200)),
+            ..roll(Some("a"), "b")
+        });
+        assert_eq!(
+            plan(&d, &o),
+            Step::AwaitSettle {
+                name: "a".into(),
+                remaining: SWITCH_SETTLE - Duration::from_millis(200)
+            }
+        );
+    }
+
+    #[test]
+    fn an_old_slot_that_exits_while_it_drains_is_stopped_not_reported_as_crashed() {
+        let d = desired("v2");
+        let mut o = observed(
+            Some("b"),
+            vec![slot("a", "v1", false, false), slot("b", "v2", true, true)],
+        );
+        o.roll = Some(RollRecord {
+            front_switched_at: Some(at(1)),
+            old_slot_stopped_listening_at: Some(at(2)),
+            ..roll(Some("a"), "b")
+        });
+        assert_eq!(plan(&d, &o), Step::StopSlot { name: "a".into() });
+        // Once it is forgotten, the hand-over goes on.
+        o.slots.remove(0);
+        assert_eq!(plan(&d, &o), Step::ReleaseLease);
+    }
+
+    #[test]
+    fn a_draining_old_slot_is_not_taken_for_the_desired_one_when_the_spec_goes_back() {
+        // The spec went back to the old slot's template after it was sent SIGTERM: it is not
+        // waited for; the new slot (now outdated) and it are both stopped, then a fresh one starts.
+        let d = desired("v1");
+        let mut o = observed(
+            Some("b"),
+            vec![slot("a", "v1", true, false), slot("b", "v2", true, true)],
+        );
+        o.roll = Some(RollRecord {
+            old_slot_stopped_listening_at: Some(at(2)),
+            ..roll(Some("a"), "b")
+        });
+        assert_eq!(plan(&d, &o), Step::StopSlot { name: "a".into() });
     }
 
     #[test]
@@ -766,7 +879,12 @@ mod tests {
             any::<bool>(),
             prop::option::of(prop::option::of(prop::sample::select(vec!["a", "b"]))),
             prop::collection::vec(arb_slot(), 0..=2),
-            prop::option::of((prop::sample::select(vec!["a", "b"]), any::<bool>(), any::<bool>())),
+            prop::option::of((
+                prop::sample::select(vec!["a", "b"]),
+                any::<bool>(),
+                any::<bool>(),
+                any::<bool>(),
+            )),
             0i64..400,
             prop::option::of(prop::sample::select(vec!["v1", "v2", "v3"])),
             any::<bool>(),
@@ -790,7 +908,9 @@ mod tests {
                     front_outdated: false,
                     front_elsewhere: false,
                     slots,
-                    roll: rolling.map(|(to, released, probed)| RollRecord {
+                    roll: rolling.map(|(to, terminated, released, probed)| RollRecord {
+                        front_switched_at: terminated.then(|| at(0)),
+                        old_slot_stopped_listening_at: terminated.then(|| at(1)),
                         lease_released_at: released.then(|| at(1)),
                         probe_succeeded_at: (released && probed).then(|| at(2)),
                         ..roll(Some("a"), to)
@@ -813,7 +933,7 @@ mod tests {
         fn the_slot_the_front_serves_from_is_never_stopped_while_it_is_the_only_ready_one(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
             let backend = match &o.front { FrontObservation::Up { backend } => backend.clone(), FrontObservation::Down => None };
             match plan(&desired(version), &o) {
-                Step::StopSlot { name } | Step::AbortRoll { name, .. } | Step::RestartSlot { name } => {
+                Step::StopSlot { name } | Step::TerminateSlot { name } | Step::AbortRoll { name, .. } | Step::RestartSlot { name } => {
                     let serving = backend.as_deref() == Some(name.as_str()) && o.slots.iter().any(|s| s.name == name && s.ready);
                     let other_ready = o.slots.iter().any(|s| s.name != name && s.running && s.ready);
                     prop_assert!(!serving || other_ready, "stopped {name}, the last ready slot behind the front");
@@ -831,9 +951,12 @@ mod tests {
         }
 
         #[test]
-        fn the_lease_is_released_only_when_the_new_slot_runs_alone(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
+        fn the_lease_is_released_only_when_every_other_slot_is_gone_or_stopped_listening(o in arb_observed(), version in prop::sample::select(vec!["v1", "v2", "v3"])) {
             if plan(&desired(version), &o) == Step::ReleaseLease {
-                prop_assert_eq!(o.slots.iter().filter(|s| s.running).count(), 1);
+                let backend = match &o.front { FrontObservation::Up { backend } => backend.clone(), FrontObservation::Down => None };
+                let others: Vec<_> = o.slots.iter().filter(|s| s.running && Some(&s.name) != backend.as_ref()).collect();
+                prop_assert!(others.iter().all(|s| is_terminated(&o, &s.name)), "released while {others:?} may still lead");
+                prop_assert!(o.slots.iter().any(|s| s.running && s.ready && Some(&s.name) == backend.as_ref()), "released with no ready slot behind the front to lead");
             }
         }
 

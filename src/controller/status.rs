@@ -96,6 +96,7 @@ fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollSt
         new_slot_started_at: roll.new_slot_started_at.map(micro_time),
         new_slot_ready_at: roll.new_slot_ready_at.map(micro_time),
         front_switched_at: roll.front_switched_at.map(micro_time),
+        old_slot_stopped_listening_at: roll.old_slot_stopped_listening_at.map(micro_time),
         old_slot_exited_at: roll.old_slot_exited_at.map(micro_time),
         lease_released_at: roll.lease_released_at.map(micro_time),
         probe_succeeded_at: roll.probe_succeeded_at.map(micro_time),

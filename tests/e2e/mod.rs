@@ -598,25 +598,30 @@ pub fn parse_time(v: &Value) -> Option<DateTime<Utc>> {
     v.as_str()?.parse().ok()
 }
 
-/// The phases of status.lastRoll, in the order they must happen.
+/// The phases of status.lastRoll, in the order they must happen. The old slot's exit is not among
+/// them: it drains while the Lease is handed over and the probe runs, so it may come before or after
+/// those (see [`roll_timings`]).
 pub const ROLL_PHASES: [&str; 8] = [
     "startedAt",
     "newSlotStartedAt",
     "newSlotReadyAt",
     "frontSwitchedAt",
-    "oldSlotExitedAt",
+    "oldSlotStoppedListeningAt",
     "leaseReleasedAt",
     "probeSucceededAt",
     "completedAt",
 ];
 
 /// The timings of a completed roll, each phase relative to startedAt, and a check that each is
-/// set and in order. Err names what is missing or out of order.
+/// set and in order, and that the old slot exited after it stopped listening and before the roll
+/// completed. Err names what is missing or out of order. Sorted by time.
 pub fn roll_timings(last_roll: &Value) -> Result<Vec<(&'static str, DateTime<Utc>)>, String> {
+    let at = |phase: &'static str| {
+        parse_time(&last_roll[phase]).ok_or_else(|| format!("status.lastRoll.{phase} is not set: {last_roll}"))
+    };
     let mut times = Vec::new();
     for phase in ROLL_PHASES {
-        let t =
-            parse_time(&last_roll[phase]).ok_or_else(|| format!("status.lastRoll.{phase} is not set: {last_roll}"))?;
+        let t = at(phase)?;
         if let Some((before, previous)) = times.last()
             && t < *previous
         {
@@ -626,6 +631,14 @@ pub fn roll_timings(last_roll: &Value) -> Result<Vec<(&'static str, DateTime<Utc
         }
         times.push((phase, t));
     }
+    let exited = at("oldSlotExitedAt")?;
+    if exited < at("oldSlotStoppedListeningAt")? || exited > at("completedAt")? {
+        return Err(format!(
+            "status.lastRoll.oldSlotExitedAt ({exited}) is not between oldSlotStoppedListeningAt and completedAt: {last_roll}"
+        ));
+    }
+    times.push(("oldSlotExitedAt", exited));
+    times.sort_by_key(|(_, t)| *t);
     Ok(times)
 }
 
@@ -643,6 +656,7 @@ pub fn stale_phases(last_roll: &Value) -> Vec<String> {
     };
     ROLL_PHASES
         .iter()
+        .chain(&["oldSlotExitedAt"])
         .filter(|p| parse_time(&last_roll[**p]).is_some_and(|t| t < started))
         .map(|p| format!("{p}={}", last_roll[*p]))
         .collect()
