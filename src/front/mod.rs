@@ -21,6 +21,7 @@ pub mod caddy;
 mod client;
 mod error;
 mod handover;
+mod keepalive;
 mod lifecycle;
 mod metrics;
 mod protocol;

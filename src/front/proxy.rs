@@ -17,6 +17,9 @@
 //! - The copy ([`pump`]) reads into one 64 KiB scratch buffer per thread and writes straight on;
 //!   a connection owns a buffer only while its destination cannot take what was read
 //!   (backpressure), so an idle watch holds no buffer and a connection costs no allocation.
+//! - A kept-alive HTTP/1.1 connection to a slot the front no longer forwards to is closed as soon
+//!   as it is idle between two requests, so that it is not open when that slot gets SIGTERM
+//!   ([`super::keepalive`] says why and how idle is told through TLS).
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -34,6 +37,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::front::keepalive;
 use crate::front::protocol::{Backend, SlotConnections};
 
 /// How long a new connection may wait for a backend to accept (or to exist).
@@ -65,8 +69,18 @@ pub struct Router {
     /// changes twice per connection; `idle` is notified when it drops to 0.
     open: AtomicU64,
     idle: Notify,
+    /// Where new connections go, and which backends' open connections are to be closed: what an
+    /// open connection watches.
+    routes: watch::Sender<Routes>,
+}
+
+/// What an open connection needs to know of the routing, as one value it can watch.
+#[derive(Debug, Default)]
+struct Routes {
+    /// The backend new connections go to; a connection to another one is retired.
+    active: Option<SocketAddr>,
     /// Backends whose open connections are to be closed (a slot that is shutting down).
-    closing: watch::Sender<BTreeSet<SocketAddr>>,
+    closing: BTreeSet<SocketAddr>,
 }
 
 impl Router {
@@ -76,7 +90,7 @@ impl Router {
             slots: Mutex::new(BTreeMap::new()),
             open: AtomicU64::new(0),
             idle: Notify::new(),
-            closing: watch::Sender::new(BTreeSet::new()),
+            routes: watch::Sender::new(Routes::default()),
         });
         if let Some(backend) = initial {
             router.switch(backend);
@@ -88,14 +102,15 @@ impl Router {
     /// stopping process alive while watches are open through it). Clients see their connection
     /// end and reconnect, to the active slot. A later switch to the same address lifts it.
     pub fn close(&self, address: SocketAddr) {
-        self.closing.send_modify(|set| {
-            set.insert(address);
+        self.routes.send_modify(|routes| {
+            routes.closing.insert(address);
         });
     }
 
-    /// Makes `backend` the target of new connections. Open connections are not touched.
+    /// Makes `backend` the target of new connections. Open connections stay on their slot, except
+    /// kept-alive HTTP/1.1 ones to another slot, which are closed once idle between requests.
     pub fn switch(&self, backend: Backend) {
-        self.closing.send_if_modified(|set| set.remove(&backend.address));
+        let address = backend.address;
         let counters = self
             .slots
             .lock()
@@ -104,6 +119,10 @@ impl Router {
             .or_default()
             .clone();
         self.active.send_replace(Some(Arc::new(Active { backend, counters })));
+        self.routes.send_if_modified(|routes| {
+            let lifted = routes.closing.remove(&address);
+            lifted || routes.active.replace(address) != Some(address)
+        });
     }
 
     pub fn backend(&self) -> Option<Backend> {
@@ -302,18 +321,16 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     };
     // The slot is a local process: a dead one closes its sockets, so no keepalive is needed here.
     let _ = upstream.set_nodelay(true);
-    let mut closing = router.closing.subscribe();
     let address = active.backend.address;
-    tokio::select! {
-        copied = pump(&mut client, upstream) => match copied {
-            Ok((up, down)) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
-            Err(err) => {
-                debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error")
-            }
-        },
-        _ = closing.wait_for(|set| set.contains(&address)) => {
-            debug!(%peer, slot = %active.backend.slot, "closing a connection to a slot that is shutting down");
+    let mut routes = router.routes.subscribe();
+    match pump(&mut client, upstream, &mut routes, address).await {
+        Ok(Ended::Both { up, down }) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
+        Ok(Ended::SlotClosing) => {
+            debug!(%peer, slot = %active.backend.slot, "closing a connection to a slot that is shutting down")
         }
+        Ok(Ended::Idle) => debug!(%peer, slot = %active.backend.slot,
+            "closing an idle kept-alive connection to a slot new connections no longer go to"),
+        Err(err) => debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error"),
     }
     drop(pin);
 }
@@ -336,6 +353,9 @@ struct Half {
     /// The source has ended (EOF).
     ended: bool,
     copied: u64,
+    /// The first bytes read were a ClientHello that does not offer HTTP/2 (see
+    /// [`keepalive::offers_http1_only`]); only meaningful for the client's direction.
+    opened_http1: bool,
 }
 
 impl Half {
@@ -363,6 +383,9 @@ impl Half {
                 if n == 0 {
                     return Poll::Ready(Ok(true));
                 }
+                if self.copied == 0 {
+                    self.opened_http1 = keepalive::offers_http1_only(&scratch[..n]);
+                }
                 self.copied += n as u64;
                 let mut sent = 0;
                 while sent < n {
@@ -387,32 +410,115 @@ impl Half {
     }
 }
 
-/// Copies both ways until both directions have ended (or one fails); returns the bytes copied
-/// client to upstream and back. An EOF from one side becomes a `shutdown(SHUT_WR)` on the other,
-/// unless the other direction has ended already: the close that follows sends the FIN then.
-async fn pump(client: &mut TcpStream, upstream: &mut TcpStream) -> io::Result<(u64, u64)> {
+/// How a connection ended.
+#[derive(Debug)]
+enum Ended {
+    /// Both directions ended; the bytes copied client to upstream and back.
+    Both { up: u64, down: u64 },
+    /// Its slot is shutting down ([`Router::close`]).
+    SlotClosing,
+    /// A kept-alive HTTP/1.1 connection to a retired slot, idle between requests.
+    Idle,
+}
+
+/// Copies both ways until both directions have ended (or one fails), the connection's slot is
+/// closed, or the connection is a kept-alive HTTP/1.1 one to a retired slot and idle. An EOF from
+/// one side becomes a `shutdown(SHUT_WR)` on the other, unless the other direction has ended
+/// already: the close that follows sends the FIN then.
+async fn pump(
+    client: &mut TcpStream,
+    upstream: &mut TcpStream,
+    routes: &mut watch::Receiver<Routes>,
+    address: SocketAddr,
+) -> io::Result<Ended> {
     let (mut client_read, mut client_write) = client.split();
     let (mut upstream_read, mut upstream_write) = upstream.split();
     let mut up = Half::default();
     let mut down = Half::default();
-    std::future::poll_fn(|cx| {
-        // Both directions first, then the shutdowns: when both ends closed together (the common
-        // end of a short connection), neither needs one.
-        let up_ends = !up.ended && up.poll(cx, &mut client_read, &mut upstream_write)?.is_ready();
-        let down_ends = !down.ended && down.poll(cx, &mut upstream_read, &mut client_write)?.is_ready();
-        if up_ends && !down.ended {
-            let _ = Pin::new(&mut upstream_write).poll_shutdown(cx);
+    let mut turns = keepalive::Turns::default();
+    let mut watching = true;
+    // A switch or close made before this connection subscribed.
+    let mut retired = {
+        let now = routes.borrow_and_update();
+        if now.closing.contains(&address) {
+            return Ok(Ended::SlotClosing);
         }
-        if down_ends && !up.ended {
-            let _ = Pin::new(&mut client_write).poll_shutdown(cx);
+        now.active.is_some_and(|a| a != address)
+    };
+    loop {
+        let idle_at = (retired && up.opened_http1 && up.pending.is_empty() && down.pending.is_empty())
+            .then(|| turns.idle_at())
+            .flatten();
+        if idle_at.is_some_and(|at| at <= Instant::now()) {
+            return Ok(Ended::Idle);
         }
-        if up.ended && down.ended {
-            Poll::Ready(Ok((up.copied, down.copied)))
-        } else {
-            Poll::Pending
+        let copy = std::future::poll_fn(|cx| {
+            let copied = (up.copied, down.copied);
+            // Both directions first, then the shutdowns: when both ends closed together (the common
+            // end of a short connection), neither needs one.
+            let up_ends = match up.ended {
+                false => match up.poll(cx, &mut client_read, &mut upstream_write) {
+                    Poll::Ready(Err(err)) => return Poll::Ready(Some(Err(err))),
+                    polled => polled.is_ready(),
+                },
+                true => false,
+            };
+            let down_ends = match down.ended {
+                false => match down.poll(cx, &mut upstream_read, &mut client_write) {
+                    Poll::Ready(Err(err)) => return Poll::Ready(Some(Err(err))),
+                    polled => polled.is_ready(),
+                },
+                true => false,
+            };
+            let mut answered = false;
+            if up.opened_http1 {
+                // Both in one poll: the client's counts as the later (a request may be in flight).
+                if down.copied != copied.1 {
+                    turns.slot_sent(Instant::now());
+                    answered = true;
+                }
+                if up.copied != copied.0 {
+                    turns.client_sent();
+                    answered = false;
+                }
+            }
+            if up_ends && !down.ended {
+                let _ = Pin::new(&mut upstream_write).poll_shutdown(cx);
+            }
+            if down_ends && !up.ended {
+                let _ = Pin::new(&mut client_write).poll_shutdown(cx);
+            }
+            if up.ended && down.ended {
+                Poll::Ready(Some(Ok(Ended::Both {
+                    up: up.copied,
+                    down: down.copied,
+                })))
+            } else if retired && answered {
+                // The connection may become idle: time it (below).
+                Poll::Ready(None)
+            } else {
+                Poll::Pending
+            }
+        });
+        tokio::select! {
+            biased;
+            ended = copy => if let Some(ended) = ended {
+                return ended;
+            },
+            changed = routes.changed(), if watching => {
+                if changed.is_err() {
+                    watching = false;
+                    continue;
+                }
+                let now = routes.borrow_and_update();
+                if now.closing.contains(&address) {
+                    return Ok(Ended::SlotClosing);
+                }
+                retired = now.active.is_some_and(|a| a != address);
+            }
+            () = tokio::time::sleep_until(idle_at.unwrap_or_else(Instant::now)), if idle_at.is_some() => {}
         }
-    })
-    .await
+    }
 }
 
 #[cfg(test)]
@@ -539,6 +645,118 @@ mod tests {
         assert_eq!(router.connections()["b"].open, 1);
     }
 
+    /// A backend that answers every read with `answer`, after `delay`.
+    async fn answering_backend(delay: Duration) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n) = stream.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        tokio::time::sleep(delay).await;
+                        if stream.write_all(b"answer").await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        address
+    }
+
+    /// A front on a fresh port forwarding to `backend`.
+    async fn front_to(backend: SocketAddr) -> (Arc<Router>, SocketAddr, watch::Sender<bool>) {
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = front.local_addr().unwrap();
+        let router = Router::new(Some(Backend {
+            slot: "a".into(),
+            address: backend,
+        }));
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(accept_loop(Arc::new(front), router.clone(), stopped));
+        (router, address, stop)
+    }
+
+    /// Sends each flight and reads the answer to it, as a TLS client and then an HTTP/1.1 one do.
+    async fn exchange(stream: &mut TcpStream, flights: &[&[u8]]) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        for flight in flights {
+            stream.write_all(flight).await.unwrap();
+            let mut answer = [0u8; 6];
+            stream.read_exact(&mut answer).await.unwrap();
+        }
+    }
+
+    async fn ends_within(stream: &mut TcpStream, bound: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 16];
+        matches!(
+            tokio::time::timeout(bound, stream.read(&mut buf)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn an_idle_http1_connection_to_a_retired_slot_is_closed_and_others_are_not() {
+        let old = answering_backend(Duration::ZERO).await;
+        let new = answering_backend(Duration::ZERO).await;
+        let (router, front, _stop) = front_to(old).await;
+        let http1 = keepalive::client_hello(&[b"http/1.1"]);
+        let h2 = keepalive::client_hello(&[b"h2", b"http/1.1"]);
+        let mut idle_http1 = TcpStream::connect(front).await.unwrap();
+        exchange(&mut idle_http1, &[&http1, b"finished", b"GET /readyz"]).await;
+        let mut idle_h2 = TcpStream::connect(front).await.unwrap();
+        exchange(&mut idle_h2, &[&h2, b"finished", b"GET /readyz"]).await;
+        let mut in_handshake = TcpStream::connect(front).await.unwrap();
+        exchange(&mut in_handshake, &[&http1]).await;
+
+        router.switch(Backend {
+            slot: "b".into(),
+            address: new,
+        });
+        assert!(
+            ends_within(&mut idle_http1, Duration::from_secs(2)).await,
+            "an idle kept-alive HTTP/1.1 connection to the retired slot is closed"
+        );
+        assert!(
+            !ends_within(&mut idle_h2, Duration::from_millis(300)).await,
+            "an HTTP/2 connection multiplexes: it is never known to be idle"
+        );
+        assert!(
+            !ends_within(&mut in_handshake, Duration::from_millis(100)).await,
+            "a connection still in its TLS handshake is left alone"
+        );
+        // A kept-alive HTTP/1.1 connection to the active slot stays.
+        let mut on_new = TcpStream::connect(front).await.unwrap();
+        exchange(&mut on_new, &[&http1, b"finished", b"GET /readyz"]).await;
+        assert!(!ends_within(&mut on_new, Duration::from_millis(300)).await);
+    }
+
+    #[tokio::test]
+    async fn a_request_in_flight_at_the_switch_gets_its_answer_before_the_close() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let old = answering_backend(Duration::from_millis(300)).await;
+        let (router, front, _stop) = front_to(old).await;
+        let mut client = TcpStream::connect(front).await.unwrap();
+        exchange(&mut client, &[&keepalive::client_hello(&[]), b"finished", b"GET /a"]).await;
+        client.write_all(b"GET /b").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        router.switch(backend("b", 1));
+        let mut answer = [0u8; 6];
+        let read = tokio::time::timeout(Duration::from_secs(2), client.read_exact(&mut answer)).await;
+        assert!(matches!(read, Ok(Ok(_))), "the request in flight is answered: {read:?}");
+        assert_eq!(&answer, b"answer");
+        assert!(
+            ends_within(&mut client, Duration::from_secs(2)).await,
+            "then the connection is closed"
+        );
+    }
+
     #[tokio::test]
     async fn a_connection_without_a_backend_waits_for_a_switch() {
         let router = Router::new(None);
@@ -572,7 +790,14 @@ mod tests {
     async fn pumped() -> (TcpStream, TcpStream, tokio::task::JoinHandle<io::Result<(u64, u64)>>) {
         let (mut client_near, client_far) = socket_pair().await;
         let (mut upstream_near, upstream_far) = socket_pair().await;
-        let pump = tokio::spawn(async move { pump(&mut client_near, &mut upstream_near).await });
+        let address = upstream_near.peer_addr().unwrap();
+        let (_routes, mut watched) = watch::channel(Routes::default());
+        let pump = tokio::spawn(async move {
+            match pump(&mut client_near, &mut upstream_near, &mut watched, address).await? {
+                Ended::Both { up, down } => Ok((up, down)),
+                other => panic!("the pump ended as {other:?}"),
+            }
+        });
         (client_far, upstream_far, pump)
     }
 
