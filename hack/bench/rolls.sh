@@ -59,7 +59,7 @@ while True:
 PY
 poller=$!
 
-printf '%-4s %8s %8s %8s %8s %8s %8s %8s\n' roll started ready switch oldExit lease probe done
+printf '%-4s %8s %8s %8s %8s %8s %8s %8s %8s\n' roll started ready switch oldStop lease probe oldExit done
 for i in $(seq 1 "$rolls"); do
   "$kubectl" annotate ks bench kcpshard.io/restartedAt="bench-$i-$(date +%s%N)" --overwrite >/dev/null
   sleep 1
@@ -70,7 +70,7 @@ from datetime import datetime
 r = json.load(sys.stdin)["status"]["lastRoll"]
 t = lambda k: datetime.fromisoformat(r[k].replace("Z", "+00:00")).timestamp()
 s = t("startedAt")
-keys = ["newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "oldSlotExitedAt", "leaseReleasedAt", "probeSucceededAt", "completedAt"]
+keys = ["newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "oldSlotStoppedListeningAt", "leaseReleasedAt", "probeSucceededAt", "oldSlotExitedAt", "completedAt"]
 print(f"{sys.argv[1]:<4} " + " ".join(f"{t(k)-s:8.2f}" for k in keys))
 ' "$i"
 done

@@ -129,7 +129,7 @@ except Exception:
 r = s.get("roll")
 if not r:
     print("idle/complete"); sys.exit()
-phases = ["startedAt", "newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "oldSlotExitedAt", "leaseReleasedAt", "probeSucceededAt"]
+phases = ["startedAt", "newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "oldSlotStoppedListeningAt", "leaseReleasedAt", "probeSucceededAt", "oldSlotExitedAt"]
 print(([p for p in phases if r.get(p)] or ["none"])[-1])
 PY
 cat >"$state/done.py" <<'PY'
