@@ -454,6 +454,7 @@ async fn pump(
         }
         let copy = std::future::poll_fn(|cx| {
             let copied = (up.copied, down.copied);
+            let backlog = !up.pending.is_empty() || !down.pending.is_empty();
             // Both directions first, then the shutdowns: when both ends closed together (the common
             // end of a short connection), neither needs one.
             let up_ends = match up.ended {
@@ -493,8 +494,9 @@ async fn pump(
                     up: up.copied,
                     down: down.copied,
                 })))
-            } else if retired && answered {
-                // The connection may become idle: time it (below).
+            } else if retired && (answered || (backlog && up.pending.is_empty() && down.pending.is_empty())) {
+                // The connection may become idle (an answer came, or the last of it went out): time
+                // it (below).
                 Poll::Ready(None)
             } else {
                 Poll::Pending
@@ -645,8 +647,13 @@ mod tests {
         assert_eq!(router.connections()["b"].open, 1);
     }
 
-    /// A backend that answers every read with `answer`, after `delay`.
+    /// A backend that answers every read with "answer", after `delay`.
     async fn answering_backend(delay: Duration) -> SocketAddr {
+        answering_backend_with(delay, |_| b"answer".to_vec()).await
+    }
+
+    /// A backend that answers the `n`th read (from 1) with `answer(n)`, after `delay`.
+    async fn answering_backend_with(delay: Duration, answer: fn(usize) -> Vec<u8>) -> SocketAddr {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
@@ -654,12 +661,14 @@ mod tests {
             while let Ok((mut stream, _)) = listener.accept().await {
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 4096];
+                    let mut reads = 0;
                     while let Ok(n) = stream.read(&mut buf).await {
                         if n == 0 {
                             break;
                         }
+                        reads += 1;
                         tokio::time::sleep(delay).await;
-                        if stream.write_all(b"answer").await.is_err() {
+                        if stream.write_all(&answer(reads)).await.is_err() {
                             break;
                         }
                     }
@@ -755,6 +764,41 @@ mod tests {
             ends_within(&mut client, Duration::from_secs(2)).await,
             "then the connection is closed"
         );
+    }
+
+    #[tokio::test]
+    async fn a_large_answer_to_a_slow_reader_is_delivered_whole_before_the_close() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const LARGE: usize = 8 << 20;
+        let old = answering_backend_with(Duration::ZERO, |n| match n {
+            3 => vec![7u8; LARGE],
+            _ => b"answer".to_vec(),
+        })
+        .await;
+        let (router, front, _stop) = front_to(old).await;
+        let mut client = TcpStream::connect(front).await.unwrap();
+        exchange(&mut client, &[&keepalive::client_hello(&[]), b"finished"]).await;
+        client.write_all(b"GET /large").await.unwrap();
+        // The answer backs up in the front while the client does not read.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        router.switch(backend("b", 1));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut received = 0;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf)).await {
+                Ok(Ok(0)) => break,
+                Ok(Ok(n)) => {
+                    assert!(buf[..n].iter().all(|b| *b == 7));
+                    received += n;
+                    // Slowly, so that the client's socket stays full and the answer's last bytes
+                    // wait in the front after the slot has sent them.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                other => panic!("after {received} bytes: {other:?}"),
+            }
+        }
+        assert_eq!(received, LARGE, "the whole answer, then the close");
     }
 
     #[tokio::test]
