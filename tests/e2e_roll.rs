@@ -600,6 +600,40 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     );
     rolls.push(roll_and_check(&env, shard, &front, "restart", restart_patch(), &newer, &mut problems).await);
 
+    // 2b. /metrics counts what the controller did: three rolls (the first start included), and
+    // the last one's time with no leader as status.lastRoll has it.
+    let metrics = env
+        .client()
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("GET /metrics: {e}")));
+    let sample = |series: String| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| env.fail(&format!("no {series} in /metrics:\n{metrics}")))
+    };
+    assert_eq!(
+        sample(format!("kcpshard_controller_rolls_total{{shard=\"{shard}\"}}")),
+        3.0
+    );
+    assert_eq!(
+        sample(format!(
+            "kcpshard_controller_steps_total{{shard=\"{shard}\",step=\"TerminateSlot\",result=\"ok\"}}"
+        )),
+        2.0
+    );
+    let last_roll = env.status(shard).await["lastRoll"].clone();
+    let no_leader = parse_time(&last_roll["probeSucceededAt"]).unwrap()
+        - parse_time(&last_roll["oldSlotStoppedListeningAt"]).unwrap();
+    let exposed = sample(format!(
+        "kcpshard_controller_last_roll_seconds{{shard=\"{shard}\",phase=\"no_leader\"}}"
+    ));
+    assert!(
+        (exposed - no_leader.num_microseconds().unwrap() as f64 / 1e6).abs() < 1e-3,
+        "/metrics says {exposed}s with no leader, status.lastRoll {no_leader}"
+    );
+
     // 4a. A version with no binary: Degraded with what to fix, no crash loop, the old slot untouched.
     let now = env.get(shard).await.unwrap();
     let pid = active_pid(&now).unwrap();

@@ -1,4 +1,7 @@
-//! Prometheus metrics of the API, served at `/metrics`: requests by verb and code, open watches.
+//! The metrics `kcpshard serve` exposes at `/metrics` (Prometheus text): the API's requests by verb
+//! and code and its open watches (`kcpshard_api_*`), and whatever other parts of the process
+//! register (the controller's, `kcpshard_controller_*`).
+use std::sync::Mutex;
 use std::sync::atomic::AtomicI64;
 
 use http::Method;
@@ -15,24 +18,25 @@ struct RequestLabels {
 }
 
 pub struct ApiMetrics {
-    registry: Registry,
+    registry: Mutex<Registry>,
     requests: Family<RequestLabels, Counter>,
     pub watchers: Gauge<i64, AtomicI64>,
 }
 
 impl Default for ApiMetrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("kcpshard_api");
+        let mut registry = Registry::with_prefix("kcpshard");
         let requests = Family::<RequestLabels, Counter>::default();
         let watchers = Gauge::<i64, AtomicI64>::default();
-        registry.register(
+        let api = registry.sub_registry_with_prefix("api");
+        api.register(
             "requests",
             "API requests by HTTP verb and response code",
             requests.clone(),
         );
-        registry.register("watches", "Watches open now", watchers.clone());
+        api.register("watches", "Watches open now", watchers.clone());
         ApiMetrics {
-            registry,
+            registry: Mutex::new(registry),
             requests,
             watchers,
         }
@@ -49,9 +53,16 @@ impl ApiMetrics {
             .inc();
     }
 
+    /// Adds another part of the process's metrics, named `kcpshard_<prefix>_...`.
+    pub fn register(&self, prefix: &str, part: impl FnOnce(&mut Registry)) {
+        let mut registry = self.registry.lock().expect("metrics registry lock");
+        part(registry.sub_registry_with_prefix(prefix));
+    }
+
     pub fn encode(&self) -> String {
         let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        let registry = self.registry.lock().expect("metrics registry lock");
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("writing to a String cannot fail");
         text
     }
 }

@@ -53,6 +53,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let _lock = StateLock::acquire(&config.state_dir)?;
     let server = ApiServer::open(&config.state_dir)?;
     let gitops_client = server.client();
+    let controller_metrics = controller::metrics::ControllerMetrics::default();
+    server
+        .metrics
+        .register("controller", |registry| controller_metrics.register(registry));
     let ctx = controller::Context {
         client: server.client(),
         reporter: controller::reporter(),
@@ -61,6 +65,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         kine_binary: working_dir.join(&args.kine_binary),
         front_binary: std::env::current_exe().context("cannot find this binary to run the front")?,
         slot_clients: Default::default(),
+        metrics: controller_metrics,
     };
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {

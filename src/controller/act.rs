@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::Utc;
+use kube::ResourceExt;
 use kube::runtime::events::EventType;
 
 use super::clients::Identity;
@@ -566,6 +567,7 @@ impl Actor<'_> {
             completed_at: Utc::now(),
         };
         let message = roll_summary(&completed);
+        self.ctx.metrics.roll_completed(&self.shard.name_any(), &completed);
         state.last_roll = Some(completed);
         self.dirs.save_state(&state)?;
         Ok(vec![Note::normal("RollComplete", message)])

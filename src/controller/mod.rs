@@ -10,6 +10,7 @@ pub mod act;
 pub mod clients;
 pub mod conditions;
 pub mod front;
+pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod state;
@@ -68,6 +69,7 @@ pub struct Context {
     /// This binary, which runs `kcpshard front`.
     pub front_binary: PathBuf,
     pub slot_clients: clients::SlotClients,
+    pub metrics: metrics::ControllerMetrics,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +171,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         world: &world,
     };
     let outcome = actor.act(&next).await;
+    ctx.metrics.step_taken(&name, &next, outcome.is_err());
     let (notes, failure) = match outcome {
         Ok(notes) => (notes, None),
         Err(e) => {

@@ -249,6 +249,32 @@ pub enum Step {
     Idle,
 }
 
+impl Step {
+    /// The step's kind, as logs and metrics name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::Cleanup => "Cleanup",
+            Step::EnsureStore => "EnsureStore",
+            Step::EnsureFront => "EnsureFront",
+            Step::Snapshot => "Snapshot",
+            Step::StartSlot { .. } => "StartSlot",
+            Step::AwaitReady { .. } => "AwaitReady",
+            Step::SwitchFront { .. } => "SwitchFront",
+            Step::AwaitSettle { .. } => "AwaitSettle",
+            Step::TerminateSlot { .. } => "TerminateSlot",
+            Step::StopSlot { .. } => "StopSlot",
+            Step::RestartSlot { .. } => "RestartSlot",
+            Step::ForgetSlot { .. } => "ForgetSlot",
+            Step::AbortRoll { .. } => "AbortRoll",
+            Step::ReleaseLease => "ReleaseLease",
+            Step::Probe => "Probe",
+            Step::CompleteRoll => "CompleteRoll",
+            Step::Blocked { .. } => "Blocked",
+            Step::Idle => "Idle",
+        }
+    }
+}
+
 /// How long the old slot keeps serving, untouched, after the front switched away from it: long
 /// enough for a connection the front accepted just before the switch to finish its TLS handshake
 /// and send its first request (p99 of a whole request under the roll bench's load: 0.18-0.26 s,

@@ -1,0 +1,200 @@
+//! The controller's Prometheus metrics, served with the API's at `/metrics`: the steps it takes, by
+//! shard, step and result; the rolls it completes; the phases of each shard's last roll.
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::plan::Step;
+use super::state::CompletedRoll;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    shard: String,
+    step: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabels {
+    shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    shard: String,
+    phase: &'static str,
+}
+
+/// Cheap to clone: every clone counts into the same metrics.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerMetrics {
+    steps: Family<StepLabels, Counter>,
+    rolls: Family<ShardLabels, Counter>,
+    last_roll: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
+}
+
+impl ControllerMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "steps",
+            "Steps the controller took, by shard, step (Idle and the waits included) and result: ok or failed",
+            self.steps.clone(),
+        );
+        registry.register(
+            "rolls",
+            "Rolls completed, a shard's first start included",
+            self.rolls.clone(),
+        );
+        registry.register(
+            "last_roll_seconds",
+            "The shard's last completed roll, by phase: total (started to completed), kcp_start_up (the new slot started to ready), no_leader (the old slot stopped listening to a probe workspace Ready)",
+            self.last_roll.clone(),
+        );
+    }
+
+    pub fn step_taken(&self, shard: &str, step: &Step, failed: bool) {
+        self.steps
+            .get_or_create(&StepLabels {
+                shard: shard.to_string(),
+                step: step.name(),
+                result: if failed { "failed" } else { "ok" },
+            })
+            .inc();
+    }
+
+    pub fn roll_completed(&self, shard: &str, done: &CompletedRoll) {
+        self.rolls
+            .get_or_create(&ShardLabels {
+                shard: shard.to_string(),
+            })
+            .inc();
+        let r = &done.roll;
+        let seconds = |from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>| {
+            (to - from).num_microseconds().unwrap_or_default() as f64 / 1e6
+        };
+        let phases = [
+            ("total", Some(seconds(r.started_at, done.completed_at))),
+            (
+                "kcp_start_up",
+                r.new_slot_started_at
+                    .zip(r.new_slot_ready_at)
+                    .map(|(a, b)| seconds(a, b)),
+            ),
+            (
+                "no_leader",
+                r.old_slot_stopped_listening_at
+                    .zip(r.probe_succeeded_at)
+                    .map(|(a, b)| seconds(a, b)),
+            ),
+        ];
+        for (phase, value) in phases {
+            let labels = PhaseLabels {
+                shard: shard.to_string(),
+                phase,
+            };
+            match value {
+                Some(value) => {
+                    self.last_roll.get_or_create(&labels).set(value);
+                }
+                // A first start has no old slot: no stale figure from an earlier roll stays.
+                None => {
+                    self.last_roll.remove(&labels);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::plan::RollRecord;
+    use chrono::TimeZone;
+
+    fn exposition(metrics: &ControllerMetrics) -> String {
+        let mut registry = Registry::with_prefix("kcpshard_controller");
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn steps_and_the_last_roll_are_exposed_per_shard() {
+        let metrics = ControllerMetrics::default();
+        metrics.step_taken("dev", &Step::Probe, false);
+        metrics.step_taken("dev", &Step::Probe, false);
+        metrics.step_taken("dev", &Step::EnsureStore, true);
+        let at = |ms: i64| chrono::Utc.timestamp_millis_opt(1_800_000_000_000 + ms).unwrap();
+        let roll = RollRecord {
+            from: Some("a".into()),
+            to: "b".into(),
+            to_version: "v2".into(),
+            started_at: at(0),
+            new_slot_started_at: Some(at(100)),
+            new_slot_ready_at: Some(at(8_100)),
+            old_slot_stopped_listening_at: Some(at(8_700)),
+            probe_succeeded_at: Some(at(11_200)),
+            ..Default::default()
+        };
+        metrics.roll_completed(
+            "dev",
+            &CompletedRoll {
+                roll,
+                completed_at: at(11_300),
+            },
+        );
+        let text = exposition(&metrics);
+        for line in [
+            r#"kcpshard_controller_steps_total{shard="dev",step="Probe",result="ok"} 2"#,
+            r#"kcpshard_controller_steps_total{shard="dev",step="EnsureStore",result="failed"} 1"#,
+            r#"kcpshard_controller_rolls_total{shard="dev"} 1"#,
+            r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="total"} 11.3"#,
+            r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="kcp_start_up"} 8.0"#,
+            r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="no_leader"} 2.5"#,
+        ] {
+            assert!(text.contains(line), "{line} is not in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_first_start_leaves_no_leaderless_figure_behind() {
+        let metrics = ControllerMetrics::default();
+        let at = |s: i64| chrono::Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap();
+        let mut roll = RollRecord {
+            from: Some("a".into()),
+            to: "b".into(),
+            started_at: at(0),
+            old_slot_stopped_listening_at: Some(at(5)),
+            probe_succeeded_at: Some(at(7)),
+            ..Default::default()
+        };
+        metrics.roll_completed(
+            "dev",
+            &CompletedRoll {
+                roll: roll.clone(),
+                completed_at: at(8),
+            },
+        );
+        assert!(exposition(&metrics).contains(r#"phase="no_leader"} 2.0"#));
+        roll.from = None;
+        roll.old_slot_stopped_listening_at = None;
+        metrics.roll_completed(
+            "dev",
+            &CompletedRoll {
+                roll,
+                completed_at: at(8),
+            },
+        );
+        let text = exposition(&metrics);
+        assert!(!text.contains(r#"phase="no_leader""#), "{text}");
+        assert!(
+            text.contains(r#"kcpshard_controller_rolls_total{shard="dev"} 2"#),
+            "{text}"
+        );
+    }
+}
