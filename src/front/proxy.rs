@@ -614,14 +614,7 @@ mod tests {
             address
         };
         let (old, new) = (hold().await, hold().await);
-        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let front_address = front.local_addr().unwrap();
-        let router = Router::new(Some(Backend {
-            slot: "a".into(),
-            address: old,
-        }));
-        let (_stop, stopped) = watch::channel(false);
-        tokio::spawn(accept_loop(Arc::new(front), router.clone(), stopped));
+        let (router, front_address, _stop) = front_to(old).await;
 
         let mut on_old = TcpStream::connect(front_address).await.unwrap();
         on_old.write_all(b"x").await.unwrap();
