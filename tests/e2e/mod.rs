@@ -759,7 +759,11 @@ pub async fn request(
 
 /// `/readyz` through the front on a new connection answers 200 `ok`.
 pub async fn readyz_ok(config: &Config) -> Result<(), String> {
-    match once(config, http::Method::GET, "/readyz", None).await {
+    // kube retries 429, 503 and 504 answers up to 15 times by default: a poll that met a slot
+    // shutting down ("apiserver is shutting down", 503) would pass unseen.
+    let mut config = config.clone();
+    config.default_retry = false;
+    match once(&config, http::Method::GET, "/readyz", None).await {
         Ok((200, body)) if body.trim() == "ok" => Ok(()),
         Ok((status, body)) => Err(format!("{status}: {}", body.trim())),
         Err(e) => Err(e),
