@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use common::{Serve, kcpshards};
+use common::{Serve, kcpshard_names, kcpshards};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -216,15 +216,11 @@ async fn a_full_state_dir_refuses_writes_with_507_and_loses_nothing() {
     serve.kill();
     serve.restart().await;
     let api = kcpshards(&serve.client().await);
-    let names: Vec<String> = api
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|o| o.metadata.name)
-        .collect();
-    assert_eq!(names, ["after", "before"], "objects after a restart");
+    assert_eq!(
+        kcpshard_names(&api).await,
+        ["after", "before"],
+        "objects after a restart"
+    );
     assert_eq!(api.get("before").await.unwrap().data["spec"]["version"], "v0.31.2");
     drop(serve);
 }

@@ -156,6 +156,19 @@ async fn send(client: &Client, method: &Method, path: &str, authorization: Optio
     Reply { code, body: bytes }
 }
 
+/// Creates an events.k8s.io/v1 Event about KcpShard dev in `default`.
+async fn post_event(client: &Client, name: &str, event_time: &str, reason: &str) -> Result<Value, kube::Error> {
+    let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": "default"}, "eventTime": event_time,
+        "regarding": {"kind": "KcpShard", "name": "dev"}, "reason": reason, "note": "n", "type": "Normal",
+        "action": "Test", "reportingController": "test", "reportingInstance": "test"});
+    let request = Request::post("/apis/events.k8s.io/v1/namespaces/default/events")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(event.to_string().into_bytes())
+        .unwrap();
+    client.request(request).await
+}
+
 /// The store's resourceVersion, as a list answers it: it moves with every write.
 async fn resource_version(client: &Client) -> String {
     let request = Request::get(SHARDS).body(Vec::new()).unwrap();
@@ -186,16 +199,7 @@ async fn every_path_and_method_without_the_right_token_gets_401_and_changes_noth
         .create(&Default::default(), &dev)
         .await
         .unwrap_or_else(|e| serve.fail(&format!("create dev: {e}")));
-    let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"name": "dev.1", "namespace": "default"}, "eventTime": "2026-01-02T03:04:05.000000Z",
-        "regarding": {"kind": "KcpShard", "name": "dev"}, "reason": "Test", "note": "n", "type": "Normal",
-        "action": "Test", "reportingController": "test", "reportingInstance": "test"});
-    let request = Request::post("/apis/events.k8s.io/v1/namespaces/default/events")
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(event.to_string().into_bytes())
-        .unwrap();
-    let _: Value = client
-        .request(request)
+    post_event(&client, "dev.1", "2026-01-02T03:04:05.000000Z", "Test")
         .await
         .unwrap_or_else(|e| serve.fail(&format!("create an event: {e}")));
     let before = resource_version(&client).await;
@@ -284,15 +288,11 @@ async fn every_path_and_method_without_the_right_token_gets_401_and_changes_noth
         before,
         "a request without the token changed the store"
     );
-    let names: Vec<String> = shards
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter_map(|o| o.metadata.name)
-        .collect();
-    assert_eq!(names, ["dev"], "no KcpShard was created without the token");
+    assert_eq!(
+        common::kcpshard_names(&shards).await,
+        ["dev"],
+        "no KcpShard was created without the token"
+    );
     let bearer = format!("Bearer {token}");
     for path in api_paths() {
         let reply = send(&anonymous, &Method::GET, &path, Some(&bearer)).await;
@@ -387,16 +387,8 @@ async fn bodies_the_fuzzer_found_get_an_answer_and_leave_the_api_working() {
         "nothing of the failed patch was kept"
     );
 
-    let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"name": "odd", "namespace": "default"}, "eventTime": "2026-01-02T03:04:0\u{e9}5.1Z",
-        "regarding": {"kind": "KcpShard", "name": "dev"}, "reason": "Odd", "note": "n", "type": "Normal",
-        "action": "Test", "reportingController": "test", "reportingInstance": "test"});
-    let request = Request::post("/apis/events.k8s.io/v1/namespaces/default/events")
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(event.to_string().into_bytes())
-        .unwrap();
-    let _: Value = client
-        .request(request)
+    let odd_time = "2026-01-02T03:04:0\u{e9}5.1Z";
+    post_event(&client, "odd", odd_time, "Odd")
         .await
         .unwrap_or_else(|e| serve.fail(&format!("create the event: {e}")));
     let events: Value = serde_json::from_str(&get_text(&client, "/api/v1/events").await).unwrap();
@@ -404,7 +396,7 @@ async fn bodies_the_fuzzer_found_get_an_answer_and_leave_the_api_working() {
         events["items"][0]["reason"], "Odd",
         "the core view lists the event: {events}"
     );
-    assert_eq!(events["items"][0]["firstTimestamp"], event["eventTime"]);
+    assert_eq!(events["items"][0]["firstTimestamp"], odd_time);
     let healthz = get_text(&client, "/healthz").await;
     assert_eq!(healthz, "ok");
 }

@@ -374,3 +374,14 @@ pub fn kcpshard_resource() -> kube::api::ApiResource {
 pub fn kcpshards(client: &Client) -> kube::Api<kube::api::DynamicObject> {
     kube::Api::all_with(client.clone(), &kcpshard_resource())
 }
+
+/// The names of the KcpShards the API lists, in its order.
+pub async fn kcpshard_names(api: &kube::Api<kube::api::DynamicObject>) -> Vec<String> {
+    api.list(&Default::default())
+        .await
+        .expect("list KcpShards")
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name)
+        .collect()
+}
