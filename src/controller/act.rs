@@ -567,9 +567,12 @@ impl Actor<'_> {
             completed_at: Utc::now(),
         };
         let message = roll_summary(&completed);
-        self.ctx.metrics.roll_completed(&self.shard.name_any(), &completed);
         state.last_roll = Some(completed);
         self.dirs.save_state(&state)?;
+        // Counted once it is recorded: a failed save retries the step, and must not count twice.
+        if let Some(completed) = &state.last_roll {
+            self.ctx.metrics.roll_completed(&self.shard.name_any(), completed);
+        }
         Ok(vec![Note::normal("RollComplete", message)])
     }
 
