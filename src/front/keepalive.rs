@@ -1,10 +1,10 @@
 //! Which connections to a slot the front no longer forwards to can be closed before that slot gets
 //! SIGTERM: kept-alive HTTP/1.1 connections between two requests.
 //!
-//! Why: kcp fails `/readyz` from SIGTERM until it closes its idle connections, 30-60 ms later
-//! (its pre-shutdown hooks run in between). A client that keeps one connection alive and asks
-//! `/readyz` in that window gets a 500 "shutdown", although the front moved every new connection
-//! to the new slot half a second before (docs/benchmarks.md, "Rolls under load": 6 of 30,714
+//! Why: kcp fails `/readyz` from SIGTERM until it closes its idle connections, 0.02-0.12 s later
+//! in the roll bench (its pre-shutdown hooks run in between). A client that keeps one connection
+//! alive and asks `/readyz` in that window gets a 500 "shutdown", although the front moved every
+//! new connection to the new slot half a second before (docs/benchmarks.md, "Rolls under load": 6 of 30,714
 //! requests). Closing such a connection while it is idle has the effect of kcp's own idle close,
 //! earlier: the client dials again, through the front, to the new slot; a request racing the close
 //! is retried by Go's transport as it would be against kcp's close.
@@ -16,10 +16,12 @@
 //! - whose turn it is: from the client's third flight of bytes on, every flight of the client's is
 //!   a request and every flight of the slot's is the answer (TLS 1.2 and 1.3 handshakes take the
 //!   first two; TLS 1.3 session tickets may come after the client's second);
-//! - quiet: a response kcp writes comes in one burst (the apiserver encodes a whole object before
-//!   writing it), so a slot silent for [`QUIET`] after its flight has answered. A watch is silent
+//! - quiet: kcp writes a response as fast as it encodes it, from memory, so a silence of
+//!   [`QUIET`] after the slot's bytes means the answer is complete, unless kcp was not scheduled
+//!   for that long (then the answer is cut, and client-go retries a GET). A watch is silent
 //!   between events and is cut then: it would be cut when the old slot stops anyway, and the
 //!   client re-watches through the new slot.
+
 use std::time::Duration;
 
 use tokio::time::Instant;
