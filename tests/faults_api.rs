@@ -16,6 +16,8 @@
 //!   `store/kine.json`: Degraded=True, reason StateFileUnreadable, naming the file and what to do;
 //!   moved aside, the shard is back where it was and the same kine serves (adopted, not restarted).
 //!   The same path on real kcp, with a slot record too, is in e2e_faults.rs.
+//! - `a_killed_kine_or_front_wakes_the_controller_at_once`: on such a shard, SIGKILL of its kine,
+//!   then of its front: each runs again within 1 s, and `/metrics` counts the exits.
 //!
 //! The tmpfs needs root (CAP_SYS_ADMIN): without it the test fails and says so; it never skips.
 mod common;
@@ -377,5 +379,73 @@ async fn a_corrupt_controller_or_kine_record_is_reported_and_recovers_once_moved
         sweep.pids().iter().all(|(_, argv)| argv.contains(" serve ")),
         "processes left: {:?}",
         sweep.pids()
+    );
+}
+
+/// A kine or front that dies wakes the controller at once (`process::exits`): it runs again within
+/// its own start-up. The controller's idle look alone, every 2 s, found it up to 2 s later
+/// (docs/reliability.md). `/metrics` counts the exits that woke it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_kine_or_front_wakes_the_controller_at_once() {
+    let serve = Serve::start_with_controller().await;
+    let sweep = Sweep(serve.state_dir());
+    let client = serve.client().await;
+    let api = kcpshards(&client);
+    let front = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut dev = shard("dev", "v0.31.99");
+    dev.data["spec"]["front"]["listen"] = json!(front.to_string());
+    api.create(&PostParams::default(), &dev)
+        .await
+        .unwrap_or_else(|e| serve.fail(&format!("create dev: {e}")));
+    degraded_reason(&api, "dev", "BinaryMissing").await;
+    // Past the first looks, which start the kine and the front: a notice, not a step still under
+    // way, must be what brings them back.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+
+    for (what, marker) in [("kine", "--endpoint=sqlite://"), ("front", " front ")] {
+        let running = |sweep: &Sweep| -> Vec<i32> {
+            sweep
+                .pids()
+                .into_iter()
+                .filter(|(_, argv)| argv.contains(marker))
+                .map(|(pid, _)| pid)
+                .collect()
+        };
+        let old = running(&sweep);
+        assert_eq!(old.len(), 1, "one {what} runs for the shard: {:?}", sweep.pids());
+        let killed = Instant::now();
+        // SAFETY: kill(2) of a process this test's serve started (its argv names our temp dir).
+        unsafe { libc::kill(old[0], libc::SIGKILL) };
+        let new = common::eventually(std::time::Duration::from_secs(30), &format!("a new {what}"), || async {
+            let now = running(&sweep);
+            (now.len() == 1 && now != old).then(|| now[0])
+        })
+        .await;
+        let took = killed.elapsed();
+        println!(
+            "{what} SIGKILLed (pid {}): a new one (pid {new}) after {took:.2?}",
+            old[0]
+        );
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "the {what} was started again {took:?} after it was killed: the controller was not woken by its exit"
+        );
+    }
+
+    let metrics = client
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_else(|e| serve.fail(&format!("GET /metrics: {e}")));
+    let exits = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"kcpshard_controller_process_exits_total{shard="dev"} "#))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| serve.fail(&format!("no process_exits_total for dev in /metrics:\n{metrics}")));
+    assert!(
+        exits >= 2,
+        "/metrics counts {exits} exits, not the kine's and the front's"
     );
 }

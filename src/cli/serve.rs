@@ -57,6 +57,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     server
         .metrics
         .register("controller", |registry| controller_metrics.register(registry));
+    let (exits, exited) = crate::process::exits::ExitNotices::new();
     let ctx = controller::Context {
         client: server.client(),
         reporter: controller::reporter(),
@@ -66,6 +67,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         front_binary: std::env::current_exe().context("cannot find this binary to run the front")?,
         slot_clients: Default::default(),
         metrics: controller_metrics,
+        exits,
     };
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -82,7 +84,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     });
     let controller = args
         .controller
-        .then(|| tokio::spawn(controller::run(ctx, until_stopped(stopped))));
+        .then(|| tokio::spawn(controller::run(ctx, exited, until_stopped(stopped))));
     tokio::pin!(api);
     tokio::select! {
         result = &mut api => return result,

@@ -32,6 +32,8 @@ pub struct FrontSeen {
     /// kcpshard's front runs another binary than this `serve`'s: it hands its listening socket
     /// over to a successor of this binary (docs/front.md, Upgrades).
     pub outdated: bool,
+    /// kcpshard's front process (a caddy is not kcpshard's to run).
+    pub pid: Option<u32>,
 }
 
 impl Front {
@@ -77,6 +79,7 @@ impl Front {
                     listen: status.listen,
                     backend: status.backend,
                     outdated: front::runs_other_binary(binary, dir, status.pid),
+                    pid: Some(status.pid),
                 })
             }
             Front::Caddy {
@@ -87,6 +90,7 @@ impl Front {
                 let upstreams = admin.upstreams(upstream_id).await.map_err(|e| e.to_string())?;
                 Ok(FrontSeen {
                     outdated: false,
+                    pid: None,
                     listen: *listen,
                     backend: match upstreams.as_slice() {
                         [one] => one.parse().ok().map(|address| Backend {

@@ -1,5 +1,6 @@
 //! The controller's Prometheus metrics, served with the API's at `/metrics`: the steps it takes, by
-//! shard, step and result; the rolls it completes; the phases of each shard's last roll.
+//! shard, step and result; the rolls it completes; the phases of each shard's last roll; the exits
+//! of the shard's processes it was woken by.
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -35,6 +36,7 @@ pub struct ControllerMetrics {
     steps: Family<StepLabels, Counter>,
     rolls: Family<ShardLabels, Counter>,
     last_roll: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
+    process_exits: Family<ShardLabels, Counter>,
 }
 
 impl ControllerMetrics {
@@ -54,6 +56,19 @@ impl ControllerMetrics {
             "The shard's last completed roll, by phase: total (started to completed), kcp_start_up (the new slot started to ready), no_leader (the old slot stopped listening to a probe workspace Ready)",
             self.last_roll.clone(),
         );
+        registry.register(
+            "process_exits",
+            "Exits of the shard's processes (slots, kines, the front) that woke the controller, the ones it stopped itself included",
+            self.process_exits.clone(),
+        );
+    }
+
+    pub fn process_exited(&self, shard: &str) {
+        self.process_exits
+            .get_or_create(&ShardLabels {
+                shard: shard.to_string(),
+            })
+            .inc();
     }
 
     pub fn step_taken(&self, shard: &str, step: &Step, failed: bool) {
@@ -129,6 +144,7 @@ mod tests {
         metrics.step_taken("dev", &Step::Probe, false);
         metrics.step_taken("dev", &Step::Probe, false);
         metrics.step_taken("dev", &Step::EnsureStore, true);
+        metrics.process_exited("dev");
         let at = |ms: i64| chrono::Utc.timestamp_millis_opt(1_800_000_000_000 + ms).unwrap();
         let roll = RollRecord {
             from: Some("a".into()),
@@ -153,6 +169,7 @@ mod tests {
             r#"kcpshard_controller_steps_total{shard="dev",step="Probe",result="ok"} 2"#,
             r#"kcpshard_controller_steps_total{shard="dev",step="EnsureStore",result="failed"} 1"#,
             r#"kcpshard_controller_rolls_total{shard="dev"} 1"#,
+            r#"kcpshard_controller_process_exits_total{shard="dev"} 1"#,
             r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="total"} 11.3"#,
             r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="kcp_start_up"} 8.0"#,
             r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="no_leader"} 2.5"#,

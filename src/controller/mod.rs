@@ -2,7 +2,7 @@
 //! reconcile of a `KcpShard` observes what runs ([`observe`]), asks the pure [`plan`] for the one
 //! next step, performs it ([`act`]), then writes status (conditions, phase, slots, front, lastRoll)
 //! and an event per thing that happened. It requeues at once after a step, shortly while a slot
-//! starts, and every few seconds when idle, so a crashed slot is noticed within seconds.
+//! starts, and every few seconds when idle; a slot, kine or front that exits wakes it at once.
 //!
 //! A finalizer makes deletion a step of its own: the slots, the store's processes and the front
 //! stop; the data stays under the state dir.
@@ -25,11 +25,13 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION};
 use crate::process::Runtime;
+use crate::process::exits::ExitNotices;
 use crate::store::{StoreBackend, StoreError, StorePaths};
 use plan::{Desired, SlotTemplate, Step};
 use state::ShardDirs;
@@ -70,6 +72,8 @@ pub struct Context {
     pub front_binary: PathBuf,
     pub slot_clients: clients::SlotClients,
     pub metrics: metrics::ControllerMetrics,
+    /// Wakes the controller for a shard when one of its processes exits.
+    pub exits: ExitNotices<ObjectRef<KcpShard>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -329,10 +333,19 @@ fn error_policy(shard: Arc<KcpShard>, error: &Error, _ctx: Arc<Context>) -> Acti
     Action::requeue(WHEN_IDLE)
 }
 
-/// Runs the controller until `shutdown` resolves.
-pub async fn run(ctx: Context, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+/// Runs the controller until `shutdown` resolves. `exited` carries the shards whose processes
+/// exited (from `ctx.exits`): each is reconciled at once.
+pub async fn run(
+    ctx: Context,
+    exited: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<KcpShard>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
+    let metrics = ctx.metrics.clone();
+    let exited = tokio_stream::wrappers::UnboundedReceiverStream::new(exited)
+        .inspect(move |shard| metrics.process_exited(&shard.name));
     Controller::new(api, watcher::Config::default())
+        .reconcile_on(exited)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, Arc::new(ctx))
         .for_each(|result| async move {

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use kube::runtime::reflector::ObjectRef;
 
 use super::Context;
 use super::clients::Identity;
@@ -158,14 +159,17 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         let running = ctx.runtime.is_running(&process);
         // A running slot whose own kine is down has no store (KinePostgres): EnsureStore brings
         // the kine back on the port the slot dials.
-        if running && let (Ok(store), Ok(endpoints)) = (&store, &mut store_status) {
+        if running && let (Ok(store), Ok(seen)) = (&store, &mut store_status) {
             match store
                 .running_slot_kine(&ctx.runtime, &slot_dirs.store(), &record.name)
                 .await
             {
-                Some(own) => endpoints.extend(own),
+                Some(own) => own.iter().for_each(|kine| seen.add(kine)),
                 None => store_status = Err(format!("the kine of slot {} does not run", record.name)),
             }
+        }
+        if running {
+            ctx.exits.watch(process.pid, ObjectRef::from_obj(shard));
         }
         let ready = running && slot_ready(ctx, &slot_dirs.admin_kubeconfig(), record.port).await;
         let started_at = process.started_at.parse::<DateTime<Utc>>().unwrap_or(record.created_at);
@@ -199,6 +203,12 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 .map(|b| b.slot.clone()),
         },
     };
+    // Any of these exiting wakes the controller for this shard at once (see process::exits).
+    let store_pids = store_status.iter().flat_map(|seen| &seen.kine_pids);
+    let front_pid = front_seen.as_ref().ok().and_then(|seen| seen.pid);
+    for pid in store_pids.chain(&front_pid) {
+        ctx.exits.watch(*pid, ObjectRef::from_obj(shard));
+    }
     let observed = Observed {
         now: Utc::now(),
         store_up: store_status.is_ok(),
@@ -219,7 +229,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         state,
         slots,
         front_backend,
-        store_endpoints: store_status.unwrap_or_default(),
+        store_endpoints: store_status.map(|seen| seen.endpoints).unwrap_or_default(),
     })
 }
 

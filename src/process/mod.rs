@@ -15,6 +15,7 @@
 //! - The runtime keeps the `Child` of every process it started and reaps it, so no zombie remains
 //!   while `serve` lives. Processes adopted from an earlier `serve` are reaped by init (or whoever
 //!   inherits them); a zombie counts as not running.
+pub mod exits;
 pub mod procfs;
 
 use std::collections::HashMap;

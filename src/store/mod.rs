@@ -47,6 +47,22 @@ pub enum StoreBackend {
     Etcd(EtcdCluster),
 }
 
+/// What a store check found answering: the etcd-protocol endpoints slots dial (never a password),
+/// and the pids of the kines kcpshard runs behind them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSeen {
+    pub endpoints: Vec<String>,
+    pub kine_pids: Vec<u32>,
+}
+
+impl StoreSeen {
+    /// Adds a slot's own kine.
+    pub fn add(&mut self, kine: &Kine) {
+        self.endpoints.push(kine.endpoint.clone());
+        self.kine_pids.push(kine.record.pid);
+    }
+}
+
 /// Where one slot's kcp finds the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotStore {
@@ -97,18 +113,27 @@ impl StoreBackend {
         }
     }
 
-    /// Whether the shard-wide part accepts: Ok with the endpoints slots share (none for
-    /// KinePostgres, whose slots each have their own), or why not.
-    pub async fn check(&self, runtime: &Runtime) -> Result<Vec<String>, String> {
+    /// Whether the shard-wide part accepts: Ok with what slots share (nothing for KinePostgres,
+    /// whose slots each have their own kine), or why not.
+    pub async fn check(&self, runtime: &Runtime) -> Result<StoreSeen, String> {
         match self {
             StoreBackend::KineSqlite { kine } => match kine::running_kine(runtime, kine).await {
-                Some(k) => Ok(vec![k.endpoint]),
+                Some(k) => {
+                    let mut seen = StoreSeen::default();
+                    seen.add(&k);
+                    Ok(seen)
+                }
                 None => Err("kine does not run or does not accept connections".into()),
             },
-            StoreBackend::KinePostgres { server, .. } => {
-                server.check().await.map(|()| vec![]).map_err(|e| e.to_string())
-            }
-            StoreBackend::Etcd(cluster) => cluster.check().await.map(|()| cluster.endpoints.clone()),
+            StoreBackend::KinePostgres { server, .. } => server
+                .check()
+                .await
+                .map(|()| StoreSeen::default())
+                .map_err(|e| e.to_string()),
+            StoreBackend::Etcd(cluster) => cluster.check().await.map(|()| StoreSeen {
+                endpoints: cluster.endpoints.clone(),
+                kine_pids: vec![],
+            }),
         }
     }
 
@@ -173,12 +198,12 @@ impl StoreBackend {
         }
     }
 
-    /// The endpoint of the slot's own kine when it runs and accepts; None when it does not, and
-    /// for stores the slots share.
-    pub async fn running_slot_kine(&self, runtime: &Runtime, slot_dir: &Path, slot: &str) -> Option<Option<String>> {
+    /// The slot's own kine: Some(Some) when it runs and accepts, None when it does not, and
+    /// Some(None) for stores the slots share.
+    pub async fn running_slot_kine(&self, runtime: &Runtime, slot_dir: &Path, slot: &str) -> Option<Option<Kine>> {
         match self.slot_kine(slot_dir, slot) {
             None => Some(None),
-            Some(spec) => kine::running_kine(runtime, &spec).await.map(|k| Some(k.endpoint)),
+            Some(spec) => kine::running_kine(runtime, &spec).await.map(Some),
         }
     }
 
