@@ -14,8 +14,9 @@
 //!      keeps serving; with the flag it rolls;
 //!   5. the password is in no status, event or log line.
 //! - `a_managed_postgres_is_created_started_and_stopped_with_the_shard`: managed: true makes a
-//!   cluster under the state dir that takes the password (and refuses a wrong one), and deleting
-//!   the shard stops it. No kcp is needed: the store comes first.
+//!   cluster under the state dir that takes the password (and refuses a wrong one); its
+//!   postmaster's death (SIGQUIT) wakes the controller, which starts it again (StoreStarted);
+//!   deleting the shard stops it. No kcp is needed: the store comes first.
 //! - `an_etcd_store_serves_a_shard`: a real etcd (bin/etcd) as the store; Ready and a workspace.
 //!
 //! A missing component fails, never skips.
@@ -385,6 +386,57 @@ async fn a_managed_postgres_is_created_started_and_stopped_with_the_shard() {
     assert!(!wrong.status.success(), "a wrong password is refused");
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("password authentication failed"));
     assert!(!up.to_string().contains(PASSWORD));
+
+    // Its postmaster dies (SIGQUIT: an immediate shutdown, no checkpoint): the exit wakes the
+    // controller, which starts the cluster again (crash recovery) and says so.
+    let postmaster = std::fs::read_to_string(env.shard_dir(shard).join("store/postgres/data/postmaster.pid"))
+        .ok()
+        .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
+        .unwrap_or_else(|| env.fail("no pid in the managed PostgreSQL's postmaster.pid"));
+    let store_starts = |events: &[k8s_openapi::api::core::v1::Event]| {
+        events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("StoreStarted"))
+            .count()
+    };
+    let starts_before = store_starts(&env.events(shard).await);
+    let killed = Instant::now();
+    signal(postmaster, libc::SIGQUIT);
+    let back = loop {
+        if !alive(postmaster) && query(PASSWORD).status.success() {
+            break killed.elapsed();
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            env.fail("the managed PostgreSQL did not come back within 60 s of its postmaster's death");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    env.log(&format!(
+        "managed PostgreSQL: postmaster {postmaster} SIGQUIT; logins work again after {:.2}s",
+        back.as_secs_f64()
+    ));
+    // No slot runs here (no kcp of this version): the store's start is StoreStarted, not the
+    // StoreRestarted that says slots ran through an outage. Event times are whole seconds: count.
+    let mut events = env.events(shard).await;
+    while store_starts(&events) <= starts_before {
+        if killed.elapsed() > Duration::from_secs(60) {
+            env.fail(&format!(
+                "no StoreStarted event after the postmaster died:\n{}",
+                summarize_events(&events)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        events = env.events(shard).await;
+    }
+    let metrics = env
+        .client()
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("GET /metrics: {e}")));
+    assert!(
+        metrics.contains(&format!("kcpshard_controller_process_exits_total{{shard=\"{shard}\"}}")),
+        "the postmaster's exit did not wake the controller (no process_exits_total for {shard}):\n{metrics}"
+    );
 
     assert!(
         env.delete_and_wait(shard, Duration::from_secs(60)).await,

@@ -58,7 +58,7 @@ impl ControllerMetrics {
         );
         registry.register(
             "process_exits",
-            "Exits of the shard's processes (slots, kines, the front) that woke the controller, the ones it stopped itself included",
+            "Exits of the shard's processes (slots, kines, the front, a managed PostgreSQL) that woke the controller, the ones it stopped itself included",
             self.process_exits.clone(),
         );
     }

@@ -2,7 +2,7 @@
 //! reconcile of a `KcpShard` observes what runs ([`observe`]), asks the pure [`plan`] for the one
 //! next step, performs it ([`act`]), then writes status (conditions, phase, slots, front, lastRoll)
 //! and an event per thing that happened. It requeues at once after a step, shortly while a slot
-//! starts, and every few seconds when idle; a slot, kine or front that exits wakes it at once.
+//! starts, and every few seconds when idle; a process of the shard that exits wakes it at once.
 //!
 //! A finalizer makes deletion a step of its own: the slots, the store's processes and the front
 //! stop; the data stays under the state dir.

@@ -204,7 +204,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         },
     };
     // Any of these exiting wakes the controller for this shard at once (see process::exits).
-    let store_pids = store_status.iter().flat_map(|seen| &seen.kine_pids);
+    let store_pids = store_status.iter().flat_map(|seen| &seen.pids);
     let front_pid = front_seen.as_ref().ok().and_then(|seen| seen.pid);
     for pid in store_pids.chain(&front_pid) {
         ctx.exits.watch(*pid, ObjectRef::from_obj(shard));

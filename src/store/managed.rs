@@ -40,6 +40,13 @@ impl ManagedPostgres {
         self.dir.join("postgres.log")
     }
 
+    /// The postmaster's pid, from the first line of `data/postmaster.pid` (written at its start,
+    /// removed at a clean stop). It may name a process that died since: callers check.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
     fn socket_dir(&self) -> PathBuf {
         self.dir.join("socket")
     }

@@ -48,18 +48,18 @@ pub enum StoreBackend {
 }
 
 /// What a store check found answering: the etcd-protocol endpoints slots dial (never a password),
-/// and the pids of the kines kcpshard runs behind them.
+/// and the pids of what kcpshard runs behind them (kines, a managed PostgreSQL's postmaster).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreSeen {
     pub endpoints: Vec<String>,
-    pub kine_pids: Vec<u32>,
+    pub pids: Vec<u32>,
 }
 
 impl StoreSeen {
     /// Adds a slot's own kine.
     pub fn add(&mut self, kine: &Kine) {
         self.endpoints.push(kine.endpoint.clone());
-        self.kine_pids.push(kine.record.pid);
+        self.pids.push(kine.record.pid);
     }
 }
 
@@ -125,14 +125,17 @@ impl StoreBackend {
                 }
                 None => Err("kine does not run or does not accept connections".into()),
             },
-            StoreBackend::KinePostgres { server, .. } => server
+            StoreBackend::KinePostgres { server, managed, .. } => server
                 .check()
                 .await
-                .map(|()| StoreSeen::default())
+                .map(|()| StoreSeen {
+                    endpoints: vec![],
+                    pids: managed.iter().filter_map(ManagedPostgres::postmaster_pid).collect(),
+                })
                 .map_err(|e| e.to_string()),
             StoreBackend::Etcd(cluster) => cluster.check().await.map(|()| StoreSeen {
                 endpoints: cluster.endpoints.clone(),
-                kine_pids: vec![],
+                pids: vec![],
             }),
         }
     }
