@@ -300,6 +300,15 @@ impl Sweep {
         }
         found
     }
+
+    /// The pids of those whose argv also contains `marker`.
+    fn pids_with(&self, marker: &str) -> Vec<i32> {
+        self.pids()
+            .into_iter()
+            .filter(|(_, argv)| argv.contains(marker))
+            .map(|(pid, _)| pid)
+            .collect()
+    }
 }
 
 impl Drop for Sweep {
@@ -309,6 +318,21 @@ impl Drop for Sweep {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
+}
+
+/// Creates KcpShard `dev` on a version that has no kcp binary, its front on a free port, and
+/// waits for Degraded BinaryMissing: its kine and its front run, no slot does.
+async fn create_dev_without_kcp(serve: &Serve, api: &kube::Api<DynamicObject>) {
+    let front = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut dev = shard("dev", "v0.31.99");
+    dev.data["spec"]["front"]["listen"] = json!(front.to_string());
+    api.create(&PostParams::default(), &dev)
+        .await
+        .unwrap_or_else(|e| serve.fail(&format!("create dev: {e}")));
+    degraded_reason(api, "dev", "BinaryMissing").await;
 }
 
 async fn degraded_reason(api: &kube::Api<DynamicObject>, name: &str, reason: &str) -> String {
@@ -332,25 +356,9 @@ async fn a_corrupt_controller_or_kine_record_is_reported_and_recovers_once_moved
     let serve = Serve::start_with_controller().await;
     let sweep = Sweep(serve.state_dir());
     let api = kcpshards(&serve.client().await);
-    let front = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let mut dev = shard("dev", "v0.31.99");
-    dev.data["spec"]["front"]["listen"] = json!(front.to_string());
-    api.create(&PostParams::default(), &dev)
-        .await
-        .unwrap_or_else(|e| serve.fail(&format!("create dev: {e}")));
-    degraded_reason(&api, "dev", "BinaryMissing").await;
+    create_dev_without_kcp(&serve, &api).await;
     let shard_dir = serve.state_dir().join("shards/dev");
-    let kine_pids = |sweep: &Sweep| -> Vec<i32> {
-        sweep
-            .pids()
-            .into_iter()
-            .filter(|(_, argv)| argv.contains("--endpoint=sqlite://"))
-            .map(|(pid, _)| pid)
-            .collect()
-    };
+    let kine_pids = |sweep: &Sweep| sweep.pids_with("--endpoint=sqlite://");
     let kine_before = kine_pids(&sweep);
     assert_eq!(kine_before.len(), 1, "one kine runs for the shard: {:?}", sweep.pids());
 
@@ -391,29 +399,13 @@ async fn a_killed_kine_or_front_wakes_the_controller_at_once() {
     let sweep = Sweep(serve.state_dir());
     let client = serve.client().await;
     let api = kcpshards(&client);
-    let front = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let mut dev = shard("dev", "v0.31.99");
-    dev.data["spec"]["front"]["listen"] = json!(front.to_string());
-    api.create(&PostParams::default(), &dev)
-        .await
-        .unwrap_or_else(|e| serve.fail(&format!("create dev: {e}")));
-    degraded_reason(&api, "dev", "BinaryMissing").await;
+    create_dev_without_kcp(&serve, &api).await;
     // Past the first looks, which start the kine and the front: a notice, not a step still under
     // way, must be what brings them back.
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
 
     for (what, marker) in [("kine", "--endpoint=sqlite://"), ("front", " front ")] {
-        let running = |sweep: &Sweep| -> Vec<i32> {
-            sweep
-                .pids()
-                .into_iter()
-                .filter(|(_, argv)| argv.contains(marker))
-                .map(|(pid, _)| pid)
-                .collect()
-        };
+        let running = |sweep: &Sweep| sweep.pids_with(marker);
         let old = running(&sweep);
         assert_eq!(old.len(), 1, "one {what} runs for the shard: {:?}", sweep.pids());
         let killed = Instant::now();
