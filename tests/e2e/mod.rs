@@ -120,9 +120,17 @@ pub fn signal(pid: i32, sig: i32) {
     unsafe { libc::kill(pid, sig) };
 }
 
-/// SIGTERM every process naming `needle`, then SIGKILL what is left after `grace`.
+/// SIGTERM every process naming `needle` in its argv or working in a directory under it (a
+/// KinePostgres slot's kine names only its database, but runs in its slot's directory), then
+/// SIGKILL what is left after `grace`.
 pub fn sweep(needle: &str, grace: Duration) -> Vec<(i32, String)> {
-    let found = processes_with(needle);
+    let mut found = processes_with(needle);
+    for (pid, argv) in processes_with("") {
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        if cwd.starts_with(needle) && found.iter().all(|(p, _)| *p != pid) {
+            found.push((pid, argv));
+        }
+    }
     for (pid, _) in &found {
         signal(*pid, libc::SIGTERM);
     }
@@ -507,7 +515,7 @@ impl Drop for Env {
         let left = sweep(&self.state.display().to_string(), Duration::from_secs(10));
         if !left.is_empty() {
             eprintln!(
-                "killed {} process(es) left with the state dir in argv: {:?}",
+                "killed {} process(es) left with the state dir in argv or as working directory: {:?}",
                 left.len(),
                 left.iter().map(|(p, _)| p).collect::<Vec<_>>()
             );
