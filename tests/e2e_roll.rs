@@ -773,6 +773,10 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     }
     let before = env.get(shard).await.unwrap();
     let pid = active_pid(&before).unwrap();
+    let shard_admin = front_shard_admin(&env, shard, &front).await;
+    let workspaces_before = workspace_names(&shard_admin)
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("list workspaces through the front before the SIGKILL: {e}")));
     let killed_at = Utc::now();
     let killed = Instant::now();
     signal(pid, libc::SIGKILL);
@@ -824,7 +828,6 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         )
         .await;
     let restore = killed.elapsed();
-    let shard_admin = front_shard_admin(&env, shard, &front).await;
     let mut through_front = readyz_ok(&shard_admin).await;
     let check = Instant::now();
     while through_front.is_err() && check.elapsed() < Duration::from_secs(15) {
@@ -846,10 +849,28 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         "slot failure: service restored (Ready=True, /readyz through the front ok) {:.1}s after the SIGKILL",
         restore.as_secs_f64()
     ));
+    // kcp keeps no state of its own: every workspace is still in the store, served by the new slot.
+    let mut workspaces_after = workspace_names(&shard_admin).await;
+    let listing = Instant::now();
+    while workspaces_after.is_err() && listing.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        workspaces_after = workspace_names(&shard_admin).await;
+    }
+    let workspaces_after = workspaces_after
+        .unwrap_or_else(|e| env.fail(&format!("list workspaces through the front after the SIGKILL: {e}")));
+    let lost: Vec<_> = workspaces_before
+        .iter()
+        .filter(|w| !workspaces_after.contains(w))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "DATA LOST: workspaces listed before the SIGKILL of the active kcp are gone: {lost:?}"
+    );
     report.add(format!(
-        "slot failure: reported after {:.2}s, restored after {:.1}s",
+        "slot failure: reported after {:.2}s, restored after {:.1}s; {} workspaces before, all there after",
         notice.as_secs_f64(),
-        restore.as_secs_f64()
+        restore.as_secs_f64(),
+        workspaces_before.len()
     ));
 
     for roll in &rolls {
@@ -1050,4 +1071,20 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
         left.is_empty(),
         "processes left after the KcpShard was deleted and serve stopped: {left:?}"
     );
+}
+
+/// The names of the workspaces in root, listed through the front.
+async fn workspace_names(config: &kube::Config) -> Result<Vec<String>, String> {
+    match once(config, http::Method::GET, WORKSPACES, None).await {
+        Ok((200, body)) => {
+            let list: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+            Ok(list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|w| w["metadata"]["name"].as_str().map(str::to_string))
+                .collect())
+        }
+        other => Err(format!("{other:?}")),
+    }
 }
