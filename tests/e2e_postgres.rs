@@ -18,6 +18,10 @@
 //!   postmaster's death (SIGQUIT) wakes the controller, which starts it again (StoreStarted);
 //!   deleting the shard stops it. No kcp is needed: the store comes first.
 //! - `an_etcd_store_serves_a_shard`: a real etcd (bin/etcd) as the store; Ready and a workspace.
+//! - `postgres_tls_is_checked_as_each_sslmode_says_as_kine_does`: PostgreSQL with TLS (a
+//!   certificate for 127.0.0.1 from a test CA): StoreReady for require without a CA file,
+//!   verify-full with and without it, and with a host the certificate does not name, verify-ca;
+//!   kine connects with the endpoint kcpshard builds. No kcp.
 //!
 //! A missing component fails, never skips.
 mod e2e;
@@ -489,5 +493,126 @@ async fn an_etcd_store_serves_a_shard() {
     create_workspace_ready(&kcp_admin, "on-etcd", Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| env.fail(&e));
+    env.shutdown(&[shard]).await;
+}
+
+/// A CA and a server certificate it signed, for 127.0.0.1 only (no DNS name): PEM of the CA, and
+/// the server's certificate and key.
+fn postgres_certificates() -> (String, support::ServerTls) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let key = KeyPair::generate().unwrap();
+    let mut server = CertificateParams::new(Vec::<String>::new()).unwrap();
+    server.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];
+    let cert = server.signed_by(&key, &Issuer::new(ca, &ca_key)).unwrap().pem();
+    (
+        ca_pem,
+        support::ServerTls {
+            cert,
+            key: key.serialize_pem(),
+        },
+    )
+}
+
+/// kcpshard checks PostgreSQL's certificate as kine does (libpq's sslmode, as pgx applies it), so
+/// it never calls a store down that kine reaches, nor up one that kine cannot: require without a
+/// CA file encrypts without verifying (a managed cloud database whose CA the system does not
+/// know); verify-full checks the chain and the name; verify-ca the chain only. No kcp is needed:
+/// the store comes first, and its check is what StoreReady reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_tls_is_checked_as_each_sslmode_says_as_kine_does() {
+    let _serial = serial();
+    let (ca_pem, tls) = postgres_certificates();
+    let pg = support::Postgres::start_with_tls(&tls);
+    let mut env = Env::start().await;
+    let ca_file = env.dir().join("pg-ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let shard = "tls";
+    let front = format!("127.0.0.1:{}", free_port());
+    let spec = |host: &str, ssl_mode: &str, ca: bool| {
+        let mut store = json!({
+            "host": host,
+            "port": pg.port,
+            "database": "kcp_tls",
+            "user": "postgres",
+            "sslMode": ssl_mode,
+        });
+        // null: a merge patch removes it.
+        store["caFile"] = if ca {
+            json!(ca_file.display().to_string())
+        } else {
+            Value::Null
+        };
+        // No kcp of this version: the store comes first, and is all this test needs.
+        json!({
+            "version": "v0.0.1",
+            "store": { "type": "KinePostgres", "kinePostgres": store },
+            "front": { "type": "Tcp", "listen": front },
+        })
+    };
+    // Each case flips StoreReady, so a stale condition never passes for the next one.
+    let cases = [
+        ("127.0.0.1", "require", false, Ok(())),
+        ("127.0.0.1", "verify-full", false, Err("invalid peer certificate")),
+        ("127.0.0.1", "verify-full", true, Ok(())),
+        ("localhost", "verify-full", true, Err("not valid for name")),
+        ("localhost", "verify-ca", true, Ok(())),
+    ];
+    for (i, (host, ssl_mode, ca, expected)) in cases.into_iter().enumerate() {
+        let case = format!(
+            "host {host}, sslMode {ssl_mode}, {}",
+            if ca { "caFile" } else { "no caFile" }
+        );
+        if i == 0 {
+            env.apply_spec(shard, spec(host, ssl_mode, ca)).await;
+        } else {
+            env.patch(shard, json!({ "spec": spec(host, ssl_mode, ca) })).await;
+        }
+        let message = env
+            .until(
+                shard,
+                Duration::from_secs(60),
+                &format!("StoreReady as expected with {case}"),
+                |o| {
+                    let store = condition(o, "StoreReady")?;
+                    let message = store["message"].as_str().unwrap_or_default().to_string();
+                    match expected {
+                        Ok(()) => (store["status"] == "True").then_some(message),
+                        Err(why) => (store["status"] == "False" && message.contains(why)).then_some(message),
+                    }
+                },
+            )
+            .await;
+        env.log(&format!(
+            "{case}: StoreReady {}: {message}",
+            if expected.is_ok() { "True" } else { "False" }
+        ));
+        if expected.is_err() && !message.contains("spec.store.kinePostgres.") {
+            env.fail(&format!("{case}: the message does not say what to do: {message}"));
+        }
+    }
+
+    // kine, given the same settings through the endpoint kcpshard builds, connects where kcpshard's
+    // check passed: it sets up its table before it listens.
+    for (ssl_mode, ca) in [
+        (kcpshard::api::SslMode::Require, false),
+        (kcpshard::api::SslMode::VerifyFull, true),
+    ] {
+        let server = kcpshard::store::PostgresServer {
+            host: "127.0.0.1".into(),
+            port: pg.port,
+            database: "kcp_tls_kine".into(),
+            user: "postgres".into(),
+            password: None,
+            ssl_mode,
+            ca_file: ca.then(|| ca_file.clone()),
+        };
+        let endpoint = server.kine_endpoint("kcpshard-tls-test");
+        let kine = support::Kine::start(&endpoint);
+        env.log(&format!("kine on {endpoint}: ready in {:.2?}", kine.ready_in.unwrap()));
+    }
     env.shutdown(&[shard]).await;
 }

@@ -195,9 +195,16 @@ pub struct KinePostgresStore {
     /// trust or peer authentication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_from: Option<PasswordSource>,
-    /// PostgreSQL sslmode for kine's connection.
+    /// PostgreSQL sslmode, for kine's connections and kcpshard's own: disable, require (encrypted;
+    /// the certificate is checked only against a caFile), verify-ca (the chain) or verify-full (the
+    /// chain and the host name).
     #[serde(default)]
     pub ssl_mode: SslMode,
+    /// Path of a PEM file with the CA certificates that verify the server's certificate (libpq's
+    /// sslrootcert); without it, the system's roots. With sslMode require it makes kine and
+    /// kcpshard verify the chain, as libpq does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
     /// When true, kcpshard runs a PostgreSQL cluster for this shard itself (initdb and pg_ctl under
     /// the shard's directory) on host:port; when false it uses a server someone else runs.
     #[serde(default)]

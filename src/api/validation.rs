@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::duration::parse_duration;
-use super::kcpshard::{FrontType, KcpShard, StoreType};
+use super::kcpshard::{FrontType, KcpShard, SslMode, StoreType};
 use crate::apiserver::error::FieldCause;
 
 /// kcp flags kcpshard sets for every slot; `spec.kcp.extraArgs` may not set them again.
@@ -163,6 +163,19 @@ fn check_store(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
                         &pg.host,
                         "a managed PostgreSQL runs on this host: write 127.0.0.1, ::1 or localhost, or set managed: false",
                     ));
+                }
+                match (&pg.ca_file, pg.ssl_mode) {
+                    (Some(file), _) if file.trim().is_empty() => causes.push(invalid(
+                        "spec.store.kinePostgres.caFile",
+                        file,
+                        "write the path of a PEM file holding the CA certificate, e.g. /etc/kcpshard/pg-ca.pem, or remove caFile",
+                    )),
+                    (Some(file), SslMode::Disable) => causes.push(invalid(
+                        "spec.store.kinePostgres.caFile",
+                        file,
+                        "sslMode is disable, so no certificate is verified: set sslMode to require, verify-ca or verify-full, or remove caFile",
+                    )),
+                    _ => {}
                 }
                 if let Some(from) = &pg.password_from {
                     match (&from.file, &from.env) {
@@ -441,6 +454,28 @@ mod tests {
         shard(
             "apiVersion: kcpshard.io/v1alpha1\nkind: KcpShard\nmetadata: {name: pg}\nspec:\n  version: v0.32.3\n  store:\n    type: KinePostgres\n    kinePostgres: {host: 127.0.0.1, passwordFrom: {file: /etc/pgpass}}\n",
         )
+    }
+
+    #[test]
+    fn a_postgres_ca_file_needs_an_sslmode_that_verifies() {
+        let mut obj = postgres();
+        let pg = obj.spec.store.kine_postgres.as_mut().unwrap();
+        pg.ca_file = Some("/etc/kcpshard/pg-ca.pem".into());
+        assert_eq!(
+            fields(&validate(&obj)),
+            ["spec.store.kinePostgres.caFile"],
+            "sslMode disable"
+        );
+        for mode in [SslMode::Require, SslMode::VerifyCa, SslMode::VerifyFull] {
+            obj.spec.store.kine_postgres.as_mut().unwrap().ssl_mode = mode;
+            assert_eq!(validate(&obj), vec![], "{mode:?}");
+        }
+        obj.spec.store.kine_postgres.as_mut().unwrap().ca_file = Some(" ".into());
+        assert_eq!(
+            fields(&validate(&obj)),
+            ["spec.store.kinePostgres.caFile"],
+            "an empty path"
+        );
     }
 
     #[test]

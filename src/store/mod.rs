@@ -16,6 +16,7 @@ pub mod etcd;
 pub mod kine;
 pub mod managed;
 pub mod postgres;
+mod postgres_tls;
 pub mod snapshot;
 
 use std::path::{Path, PathBuf};

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use crate::api::{KinePostgresStore, PasswordSource, SslMode};
 
-use super::StoreError;
 use super::kine::{KineSpec, READY_TIMEOUT};
+use super::{StoreError, postgres_tls};
 
 /// How long one connection attempt to PostgreSQL may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -64,6 +64,8 @@ pub struct PostgresServer {
     pub user: String,
     pub password: Option<Password>,
     pub ssl_mode: SslMode,
+    /// The CA that verifies the server (libpq's sslrootcert); else the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl PostgresServer {
@@ -76,6 +78,7 @@ impl PostgresServer {
             user: spec.user.clone(),
             password: spec.password_from.as_ref().map(read_password).transpose()?,
             ssl_mode: spec.ssl_mode,
+            ca_file: spec.ca_file.as_ref().map(PathBuf::from),
         })
     }
 
@@ -84,9 +87,9 @@ impl PostgresServer {
         format!("{}:{}/{}", self.host, self.port, self.database)
     }
 
-    /// kine's `--endpoint`: no password (kine reads PGPASSWORD, as libpq and pgx do), and an
-    /// application_name that makes each slot's kine endpoint unique (it finds the kine by its argv;
-    /// PostgreSQL shows it in pg_stat_activity).
+    /// kine's `--endpoint`: no password (kine reads PGPASSWORD, as libpq and pgx do), the CA file as
+    /// sslrootcert, and an application_name that makes each slot's kine endpoint unique (it finds
+    /// the kine by its argv; PostgreSQL shows it in pg_stat_activity).
     pub fn kine_endpoint(&self, application: &str) -> String {
         let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         let host = if self.host.contains(':') {
@@ -94,8 +97,12 @@ impl PostgresServer {
         } else {
             self.host.clone()
         };
+        let root_cert = match &self.ca_file {
+            Some(file) => format!("&sslrootcert={}", enc(&file.display().to_string())),
+            None => String::new(),
+        };
         format!(
-            "postgres://{}@{host}:{}/{}?sslmode={}&application_name={}",
+            "postgres://{}@{host}:{}/{}?sslmode={}{root_cert}&application_name={}",
             enc(&self.user),
             self.port,
             enc(&self.database),
@@ -136,9 +143,22 @@ impl PostgresServer {
         if let Some(password) = &self.password {
             config.password(password.expose());
         }
-        let failed = |message: String| StoreError::Postgres {
-            server: format!("{}:{}/{database}", self.host, self.port),
-            message,
+        let failed = |mut message: String| {
+            if message.contains("not valid for name") {
+                message.push_str(&format!(
+                    "; sslMode verify-full checks that the certificate names host {}: write in spec.store.kinePostgres.host a name or address it has, or use sslMode verify-ca to check its CA only",
+                    self.host
+                ));
+            } else if message.contains("invalid peer certificate") {
+                message.push_str(&format!(
+                    "; sslMode {} verifies PostgreSQL's certificate: set spec.store.kinePostgres.caFile to the CA that signed it, or use sslMode require to encrypt without verifying it",
+                    self.ssl_mode.as_str()
+                ));
+            }
+            StoreError::Postgres {
+                server: format!("{}:{}/{database}", self.host, self.port),
+                message,
+            }
         };
         let client = match self.ssl_mode {
             SslMode::Disable => {
@@ -149,11 +169,12 @@ impl PostgresServer {
                 tokio::spawn(connection);
                 client
             }
-            _ => {
-                // kcpshard's own connections verify the server against the system's roots (like
-                // verify-full); kine applies the spec's sslmode itself.
+            mode => {
+                // TLS is required; what of the certificate is verified follows the sslmode as kine
+                // applies it (postgres_tls).
                 config.ssl_mode(tokio_postgres::config::SslMode::Require);
-                let (client, connection) = connect_within(config.connect(tls_connector()?)).await.map_err(failed)?;
+                let tls = postgres_tls::connector(mode, self.ca_file.as_deref())?;
+                let (client, connection) = connect_within(config.connect(tls)).await.map_err(failed)?;
                 tokio::spawn(connection);
                 client
             }
@@ -218,20 +239,6 @@ where
     }
 }
 
-fn tls_connector() -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_native_certs::load_native_certs().certs {
-        let _ = roots.add(cert);
-    }
-    let config =
-        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| StoreError::Invalid(format!("TLS for PostgreSQL: {e}")))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
-}
-
 /// PostgreSQL's message: the server's own for an error it reported, else the client's chain
 /// ("error connecting to server: Connection refused").
 pub fn postgres_message(e: &tokio_postgres::Error) -> String {
@@ -259,6 +266,7 @@ mod tests {
             user: "kcp".into(),
             password: Some(Password("s3cret".into())),
             ssl_mode: SslMode::Disable,
+            ca_file: None,
         }
     }
 
@@ -274,6 +282,17 @@ mod tests {
         assert!(!a.contains("s3cret"));
         assert_eq!(s.env(), [("PGPASSWORD".to_string(), "s3cret".to_string())]);
         assert!(!format!("{s:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn the_ca_file_reaches_kine_as_sslrootcert() {
+        let mut s = server();
+        s.ssl_mode = SslMode::VerifyFull;
+        s.ca_file = Some("/etc/kcpshard/pg ca.pem".into());
+        assert_eq!(
+            s.kine_endpoint("kcpshard-dev-a"),
+            "postgres://kcp@127.0.0.1:5433/kcp?sslmode=verify-full&sslrootcert=%2Fetc%2Fkcpshard%2Fpg+ca.pem&application_name=kcpshard-dev-a"
+        );
     }
 
     #[test]

@@ -362,8 +362,23 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
     })
 }
 
+/// A server certificate for PostgreSQL: PEM of the certificate and of its key.
+pub struct ServerTls {
+    pub cert: String,
+    pub key: String,
+}
+
 impl Postgres {
     pub fn start() -> Postgres {
+        Postgres::start_with(None)
+    }
+
+    /// A server that also takes TLS connections (`ssl=on`) with this certificate.
+    pub fn start_with_tls(tls: &ServerTls) -> Postgres {
+        Postgres::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<&ServerTls>) -> Postgres {
         let initdb = require("initdb");
         require("postgres");
         require("psql");
@@ -415,6 +430,17 @@ impl Postgres {
             String::from_utf8_lossy(&out.stderr)
         );
 
+        if let Some(tls) = tls {
+            // In the data directory, under PostgreSQL's default names; the key only its owner's.
+            for (name, pem) in [("server.crt", &tls.cert), ("server.key", &tls.key)] {
+                let path = data.join(name);
+                fs::write(&path, pem).unwrap();
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+                if let Some((uid, gid)) = ids {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+                }
+            }
+        }
         let port = free_port();
         let log = dir.path().join("postgres.log");
         File::create(&log).unwrap();
@@ -454,6 +480,9 @@ impl Postgres {
                 "max_connections=200",
             ])
             .current_dir(dir);
+        if dir.join("data/server.crt").exists() {
+            cmd.args(["-c", "ssl=on"]);
+        }
         if let Some((uid, gid)) = ids {
             cmd.uid(uid).gid(gid);
         }
