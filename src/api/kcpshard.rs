@@ -465,6 +465,10 @@ pub struct SlotStatus {
     /// When the slot's process started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// The kcpshard.io/restartedAt annotation the slot was started for: a restart request is taken
+    /// up once the active slot carries its value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_at: Option<String>,
 }
 
 /// The front as observed.

@@ -1,7 +1,8 @@
 //! `kcpshard rollout status NAME`: follows a roll to its end, like `kubectl rollout status`. It prints
 //! a line each time the controller's progress message changes, succeeds once the shard is Ready
-//! and no longer Progressing at its current generation, and fails when the roll is blocked
-//! (Degraded), with the controller's message saying what to fix.
+//! and no longer Progressing at its current generation, with the active slot started for the
+//! current restart request, and fails when the roll is blocked (Degraded), with the controller's
+//! message saying what to fix.
 use std::time::Duration;
 
 use anyhow::bail;
@@ -59,10 +60,38 @@ fn progress(object: &Value) -> Progress {
     if let Some(degraded) = condition("Degraded").filter(|c| c["status"] == "True") {
         return Progress::Blocked(message(degraded));
     }
-    if ready["status"] == "True" && progressing["status"] == "False" {
+    if progressing["status"] == "True" {
+        return Progress::Moving(message(progressing));
+    }
+    // A restart request changes an annotation, not the generation: until the active slot was
+    // started for it, the roll it asks for is still to come.
+    if let Some(pending) = restart_not_taken_up(object) {
+        return Progress::Moving(pending);
+    }
+    if ready["status"] == "True" {
         return Progress::Done(message(ready));
     }
     Progress::Moving(message(progressing))
+}
+
+/// What is pending when the active slot was not started for the restartedAt annotation as it is
+/// (the controller replaces the slot whenever they differ, a removed annotation included).
+fn restart_not_taken_up(object: &Value) -> Option<String> {
+    let requested = object["metadata"]["annotations"][crate::api::RESTARTED_AT_ANNOTATION].as_str();
+    let active = &object["status"]["activeSlot"];
+    let served = object["status"]["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|slot| &slot["name"] == active)
+        .and_then(|slot| slot["restartedAt"].as_str());
+    if requested == served {
+        return None;
+    }
+    Some(match requested {
+        Some(at) => format!("a restart was requested ({at}); the active slot was started before it"),
+        None => "the restart annotation was removed; the active slot was started for it".into(),
+    })
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -126,6 +155,37 @@ mod tests {
         assert_eq!(
             progress(&shard(2, 2, "True", "False", "True")),
             Progress::Blocked("Degraded message".into())
+        );
+    }
+
+    #[test]
+    fn a_restart_request_is_done_only_once_the_active_slot_was_started_for_it() {
+        let mut object = shard(2, 2, "True", "False", "False");
+        object["status"]["activeSlot"] = json!("a");
+        object["status"]["slots"] = json!([{"name": "a", "restartedAt": "1"}, {"name": "b", "restartedAt": "2"}]);
+        object["metadata"]["annotations"] = json!({ "kcpshard.io/restartedAt": "2" });
+        assert!(
+            matches!(progress(&object), Progress::Moving(m) if m.contains("a restart was requested (2)")),
+            "the annotation just changed; the status is of the generation, which did not"
+        );
+        object["status"]["activeSlot"] = json!("b");
+        assert_eq!(progress(&object), Progress::Done("Ready message".into()));
+        object["metadata"]["annotations"] = json!({});
+        assert!(matches!(progress(&object), Progress::Moving(m) if m.contains("removed")));
+        object["status"]["slots"] = json!([{"name": "b"}]);
+        assert_eq!(
+            progress(&object),
+            Progress::Done("Ready message".into()),
+            "never requested"
+        );
+        let mut blocked = shard(2, 2, "True", "False", "True");
+        blocked["status"]["activeSlot"] = json!("b");
+        blocked["status"]["slots"] = json!([{"name": "b"}]);
+        blocked["metadata"]["annotations"] = json!({ "kcpshard.io/restartedAt": "3" });
+        assert_eq!(
+            progress(&blocked),
+            Progress::Blocked("Degraded message".into()),
+            "a blocked restart says why, not that it waits"
         );
     }
 }

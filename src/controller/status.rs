@@ -35,6 +35,7 @@ pub fn build(
             port: Some(slot.record.port),
             ready: seen.ready,
             started_at: Some(k8s_time(seen.started_at)),
+            restarted_at: slot.record.template.restarted_at.clone(),
         })
         .collect();
     let last_roll = match (&world.state.roll, &world.state.last_roll) {
