@@ -16,7 +16,8 @@
 //!   1. SIGKILL of the active slot's own kine (found by `application_name=kcpshard-<shard>-<slot>`
 //!      in its argv): started again on the same port (SlotStoreRestarted), no roll.
 //!   2. a slot that starts slowly: spec.rollout.readinessTimeout 5s with a restart request: the
-//!      roll is abandoned (Degraded, SlotNotReady), the old slot serves with 0 failed polls.
+//!      slot is started once more (SlotRestarting), then the roll is abandoned (Degraded,
+//!      SlotNotReady), the old slot serves with 0 failed polls.
 //!   3. raising readinessTimeout retries the roll at once; its NEW kcp is SIGKILLed after it
 //!      started and before the switch: the roll is abandoned (Degraded, SlotCrashed), the old slot
 //!      serves with 0 failed polls, the new slot's kine stops.
@@ -752,6 +753,15 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
         list_failures(&stats)
     );
     all_there(&env, &admin, &workspaces, "the slow slot").await;
+    // A kcp start-up that never finishes gets one more try before the roll stops.
+    let slow_events = events_since(&env, shard, since).await;
+    assert!(
+        slow_events
+            .iter()
+            .any(|(t, r, m)| t == "Warning" && r == "SlotRestarting" && m.contains("within 5s")),
+        "the slow slot was not started once more before the roll stopped:\n{}",
+        render_events(&slow_events)
+    );
     report.add(format!(
         "readinessTimeout 5s: roll abandoned {:.2}s after the request (Degraded/SlotNotReady: {message}); the old slot served on: /readyz through the front: {}\n  events:\n{}",
         abandoned.as_secs_f64(),

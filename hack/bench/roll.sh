@@ -10,9 +10,11 @@
 # defines it), the requests and failures by kind, and whether each target is met.
 #
 # Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--rolls N] [--pause SECONDS]
-#                           [--shutdown-delay DURATION]
+#                           [--shutdown-delay DURATION] [--kcp-arg ARG]...
 #   defaults: both, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
-#   (kcpshard's default, 0s).
+#   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
+#   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/operations.md, "A kcp that never gets
+#   ready").
 # Needs hack/install-deps.sh (kcp, kine, kubectl, PostgreSQL). Run alone: kcp is heavy, and other
 # real-kcp runs on the machine change the figures (e.g. `flock /tmp/kcpshard-realkcp.lock ...`).
 # Env: KCPSHARD and ROLL_LOAD: built binaries to use instead of `cargo build --release`;
@@ -23,12 +25,14 @@ stores=both
 rolls=10
 pause=5
 shutdown_delay=""
+kcp_args=""   # spec.kcp.extraArgs, as YAML flow items
 while [ $# -gt 0 ]; do
   case "$1" in
     --store) stores=$2; shift 2 ;;
     --rolls) rolls=$2; shift 2 ;;
     --pause) pause=$2; shift 2 ;;
     --shutdown-delay) shutdown_delay=$2; shift 2 ;;
+    --kcp-arg) kcp_args+="\"$2\", "; shift 2 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -326,7 +330,7 @@ kind: KcpShard
 metadata: {name: bench}
 spec:
   version: $KCP_VERSION_OLDER
-  kcp: {binary: "$root/bin/kcp-{version}"${shutdown_delay:+, shutdownDelay: "$shutdown_delay"}}
+  kcp: {binary: "$root/bin/kcp-{version}"${shutdown_delay:+, shutdownDelay: "$shutdown_delay"}${kcp_args:+, extraArgs: [${kcp_args%, }]}}
   store: $store_spec
   front: {type: Tcp, listen: "127.0.0.1:$front_port"}
   rollout: {allowDowngrade: true}

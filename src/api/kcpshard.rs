@@ -342,8 +342,9 @@ fn default_caddy_admin() -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RolloutSpec {
-    /// How long a new slot may take to answer /readyz on its own port before the roll is abandoned
-    /// (the new slot is stopped, the old one keeps serving), e.g. "120s". At most 1h.
+    /// How long a new slot may take to answer /readyz on its own port, e.g. "120s". A slot that
+    /// misses it is started once more (a kcp start-up sometimes never finishes); if it misses it
+    /// again, the roll is abandoned (the new slot is stopped, the old one keeps serving). At most 1h.
     #[schemars(pattern(DURATION_PATTERN))]
     pub readiness_timeout: String,
     /// How long the old slot may take to exit after SIGTERM before it is killed, e.g. "30s". At most 1h.

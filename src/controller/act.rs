@@ -10,7 +10,7 @@ use kube::runtime::events::EventType;
 
 use super::clients::Identity;
 use super::observe::World;
-use super::plan::{BlockCause, Blocked, Desired, RollRecord, Step};
+use super::plan::{BlockCause, Blocked, Desired, RestartCause, RollRecord, Step};
 use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
@@ -92,7 +92,7 @@ impl Actor<'_> {
             Step::SwitchFront { to } => self.switch_front(to).await,
             Step::TerminateSlot { name } => self.terminate_slot(name).await,
             Step::StopSlot { name } => self.stop_slot(name).await,
-            Step::RestartSlot { name } => self.restart_slot(name).await,
+            Step::RestartSlot { name, cause } => self.restart_slot(name, cause).await,
             Step::ForgetSlot { name, was_active } => {
                 self.stop_slot_store(name).await?;
                 self.dirs.slot(name).forget()?;
@@ -485,14 +485,20 @@ impl Actor<'_> {
 
     /// Stops a new slot that is not ready yet and its own kine; the roll record stays, so the next
     /// step starts the slot again for the same roll.
-    async fn restart_slot(&self, name: &str) -> anyhow::Result<Notes> {
+    async fn restart_slot(&self, name: &str, cause: &RestartCause) -> anyhow::Result<Notes> {
         self.discard_unready_slot(name).await?;
-        Ok(vec![Note::warning(
-            "SlotRestarting",
-            format!(
+        let message = match cause {
+            RestartCause::StoreOutage => format!(
                 "slot {name} was starting when the store went down, and a kcp may never get ready after that (its informers do not sync); starting it again"
             ),
-        )])
+            RestartCause::NotReady { timeout_seconds } => {
+                self.update_roll(|roll| roll.not_ready_restarts += 1)?;
+                format!(
+                    "slot {name} did not answer /readyz on its own port within {timeout_seconds}s; a kcp start-up sometimes never finishes, so it is started once more before the roll stops (its log is under the state dir); the old slot keeps serving"
+                )
+            }
+        };
+        Ok(vec![Note::warning("SlotRestarting", message)])
     }
 
     async fn abort_roll(&self, name: &str, cause: &BlockCause) -> anyhow::Result<Notes> {

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::Phase;
 
-use super::plan::{FrontObservation, Observed, Step};
+use super::plan::{FrontObservation, Observed, RestartCause, Step};
 
 /// A condition as computed, before times and generation are stamped on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,9 +158,14 @@ fn progress_message(step: &Step) -> String {
         Step::AwaitSettle { name, .. } => format!("letting connections pinned to slot {name} settle before it stops"),
         Step::TerminateSlot { name } => format!("stopping slot {name}: waiting for it to stop listening"),
         Step::StopSlot { name } => format!("stopping slot {name}"),
-        Step::RestartSlot { name } => {
-            format!("starting slot {name} again: the store went down while it started")
-        }
+        Step::RestartSlot {
+            name,
+            cause: RestartCause::StoreOutage,
+        } => format!("starting slot {name} again: the store went down while it started"),
+        Step::RestartSlot {
+            name,
+            cause: RestartCause::NotReady { timeout_seconds },
+        } => format!("starting slot {name} again: it did not get ready within {timeout_seconds}s"),
         Step::ForgetSlot { name, .. } => format!("slot {name} exited; replacing it"),
         Step::ReleaseLease => "releasing the kcp-controllers Lease so the new slot leads".into(),
         Step::Probe => "checking that a workspace reaches Ready".into(),
