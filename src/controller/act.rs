@@ -492,6 +492,7 @@ impl Actor<'_> {
                 "slot {name} was starting when the store went down, and a kcp may never get ready after that (its informers do not sync); starting it again"
             ),
             RestartCause::NotReady { timeout_seconds } => {
+                // Counted after the stop: a crash in between costs one more try, never the try.
                 self.update_roll(|roll| roll.not_ready_restarts += 1)?;
                 format!(
                     "slot {name} did not answer /readyz on its own port within {timeout_seconds}s; a kcp start-up sometimes never finishes, so it is started once more before the roll stops (its log is under the state dir); the old slot keeps serving"
