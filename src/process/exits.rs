@@ -65,7 +65,8 @@ impl<K: Send + 'static> ExitNotices<K> {
     }
 
     /// How many processes are watched now.
-    pub fn watched(&self) -> usize {
+    #[cfg(test)]
+    fn watched(&self) -> usize {
         self.watched.lock().expect("exit watch lock").len()
     }
 }
