@@ -1,4 +1,4 @@
-//! Load through a kcp shard's front while it rolls, for `hack/bench/roll.sh` (issue 6): every
+//! Load through a kcp shard's front while it rolls, for `hack/bench/roll.sh`: every
 //! request a client of the shard could make during a roll, and every way one of them can fail.
 //!
 //! Clients, all through the front with the shard admin's token (persistent across slots):

@@ -5,7 +5,7 @@
 //! the admin API while clients poll `/readyz` through caddy.
 //!
 //! caddy runs with HOME, XDG_CONFIG_HOME and XDG_DATA_HOME in a temp dir and its storage there too,
-//! so nothing reaches the user's home or the system trust store (research section 6's incident).
+//! so nothing reaches the user's home or the system trust store (docs/background.md section 9).
 mod support;
 
 use std::collections::BTreeSet;
@@ -661,7 +661,7 @@ async fn a_request_in_flight_and_an_open_watch_finish_on_the_old_slot_across_a_s
     assert_eq!(ended, Ok(()));
 }
 
-/// Why the rendered config has no `flush_interval: -1` (which the research used): with it, Debian's
+/// Why the rendered config has no `flush_interval: -1` (which an earlier caddy config used): with it, Debian's
 /// caddy 2.6 cancels every proxied request at each reload, so each switch fails the requests in
 /// flight and cuts the open watches short. If this starts failing, caddy no longer does that, and
 /// docs/operations.md (Fronts, Caddy)'s advice can be revisited.
@@ -707,7 +707,7 @@ async fn a_switch_to_the_current_slot_does_not_reload_caddy() {
     }
 }
 
-/// The research's caveat, measured: every caddy reload cuts upgraded streams (exec, attach,
+/// docs/background.md section 8's caveat, measured: every caddy reload cuts upgraded streams (exec, attach,
 /// port-forward), which is why `switch` sends nothing when the upstream is already right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgraded_stream_survives_a_no_op_switch_and_is_cut_by_a_real_one() {

@@ -1,4 +1,4 @@
-//! Durability of the file-backed API (issue 2, "Done when: Durability"): `kcpshard serve` is
+//! Durability of the file-backed API : `kcpshard serve` is
 //! SIGKILLed at random moments while several clients write, and restarted on the same state dir.
 //! Afterwards every acknowledged write is there, resourceVersions never went backwards, and the
 //! store loads.

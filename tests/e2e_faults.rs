@@ -1,4 +1,4 @@
-//! The fault matrix (issue 6, docs/reliability.md), on real kcp, kine and PostgreSQL through
+//! The fault matrix (docs/reliability.md), on real kcp, kine and PostgreSQL through
 //! `kcpshard serve`, as a user sees it: a `/readyz` poller through the front (50 ms, a new
 //! connection each), the status (sampled every 100 ms: what `kubectl get ks -w` shows) and the
 //! events. Before each fault a workspace is created through the front; after it, every workspace

@@ -1,4 +1,4 @@
-//! End to end on real kcp and kine: GitOps (issue 5, "Done when"). `kcpshard serve --manifests`
+//! End to end on real kcp and kine: GitOps. `kcpshard serve --manifests`
 //! points at a git repository holding a KcpShard at the older pinned kcp release; once the shard
 //! is Ready, a commit that bumps spec.version to the newer release is pushed to that repository,
 //! and with no other action the shard rolls: status.lastRoll completes on the newer version, the

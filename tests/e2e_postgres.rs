@@ -1,4 +1,4 @@
-//! End to end on real kcp, kine and PostgreSQL (issue 5, "Done when"): the production stores.
+//! End to end on real kcp, kine and PostgreSQL the production stores.
 //!
 //! - `kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postgres_outage`, one
 //!   shard walked in order:

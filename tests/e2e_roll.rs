@@ -1,7 +1,7 @@
 //! End to end on real kcp and kine, as a user sees it: `kcpshard serve` with its controller, a
 //! KcpShard applied through its API, kcp reached THROUGH THE FRONT.
 //!
-//! The scenarios of issue 4 ("Done when"), walked in order on one shard per test (kcp is heavy;
+//! The roll's scenarios, walked in order on one shard per test (kcp is heavy;
 //! the tests of this binary hold one lock and run one at a time):
 //! - `a_shard_serves_through_the_front_and_rolls_without_a_failed_request`: apply gives Ready;
 //!   `/readyz` and a workspace through the front; a version bump OLDER -> NEWER and a restart

@@ -1,4 +1,4 @@
-//! End to end (issue 6, "Front handover"): `kcpshard serve` restarted 10 times, each time from
+//! End to end (the front handover): `kcpshard serve` restarted 10 times, each time from
 //! another copy of the kcpshard binary, so that each start upgrades the front it finds to its own
 //! binary by handing the listening socket over (docs/front.md, Upgrades). A `/readyz` poller
 //! through the front, on a new connection every 50 ms, sees 0 failures across all of it; the

@@ -1,4 +1,4 @@
-//! Hostile input (issue 6): what a local user without the token, or a process that reads logs,
+//! Hostile input: what a local user without the token, or a process that reads logs,
 //! events and objects, can get from `kcpshard serve`.
 //!
 //! - Every path the API serves, with every method, refuses a request without the right bearer

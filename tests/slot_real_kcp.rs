@@ -234,7 +234,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
         .await
         .unwrap();
     assert!(slot::readyz(&b_on_a).await.unwrap(), "b's shard-admin token works on a");
-    // ...whereas the kcp-admin token is per process (research 2.2): b's is rejected by a.
+    // ...whereas the kcp-admin token is per process (docs/background.md section 2): b's is rejected by a.
     let b_kcp_admin_on_a = slot::client_for_context(
         &b.root.join("admin.kubeconfig"),
         slot::access::KCP_ADMIN_CONTEXT,

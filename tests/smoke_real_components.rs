@@ -140,7 +140,7 @@ fn two_kines_started_one_after_the_other_on_one_postgres_database_share_keys() {
     );
 }
 
-/// The research saw one of two kines started at once on an empty database exit on a schema race
+/// docs/background.md section 7: one of two kines started at once on an empty database exit on a schema race
 /// (duplicate key on `pg_class_relname_nsp_index`). This records, over several fresh databases,
 /// whether each kine came up, and asserts that a failed one comes up on retry, after which both
 /// serve the same keys.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rolls of a real shard under load through the front (issue 6). For each store (KineSqlite; then
+# Rolls of a real shard under load through the front. For each store (KineSqlite; then
 # KinePostgres with a PostgreSQL that kcpshard runs itself, `managed: true`): starts `kcpshard serve`
 # on a scratch state dir, applies a KcpShard, waits for Ready, starts examples/roll_load.rs (a
 # /readyz poller every 20 ms, 4 keep-alive and 4 new-connection GET clients, 3 client-go-like

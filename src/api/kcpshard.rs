@@ -502,7 +502,7 @@ pub struct StoreStatus {
     pub message: Option<String>,
 }
 
-/// When each step of a roll happened (DESIGN.md section 3), and what it rolled between. Times have
+/// When each step of a roll happened (docs/architecture.md, "The steps"), and what it rolled between. Times have
 /// microseconds: the steps of a roll are often less than a second apart.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

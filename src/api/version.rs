@@ -1,6 +1,6 @@
 //! kcp release versions (`v0.32.3`, `v0.33.0-rc.1`) and the rule `spec.rollout` sets on changing
 //! them. The controller asks [`RolloutSpec::version_change`] before a roll that changes the version
-//! (DESIGN.md section 3, step 5: refuse a change the spec does not allow).
+//! (docs/background.md section 6: refuse a change the spec does not allow).
 use std::cmp::Ordering;
 use std::fmt;
 

@@ -3,7 +3,7 @@
 //! On a single host there is no cluster, yet the controller (kube-runtime), the user (kubectl) and
 //! GitOps tools all speak the Kubernetes API. So `kcpshard serve` serves one: HTTPS on loopback
 //! (hyper + rustls), a bearer token, discovery and OpenAPI v3 as kubectl reads them, and the verbs
-//! and rules of the real kube-apiserver for custom resources (DESIGN.md section 6).
+//! and rules of the real kube-apiserver for custom resources (docs/api.md).
 //!
 //! - [`store`]: one file per object, atomic writes, the resourceVersion counter, the change feed.
 //! - [`objects`]: what create, update, patch and delete mean (generation, no-op writes, conflicts,

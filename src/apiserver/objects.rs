@@ -1,5 +1,5 @@
 //! What create, update, patch and delete mean: the rules of the real kube-apiserver for custom
-//! resources (DESIGN.md section 6), applied on top of the [`Store`].
+//! resources (docs/api.md), applied on top of the [`Store`].
 //!
 //! - A write that changes nothing persists nothing: no new resourceVersion, no watch event.
 //!   Controllers that write the same status twice would otherwise wake themselves forever.

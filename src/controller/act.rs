@@ -259,7 +259,7 @@ impl Actor<'_> {
 
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
         // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
-        // kine, if any, has long created kine's schema (research 3: two kines racing on a fresh
+        // kine, if any, has long created kine's schema (docs/background.md section 7: two kines racing on a fresh
         // database).
         let store = self
             .store()?
@@ -541,7 +541,7 @@ impl Actor<'_> {
 
     async fn release_lease(&self) -> anyhow::Result<Notes> {
         // Only once the old slot has stopped listening or exited: a live leader would take the Lease
-        // back (research section 0.3: without this, controllers stop for ~61 s).
+        // back (docs/background.md section 3: without this, controllers stop for ~61 s).
         let deleted = slot::access::release_controllers_lease(&self.active_client(false).await?).await?;
         self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
         let message = if deleted {

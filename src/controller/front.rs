@@ -1,6 +1,6 @@
 //! The front as the controller drives it: kcpshard's own TCP front (a process it starts, adopts
 //! and stops) or a caddy the user runs (only its reverse_proxy's upstreams are changed, through
-//! the admin API; research section 5, mechanism A). Both answer the same questions: is it up,
+//! the admin API; docs/background.md section 9, mechanism A). Both answer the same questions: is it up,
 //! where does it listen, which address do new connections go to.
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -234,8 +234,8 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
 }
 
 /// `/readyz` on the slot's own port with the shard-admin credentials, never through the front
-/// (research section 5, run 1: readiness read through the front flipped clients to a slot that was
-/// not ready).
+/// (docs/background.md section 5: readiness read through the front flipped clients to a slot that
+/// was not ready).
 async fn slot_ready(ctx: &Context, admin_kubeconfig: &std::path::Path, port: u16) -> bool {
     let Ok(client) = ctx.slot_clients.get(admin_kubeconfig, port, Identity::ShardAdmin).await else {
         return false;

@@ -1,15 +1,15 @@
 //! The plan: a pure function from the desired state (the spec) and the observed state (processes,
 //! readiness, the front's backend, the persisted roll record) to the ONE next step.
 //!
-//! The order is the roll of DESIGN.md section 3 (research section 7.4); the invariants it keeps
-//! (DESIGN.md section 5, checked by the property tests below):
+//! The order is the roll of docs/architecture.md ("The steps"); the invariants it keeps, each
+//! checked by the property tests below:
 //! - the front is only ever switched to a slot that is running and answered `/readyz` on its own
-//!   port (research run 1: switching before that failed 8 polls);
+//!   port (docs/background.md section 5: switching before that failed 8 polls);
 //! - the slot the front forwards to is never stopped while no other slot is ready (the last ready
 //!   slot keeps serving whatever else fails);
 //! - at most two slots run, and a slot is only started when fewer than two run;
 //! - the Lease is released only when no slot but the new one runs, or the other one has stopped
-//!   listening after SIGTERM: a live old leader would renew it (research section 0.3), but kcp's
+//!   listening after SIGTERM: a live old leader would renew it (docs/background.md section 3), but kcp's
 //!   leader election and controllers talk to kcp through its own listener, and kcp cancels them when
 //!   it closes that listener (`pkg/server/server.go`, the `kcp-start-controllers` post-start hook);
 //! - a roll that failed for a spec is not retried until the spec changes (no crash loop).
@@ -202,7 +202,7 @@ pub enum Step {
     Cleanup,
     EnsureStore,
     EnsureFront,
-    /// Dump the store before a roll to a new version (research section 4).
+    /// Dump the store before a roll to a new version (docs/background.md section 6).
     Snapshot,
     /// Start a slot with the desired template.
     StartSlot {

@@ -4,7 +4,7 @@
 //! controller.json        the roll in progress, a blocked spec, the last completed roll
 //! admin.kubeconfig       kcp through the front: contexts root (kcp-admin of the active slot,
 //!                        renewed at each switch) and system:admin (shard-admin, persistent)
-//! shared/                key material every slot must share (research 2.2), 0700
+//! shared/                key material every slot must share (docs/background.md 2), 0700
 //! slots/<a|b>/slot.json  the slot's template and port, written before its process starts
 //! slots/<a|b>/process.json, kcp.log, root/   its process record, log and kcp root directory
 //! slots/<a|b>/store/     the slot's own kine (KinePostgres): record and log

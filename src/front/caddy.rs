@@ -1,6 +1,6 @@
 //! Caddy as the front (`spec.front.type: Caddy`): a caddy the user runs, whose `reverse_proxy`
 //! handler, marked `"@id": <upstreamId>`, forwards to the active slot. kcpshard only talks to
-//! caddy's admin API (research section 5, mechanism A): [`CaddyAdmin::upstreams`] reads the
+//! caddy's admin API (docs/background.md section 9, mechanism A): [`CaddyAdmin::upstreams`] reads the
 //! handler's upstreams (and so checks that caddy answers and that the @id names a reverse_proxy
 //! handler), and [`CaddyAdmin::switch`] replaces them with the new slot's address
 //! (`PATCH /id/<id>/upstreams`) and reads them back. [`render_config`] is the caddy JSON config
@@ -176,7 +176,7 @@ impl CaddyAdmin {
 
     /// Makes the handler with @id `id` send every request to `to`, and reads it back. Does nothing
     /// when that is already so: each change reloads caddy, which cuts upgraded streams (`exec`).
-    /// Callers check the new slot's `/readyz` on its own port first (research section 5, run 1).
+    /// Callers check the new slot's `/readyz` on its own port first (docs/background.md section 5).
     pub async fn switch(&self, id: &str, to: SocketAddr) -> Result<Switch, CaddyError> {
         let want = to.to_string();
         let before = self.upstreams(id).await?;
@@ -360,8 +360,8 @@ pub fn render_config(config: &CaddyConfig) -> Result<Value, CaddyError> {
         "admin": { "listen": config.admin_address },
         "storage": { "module": "file_system", "root": storage },
         "apps": {
-            // Never let caddy put its local CA into the system trust store (the research's spike
-            // did exactly that through a tls.automation policy with the internal issuer).
+            // Never let caddy put its local CA into the system trust store (docs/background.md
+            // section 9: a tls.automation policy with the internal issuer did exactly that).
             "pki": { "certificate_authorities": { "local": { "install_trust": false } } },
             // kcp's own certificate, loaded as is; no automation block, so caddy never issues or
             // renews a certificate for this server.

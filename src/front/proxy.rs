@@ -1,6 +1,6 @@
 //! The data path: accept, pick the backend, connect to it, copy bytes both ways.
 //!
-//! Invariants (DESIGN.md section 6, "The front"):
+//! Invariants (docs/front.md):
 //! - The backend is read once per connection from a watch channel (an atomic pointer swap for the
 //!   writer, a short read lock for the reader); a switch never touches an open connection, which
 //!   stays pinned to its slot until one side closes.

@@ -4,8 +4,8 @@
 //! Invariants:
 //! - A started process runs in its own session (`setsid`), so a signal to `serve`'s process group
 //!   or terminal, or `serve`'s death (SIGKILL included), does not reach it. No parent-death
-//!   signal is set: slots outlive the controller by design (DESIGN.md section 3: everything the
-//!   controller needs after a crash is observable).
+//!   signal is set: slots outlive the controller by design (docs/architecture.md, "State files": everything
+//!   the controller needs after a crash is observable).
 //! - The record (`pid` + kernel start time) is written atomically (0600) right after the spawn; a
 //!   process whose record cannot be written is killed, so no slot runs unrecorded because of us.
 //!   A process whose record was lost because `serve` died between spawn and write is found again by

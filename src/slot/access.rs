@@ -1,11 +1,11 @@
 //! Talking to one slot directly: readiness, the controllers lease, the workspace probe.
 //!
 //! - The client always dials the slot's OWN port, never the front and never the server URL in the
-//!   kubeconfig (which names the front, or an older slot): the spike's run 1 checked readiness
-//!   through a copied kubeconfig, reached the old slot, and switched too early (research 0.2, 5).
+//!   kubeconfig (which names the front, or an older slot): checking readiness through a copied
+//!   kubeconfig reaches the old slot and switches too early (docs/background.md section 5).
 //! - It authenticates as the shard admin (`shard-admin` user of the `shard-base` context): that
 //!   token is persistent through `.admin-token-store`, so it works on every slot of the shard. The
-//!   `root`/`base` contexts carry a kcp-admin token that is new in every process (research 2.2).
+//!   `root`/`base` contexts carry a kcp-admin token that is new in every process (docs/background.md section 2).
 //! - TLS is verified with the CA data in the kubeconfig (the shard's shared `apiserver.crt`).
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -47,8 +47,8 @@ pub async fn shard_admin_client(kubeconfig: &Path, server: &str) -> Result<kube:
 /// A client for the kcp admin (`base` context) of the slot that wrote `kubeconfig` (its own root's
 /// `admin.kubeconfig`), dialing that slot's own URL. The workspace probe needs it: a workspace
 /// created by the shard admin never leaves Initializing (kcp records no `createdBy` for the
-/// privileged shard admin: "LogicalCluster ... had no createdBy recorded"; seen on v0.32.3 and in
-/// the research spike, 2.5).
+/// privileged shard admin: "LogicalCluster ... had no createdBy recorded"; seen on v0.32.3;
+/// docs/background.md section 10).
 pub async fn kcp_admin_client(kubeconfig: &Path, server: &str) -> Result<kube::Client, SlotError> {
     client_for_context(kubeconfig, KCP_ADMIN_CONTEXT, server).await
 }
@@ -168,7 +168,7 @@ pub async fn slot_ready(root_dir: &Path, port: u16) -> Result<bool, SlotError> {
 
 /// Deletes Lease `kube-system/kcp-controllers` in `system:admin`, so that a waiting slot leads
 /// the controllers within its retry period instead of after the 60 s lease (kcp sets no
-/// ReleaseOnCancel; research 2.3, run 3b). Call it only after the old leader has exited: a live
+/// ReleaseOnCancel; docs/background.md section 3). Call it only after the old leader has exited: a live
 /// leader just renews it. Ok(true): a lease was deleted; Ok(false): there was none (also released).
 pub async fn release_controllers_lease(client: &kube::Client) -> Result<bool, SlotError> {
     let (status, body) = call(client, Method::DELETE, CONTROLLERS_LEASE_PATH, None).await?;

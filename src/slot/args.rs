@@ -1,11 +1,11 @@
-//! The kcp command line of a slot (DESIGN.md section 3, step 3; research sections 2 and 7.2).
+//! The kcp command line of a slot (docs/background.md sections 1-4).
 //!
 //! Every slot of a shard runs with:
 //! - `--etcd-servers=<the shard's store>`: never kcp's embedded etcd, which one process owns.
 //! - `--enable-leader-election`: kcp's default is off, and two slots without it double-run every
-//!   controller (research 2.3: 120-150 write conflicts per second during the overlap).
+//!   controller (docs/background.md section 3: 120-150 write conflicts per second during the overlap).
 //! - `--shard-base-url` and `--shard-external-url` = the front: every start rewrites the Shard
-//!   object and every workspace URL with these (research 2.4); a slot's own port would leak to
+//!   object and every workspace URL with these (docs/background.md section 4); a slot's own port would leak to
 //!   clients and be cut by the next roll.
 //! - its own `--root-directory`, `--secure-port` on `--bind-address=127.0.0.1`, and
 //!   `--shutdown-delay-duration` so that in-flight requests finish after the front has moved on.

@@ -1,4 +1,4 @@
-//! The shared material of a shard (research 2.2): the files every slot must have the same copy of.
+//! The shared material of a shard (docs/background.md section 2): the files every slot must have the same copy of.
 //!
 //! - `apiserver.crt`/`apiserver.key`: the serving certificate, which clients and the front's users
 //!   pin as their CA.

@@ -1,5 +1,5 @@
 //! kine: an etcd-protocol server over SQL. One kine process per [`KineSpec`]: for KineSqlite the one
-//! shard-wide kine every slot dials (sqlite is one kine process only, research 3); for KinePostgres
+//! shard-wide kine every slot dials (sqlite is one kine process only, docs/background.md section 7); for KinePostgres
 //! one kine per slot, each with its own listen and metrics addresses, all on one database.
 //!
 //! Layout of a kine's directory (0700): `kine.json` (the [`ProcessRecord`]; the ports are in its
@@ -10,7 +10,7 @@
 //! `--endpoint=` argument, which is unique per kine; it stops extra kines on that endpoint; only then
 //! does it start one, on the recorded port when there is one, so that a slot that dials a kine that
 //! died finds the new one at the same address. kine's port accepting means its schema is ready
-//! (DESIGN.md section 6).
+//! (kine creates its tables before it listens).
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -243,7 +243,7 @@ pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, Sto
             }
         } else {
             // The port was taken between our probe and kine's bind, or two kines raced to create
-            // the schema on a fresh PostgreSQL database (research 3): try again.
+            // the schema on a fresh PostgreSQL database (docs/background.md section 7): try again.
             StoreError::Exited {
                 status: runtime.exit_status(&rec).map(|s| s.to_string()),
                 log: process.log.clone(),

@@ -1,5 +1,5 @@
-//! Managed PostgreSQL (spec.store.kinePostgres.managed: true): the research's "bootstrap postgres
-//! unit", for hosts that run no PostgreSQL. kcpshard creates a cluster with `initdb` under the
+//! Managed PostgreSQL (spec.store.kinePostgres.managed: true): a PostgreSQL of the
+//! shard's own, for hosts that run no PostgreSQL. kcpshard creates a cluster with `initdb` under the
 //! shard's store directory and runs it with `pg_ctl`, listening on spec host:port only.
 //!
 //! Layout of `<store>/postgres/` : `data/` (the cluster), `postgres.log`, `socket/` (the unix

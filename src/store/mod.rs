@@ -1,12 +1,12 @@
 //! The shard's store: where its data lives, started before the first slot and outliving every
-//! slot (DESIGN.md section 3, step 1).
+//! slot (the first step of a roll, docs/architecture.md).
 //!
 //! Backends:
 //! - KineSqlite: one kine over a sqlite file, dialed by every slot. For dev and single-host use; a
-//!   kine restart is a store outage for both slots (research 3).
+//!   kine restart is a store outage for both slots (docs/background.md section 7).
 //! - KinePostgres: one kine per slot over one PostgreSQL database ([`postgres`]); the database is
 //!   created if missing, and the first slot's kine creates kine's schema alone (two kines racing on
-//!   a fresh database: research 3). Optionally on a PostgreSQL kcpshard runs ([`managed`]).
+//!   a fresh database: docs/background.md section 7). Optionally on a PostgreSQL kcpshard runs ([`managed`]).
 //! - Etcd: endpoints the user runs ([`etcd`]).
 //!
 //! The shard-wide part ([`StoreBackend::ensure`], [`StoreBackend::check`]) is separate from each

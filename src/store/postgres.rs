@@ -1,4 +1,4 @@
-//! kine over PostgreSQL: one kine per slot, all on one database (research section 3: the old and
+//! kine over PostgreSQL: one kine per slot, all on one database (docs/background.md section 7: the old and
 //! the new slot each dial their own kine, so a slot's kine stops with the slot and a kine restart
 //! never takes both slots down).
 //!

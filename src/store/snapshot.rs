@@ -1,4 +1,4 @@
-//! Snapshots of a KinePostgres store before a version change (research section 4: a roll to a
+//! Snapshots of a KinePostgres store before a version change (docs/background.md section 6: a roll to a
 //! new release may migrate stored objects, and only a dump taken before it can undo that).
 //!
 //! `pg_dump --format=custom` of the shard's database into `<shard>/snapshots/`, named

@@ -1,0 +1,100 @@
+//! The repository stands alone: its README, docs, code and scripts cite only what is in it or
+//! public (kcp's source, kcp's docs), never notes a user of the repository does not have, and name
+//! no package registry's host (module metadata comes through the go command).
+use std::path::{Path, PathBuf};
+
+/// What must not appear, each with why. Built from pieces so that this file does not match itself.
+fn forbidden() -> Vec<(String, &'static str)> {
+    vec![
+        (["..", "/shared"].concat(), "a directory outside the repository"),
+        (
+            ["DESIGN", ".md"].concat(),
+            "a design brief that is not in the repository",
+        ),
+        (
+            ["proxy", ".golang.org"].concat(),
+            "a registry host (use `go mod download -json`)",
+        ),
+    ]
+}
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if path.is_dir() {
+            if !["target", "bin", ".git", "corpus", "artifacts"].contains(&name.as_ref()) {
+                files(&path, out);
+            }
+        } else if [".rs", ".md", ".sh", ".yaml", ".toml", ".env", ".service"]
+            .iter()
+            .any(|ext| name.ends_with(ext))
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// "issue 7", "Issue 12": a tracker the repository's readers cannot see.
+fn cites_an_issue(line: &str) -> bool {
+    let lower = line.to_lowercase();
+    lower.match_indices("issue ").any(|(at, word)| {
+        lower[at + word.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit())
+    })
+}
+
+#[test]
+fn readme_docs_code_and_scripts_name_nothing_outside_the_repository() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut all = vec![root.join("README.md")];
+    for dir in [
+        "docs",
+        "src",
+        "tests",
+        "hack",
+        "manifests",
+        "crds",
+        "examples",
+        "fuzz",
+        ".ci",
+    ] {
+        if root.join(dir).is_dir() {
+            files(&root.join(dir), &mut all);
+        }
+    }
+    let mut found = Vec::new();
+    for path in &all {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            let at = format!("{}:{}", path.strip_prefix(&root).unwrap().display(), n + 1);
+            for (needle, why) in forbidden() {
+                if line.contains(&needle) {
+                    found.push(format!("{at}: {needle} ({why})"));
+                }
+            }
+            if cites_an_issue(line) {
+                found.push(format!("{at}: cites an issue number: {}", line.trim()));
+            }
+        }
+    }
+    assert!(all.len() > 50, "found only {} files: is the walk right?", all.len());
+    assert!(
+        found.is_empty(),
+        "restate what these rely on in docs/ instead:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn an_issue_citation_is_told_from_ordinary_words() {
+    assert!(cites_an_issue("as issue 6 asks"));
+    assert!(cites_an_issue("(Issue 12)"));
+    assert!(!cites_an_issue("a known issue with caddy"));
+    assert!(!cites_an_issue("no issues"));
+}
