@@ -74,6 +74,17 @@ pub struct KcpShardSpec {
     /// How a roll to a new slot proceeds and which version changes it may make.
     #[serde(default)]
     pub rollout: RolloutSpec,
+    /// How many slots serve behind the front at once (1 to 3). Every slot runs with leader
+    /// election, so one leads kcp's controllers and every one serves requests; the front spreads
+    /// new connections over them. With 2 or more, a slot that crashes or hangs leaves the front
+    /// while the others serve on. A roll runs one slot more while it replaces them one by one.
+    #[serde(default = "default_slots")]
+    #[schemars(range(min = 1, max = 3))]
+    pub slots: u32,
+}
+
+fn default_slots() -> u32 {
+    1
 }
 
 /// How each slot's kcp process is started.
@@ -350,6 +361,11 @@ pub struct RolloutSpec {
     /// How long the old slot may take to exit after SIGTERM before it is killed, e.g. "30s". At most 1h.
     #[schemars(pattern(DURATION_PATTERN))]
     pub drain_timeout: String,
+    /// How long a slot that served may go without answering /readyz on its own port before it is
+    /// killed and replaced, e.g. "10s". It leaves the front after 2 looks that fail (a second each)
+    /// while another slot serves; this bounds how long a hung kcp stays. At most 1h.
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub liveness_timeout: String,
     /// Snapshot the store before a roll that changes spec.version: a pg_dump of the KinePostgres
     /// database into the shard's snapshots directory (its path goes into status.lastRoll.snapshot).
     /// KineSqlite and Etcd stores take none.
@@ -370,6 +386,7 @@ impl Default for RolloutSpec {
         Self {
             readiness_timeout: "120s".into(),
             drain_timeout: "30s".into(),
+            liveness_timeout: "10s".into(),
             snapshot_before_version_change: true,
             snapshots_to_keep: 5,
             allow_minor_version_change: false,
@@ -388,6 +405,11 @@ impl RolloutSpec {
     pub fn drain_timeout(&self) -> Result<Duration, String> {
         parse_duration(&self.drain_timeout)
     }
+
+    /// `livenessTimeout` as a [`Duration`].
+    pub fn liveness_timeout(&self) -> Result<Duration, String> {
+        parse_duration(&self.liveness_timeout)
+    }
 }
 
 /// What the controller observed and did. Written only by the controller, through /status.
@@ -401,10 +423,11 @@ pub struct KcpShardStatus {
     /// (no slot serves, or a roll failed) or Deleting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<Phase>,
-    /// Name of the slot the front forwards to.
+    /// The slots the front forwards new connections to, comma-separated (e.g. "a" or "a,b").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_slot: Option<String>,
-    /// The slots that exist: the active one and, during a roll, the new one.
+    /// The slots that exist: those that serve and, during a roll, the new one and the old ones
+    /// that drain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub slots: Vec<SlotStatus>,
     /// The front as observed.
@@ -463,6 +486,15 @@ pub struct SlotStatus {
     pub port: Option<u16>,
     /// Whether the slot answered /readyz on its own port at the last observation.
     pub ready: bool,
+    /// Whether the front sends it new connections.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serving: bool,
+    /// Whether it holds the kcp-controllers Lease: its kcp runs kcp's controllers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leader: bool,
+    /// What is wrong with it, if anything: its last failed /readyz, or that it is stopping.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// When the slot's process started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,

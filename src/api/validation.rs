@@ -53,6 +53,15 @@ pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
         Duration::from_secs(1),
         MAX_TIMEOUT,
     );
+    // Below 3s a slot would be killed before its two failed looks (a second each) take it out of
+    // the front.
+    check_duration(
+        &mut causes,
+        "spec.rollout.livenessTimeout",
+        &spec.rollout.liveness_timeout,
+        Duration::from_secs(3),
+        MAX_TIMEOUT,
+    );
     let delay = check_duration(
         &mut causes,
         "spec.kcp.shutdownDelay",

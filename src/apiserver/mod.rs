@@ -56,6 +56,8 @@ pub struct ApiServer {
     pub resources: Vec<Resource>,
     pub objects: Objects,
     pub metrics: metrics::ApiMetrics,
+    /// Why serve is not ready (its controller ended), answered by `/readyz`.
+    not_ready: std::sync::Mutex<Option<String>>,
 }
 
 impl ApiServer {
@@ -67,7 +69,18 @@ impl ApiServer {
             resources: resources::all(),
             objects: Objects { store },
             metrics: metrics::ApiMetrics::default(),
+            not_ready: Default::default(),
         }))
+    }
+
+    /// From now on `/readyz` fails with `reason` (a part of serve that must run has ended).
+    pub fn set_not_ready(&self, reason: String) {
+        *self.not_ready.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+    }
+
+    /// Why `/readyz` fails, if it does.
+    pub fn not_ready(&self) -> Option<String> {
+        self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A kube client that calls this API in-process, with no TLS and no token (the controller's).

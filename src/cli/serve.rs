@@ -57,18 +57,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     server
         .metrics
         .register("controller", |registry| controller_metrics.register(registry));
-    let (exits, exited) = crate::process::exits::ExitNotices::new();
-    let ctx = controller::Context {
-        client: server.client(),
-        reporter: controller::reporter(),
-        runtime: crate::process::Runtime::new(),
-        state_dir: working_dir.join(&config.state_dir),
-        kine_binary: working_dir.join(&args.kine_binary),
-        front_binary: std::env::current_exe().context("cannot find this binary to run the front")?,
-        slot_clients: Default::default(),
-        metrics: controller_metrics,
+    let (exits, woken) = crate::process::exits::ExitNotices::new();
+    let ctx = controller::Context::new(
+        server.client(),
+        controller::reporter(),
+        crate::process::Runtime::new(),
+        working_dir.join(&config.state_dir),
+        working_dir.join(&args.kine_binary),
+        std::env::current_exe().context("cannot find this binary to run the front")?,
+        controller_metrics,
         exits,
-    };
+    );
+    let readiness = server.clone();
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -82,23 +82,60 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             until_stopped(stopped.clone()),
         ))
     });
-    let controller = args
+    let mut controller = args
         .controller
-        .then(|| tokio::spawn(controller::run(ctx, exited, until_stopped(stopped))));
+        .then(|| tokio::spawn(controller::run(ctx, woken, until_stopped(stopped))));
+    let controller_ended = async {
+        match controller.as_mut() {
+            Some(task) => task.await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(api);
-    tokio::select! {
+    let failure = tokio::select! {
         result = &mut api => return result,
-        _ = shutdown_signal() => {}
-    }
+        _ = shutdown_signal() => None,
+        ended = controller_ended => {
+            // Nothing acts on spec changes any more: say so where a supervisor looks, and exit
+            // non-zero so that it restarts serve.
+            let reason = match ended {
+                Ok(()) => "the controller stopped".to_string(),
+                Err(e) if e.is_panic() => format!("the controller panicked: {}", panic_message(e.into_panic())),
+                Err(e) => format!("the controller ended: {e}"),
+            };
+            tracing::error!(%reason, "serve cannot go on; exiting");
+            readiness.set_not_ready(reason.clone());
+            controller = None;
+            Some(reason)
+        }
+    };
     let _ = stop.send(true);
     api.await?;
     if let Some(controller) = controller {
-        let _ = controller.await;
+        // Steps are short, so the controller ends within a second; a slow one (a snapshot) is cut
+        // off so that serve honours SIGTERM within 5 s. The processes it runs are not touched.
+        if tokio::time::timeout(SHUTDOWN_GRACE, controller).await.is_err() {
+            tracing::warn!("the controller's last step did not finish within {SHUTDOWN_GRACE:?}; leaving it");
+        }
     }
     if let Some(gitops) = gitops {
-        let _ = gitops.await;
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, gitops).await;
     }
-    Ok(())
+    match failure {
+        Some(reason) => anyhow::bail!("{reason}"),
+        None => Ok(()),
+    }
+}
+
+/// How long serve waits, after SIGTERM, for the controller's step in progress.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 async fn shutdown_signal() {

@@ -1,35 +1,34 @@
-//! Act: perform exactly the step the plan chose, record it in the controller's state file before
-//! the effect that depends on it, and tell the user with an event.
-use std::net::SocketAddr;
+//! Act: perform exactly the step the plan chose, record it in the controller's files before the
+//! effect that depends on it, and tell the user with an event. A step sends a signal or a request
+//! and returns: a process's exit, a listener closing, a workspace getting Ready are observed later.
 use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::Utc;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
+use nix::sys::signal::Signal;
 
 use super::clients::Identity;
-use super::observe::World;
-use super::plan::{BlockCause, Blocked, Desired, RestartCause, RollRecord, Step};
+use super::error::Error;
+use super::observe::{ObservedSlot, World};
+use super::plan::{
+    BlockCause, Blocked, Desired, FrontChange, KillCause, LeaveCause, ProbeRecord, RestartCause, RollRecord, Step,
+    StopCause, StopRecord,
+};
 use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
 use crate::front::Backend;
-use crate::process::{ProcessSpec, free_port};
+use crate::process::{ProcessSpec, Runtime, free_port};
 use crate::slot;
 use crate::store::StoreBackend;
 
-/// How long the probe workspace may take to become Ready.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long caddy may take to answer `/readyz` through the front after a switch.
+/// How long caddy may take to answer `/readyz` through the front after a change.
 const FRONT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a slot's own kine may take to exit after SIGTERM.
-const KINE_STOP_GRACE: Duration = Duration::from_secs(10);
-/// How often a slot sent SIGTERM is looked at, to see when it stops listening.
-const LISTEN_POLL: Duration = Duration::from_millis(10);
-/// How long requests a slot admitted before it stopped listening get to finish before the front
-/// closes that slot's connections. Watches never finish, and kcp stays alive while they are open.
-const IN_FLIGHT_GRACE: Duration = Duration::from_secs(1);
+/// How long a kine (a slot's own, or the shard's at deletion) may take to exit after SIGTERM. kine
+/// exits in milliseconds; this bounds a step that waits for it.
+const KINE_STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// What a step did that the user should hear about.
 pub type Notes = Vec<Note>;
@@ -43,97 +42,117 @@ pub struct Actor<'a> {
 }
 
 impl Actor<'_> {
-    pub async fn act(&self, step: &Step) -> anyhow::Result<Notes> {
+    pub async fn act(&self, step: &Step) -> Result<Notes, Error> {
         match step {
-            Step::Idle | Step::AwaitReady { .. } | Step::AwaitSettle { .. } => Ok(vec![]),
+            Step::Idle | Step::Wait(_) => Ok(vec![]),
             Step::Blocked { cause } => Ok(vec![Note::warning("RollBlocked", cause.message())]),
+            Step::AdoptSlot { name } => self.adopt_slot(name),
             Step::EnsureStore => self.ensure_store().await,
+            Step::KillStore => self.kill_store(),
             Step::Snapshot => self.snapshot().await,
-            Step::EnsureFront => {
-                let front = self.ctx.front(self.shard, self.dirs)?;
-                let listen = front.listen();
-                // A front that moves must not be stopped before its new address is known to be free:
-                // the running one keeps serving while the spec names a taken address.
-                let starts = self.world.observed.front_elsewhere
-                    || self.world.observed.front == super::plan::FrontObservation::Down;
-                if front.is_ours()
-                    && starts
-                    && let Err(e) = std::net::TcpListener::bind(listen)
-                {
-                    anyhow::bail!(
-                        "the front address {listen} is in use by another program ({e}): choose another spec.front.listen, or stop that program"
-                    );
-                }
-                if !front.is_ours()
-                    && let Some(ready) = self.world.observed.slots.iter().find(|s| s.ready)
-                {
-                    // Caddy serves the shard's certificate: once a slot made it, it is in shared/
-                    // for caddy's config (`kcpshard front caddy-config`), before caddy can run.
-                    slot::material::capture_shared(&self.dirs.slot(&ready.name).root(), &self.dirs.shared())?;
-                }
-                let started = front.ensure().await.map_err(|e| {
-                    if front.is_ours() {
-                        e
-                    } else {
-                        anyhow::anyhow!(
-                            "{e:#} (the shard's certificate, key and CA for caddy's config are in {} once the first slot is ready)",
-                            self.dirs.shared().display()
-                        )
-                    }
-                })?;
-                let reason = if self.world.observed.front_outdated {
-                    "FrontUpgraded"
-                } else {
-                    "FrontStarted"
-                };
-                Ok(vec![Note::normal(reason, started)])
-            }
+            Step::EnsureFront => self.ensure_front().await,
+            Step::KillFront => self.kill_front(),
             Step::StartSlot { name } => self.start_slot(name).await,
-            Step::SwitchFront { to } => self.switch_front(to).await,
-            Step::TerminateSlot { name } => self.terminate_slot(name).await,
-            Step::StopSlot { name } => self.stop_slot(name).await,
-            Step::RestartSlot { name, cause } => self.restart_slot(name, cause).await,
-            Step::ForgetSlot { name, was_active } => {
+            Step::SetFront(change) => self.set_front(change).await,
+            Step::TerminateSlot { name } => self.terminate_slot(name),
+            Step::KillSlot { name, cause } => self.kill_slot(name, cause),
+            Step::CloseConnections { name } => self.close_connections(name).await,
+            Step::StopSlotStore { name } => {
                 self.stop_slot_store(name).await?;
-                self.dirs.slot(name).forget()?;
-                if *was_active {
-                    return Ok(vec![Note::warning(
-                        "SlotCrashed",
-                        format!(
-                            "slot {name}, which served the shard, exited; starting a replacement (see {})",
-                            self.dirs.slot(name).log().display()
-                        ),
-                    )]);
-                }
-                Ok(vec![Note::warning("SlotCrashed", format!("slot {name} exited"))])
+                Ok(vec![])
             }
-            Step::AbortRoll { name, cause } => self.abort_roll(name, cause).await,
-            Step::ReleaseLease => self.release_lease().await,
+            Step::RemoveSlot { name, crashed } => self.remove_slot(name, *crashed),
+            Step::RestartSlot { name, cause } => self.restart_slot(name, cause),
+            Step::AbortRoll { name, cause } => self.abort_roll(name, cause),
+            Step::ReleaseLease { holder } => self.release_lease(holder.as_deref()).await,
             Step::Probe => self.probe().await,
+            Step::ProbeSucceeded => self.probe_succeeded().await,
             Step::CompleteRoll => self.complete_roll(),
-            Step::Cleanup => self.cleanup().await,
+            Step::StopStore => {
+                self.store()?.stop(&self.ctx.runtime, KINE_STOP_GRACE).await?;
+                Ok(vec![])
+            }
+            Step::StopFront => {
+                self.ctx.front(self.shard, self.dirs)?.terminate();
+                Ok(vec![Note::normal(
+                    "Stopped",
+                    format!(
+                        "stopped the slots, the store's processes and the front; the data stays in {}",
+                        self.dirs.root().display()
+                    ),
+                )])
+            }
         }
     }
 
-    fn store(&self) -> anyhow::Result<StoreBackend> {
+    fn store(&self) -> Result<StoreBackend, Error> {
         Ok(self.ctx.store(self.shard, self.dirs)?)
+    }
+
+    fn slot(&self, name: &str) -> Result<&ObservedSlot, Error> {
+        self.world.slot(name).ok_or_else(|| Error::NoSuchSlot(name.to_string()))
+    }
+
+    fn update_roll(&self, change: impl FnOnce(&mut RollRecord)) -> Result<(), Error> {
+        let mut state = self.dirs.load_state()?;
+        if let Some(roll) = state.roll.as_mut() {
+            change(roll);
+            self.dirs.save_state(&state)?;
+        }
+        Ok(())
+    }
+
+    /// A slot's kcp runs without a (complete) record: write what its process tells.
+    fn adopt_slot(&self, name: &str) -> Result<Notes, Error> {
+        let dirs = self.dirs.slot(name);
+        let process = super::observe::slot_processes(&dirs)
+            .into_iter()
+            .find(|p| self.ctx.runtime.is_running(p))
+            .ok_or_else(|| Error::NoSuchSlot(name.to_string()))?;
+        process.save(&dirs.process())?;
+        let recorded = self.dirs.slot_records()?.iter().any(|r| r.name == name);
+        if recorded {
+            return Ok(vec![Note::normal(
+                "SlotAdopted",
+                format!("slot {name}'s kcp (pid {}) had no process record; recorded it", process.pid),
+            )]);
+        }
+        let record = record_from_argv(name, &process).ok_or_else(|| Error::Unadoptable {
+            slot: name.to_string(),
+            pid: process.pid,
+        })?;
+        dirs.save(&record)?;
+        Ok(vec![Note::warning(
+            "SlotAdopted",
+            format!(
+                "slot {name}'s kcp (pid {}, port {}) runs without a slot record; rebuilt it from its command line. What that does not tell (the restart annotation, which flags were extra) is lost, so the slot is replaced by a roll",
+                process.pid, record.port
+            ),
+        )])
     }
 
     /// Starts the store's shard-wide part, then brings back the own kine of every running slot
     /// whose kine is down (on the port that slot dials).
-    async fn ensure_store(&self) -> anyhow::Result<Notes> {
+    async fn ensure_store(&self) -> Result<Notes, Error> {
         // A new slot that is still starting will be started again once the store is back.
         let now = Utc::now();
+        let starting = self
+            .world
+            .observed
+            .slots
+            .iter()
+            .any(|s| s.running && !s.health.ever_ready);
         self.update_roll(|roll| {
-            if roll.new_slot_ready_at.is_none() && roll.new_slot_started_at.is_some() {
+            if starting {
                 roll.store_down_at = Some(now);
             }
         })?;
         let store = self.store()?;
+        let runs = self.world.observed.slots.iter().any(|s| s.running);
         // The shard-wide part went away under running slots (a kine killed, PostgreSQL restarted):
         // an outage the user should hear about, not a start.
         let outage = match store.check(&self.ctx.runtime).await {
-            Err(problem) if self.world.observed.slots.iter().any(|s| s.running) => Some(problem),
+            Err(problem) if runs => Some(problem),
             _ => None,
         };
         let started = store.ensure(&self.ctx.runtime).await?;
@@ -145,8 +164,8 @@ impl Actor<'_> {
             None => Note::normal("StoreStarted", started),
         }];
         for (slot, seen) in self.world.slots.iter().zip(&self.world.observed.slots) {
-            let name = &slot.record.name;
-            let dir = self.dirs.slot(name).store();
+            let name = slot.name();
+            let dir = slot.dirs.store();
             if seen.running && store.running_slot_kine(&self.ctx.runtime, &dir, name).await.is_none() {
                 let own = store.ensure_slot(&self.ctx.runtime, &dir, name).await?;
                 notes.push(Note::warning(
@@ -161,16 +180,25 @@ impl Actor<'_> {
         Ok(notes)
     }
 
-    /// Stops what only this slot used of the store (its own kine, for KinePostgres).
-    async fn stop_slot_store(&self, name: &str) -> anyhow::Result<()> {
-        self.store()?
-            .stop_slot(&self.ctx.runtime, &self.dirs.slot(name).store(), name, KINE_STOP_GRACE)
-            .await?;
-        Ok(())
+    /// Kills the kines that accept connections but do not answer reads; EnsureStore starts them
+    /// again on the same ports.
+    fn kill_store(&self) -> Result<Notes, Error> {
+        let mut notes = Vec::new();
+        for (kine, problem) in &self.world.unresponsive_kines {
+            self.ctx.runtime.send(&kine.record, Signal::SIGKILL)?;
+            notes.push(Note::warning(
+                "StoreUnresponsive",
+                format!(
+                    "kine at {} (pid {}) accepted connections but answered no read ({problem}); killed it, it starts again on the same port",
+                    kine.endpoint, kine.record.pid
+                ),
+            ));
+        }
+        Ok(notes)
     }
 
     /// Dumps the store before a roll to a new version, and remembers the file for the roll.
-    async fn snapshot(&self) -> anyhow::Result<Notes> {
+    async fn snapshot(&self) -> Result<Notes, Error> {
         let from = self.world.serving_version().unwrap_or_else(|| "none".into());
         let to = &self.desired.template.version;
         let keep = self.shard.spec.rollout.snapshots_to_keep.max(1) as usize;
@@ -179,7 +207,7 @@ impl Actor<'_> {
             .store()?
             .snapshot(&self.dirs.snapshots(), &from, to, keep)
             .await?
-            .ok_or_else(|| anyhow::anyhow!("this store takes no snapshots"))?;
+            .ok_or(Error::NoSnapshots)?;
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let mut state = self.dirs.load_state()?;
         state.snapshot = Some(SnapshotRecord {
@@ -198,53 +226,76 @@ impl Actor<'_> {
         )])
     }
 
-    fn update_roll(&self, change: impl FnOnce(&mut RollRecord)) -> anyhow::Result<()> {
-        let mut state = self.dirs.load_state()?;
-        if let Some(roll) = state.roll.as_mut() {
-            change(roll);
-            self.dirs.save_state(&state)?;
+    async fn ensure_front(&self) -> Result<Notes, Error> {
+        let front = self.ctx.front(self.shard, self.dirs)?;
+        let listen = front.listen();
+        // A front that moves must not be stopped before its new address is known to be free: the
+        // running one keeps serving while the spec names a taken address.
+        let starts = self.world.observed.front_elsewhere
+            || self.world.observed.front == super::plan::FrontObservation::Down;
+        if front.is_ours()
+            && starts
+            && let Err(source) = std::net::TcpListener::bind(listen)
+        {
+            return Err(Error::FrontAddress {
+                listen,
+                holder: crate::process::procfs::listener_pid(listen.port()).map(describe_process),
+                source,
+            });
         }
-        Ok(())
+        if !front.is_ours()
+            && let Some(ready) = self.world.observed.slots.iter().find(|s| s.health.ready)
+        {
+            // Caddy serves the shard's certificate: once a slot made it, it is in shared/ for
+            // caddy's config (`kcpshard front caddy-config`), before caddy can run.
+            slot::material::capture_shared(&self.dirs.slot(&ready.name).root(), &self.dirs.shared())?;
+        }
+        let started = front.ensure().await.map_err(|e| {
+            if front.is_ours() {
+                Error::Front(e)
+            } else {
+                Error::Front(anyhow::anyhow!(
+                    "{e:#} (the shard's certificate, key and CA for caddy's config are in {} once the first slot is ready)",
+                    self.dirs.shared().display()
+                ))
+            }
+        })?;
+        let reason = if self.world.observed.front_outdated {
+            "FrontUpgraded"
+        } else {
+            "FrontStarted"
+        };
+        Ok(vec![Note::normal(reason, started)])
     }
 
-    async fn start_slot(&self, name: &str) -> anyhow::Result<Notes> {
+    fn kill_front(&self) -> Result<Notes, Error> {
+        let front = self.ctx.front(self.shard, self.dirs)?;
+        let message = match front.kill() {
+            Some(pid) => format!(
+                "the front (pid {pid}) runs but did not answer on its control socket; killed it, it starts again on {}",
+                front.listen()
+            ),
+            None => "the front did not answer on its control socket and has exited; it starts again".to_string(),
+        };
+        Ok(vec![Note::warning("FrontUnresponsive", message)])
+    }
+
+    async fn start_slot(&self, name: &str) -> Result<Notes, Error> {
         let template = &self.desired.template;
         let slot_dirs = self.dirs.slot(name);
-        // A process left with this root directory (the controller stopped right after starting
-        // it) would fight the new one: stop it first.
-        let marker = format!("--root-directory={}", slot_dirs.root().display());
-        for pid in crate::process::Runtime::find_by_argument(&marker) {
-            if let Some(orphan) = crate::process::Runtime::observe(pid) {
-                tracing::warn!(pid, slot = name, "stopping a leftover process of this slot");
-                self.ctx.runtime.terminate(&orphan, Duration::from_secs(10)).await?;
-            }
-        }
         let port = free_port()?;
         let now = Utc::now();
         let mut state = self.dirs.load_state()?;
-        if state.roll.as_ref().is_none_or(|r| r.to != name) {
-            // The roll starts from what the front forwards to, even a slot that crashed: its
-            // Lease must still be released once the new slot is ready.
-            let from = self.world.front_backend.as_ref().map(|b| b.slot.clone());
-            let serving = from.as_ref().and_then(|f| {
-                self.world.slots.iter().find(|s| {
-                    &s.record.name == f
-                        && s.record.port == self.world.front_backend.as_ref().map_or(0, |b| b.address.port())
-                })
-            });
+        if state.roll.is_none() {
             state.roll = Some(RollRecord {
-                from_version: serving.map(|s| s.record.template.version.clone()),
+                from_version: self.world.serving_version(),
+                to_version: template.version.clone(),
+                started_at: now,
                 snapshot: state
                     .snapshot
                     .as_ref()
                     .filter(|s| &s.template == template)
                     .map(|s| s.path.clone()),
-                // A slot that is no longer there has already exited.
-                old_slot_exited_at: from.as_ref().filter(|_| serving.is_none()).map(|_| now),
-                from,
-                to: name.to_string(),
-                to_version: template.version.clone(),
-                started_at: now,
                 ..Default::default()
             });
         }
@@ -255,12 +306,13 @@ impl Actor<'_> {
             template: template.clone(),
             port,
             created_at: now,
+            served_at: None,
+            left_front_at: None,
+            stop: None,
         })?;
-
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
         // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
-        // kine, if any, has long created kine's schema (docs/background.md section 7: two kines racing on a fresh
-        // database).
+        // kine, if any, has long created kine's schema (docs/background.md section 7).
         let store = self
             .store()?
             .ensure_slot(&self.ctx.runtime, &slot_dirs.store(), name)
@@ -275,20 +327,21 @@ impl Actor<'_> {
             etcd_servers: store.etcd_servers.clone(),
             etcd_tls: store.tls,
             front_url: template.front_url.clone(),
-            shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(anyhow::Error::msg)?,
+            shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(Error::Spec)?,
             extra_args: template.extra_args.clone(),
         };
-        let args = slot::args::kcp_args(&launch)?;
         let spec = ProcessSpec {
             name: format!("slot-{name}"),
             program: launch.binary.clone(),
-            args,
+            args: slot::args::kcp_args(&launch)?,
             env: vec![],
             log: slot_dirs.log(),
             record: slot_dirs.process(),
         };
         let process = self.ctx.runtime.start(&spec)?;
-        self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
+        self.update_roll(|roll| {
+            roll.new_slot_started_at.get_or_insert(Utc::now());
+        })?;
         Ok(vec![Note::normal(
             "SlotStarting",
             format!(
@@ -298,58 +351,125 @@ impl Actor<'_> {
         )])
     }
 
-    async fn switch_front(&self, to: &str) -> anyhow::Result<Notes> {
-        let slot = self.slot(to)?;
-        let ready_at = Utc::now();
-        self.update_roll(|roll| {
-            roll.new_slot_ready_at.get_or_insert(ready_at);
-        })?;
+    /// Changes the front's serving set: records who joined and left first (a slot that left is
+    /// then let settle before SIGTERM), then applies it.
+    async fn set_front(&self, change: &FrontChange) -> Result<Notes, Error> {
+        let now = Utc::now();
+        for name in &change.joined {
+            self.slot(name)?.dirs.update(|r| {
+                r.served_at.get_or_insert(now);
+                r.left_front_at = None;
+            })?;
+        }
+        for (name, _) in &change.left {
+            if let Some(slot) = self.world.slot(name) {
+                slot.dirs.update(|r| r.left_front_at = Some(now))?;
+            }
+        }
+        let joined_new = change
+            .joined
+            .iter()
+            .any(|j| self.world.slot(j).is_some_and(|s| s.record.template == self.desired.template));
+        if joined_new {
+            self.update_roll(|roll| {
+                roll.new_slot_ready_at.get_or_insert(now);
+            })?;
+        }
         // The first slot made the shard's key material; every later slot gets a copy before it starts.
-        slot::material::capture_shared(&self.dirs.slot(to).root(), &self.dirs.shared())?;
-        let front = self.ctx.front(self.shard, self.dirs)?;
-        let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
-        front
-            .switch(&Backend {
-                slot: to.to_string(),
-                address,
+        if let Some(first) = change.joined.first() {
+            slot::material::capture_shared(&self.dirs.slot(first).root(), &self.dirs.shared())?;
+        }
+        let backends: Vec<Backend> = change
+            .backends
+            .iter()
+            .map(|name| {
+                self.slot(name).map(|s| Backend {
+                    slot: name.clone(),
+                    address: s.address(),
+                })
             })
-            .await?;
-        self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
-        let mut notes = Vec::new();
-        if !front.is_ours() {
-            // Caddy terminates TLS and may be misconfigured in ways its admin API does not show:
-            // ask it, as a client would, once it forwards to the new slot.
-            if let Err(e) = self.check_through_front(to, front.listen()).await {
+            .collect::<Result<_, _>>()?;
+        let front = self.ctx.front(self.shard, self.dirs)?;
+        front.serve(&backends).await.map_err(Error::Front)?;
+        if joined_new {
+            self.update_roll(|roll| {
+                roll.front_switched_at.get_or_insert(Utc::now());
+            })?;
+        }
+        let mut notes: Notes = change
+            .joined
+            .iter()
+            .map(|name| {
+                let port = self.world.slot(name).map_or(0, |s| s.record.port);
+                Note::normal("SlotReady", format!("slot {name} answers /readyz on its own port {port}"))
+            })
+            .collect();
+        for (name, cause) in &change.left {
+            if *cause == LeaveCause::Unresponsive {
+                let problem = self
+                    .world
+                    .observed
+                    .slot(name)
+                    .and_then(|s| s.health.problem.clone())
+                    .unwrap_or_default();
                 notes.push(Note::warning(
-                    "FrontCheckFailed",
-                    format!("the front was switched to slot {to}, but {e}: check caddy's config (kcpshard front caddy-config) and log"),
+                    "SlotUnresponsive",
+                    format!(
+                        "slot {name} failed {} looks at /readyz on its own port in a row ({problem}); the front sends it no new connections, those pinned to it stay; it rejoins when it answers, and is killed if it does not answer within spec.rollout.livenessTimeout",
+                        super::plan::UNRESPONSIVE_AFTER
+                    ),
                 ));
             }
         }
-        // Users reach kcp through the front with this file. kcp writes it with the shard URL (the
-        // front); its kcp-admin token belongs to the slot that wrote it, so it is renewed per switch.
-        let kubeconfig = std::fs::read(self.dirs.slot(to).admin_kubeconfig())?;
-        crate::fsutil::write_atomically(&self.dirs.front_kubeconfig(), &kubeconfig)?;
-        notes.splice(
-            0..0,
-            [
-                Note::normal(
-                    "SlotReady",
-                    format!("slot {to} answers /readyz on its own port {}", slot.record.port),
-                ),
-                Note::normal(
-                    "FrontSwitched",
-                    format!(
-                        "the front forwards new connections to slot {to} ({address}); open connections stay on their slot"
-                    ),
-                ),
-            ],
-        );
+        let serving = if change.backends.is_empty() {
+            "no slot".to_string()
+        } else {
+            change.backends.join(", ")
+        };
+        let left = change
+            .left
+            .iter()
+            .map(|(name, cause)| {
+                let why = match cause {
+                    LeaveCause::Replaced => "replaced",
+                    LeaveCause::Unresponsive => "unresponsive",
+                    LeaveCause::Exited => "exited",
+                };
+                format!("{name} ({why})")
+            })
+            .collect::<Vec<_>>();
+        notes.push(Note::normal(
+            "FrontSwitched",
+            format!(
+                "the front forwards new connections to {serving}{}; open connections stay on their slot",
+                if left.is_empty() {
+                    String::new()
+                } else {
+                    format!("; left: {}", left.join(", "))
+                }
+            ),
+        ));
+        if !front.is_ours()
+            && let Some(first) = change.backends.first()
+            && let Err(e) = self.check_through_front(first, front.listen()).await
+        {
+            // Caddy terminates TLS and may be misconfigured in ways its admin API does not show:
+            // ask it, as a client would.
+            notes.push(Note::warning(
+                "FrontCheckFailed",
+                format!("the front was changed, but {e}: check caddy's config (kcpshard front caddy-config) and log"),
+            ));
+        }
+        // Users reach kcp through the front with this file; it is renewed from a slot that joined.
+        if let Some(first) = change.joined.first() {
+            let kubeconfig = std::fs::read(self.dirs.slot(first).admin_kubeconfig())?;
+            crate::fsutil::write_atomically(&self.dirs.front_kubeconfig(), &kubeconfig)?;
+        }
         Ok(notes)
     }
 
     /// `/readyz` through the front's address answers ok within [`FRONT_CHECK_TIMEOUT`].
-    async fn check_through_front(&self, slot: &str, listen: SocketAddr) -> anyhow::Result<()> {
+    async fn check_through_front(&self, slot: &str, listen: std::net::SocketAddr) -> anyhow::Result<()> {
         let kubeconfig = self.dirs.slot(slot).admin_kubeconfig();
         let client = slot::access::shard_admin_client(&kubeconfig, &format!("https://{listen}")).await?;
         let deadline = std::time::Instant::now() + FRONT_CHECK_TIMEOUT;
@@ -365,145 +485,172 @@ impl Actor<'_> {
         }
     }
 
-    fn slot(&self, name: &str) -> anyhow::Result<&super::observe::ObservedSlot> {
-        self.world
-            .slots
-            .iter()
-            .find(|s| s.record.name == name)
-            .ok_or_else(|| anyhow::anyhow!("slot {name} has no record"))
+    /// Records why and when, then sends the signal.
+    fn signal_slot(&self, name: &str, cause: StopCause, signal: Signal) -> Result<bool, Error> {
+        let slot = self.slot(name)?;
+        let killed = signal == Signal::SIGKILL;
+        slot.dirs.update(|r| {
+            let at = r.stop.map_or_else(Utc::now, |s| s.at);
+            r.stop = Some(StopRecord { cause, at, killed });
+        })?;
+        match &slot.process {
+            Some(process) => Ok(self.ctx.runtime.send(process, signal)?),
+            None => Ok(false),
+        }
     }
 
-    /// Sends the roll's old slot SIGTERM and waits until it stops listening, after its shutdown
-    /// delay (or exits). kcp then cancels its leader election and controllers, which reach kcp
-    /// only through that listener: the old slot can no longer renew or re-create the Lease, so the
-    /// Lease goes to the new slot while the old one drains its open connections.
-    async fn terminate_slot(&self, name: &str) -> anyhow::Result<Notes> {
-        let slot = self.slot(name)?;
-        let drain = self.shard.spec.rollout.drain_timeout().map_err(anyhow::Error::msg)?;
-        let port = slot.record.port;
-        let began = std::time::Instant::now();
-        let stopped_listening = async {
-            while crate::process::procfs::tcp_listening(port) {
-                tokio::time::sleep(LISTEN_POLL).await;
-            }
+    fn terminate_slot(&self, name: &str) -> Result<Notes, Error> {
+        let cause = if self.desired.deleting {
+            StopCause::Deleting
+        } else {
+            StopCause::Retired
         };
-        let exited = tokio::select! {
-            // SIGTERM goes out on the first poll of `terminate`, before the first look at the port.
-            biased;
-            done = self.ctx.runtime.terminate(&slot.process, drain) => Some(done?),
-            () = stopped_listening => None,
-        };
-        let now = Utc::now();
-        self.update_roll(|roll| {
-            roll.old_slot_stopped_listening_at = Some(now);
-            if exited.is_some() {
-                roll.old_slot_exited_at = Some(now);
-            }
-        })?;
-        let took = began.elapsed().as_secs_f64();
-        let message = match exited {
-            Some(_) => format!("slot {name} exited {took:.2}s after SIGTERM"),
-            None => format!(
-                "slot {name} stopped listening {took:.2}s after SIGTERM; it drains its open connections while the new slot takes the controllers' Lease"
+        self.signal_slot(name, cause, Signal::SIGTERM)?;
+        let delay = &self.slot(name)?.record.template.shutdown_delay;
+        Ok(vec![Note::normal(
+            "SlotDraining",
+            format!(
+                "sent slot {name} SIGTERM: it stops listening after its shutdown delay ({delay}) and then can no longer lead kcp's controllers; it drains its open connections and exits (killed after spec.rollout.drainTimeout)"
+            ),
+        )])
+    }
+
+    fn kill_slot(&self, name: &str, cause: &KillCause) -> Result<Notes, Error> {
+        let (stop, message) = match cause {
+            KillCause::Unresponsive { seconds } => (
+                StopCause::Unresponsive,
+                format!(
+                    "slot {name} has not answered /readyz on its own port for {seconds}s (spec.rollout.livenessTimeout; last: {}); killed it, a replacement starts",
+                    self.world
+                        .observed
+                        .slot(name)
+                        .and_then(|s| s.health.problem.clone())
+                        .unwrap_or_default()
+                ),
+            ),
+            KillCause::DrainTimeout { seconds } => (
+                StopCause::DrainTimeout,
+                format!("slot {name} did not exit within spec.rollout.drainTimeout ({seconds}s) after SIGTERM; killed it"),
             ),
         };
-        Ok(vec![Note::normal("SlotDraining", message)])
+        self.signal_slot(name, stop, Signal::SIGKILL)?;
+        Ok(vec![Note::warning("SlotKilled", message)])
     }
 
-    async fn stop_slot(&self, name: &str) -> anyhow::Result<Notes> {
-        let slot = self.slot(name)?;
-        let drain = self.shard.spec.rollout.drain_timeout().map_err(anyhow::Error::msg)?;
-        // kcp stops listening after its shutdown delay, but stays alive while connections (watches)
-        // are open through the front, until drainTimeout kills it. Once what it admitted before
-        // has had time to finish, the front closes them: clients re-watch, through the new slot.
-        let stopped_listening = self
-            .world
-            .observed
-            .roll
-            .as_ref()
-            .filter(|r| r.from.as_deref() == Some(name))
-            .and_then(|r| r.old_slot_stopped_listening_at);
-        let close_after = match stopped_listening {
-            Some(at) => IN_FLIGHT_GRACE.saturating_sub((Utc::now() - at).to_std().unwrap_or_default()),
-            None => {
-                crate::api::parse_duration(&slot.record.template.shutdown_delay).unwrap_or_default() + IN_FLIGHT_GRACE
-            }
-        };
-        let terminate = self.ctx.runtime.terminate(&slot.process, drain);
-        tokio::pin!(terminate);
-        let termination = tokio::select! {
-            done = &mut terminate => done?,
-            _ = tokio::time::sleep(close_after) => {
-                let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
-                self.ctx.front(self.shard, self.dirs)?.close(address).await;
-                terminate.await?
-            }
-        };
-        let exited_at = Utc::now();
-        self.stop_slot_store(name).await?;
-        self.update_roll(|roll| {
-            if roll.from.as_deref() == Some(name) {
-                roll.old_slot_exited_at.get_or_insert(exited_at);
-            }
-        })?;
-        self.dirs.slot(name).forget()?;
-        let mut notes = vec![Note::normal(
-            "SlotStopped",
-            match stopped_listening {
-                Some(at) => format!(
-                    "slot {name} exited {:.1}s after it stopped listening",
-                    (exited_at - at).num_milliseconds() as f64 / 1000.0
-                ),
-                None => format!(
-                    "slot {name} exited {:.1}s after SIGTERM",
-                    termination.exited_after.as_secs_f64()
-                ),
-            },
-        )];
-        if termination.killed {
-            notes.push(Note::warning(
-                "SlotKilled",
-                format!("slot {name} did not exit within spec.rollout.drainTimeout ({drain:?}) and was killed"),
-            ));
-        }
-        Ok(notes)
+    /// Ends the front's connections to a slot that stopped listening a while ago, so that watches
+    /// re-establish through the serving slots; what it admitted had [`super::plan::IN_FLIGHT_GRACE`].
+    async fn close_connections(&self, name: &str) -> Result<Notes, Error> {
+        let address = self.slot(name)?.address();
+        self.ctx.front(self.shard, self.dirs)?.close(address).await;
+        Ok(vec![])
     }
 
-    /// Stops a slot that never got ready (it serves nobody: no drain), then its own kine, and drops
-    /// its records.
-    async fn discard_unready_slot(&self, name: &str) -> anyhow::Result<()> {
-        if let Ok(slot) = self.slot(name) {
-            self.ctx
-                .runtime
-                .terminate(&slot.process, Duration::from_secs(10))
-                .await?;
-        }
-        self.stop_slot_store(name).await?;
-        self.dirs.slot(name).forget()?;
+    /// Stops what only this slot used of the store (its own kine, for KinePostgres).
+    async fn stop_slot_store(&self, name: &str) -> Result<(), Error> {
+        self.store()?
+            .stop_slot(&self.ctx.runtime, &self.dirs.slot(name).store(), name, KINE_STOP_GRACE)
+            .await?;
         Ok(())
     }
 
-    /// Stops a new slot that is not ready yet and its own kine; the roll record stays, so the next
-    /// step starts the slot again for the same roll.
-    async fn restart_slot(&self, name: &str, cause: &RestartCause) -> anyhow::Result<Notes> {
-        self.discard_unready_slot(name).await?;
+    /// Drops the records of a slot whose process is gone, and says how it ended.
+    fn remove_slot(&self, name: &str, crashed: bool) -> Result<Notes, Error> {
+        let slot = self.slot(name)?;
+        let seen = self.world.observed.slot(name);
+        let old = slot.record.template != self.desired.template;
+        if old {
+            let now = Utc::now();
+            let stopped_listening = seen.and_then(|s| s.stopped_listening_at);
+            self.update_roll(|roll| {
+                roll.old_slot_exited_at = Some(now);
+                if let Some(at) = stopped_listening {
+                    roll.old_slot_stopped_listening_at = Some(at);
+                }
+            })?;
+        }
+        slot.dirs.forget()?;
+        if !crashed {
+            let stop = slot.record.stop;
+            let how = match (stop, seen.and_then(|s| s.stopped_listening_at)) {
+                (Some(stop), _) if stop.killed => format!("was killed ({:?})", stop.cause),
+                (Some(stop), Some(listen)) => format!(
+                    "exited {:.1}s after SIGTERM ({:.2}s to stop listening)",
+                    seconds_since(stop.at),
+                    (listen - stop.at).num_milliseconds() as f64 / 1000.0
+                ),
+                (Some(stop), None) => format!("exited {:.1}s after SIGTERM", seconds_since(stop.at)),
+                (None, _) => "exited".to_string(),
+            };
+            return Ok(vec![Note::normal("SlotStopped", format!("slot {name} {how}"))]);
+        }
+        let served = seen.is_some_and(|s| s.health.ever_ready);
+        Ok(vec![Note::warning(
+            "SlotCrashed",
+            format!(
+                "slot {name}{} exited{}: {}; a replacement starts",
+                if served { ", which served the shard," } else { "" },
+                self.exit_status(slot),
+                self.last_words(slot)
+            ),
+        )])
+    }
+
+    /// " (exit status 1)" when this serve started the process and saw it end.
+    fn exit_status(&self, slot: &ObservedSlot) -> String {
+        slot.process
+            .as_ref()
+            .and_then(|p| self.ctx.runtime.exit_status(p))
+            .map(|status| format!(" ({status})"))
+            .unwrap_or_default()
+    }
+
+    /// The last error kcp printed and where its log is, for a crash report.
+    fn last_words(&self, slot: &ObservedSlot) -> String {
+        let log = slot.dirs.log();
+        let tail = Runtime::log_tail(&log, 40);
+        let is_error = |line: &&String| {
+            let line = line.trim_start();
+            line.starts_with("Error:")
+                || line.starts_with("error:")
+                || (line.len() > 5 && matches!(line.as_bytes()[0], b'E' | b'F') && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit))
+        };
+        match tail.iter().rev().find(is_error).or(tail.last()) {
+            Some(line) => format!("it printed {:?} (log: {})", line.trim(), log.display()),
+            None => format!("it printed nothing (log: {})", log.display()),
+        }
+    }
+
+    /// Stops a new slot that is not ready yet (it serves nobody: SIGKILL); the roll record stays,
+    /// so a slot is started again for the same roll once it is gone.
+    fn restart_slot(&self, name: &str, cause: &RestartCause) -> Result<Notes, Error> {
+        self.signal_slot(name, StopCause::Restart, Signal::SIGKILL)?;
         let message = match cause {
             RestartCause::StoreOutage => format!(
                 "slot {name} was starting when the store went down, and a kcp may never get ready after that (its informers do not sync); starting it again"
             ),
             RestartCause::NotReady { timeout_seconds } => {
-                // Counted after the stop: a crash in between costs one more try, never the try.
                 self.update_roll(|roll| roll.not_ready_restarts += 1)?;
                 format!(
-                    "slot {name} did not answer /readyz on its own port within {timeout_seconds}s; a kcp start-up sometimes never finishes, so it is started once more before the roll stops (its log is under the state dir); the old slot keeps serving"
+                    "slot {name} did not answer /readyz on its own port within {timeout_seconds}s; a kcp start-up sometimes never finishes, so it is started once more before the roll stops ({}); the serving slots keep serving",
+                    self.last_words(self.slot(name)?)
                 )
             }
         };
         Ok(vec![Note::warning("SlotRestarting", message)])
     }
 
-    async fn abort_roll(&self, name: &str, cause: &BlockCause) -> anyhow::Result<Notes> {
-        self.discard_unready_slot(name).await?;
+    fn abort_roll(&self, name: &str, cause: &BlockCause) -> Result<Notes, Error> {
+        let slot = self.slot(name)?;
+        let cause = match cause {
+            BlockCause::SlotCrashed { slot: s, .. } => BlockCause::SlotCrashed {
+                slot: s.clone(),
+                detail: Some(format!("{}{}", self.last_words(slot), self.exit_status(slot))),
+            },
+            other => other.clone(),
+        };
+        if self.world.observed.slot(name).is_some_and(|s| s.running) {
+            self.signal_slot(name, StopCause::Abort, Signal::SIGKILL)?;
+        }
         let mut state = self.dirs.load_state()?;
         state.roll = None;
         state.blocked = Some(Blocked {
@@ -511,69 +658,92 @@ impl Actor<'_> {
             cause: cause.clone(),
         });
         self.dirs.save_state(&state)?;
-        Ok(vec![
-            Note::warning(cause.reason(), cause.message()),
-            Note::warning(
-                "RollBlocked",
-                format!("the roll to slot {name} stopped; the old slot keeps serving"),
-            ),
-        ])
+        Ok(vec![Note::warning(cause.reason(), cause.message())])
     }
 
-    /// A client of the active slot on its own port: the shard admin, or with `kcp_admin` the
-    /// slot's own kcp-admin (a real identity, needed to create workspaces).
-    async fn active_client(&self, kcp_admin: bool) -> anyhow::Result<kube::Client> {
-        let super::plan::FrontObservation::Up { backend: Some(active) } = &self.world.observed.front else {
-            anyhow::bail!("the front has no backend");
-        };
-        let slot = self.slot(active)?;
-        let identity = if kcp_admin {
-            Identity::KcpAdmin
-        } else {
-            Identity::ShardAdmin
-        };
-        Ok(self
-            .ctx
-            .slot_clients
-            .get(&self.dirs.slot(active).admin_kubeconfig(), slot.record.port, identity)
-            .await?)
-    }
-
-    async fn release_lease(&self) -> anyhow::Result<Notes> {
-        // Only once the old slot has stopped listening or exited: a live leader would take the Lease
-        // back (docs/background.md section 3: without this, controllers stop for ~61 s).
-        let deleted = slot::access::release_controllers_lease(&self.active_client(false).await?).await?;
+    async fn release_lease(&self, holder: Option<&str>) -> Result<Notes, Error> {
+        let (through, client) = self
+            .world
+            .serving_client(self.ctx, Identity::ShardAdmin)
+            .await
+            .map_err(Error::Front)?;
+        let deleted = slot::access::release_controllers_lease(&client).await?;
         self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
+        let whose = match holder.and_then(|h| self.world.observed.slot(h)) {
+            Some(h) if !h.running => format!("held by slot {}, which is gone", h.name),
+            Some(h) => format!("held by slot {}, which stopped listening and can no longer renew it", h.name),
+            None => "held by a kcp that no longer runs".to_string(),
+        };
         let message = if deleted {
-            "deleted Lease kube-system/kcp-controllers so the new slot leads at once"
+            format!("deleted Lease kube-system/kcp-controllers ({whose}, through slot {through}) so a serving slot leads at once")
         } else {
-            "no kcp-controllers Lease to release"
+            "no kcp-controllers Lease to release".to_string()
         };
         Ok(vec![Note::normal("LeaseReleased", message)])
     }
 
-    async fn probe(&self) -> anyhow::Result<Notes> {
-        let took = slot::access::probe_workspace(&self.active_client(true).await?, PROBE_TIMEOUT).await?;
-        self.update_roll(|roll| roll.probe_succeeded_at = Some(Utc::now()))?;
+    async fn probe(&self) -> Result<Notes, Error> {
+        let (_, client) = self
+            .world
+            .serving_client(self.ctx, Identity::KcpAdmin)
+            .await
+            .map_err(Error::Front)?;
+        let stale = self.world.state.roll.as_ref().and_then(|r| r.probe.clone());
+        let workspace = slot::access::create_probe_workspace(&client).await?;
+        self.update_roll(|roll| {
+            roll.probe = Some(ProbeRecord {
+                workspace,
+                created_at: Utc::now(),
+            })
+        })?;
+        if let Some(stale) = stale {
+            let _ = slot::access::delete_workspace(&client, &stale.workspace).await;
+            return Ok(vec![Note::warning(
+                "ProbeSlow",
+                format!(
+                    "probe workspace {} did not reach Ready within {:?}: is a slot leading kcp's controllers? Trying a new one",
+                    stale.workspace,
+                    super::plan::PROBE_TIMEOUT
+                ),
+            )]);
+        }
+        Ok(vec![])
+    }
+
+    async fn probe_succeeded(&self) -> Result<Notes, Error> {
+        let Some(probe) = self.world.state.roll.as_ref().and_then(|r| r.probe.clone()) else {
+            return Ok(vec![]);
+        };
+        let now = Utc::now();
+        self.update_roll(|roll| roll.probe_succeeded_at = Some(now))?;
+        if let Ok((_, client)) = self.world.serving_client(self.ctx, Identity::KcpAdmin).await
+            && let Err(e) = slot::access::delete_workspace(&client, &probe.workspace).await
+        {
+            tracing::warn!(workspace = %probe.workspace, error = %e, "could not delete the probe workspace");
+        }
         Ok(vec![Note::normal(
             "ProbeSucceeded",
             format!(
-                "a probe workspace reached Ready in {:.2}s: a leader runs the controllers",
-                took.as_secs_f64()
+                "a probe workspace reached Ready {:.2}s after it was created: a leader runs kcp's controllers",
+                (now - probe.created_at).num_milliseconds() as f64 / 1000.0
             ),
         )])
     }
 
-    fn complete_roll(&self) -> anyhow::Result<Notes> {
+    fn complete_roll(&self) -> Result<Notes, Error> {
         let mut state = self.dirs.load_state()?;
-        let Some(roll) = state.roll.take() else {
+        let Some(mut roll) = state.roll.take() else {
             return Ok(vec![]);
         };
+        // The spec may have changed mid-roll: the record names what serves now.
+        if let Some(serving) = self.world.serving_version() {
+            roll.to_version = serving;
+        }
         let completed = CompletedRoll {
             roll,
             completed_at: Utc::now(),
         };
-        let message = roll_summary(&completed);
+        let message = roll_summary(&completed, &self.world.observed.front.backends().join(", "));
         state.last_roll = Some(completed);
         self.dirs.save_state(&state)?;
         // Counted once it is recorded: a failed save retries the step, and must not count twice.
@@ -582,44 +752,31 @@ impl Actor<'_> {
         }
         Ok(vec![Note::normal("RollComplete", message)])
     }
-
-    async fn cleanup(&self) -> anyhow::Result<Notes> {
-        for slot in &self.world.slots {
-            let drain = self
-                .shard
-                .spec
-                .rollout
-                .drain_timeout()
-                .unwrap_or(Duration::from_secs(30));
-            self.ctx.runtime.terminate(&slot.process, drain).await?;
-            self.stop_slot_store(&slot.record.name).await?;
-            self.dirs.slot(&slot.record.name).forget()?;
-        }
-        self.store()?.stop(&self.ctx.runtime, KINE_STOP_GRACE).await?;
-        self.ctx.front(self.shard, self.dirs)?.stop().await?;
-        Ok(vec![Note::normal(
-            "Stopped",
-            format!(
-                "stopped the slots, the store's processes and the front; the data stays in {}",
-                self.dirs.root().display()
-            ),
-        )])
-    }
 }
 
-fn roll_summary(done: &CompletedRoll) -> String {
+fn seconds_since(at: chrono::DateTime<Utc>) -> f64 {
+    (Utc::now() - at).num_milliseconds() as f64 / 1000.0
+}
+
+/// "pid 1234 (caddy run ...)" for an error about who holds an address.
+fn describe_process(pid: u32) -> String {
+    let argv = crate::process::procfs::cmdline(pid).unwrap_or_default().join(" ");
+    let argv: String = argv.chars().take(120).collect();
+    format!("pid {pid} ({argv})")
+}
+
+fn roll_summary(done: &CompletedRoll, serving: &str) -> String {
     let r = &done.roll;
     let since = |t: Option<chrono::DateTime<Utc>>| {
         t.map(|t| format!("{:.2}s", (t - r.started_at).num_milliseconds() as f64 / 1000.0))
             .unwrap_or_else(|| "-".into())
     };
-    let what = match &r.from {
-        Some(from) => format!("rolled slot {from} to slot {}", r.to),
-        None => format!("started slot {}", r.to),
+    let what = match &r.from_version {
+        Some(from) => format!("rolled {from} to {}", r.to_version),
+        None => format!("started {}", r.to_version),
     };
     format!(
-        "{what} ({}): new slot ready {}, front switched {}, old slot stopped listening {}, lease released {}, probe Ready {}, old slot exited {}, done {}",
-        r.to_version,
+        "{what}, slots {serving} serve: new slot ready {}, front switched {}, old slot stopped listening {}, lease released {}, probe Ready {}, old slot exited {}, done {}",
         since(r.new_slot_ready_at),
         since(r.front_switched_at),
         since(r.old_slot_stopped_listening_at),
@@ -628,6 +785,51 @@ fn roll_summary(done: &CompletedRoll) -> String {
         since(r.old_slot_exited_at),
         since(Some(done.completed_at)),
     )
+}
+
+/// The version in a kcp binary's path (`bin/kcp-v0.31.2`, `/opt/kcp/v0.31.2/kcp`), if it names one.
+fn version_in_path(program: &std::path::Path) -> Option<String> {
+    program
+        .to_string_lossy()
+        .split(['/', '-', '_'])
+        .find(|part| crate::api::KcpVersion::parse(part).is_ok())
+        .map(str::to_string)
+}
+
+/// The restartedAt of a rebuilt slot record: no spec has it, so the slot is rolled away.
+pub const REBUILT: &str = "unknown: the slot record was rebuilt from the running process";
+
+/// A slot record from a slot's kcp command line (port, binary, front URL, shutdown delay); None
+/// without a port. What argv does not tell (the restartedAt annotation, which arguments were
+/// extra) is lost, so the rebuilt template matches no spec and the plan replaces the slot by a
+/// roll: starting a slot under its name instead would stop the shard with it.
+fn record_from_argv(name: &str, process: &crate::process::ProcessRecord) -> Option<SlotRecord> {
+    let flag = |name: &str| {
+        let prefix = format!("--{name}=");
+        process
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix(&prefix))
+            .map(str::to_string)
+    };
+    let created_at = process.started_at.parse().unwrap_or_else(|_| Utc::now());
+    Some(SlotRecord {
+        name: name.to_string(),
+        template: super::plan::SlotTemplate {
+            version: version_in_path(&process.program).unwrap_or_else(|| "unknown".into()),
+            binary: process.program.display().to_string(),
+            extra_args: vec![],
+            shutdown_delay: flag("shutdown-delay-duration").unwrap_or_default(),
+            front_url: flag("shard-base-url").unwrap_or_default(),
+            restarted_at: Some(REBUILT.into()),
+        },
+        port: flag("secure-port")?.parse().ok()?,
+        created_at,
+        // It runs with the shard's flags and may well serve: it is treated as one that did.
+        served_at: Some(created_at),
+        left_front_at: None,
+        stop: None,
+    })
 }
 
 impl Note {
@@ -645,5 +847,49 @@ impl Note {
             reason,
             message: message.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_record_is_rebuilt_from_its_kcp_command_line_and_matches_no_spec() {
+        let process = crate::process::ProcessRecord {
+            pid: 4242,
+            start_time: 1,
+            program: "/work/bin/kcp-v0.31.2".into(),
+            args: [
+                "start",
+                "--root-directory=/s/shards/dev/slots/b/root",
+                "--bind-address=127.0.0.1",
+                "--secure-port=40123",
+                "--shard-base-url=https://127.0.0.1:6443",
+                "--shutdown-delay-duration=2s",
+                "--v=2",
+            ]
+            .map(String::from)
+            .to_vec(),
+            started_at: "2026-05-01T10:00:00Z".into(),
+        };
+        let record = record_from_argv("b", &process).unwrap();
+        assert_eq!((record.name.as_str(), record.port), ("b", 40123));
+        assert_eq!(record.template.version, "v0.31.2");
+        assert_eq!(record.template.binary, "/work/bin/kcp-v0.31.2");
+        assert_eq!(record.template.front_url, "https://127.0.0.1:6443");
+        assert_eq!(record.template.shutdown_delay, "2s");
+        assert_eq!(record.template.restarted_at.as_deref(), Some(REBUILT));
+        assert_eq!(record.created_at.to_rfc3339(), "2026-05-01T10:00:00+00:00");
+        assert_eq!(
+            version_in_path(std::path::Path::new("/opt/kcp/v0.32.3/kcp")).as_deref(),
+            Some("v0.32.3")
+        );
+        assert_eq!(version_in_path(std::path::Path::new("/usr/local/bin/kcp")), None);
+        let no_port = crate::process::ProcessRecord {
+            args: vec!["start".into()],
+            ..process
+        };
+        assert!(record_from_argv("b", &no_port).is_none(), "no port, no slot");
     }
 }

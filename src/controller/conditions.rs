@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::Phase;
 
-use super::plan::{FrontObservation, Observed, RestartCause, Step};
+use super::plan::{Desired, FrontObservation, KillCause, Observed, RestartCause, SlotObservation, Step, Wait};
 
 /// A condition as computed, before times and generation are stamped on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,32 +34,54 @@ fn verdict(type_: &'static str, status: bool, reason: &str, message: impl Into<S
     }
 }
 
+fn names(slots: &[&SlotObservation]) -> String {
+    slots.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+}
+
 /// The five conditions, from the observation, the chosen step, and the error of the last step if it
 /// failed.
-pub fn verdicts(observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<Verdict> {
-    let backend = match &observed.front {
-        FrontObservation::Up { backend } => backend.clone(),
-        FrontObservation::Down => None,
+pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<Verdict> {
+    let behind: Vec<&SlotObservation> = observed
+        .front
+        .backends()
+        .iter()
+        .filter_map(|b| observed.slot(b))
+        .collect();
+    let serving: Vec<&SlotObservation> = behind.iter().copied().filter(|s| s.can_stay()).collect();
+    let unresponsive: Vec<&SlotObservation> = behind.iter().copied().filter(|s| s.health.unresponsive()).collect();
+    let hung_alone = serving.is_empty() && !unresponsive.is_empty();
+    let hung_message = || {
+        let s = unresponsive[0];
+        format!(
+            "slot {} is the only slot behind the front and does not answer /readyz on its own port ({}); the front keeps forwarding to it, and it is killed and replaced once it has not answered for spec.rollout.livenessTimeout",
+            s.name,
+            s.health.problem.as_deref().unwrap_or("no answer")
+        )
     };
-    let serving = backend
-        .as_ref()
-        .and_then(|b| observed.slots.iter().find(|s| &s.name == b && s.running && s.ready));
-    let ready = match serving {
-        Some(slot) => verdict(
+    let ready = if !serving.is_empty() {
+        let mut versions: Vec<&str> = serving.iter().map(|s| s.template.version.as_str()).collect();
+        versions.dedup();
+        verdict(
             "Ready",
             true,
             "SlotServing",
             format!(
-                "slot {} ({}) serves through the front",
-                slot.name, slot.template.version
+                "{} {} ({}) {} through the front",
+                if serving.len() == 1 { "slot" } else { "slots" },
+                names(&serving),
+                versions.join(", "),
+                if serving.len() == 1 { "serves" } else { "serve" },
             ),
-        ),
-        None if observed.front == FrontObservation::Down => {
-            verdict("Ready", false, "FrontDown", "the front is not running")
-        }
-        None => verdict("Ready", false, "NoSlotReady", "no ready slot behind the front yet"),
+        )
+    } else if hung_alone {
+        verdict("Ready", false, "SlotUnresponsive", hung_message())
+    } else if matches!(observed.front, FrontObservation::Down | FrontObservation::Unresponsive) {
+        verdict("Ready", false, "FrontDown", "the front is not running or does not answer")
+    } else {
+        verdict("Ready", false, "NoSlotReady", "no ready slot behind the front yet")
     };
-    let (progressing, degraded) = match step {
+    let first_start = observed.roll.as_ref().is_some_and(|r| r.from_version.is_none());
+    let (progressing, mut degraded) = match step {
         Step::Blocked { cause } | Step::AbortRoll { cause, .. } => (
             verdict("Progressing", false, "RollBlocked", cause.message()),
             verdict("Degraded", true, cause.reason(), cause.message()),
@@ -68,58 +90,80 @@ pub fn verdicts(observed: &Observed, step: &Step, failure: Option<&str>) -> Vec<
             verdict("Progressing", false, "RollComplete", "the shard runs the desired spec"),
             healthy(),
         ),
-        Step::Cleanup => (
-            verdict(
-                "Progressing",
-                true,
-                "Deleting",
-                "stopping the slots, the store's processes and the front",
-            ),
-            healthy(),
-        ),
         other => (
             verdict("Progressing", true, progress_reason(other), progress_message(other)),
             healthy(),
         ),
     };
+    if degraded == healthy() {
+        if hung_alone {
+            degraded = verdict("Degraded", true, "SlotUnresponsive", hung_message());
+        } else if !serving.is_empty() && serving.len() < desired.slots && !first_start && !desired.deleting {
+            let missing: Vec<String> = observed
+                .slots
+                .iter()
+                .filter(|s| !serving.iter().any(|v| v.name == s.name) && s.template == desired.template)
+                .map(|s| match (&s.health.problem, s.running) {
+                    (_, false) => format!("slot {} exited", s.name),
+                    (Some(p), _) if s.health.unresponsive() => format!("slot {} does not answer ({p})", s.name),
+                    _ => format!("slot {} starts", s.name),
+                })
+                .collect();
+            degraded = verdict(
+                "Degraded",
+                true,
+                "FewerSlots",
+                format!(
+                    "{} of {} slots serve{}; a replacement starts where one is missing",
+                    serving.len(),
+                    desired.slots,
+                    if missing.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", missing.join("; "))
+                    }
+                ),
+            );
+        }
+    }
     let degraded = match failure {
         Some(message) => verdict("Degraded", true, "StepFailed", message),
         None => degraded,
     };
     let store = if observed.store_up {
-        verdict("StoreReady", true, "StoreUp", "the store accepts connections")
+        verdict("StoreReady", true, "StoreUp", "the store accepts connections and answers reads")
     } else {
         verdict(
             "StoreReady",
             false,
-            "StoreDown",
+            if observed.store_unresponsive { "StoreUnresponsive" } else { "StoreDown" },
             observed
                 .store_problem
                 .clone()
                 .unwrap_or_else(|| "the store does not accept connections".into()),
         )
     };
-    let front = match &backend {
-        Some(b) => verdict(
+    let front = match &observed.front {
+        FrontObservation::Up { backends, .. } if !backends.is_empty() => verdict(
             "FrontReady",
             true,
             "Forwarding",
-            format!("the front forwards new connections to slot {b}"),
+            format!("the front forwards new connections to {}", backends.join(", ")),
         ),
-        None if observed.front == FrontObservation::Down => verdict(
-            "FrontReady",
-            false,
-            "FrontDown",
-            observed
-                .front_problem
-                .clone()
-                .unwrap_or_else(|| "the front is not running".into()),
-        ),
-        None => verdict(
+        FrontObservation::Up { .. } => verdict(
             "FrontReady",
             false,
             "NoBackend",
             "the front runs but has no slot to forward to yet",
+        ),
+        FrontObservation::Down | FrontObservation::Unresponsive => verdict(
+            "FrontReady",
+            false,
+            if observed.front == FrontObservation::Down { "FrontDown" } else { "FrontUnresponsive" },
+            observed
+                .front_problem
+                .clone()
+                .unwrap_or_else(|| "the front is not running".into()),
         ),
     };
     vec![ready, progressing, degraded, store, front]
@@ -131,33 +175,57 @@ fn healthy() -> Verdict {
 
 fn progress_reason(step: &Step) -> &'static str {
     match step {
+        Step::AdoptSlot { .. } => "SlotAdopting",
         Step::EnsureStore => "StoreStarting",
+        Step::KillStore => "StoreRestarting",
         Step::Snapshot => "TakingSnapshot",
         Step::EnsureFront => "FrontStarting",
+        Step::KillFront => "FrontRestarting",
         Step::StartSlot { .. } => "SlotStarting",
-        Step::AwaitReady { .. } => "AwaitingReadiness",
-        Step::SwitchFront { .. } => "SwitchingFront",
-        Step::AwaitSettle { .. } | Step::TerminateSlot { .. } | Step::StopSlot { .. } => "SlotStopping",
+        Step::Wait(Wait::Ready { .. }) => "AwaitingReadiness",
+        Step::SetFront(_) => "SwitchingFront",
+        Step::Wait(Wait::Settle { .. } | Wait::Exit { .. })
+        | Step::TerminateSlot { .. }
+        | Step::CloseConnections { .. }
+        | Step::StopSlotStore { .. }
+        | Step::RemoveSlot { .. } => "SlotStopping",
+        Step::KillSlot { .. } => "SlotKilling",
         Step::RestartSlot { .. } => "SlotRestarting",
-        Step::ForgetSlot { .. } => "SlotReplacing",
-        Step::ReleaseLease => "ReleasingLease",
-        Step::Probe => "Probing",
+        Step::ReleaseLease { .. } => "ReleasingLease",
+        Step::Probe | Step::ProbeSucceeded | Step::Wait(Wait::Probe) => "Probing",
         Step::CompleteRoll => "RollComplete",
-        Step::Cleanup | Step::Idle | Step::Blocked { .. } | Step::AbortRoll { .. } => "Idle",
+        Step::StopStore | Step::StopFront => "Deleting",
+        Step::Idle | Step::Blocked { .. } | Step::AbortRoll { .. } => "Idle",
     }
 }
 
 fn progress_message(step: &Step) -> String {
     match step {
+        Step::AdoptSlot { name } => format!("recording slot {name}, which runs without a record"),
         Step::EnsureStore => "starting the store".into(),
+        Step::KillStore => "restarting a kine that does not answer reads".into(),
         Step::Snapshot => "dumping the store before the version changes".into(),
         Step::EnsureFront => "starting the front".into(),
+        Step::KillFront => "restarting the front, which does not answer on its control socket".into(),
         Step::StartSlot { name } => format!("starting slot {name}"),
-        Step::AwaitReady { name } => format!("waiting for slot {name} to answer /readyz on its own port"),
-        Step::SwitchFront { to } => format!("switching the front to slot {to}"),
-        Step::AwaitSettle { name, .. } => format!("letting connections pinned to slot {name} settle before it stops"),
-        Step::TerminateSlot { name } => format!("stopping slot {name}: waiting for it to stop listening"),
-        Step::StopSlot { name } => format!("stopping slot {name}"),
+        Step::Wait(Wait::Ready { slot }) => format!("waiting for slot {slot} to answer /readyz on its own port"),
+        Step::SetFront(change) => format!("the front forwards new connections to {}", change.backends.join(", ")),
+        Step::Wait(Wait::Settle { slot, .. }) => {
+            format!("letting connections pinned to slot {slot} settle before it stops")
+        }
+        Step::TerminateSlot { name } => format!("stopping slot {name}"),
+        Step::Wait(Wait::Exit { slot }) => format!("slot {slot} drains its connections and exits"),
+        Step::CloseConnections { name } => format!("closing the front's connections to slot {name}"),
+        Step::StopSlotStore { name } => format!("stopping the kine of slot {name}"),
+        Step::RemoveSlot { name, .. } => format!("slot {name} exited; dropping its records"),
+        Step::KillSlot {
+            name,
+            cause: KillCause::Unresponsive { seconds },
+        } => format!("killing slot {name}: it has not answered /readyz for {seconds}s"),
+        Step::KillSlot {
+            name,
+            cause: KillCause::DrainTimeout { seconds },
+        } => format!("killing slot {name}: it did not exit within {seconds}s of SIGTERM"),
         Step::RestartSlot {
             name,
             cause: RestartCause::StoreOutage,
@@ -166,11 +234,12 @@ fn progress_message(step: &Step) -> String {
             name,
             cause: RestartCause::NotReady { timeout_seconds },
         } => format!("starting slot {name} again: it did not get ready within {timeout_seconds}s"),
-        Step::ForgetSlot { name, .. } => format!("slot {name} exited; replacing it"),
-        Step::ReleaseLease => "releasing the kcp-controllers Lease so the new slot leads".into(),
-        Step::Probe => "checking that a workspace reaches Ready".into(),
+        Step::ReleaseLease { .. } => "releasing the kcp-controllers Lease so a serving slot leads".into(),
+        Step::Probe | Step::Wait(Wait::Probe) => "checking that a workspace reaches Ready".into(),
+        Step::ProbeSucceeded => "a probe workspace reached Ready".into(),
         Step::CompleteRoll => "finishing the roll".into(),
-        _ => String::new(),
+        Step::StopStore | Step::StopFront => "stopping the slots, the store's processes and the front".into(),
+        Step::Idle | Step::Blocked { .. } | Step::AbortRoll { .. } => String::new(),
     }
 }
 
@@ -228,50 +297,21 @@ pub fn k8s_time(t: DateTime<Utc>) -> Time {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::plan::{BlockCause, SlotObservation, SlotTemplate};
-    use chrono::TimeZone;
-
-    fn observed(backend: Option<&str>, ready: bool) -> Observed {
-        let template = SlotTemplate {
-            version: "v0.32.3".into(),
-            binary: "bin/kcp".into(),
-            extra_args: vec![],
-            shutdown_delay: "2s".into(),
-            front_url: "https://127.0.0.1:6443".into(),
-            restarted_at: None,
-        };
-        Observed {
-            now: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),
-            store_up: true,
-            store_problem: None,
-            store_processes_up: true,
-            snapshot_for: None,
-            front: FrontObservation::Up {
-                backend: backend.map(str::to_string),
-            },
-            front_ours: true,
-            front_problem: None,
-            front_outdated: false,
-            front_elsewhere: false,
-            slots: vec![SlotObservation {
-                name: "a".into(),
-                template,
-                running: true,
-                ready,
-                started_at: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),
-            }],
-            roll: None,
-            blocked: None,
-        }
-    }
+    use crate::controller::plan::BlockCause;
+    use crate::controller::plan::tests::{at, desired, observed, slot};
 
     fn status_of(verdicts: &[Verdict], type_: &str) -> bool {
         verdicts.iter().find(|v| v.type_ == type_).unwrap().status
     }
 
+    fn find<'a>(verdicts: &'a [Verdict], type_: &str) -> &'a Verdict {
+        verdicts.iter().find(|v| v.type_ == type_).unwrap()
+    }
+
     #[test]
     fn a_serving_shard_mid_roll_is_ready_and_progressing() {
-        let v = verdicts(&observed(Some("a"), true), &Step::StartSlot { name: "b".into() }, None);
+        let o = observed(&["a"], vec![slot("a", "v1", true)]);
+        let v = verdicts(&desired("v2"), &o, &Step::StartSlot { name: "b".into() }, None);
         assert!(status_of(&v, "Ready") && status_of(&v, "Progressing") && !status_of(&v, "Degraded"));
         assert_eq!(phase(&v, false), Phase::Progressing);
     }
@@ -281,8 +321,9 @@ mod tests {
         let cause = BlockCause::NoBinary {
             path: "bin/kcp-v9.9.9".into(),
         };
-        let v = verdicts(&observed(Some("a"), true), &Step::Blocked { cause }, None);
-        let degraded = v.iter().find(|v| v.type_ == "Degraded").unwrap();
+        let o = observed(&["a"], vec![slot("a", "v1", true)]);
+        let v = verdicts(&desired("v9.9.9"), &o, &Step::Blocked { cause }, None);
+        let degraded = find(&v, "Degraded");
         assert!(degraded.status);
         assert_eq!(degraded.reason, "BinaryMissing");
         assert!(degraded.message.contains("bin/kcp-v9.9.9") && degraded.message.contains("install"));
@@ -292,48 +333,64 @@ mod tests {
 
     #[test]
     fn a_failed_step_is_degraded_with_its_error() {
-        let v = verdicts(
-            &observed(Some("a"), true),
-            &Step::EnsureFront,
-            Some("front address 127.0.0.1:6443 is in use"),
-        );
-        let degraded = v.iter().find(|v| v.type_ == "Degraded").unwrap();
+        let o = observed(&["a"], vec![slot("a", "v1", true)]);
+        let v = verdicts(&desired("v1"), &o, &Step::EnsureFront, Some("front address in use"));
+        let degraded = find(&v, "Degraded");
         assert_eq!((degraded.status, degraded.reason.as_str()), (true, "StepFailed"));
     }
 
     #[test]
-    fn a_converged_shard_is_ready() {
-        let v = verdicts(&observed(Some("a"), true), &Step::Idle, None);
-        assert_eq!(phase(&v, false), Phase::Ready);
-        let v = verdicts(&observed(None, false), &Step::AwaitReady { name: "a".into() }, None);
+    fn a_converged_shard_is_ready_and_a_first_start_pending() {
+        let o = observed(&["a"], vec![slot("a", "v1", true)]);
+        assert_eq!(phase(&verdicts(&desired("v1"), &o, &Step::Idle, None), false), Phase::Ready);
+        let o = observed(&[], vec![slot("a", "v1", false)]);
+        let v = verdicts(&desired("v1"), &o, &Step::Wait(Wait::Ready { slot: "a".into() }), None);
         assert_eq!(phase(&v, false), Phase::Pending);
     }
 
     #[test]
+    fn the_only_slot_hung_is_not_ready_and_degraded_never_nothing_is_blocked() {
+        let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+        o.slots[0].health.ready = false;
+        o.slots[0].health.failures = 3;
+        o.slots[0].health.problem = Some("no answer within 1s".into());
+        let v = verdicts(&desired("v1"), &o, &Step::Idle, None);
+        assert_eq!(
+            (find(&v, "Ready").status, find(&v, "Ready").reason.as_str()),
+            (false, "SlotUnresponsive")
+        );
+        let degraded = find(&v, "Degraded");
+        assert!(degraded.status && degraded.message.contains("no answer within 1s"), "{degraded:?}");
+        assert_eq!(phase(&v, false), Phase::Degraded);
+    }
+
+    #[test]
+    fn one_slot_of_two_serving_is_ready_and_degraded_with_what_is_missing() {
+        let mut d = desired("v1");
+        d.slots = 2;
+        let mut b = slot("b", "v1", true);
+        b.running = false;
+        let mut o = observed(&["a"], vec![slot("a", "v1", true), b]);
+        o.roll = None;
+        let v = verdicts(&d, &o, &Step::StartSlot { name: "b".into() }, None);
+        assert!(status_of(&v, "Ready"));
+        let degraded = find(&v, "Degraded");
+        assert_eq!(degraded.reason, "FewerSlots");
+        assert!(degraded.message.starts_with("1 of 2 slots serve (slot b exited)"), "{degraded:?}");
+    }
+
+    #[test]
     fn last_transition_time_moves_only_when_the_status_does() {
-        let t0 = Utc.timestamp_opt(1_800_000_000, 0).unwrap();
-        let t1 = Utc.timestamp_opt(1_800_000_100, 0).unwrap();
-        let first = merge(
-            &[],
-            &verdicts(&observed(Some("a"), true), &Step::Idle, None),
-            Some(1),
-            t0,
-        );
-        let same = merge(
-            &first,
-            &verdicts(&observed(Some("a"), true), &Step::Idle, None),
-            Some(2),
-            t1,
-        );
+        let (t0, t1) = (at(0), at(100));
+        let d = desired("v1");
+        let up = observed(&["a"], vec![slot("a", "v1", true)]);
+        let first = merge(&[], &verdicts(&d, &up, &Step::Idle, None), Some(1), t0);
+        let same = merge(&first, &verdicts(&d, &up, &Step::Idle, None), Some(2), t1);
         let ready = |cs: &[Condition]| cs.iter().find(|c| c.type_ == "Ready").unwrap().clone();
         assert_eq!(ready(&same).last_transition_time, ready(&first).last_transition_time);
         assert_eq!(ready(&same).observed_generation, Some(2));
-        let flipped = merge(
-            &same,
-            &verdicts(&observed(Some("a"), false), &Step::Idle, None),
-            Some(2),
-            t1,
-        );
+        let down = observed(&[], vec![slot("a", "v1", false)]);
+        let flipped = merge(&same, &verdicts(&d, &down, &Step::Idle, None), Some(2), t1);
         assert_eq!(ready(&flipped).last_transition_time, k8s_time(t1));
     }
 }

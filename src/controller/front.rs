@@ -27,8 +27,13 @@ pub enum Front {
 pub struct FrontSeen {
     /// Where it listens (kcpshard's front says; a caddy's is the spec's).
     pub listen: SocketAddr,
-    /// Where new connections go. A caddy names no slot: the slot is `""` until matched by port.
-    pub backend: Option<Backend>,
+    /// Where new connections go. A caddy names no slot: the slot is `""`; match by address.
+    pub backends: Vec<Backend>,
+    /// Per slot name: client connections pinned to it now.
+    pub open: Vec<(String, u64)>,
+    /// Per slot name that left the serving set: kept-alive connections the front still closes
+    /// between requests.
+    pub retiring: Vec<(String, u64)>,
     /// kcpshard's front runs another binary than this `serve`'s: it hands its listening socket
     /// over to a successor of this binary (docs/front.md, Upgrades).
     pub outdated: bool,
@@ -77,7 +82,9 @@ impl Front {
                     .map_err(down)?;
                 Ok(FrontSeen {
                     listen: status.listen,
-                    backend: status.backend,
+                    backends: status.backend.into_iter().collect(),
+                    open: status.connections.iter().map(|(slot, c)| (slot.clone(), c.open)).collect(),
+                    retiring: vec![],
                     outdated: front::runs_other_binary(binary, dir, status.pid),
                     pid: Some(status.pid),
                 })
@@ -92,13 +99,16 @@ impl Front {
                     outdated: false,
                     pid: None,
                     listen: *listen,
-                    backend: match upstreams.as_slice() {
-                        [one] => one.parse().ok().map(|address| Backend {
+                    backends: upstreams
+                        .iter()
+                        .filter_map(|u| u.parse().ok())
+                        .map(|address| Backend {
                             slot: String::new(),
                             address,
-                        }),
-                        _ => None,
-                    },
+                        })
+                        .collect(),
+                    open: vec![],
+                    retiring: vec![],
                 })
             }
         }
@@ -133,8 +143,14 @@ impl Front {
         }
     }
 
-    /// Sends new connections to `to`.
-    pub async fn switch(&self, to: &Backend) -> anyhow::Result<()> {
+    /// Sends new connections to `backends` (open connections stay on their slots).
+    pub async fn serve(&self, backends: &[Backend]) -> anyhow::Result<()> {
+        let [to] = backends else {
+            anyhow::bail!(
+                "this front forwards to one slot at a time, not {}: set spec.slots to 1",
+                backends.len()
+            );
+        };
         match self {
             Front::Tcp { dir, .. } => FrontClient::connect(dir).await?.switch(to).await?,
             Front::Caddy { admin, upstream_id, .. } => {
@@ -142,6 +158,35 @@ impl Front {
             }
         }
         Ok(())
+    }
+
+    /// kcpshard's front process, by its recorded pid, still runs (whether or not it answers).
+    pub fn recorded_pid_alive(&self) -> bool {
+        match self {
+            Front::Tcp { dir, .. } => front::recorded_pid(dir).is_some(),
+            Front::Caddy { .. } => false,
+        }
+    }
+
+    /// SIGTERM for kcpshard's front by its recorded pid (deleting the shard); it closes its
+    /// listener and drains. A second SIGTERM makes it exit at once.
+    pub fn terminate(&self) {
+        if let Front::Tcp { dir, .. } = self
+            && let Some(pid) = front::recorded_pid(dir)
+        {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+
+    /// SIGKILL for kcpshard's front by its recorded pid (it does not answer on its control socket);
+    /// the pid, if one was killed.
+    pub fn kill(&self) -> Option<u32> {
+        let Front::Tcp { dir, .. } = self else {
+            return None;
+        };
+        let pid = front::recorded_pid(dir)?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).ok()?;
+        Some(pid)
     }
 
     /// Ends the front's connections to `address` (a slot past its shutdown delay), so watches

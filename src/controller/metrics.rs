@@ -43,7 +43,7 @@ impl ControllerMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "steps",
-            "Steps the controller took, by shard, step (Idle and the waits included) and result: ok or failed",
+            "Steps the controller took, by shard, step (Idle and the waits included) and result: ok, or what failed (io, store, process, kcp, spec, front, state, api)",
             self.steps.clone(),
         );
         registry.register(
@@ -71,12 +71,24 @@ impl ControllerMetrics {
             .inc();
     }
 
-    pub fn step_taken(&self, shard: &str, step: &Step, failed: bool) {
+    /// A step was taken; `error` is the failure's label (see [`super::Error::metric_label`]).
+    pub fn step_taken(&self, shard: &str, step: &Step, error: Option<&'static str>) {
         self.steps
             .get_or_create(&StepLabels {
                 shard: shard.to_string(),
                 step: step.name(),
-                result: if failed { "failed" } else { "ok" },
+                result: error.unwrap_or("ok"),
+            })
+            .inc();
+    }
+
+    /// A reconcile failed before or after its step (observing, writing status, the finalizer).
+    pub fn step_failed_outside(&self, shard: &str, error: &'static str) {
+        self.steps
+            .get_or_create(&StepLabels {
+                shard: shard.to_string(),
+                step: "Reconcile",
+                result: error,
             })
             .inc();
     }
@@ -141,14 +153,13 @@ mod tests {
     #[test]
     fn steps_and_the_last_roll_are_exposed_per_shard() {
         let metrics = ControllerMetrics::default();
-        metrics.step_taken("dev", &Step::Probe, false);
-        metrics.step_taken("dev", &Step::Probe, false);
-        metrics.step_taken("dev", &Step::EnsureStore, true);
+        metrics.step_taken("dev", &Step::Probe, None);
+        metrics.step_taken("dev", &Step::Probe, None);
+        metrics.step_taken("dev", &Step::EnsureStore, Some("store"));
         metrics.process_exited("dev");
         let at = |ms: i64| chrono::Utc.timestamp_millis_opt(1_800_000_000_000 + ms).unwrap();
         let roll = RollRecord {
-            from: Some("a".into()),
-            to: "b".into(),
+            from_version: Some("v1".into()),
             to_version: "v2".into(),
             started_at: at(0),
             new_slot_started_at: Some(at(100)),
@@ -167,7 +178,7 @@ mod tests {
         let text = exposition(&metrics);
         for line in [
             r#"kcpshard_controller_steps_total{shard="dev",step="Probe",result="ok"} 2"#,
-            r#"kcpshard_controller_steps_total{shard="dev",step="EnsureStore",result="failed"} 1"#,
+            r#"kcpshard_controller_steps_total{shard="dev",step="EnsureStore",result="store"} 1"#,
             r#"kcpshard_controller_rolls_total{shard="dev"} 1"#,
             r#"kcpshard_controller_process_exits_total{shard="dev"} 1"#,
             r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="total"} 11.3"#,
@@ -183,8 +194,7 @@ mod tests {
         let metrics = ControllerMetrics::default();
         let at = |s: i64| chrono::Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap();
         let mut roll = RollRecord {
-            from: Some("a".into()),
-            to: "b".into(),
+            from_version: Some("v1".into()),
             started_at: at(0),
             old_slot_stopped_listening_at: Some(at(5)),
             probe_succeeded_at: Some(at(7)),
@@ -198,7 +208,7 @@ mod tests {
             },
         );
         assert!(exposition(&metrics).contains(r#"phase="no_leader"} 2.0"#));
-        roll.from = None;
+        roll.from_version = None;
         roll.old_slot_stopped_listening_at = None;
         metrics.roll_completed(
             "dev",

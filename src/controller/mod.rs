@@ -9,38 +9,46 @@
 pub mod act;
 pub mod clients;
 pub mod conditions;
+pub mod error;
 pub mod front;
+pub mod health;
+pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod state;
 pub mod status;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
+use serde_json::json;
 
 use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION};
-use crate::process::Runtime;
 use crate::process::exits::ExitNotices;
+use crate::process::{ProcessRecord, Runtime};
 use crate::store::{StoreBackend, StoreError, StorePaths};
-use plan::{Desired, SlotTemplate, Step};
+pub use error::Error;
+use plan::{Desired, SlotTemplate, Step, Wait};
 use state::ShardDirs;
 
 /// Requeue after a step that changed something: take the next one at once.
 const NEXT_STEP: Duration = Duration::from_millis(10);
-/// Requeue while a slot starts.
-const WHILE_STARTING: Duration = Duration::from_millis(200);
-/// Requeue when converged or blocked: how soon a crashed slot is noticed.
+/// Requeue while the probe workspace gets Ready: how late the roll learns that a leader runs.
+const WHILE_PROBING: Duration = Duration::from_millis(100);
+/// Requeue while a slot starts or drains: its readiness, listener and exit wake the controller
+/// (health checks, pidfds); this only bounds how late a timeout is noticed.
+const WHILE_WAITING: Duration = Duration::from_secs(1);
+/// Requeue when converged or blocked.
 const WHEN_IDLE: Duration = Duration::from_secs(2);
 /// The longest wait between retries of a step that keeps failing (an unreachable PostgreSQL):
 /// the retry that finds it back is at most this late.
@@ -60,6 +68,15 @@ pub struct Note {
     pub message: String,
 }
 
+/// Why the controller is woken for a shard between looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// One of its processes exited.
+    Exit,
+    /// A health check saw a change (a slot got ready, stopped answering, stopped listening).
+    Health,
+}
+
 /// What every reconcile shares.
 pub struct Context {
     pub client: kube::Client,
@@ -70,26 +87,50 @@ pub struct Context {
     pub kine_binary: PathBuf,
     /// This binary, which runs `kcpshard front`.
     pub front_binary: PathBuf,
-    pub slot_clients: clients::SlotClients,
+    pub slot_clients: Arc<clients::SlotClients>,
     pub metrics: metrics::ControllerMetrics,
-    /// Wakes the controller for a shard when one of its processes exits.
-    pub exits: ExitNotices<ObjectRef<KcpShard>>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0:#}")]
-    Step(#[from] anyhow::Error),
-    #[error("cannot write the status of KcpShard {name}: {source}")]
-    Status { name: String, source: kube::Error },
-    #[error("finalizer: {0}")]
-    Finalizer(String),
+    /// Wakes the controller for a shard when one of its processes exits, or a health check saw
+    /// a change.
+    pub exits: Arc<ExitNotices<(ObjectRef<KcpShard>, Wake)>>,
+    pub health: health::HealthChecks,
+    /// Each slot process's leader-election identity, once its log has shown it.
+    identities: Mutex<HashMap<(u32, u64), String>>,
+    /// Reconciles that failed in a row, per shard, for the retry's backoff.
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: kube::Client,
+        reporter: Reporter,
+        runtime: Runtime,
+        state_dir: PathBuf,
+        kine_binary: PathBuf,
+        front_binary: PathBuf,
+        metrics: metrics::ControllerMetrics,
+        exits: ExitNotices<(ObjectRef<KcpShard>, Wake)>,
+    ) -> Context {
+        let exits = Arc::new(exits);
+        Context {
+            client,
+            reporter,
+            runtime,
+            state_dir,
+            kine_binary,
+            front_binary,
+            slot_clients: Default::default(),
+            metrics,
+            health: health::HealthChecks::new(exits.clone()),
+            exits,
+            identities: Default::default(),
+            failures: Default::default(),
+        }
+    }
+
     /// The front the spec asks for.
-    pub fn front(&self, shard: &KcpShard, dirs: &ShardDirs) -> anyhow::Result<front::Front> {
-        front::Front::from_spec(&shard.spec.front, self.front_binary.clone(), dirs.front())
+    pub fn front(&self, shard: &KcpShard, dirs: &ShardDirs) -> Result<front::Front, Error> {
+        front::Front::from_spec(&shard.spec.front, self.front_binary.clone(), dirs.front()).map_err(Error::Front)
     }
 
     /// The store the spec asks for (a password is read now).
@@ -100,10 +141,34 @@ impl Context {
         };
         StoreBackend::from_spec(&shard.spec.store, &self.kine_binary, &paths, &shard.name_any())
     }
+
+    /// The leader-election identity of a slot's kcp process, from its log (see [`lease`]).
+    pub fn identity(&self, process: &ProcessRecord, log: &Path) -> Option<String> {
+        let key = (process.pid, process.start_time);
+        let mut identities = self.identities.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(known) = identities.get(&key) {
+            return Some(known.clone());
+        }
+        let found = lease::identity_in_log(log)?;
+        identities.insert(key, found.clone());
+        Some(found)
+    }
+
+    /// Counts a failed reconcile of `shard`; the wait before the next try.
+    fn failed(&self, shard: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = failures.entry(shard.to_string()).or_default();
+        *n = n.saturating_add(1);
+        backoff(WHEN_IDLE * (*n).min(10))
+    }
+
+    fn succeeded(&self, shard: &str) {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(shard);
+    }
 }
 
 /// The desired state from the spec: the template every current slot must have.
-pub fn desired(shard: &KcpShard, working_dir: &Path) -> anyhow::Result<Desired> {
+pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
     let spec = &shard.spec;
     let binary = working_dir.join(spec.kcp.binary_for(&spec.version));
     let template = SlotTemplate {
@@ -117,7 +182,10 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> anyhow::Result<Desired> 
     Ok(Desired {
         binary_present: binary.is_file(),
         template,
-        readiness_timeout: spec.rollout.readiness_timeout().map_err(anyhow::Error::msg)?,
+        slots: spec.slots as usize,
+        readiness_timeout: spec.rollout.readiness_timeout().map_err(Error::Spec)?,
+        liveness_timeout: spec.rollout.liveness_timeout().map_err(Error::Spec)?,
+        drain_timeout: spec.rollout.drain_timeout().map_err(Error::Spec)?,
         deleting: shard.meta().deletion_timestamp.is_some(),
         version_refused: None,
         snapshot_before_version_change: spec.rollout.snapshot_before_version_change
@@ -127,43 +195,66 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> anyhow::Result<Desired> 
 
 async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Error> {
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
-    finalizer(&api, FINALIZER, shard, |event| async {
-        match event {
-            Finalizer::Apply(shard) => step(&shard, &ctx).await,
-            Finalizer::Cleanup(shard) => {
-                // Deleting: take cleanup steps until nothing runs, then let the finalizer go.
-                loop {
-                    let action = step(&shard, &ctx).await?;
-                    if action == Action::await_change() {
-                        return Ok(action);
-                    }
-                }
-            }
-        }
-    })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
-    })
+    let name = shard.name_any();
+    let finalizers = shard.finalizers();
+    let ours = finalizers.iter().position(|f| f == FINALIZER);
+    let deleting = shard.meta().deletion_timestamp.is_some();
+    if !deleting && ours.is_none() {
+        // Deletion must be able to stop what is started from now on: the finalizer first.
+        let patch = if shard.meta().finalizers.is_none() {
+            json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+                   {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
+        } else {
+            json!([{"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                   {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}])
+        };
+        return patch_finalizers(&api, &name, patch).await;
+    }
+    if deleting && ours.is_none() {
+        return Ok(Action::await_change());
+    }
+    let (action, done) = step(&shard, &ctx).await?;
+    if done {
+        // Nothing of the shard runs any more: let the object go.
+        let index = ours.expect("checked above");
+        let patch = json!([{"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
+                           {"op": "remove", "path": format!("/metadata/finalizers/{index}")}]);
+        return patch_finalizers(&api, &name, patch).await;
+    }
+    Ok(action)
 }
 
-/// One observe-plan-act-report round.
-async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
+async fn patch_finalizers(api: &Api<KcpShard>, name: &str, patch: serde_json::Value) -> Result<Action, Error> {
+    let patch: json_patch::Patch = serde_json::from_value(patch).expect("a valid JSON patch");
+    api.patch::<KcpShard>(name, &PatchParams::default(), &Patch::Json(patch))
+        .await
+        .map_err(|e| Error::Finalizer(format!("cannot update the finalizers of KcpShard {name}: {e}")))?;
+    Ok(Action::requeue(NEXT_STEP))
+}
+
+/// One observe-plan-act-report round: the action, and whether a deletion is done (nothing of the
+/// shard runs any more).
+async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> {
     let name = shard.name_any();
     let dirs = ShardDirs::new(&ctx.state_dir, &name);
-    let working_dir = std::env::current_dir().map_err(anyhow::Error::from)?;
-    let desired = desired(shard, &working_dir)?;
+    let working_dir = std::env::current_dir()?;
+    let mut desired = desired(shard, &working_dir)?;
     let world = match observe::observe(ctx, shard, &dirs).await {
         Ok(world) => world,
         Err(e) => match state::corrupt_file(&e) {
             Some(path) => return report_unreadable(ctx, shard, &path, &e).await,
-            None => return Err(e.into()),
+            None => return Err(e),
         },
     };
-    let mut desired = desired;
-    if let Some(serving) = world.serving_version() {
-        desired.version_refused = shard.spec.rollout.version_change(&serving, &shard.spec.version).err();
+    // A roll is judged from the version that served when it began, not from a half-rolled front.
+    let from = world
+        .state
+        .roll
+        .as_ref()
+        .and_then(|r| r.from_version.clone())
+        .or_else(|| world.serving_version());
+    if let Some(from) = from {
+        desired.version_refused = shard.spec.rollout.version_change(&from, &shard.spec.version).err();
     }
     let next = plan::plan(&desired, &world.observed);
     tracing::debug!(shard = %name, step = ?next, "planned");
@@ -175,7 +266,8 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
         world: &world,
     };
     let outcome = actor.act(&next).await;
-    ctx.metrics.step_taken(&name, &next, outcome.is_err());
+    ctx.metrics
+        .step_taken(&name, &next, outcome.as_ref().err().map(Error::metric_label));
     let (notes, failure) = match outcome {
         Ok(notes) => (notes, None),
         Err(e) => {
@@ -183,11 +275,8 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
             if let Some(path) = state::corrupt_file(&e) {
                 return report_unreadable(ctx, shard, &path, &e).await;
             }
-            tracing::warn!(shard = %name, step = ?next, error = %format!("{e:#}"), "step failed");
-            (
-                vec![Note::warning("StepFailed", format!("{e:#}"))],
-                Some(format!("{e:#}")),
-            )
+            tracing::warn!(shard = %name, step = ?next, error = %e, "step failed");
+            (vec![Note::warning("StepFailed", e.to_string())], Some(e.to_string()))
         }
     };
     // The status as stored now (the watcher's copy may lag a write behind): the patch removes what
@@ -210,10 +299,8 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
             publish(ctx, shard, note).await;
         }
     }
-    let world = if matches!(
-        next,
-        Step::Idle | Step::Blocked { .. } | Step::AwaitReady { .. } | Step::AwaitSettle { .. }
-    ) {
+    let waited = matches!(next, Step::Idle | Step::Blocked { .. } | Step::Wait(_));
+    let world = if waited || failure.is_some() {
         world
     } else {
         observe::observe(ctx, shard, &dirs).await?
@@ -221,29 +308,22 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<Action, Error> {
     let upcoming = plan::plan(&desired, &world.observed);
     let status = status::build(shard, stored.as_ref(), &desired, &world, &upcoming, failure.as_deref());
     write_status(&api, &name, stored.as_ref(), &status).await?;
-    // This status already says Degraded for a block the next look will find (a new shard with no
-    // binary): that look takes the block as reported, so the event goes out now.
-    if let Step::Blocked { cause } = &upcoming
-        && !matches!(next, Step::Blocked { .. })
-        && failure.is_none()
-        && degraded.is_none_or(|c| c.reason != cause.reason())
-    {
-        publish(ctx, shard, Note::warning("RollBlocked", cause.message())).await;
-    }
     let failing_for = degraded
         .filter(|c| c.reason == "StepFailed")
         .and_then(|c| {
             Duration::try_from(k8s_openapi::jiff::Timestamp::now().duration_since(c.last_transition_time.0)).ok()
         })
         .unwrap_or_default();
-    Ok(match (&next, failure) {
+    ctx.succeeded(&name);
+    let action = match (&next, failure) {
         (_, Some(_)) => Action::requeue(backoff(failing_for)),
-        (Step::Idle, _) if desired.deleting => Action::await_change(),
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
-        (Step::AwaitSettle { remaining, .. }, _) => Action::requeue(*remaining),
-        (Step::AwaitReady { .. }, _) => Action::requeue(WHILE_STARTING),
+        (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
+        (Step::Wait(Wait::Probe), _) => Action::requeue(WHILE_PROBING),
+        (Step::Wait(_), _) => Action::requeue(WHILE_WAITING),
         _ => Action::requeue(NEXT_STEP),
-    })
+    };
+    Ok((action, desired.deleting && next == Step::Idle))
 }
 
 /// One of the controller's own files does not parse: no step is taken (the processes run on as
@@ -254,14 +334,14 @@ async fn report_unreadable(
     ctx: &Context,
     shard: &KcpShard,
     path: &Path,
-    error: &anyhow::Error,
-) -> Result<Action, Error> {
+    error: &Error,
+) -> Result<(Action, bool), Error> {
     let name = shard.name_any();
     let message = format!(
-        "{error:#}. The controller takes no step for this shard while it cannot read that file; the slots, store and front keep running as they are. Move it aside (mv {path} {path}.bad): the controller then rebuilds what it can observe (running slots, the front's backend) and replaces by a roll a slot whose record it had to rebuild",
+        "{error}. The controller takes no step for this shard while it cannot read that file; the slots, store and front keep running as they are. Move it aside (mv {path} {path}.bad): the controller then rebuilds what it can observe (running slots, the front's backend) and replaces by a roll a slot whose record it had to rebuild",
         path = path.display()
     );
-    tracing::warn!(shard = %name, file = %path.display(), error = %format!("{error:#}"), "a state file does not parse");
+    tracing::warn!(shard = %name, file = %path.display(), %error, "a state file does not parse");
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
     let stored = stored_status(&api, &name).await?;
     let reported = stored.as_ref().is_some_and(|s| {
@@ -274,11 +354,7 @@ async fn report_unreadable(
     }
     let status = status::unreadable(stored.as_ref(), shard.metadata.generation, &message, chrono::Utc::now());
     write_status(&api, &name, stored.as_ref(), &status).await?;
-    if shard.meta().deletion_timestamp.is_some() {
-        // The cleanup loop takes steps until one says "done": an error ends it and retries later.
-        return Err(Error::Step(anyhow::anyhow!("{message}")));
-    }
-    Ok(Action::requeue(WHEN_IDLE))
+    Ok((Action::requeue(WHEN_IDLE), false))
 }
 
 /// The status as stored now (the watcher's copy may lag a write behind).
@@ -328,22 +404,29 @@ async fn publish(ctx: &Context, shard: &KcpShard, note: Note) {
     }
 }
 
-fn error_policy(shard: Arc<KcpShard>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(shard = %shard.name_any(), %error, "reconcile failed; retrying");
-    Action::requeue(WHEN_IDLE)
+fn error_policy(shard: Arc<KcpShard>, error: &Error, ctx: Arc<Context>) -> Action {
+    let name = shard.name_any();
+    let retry = ctx.failed(&name);
+    ctx.metrics.step_failed_outside(&name, error.metric_label());
+    tracing::warn!(shard = %name, %error, ?retry, "reconcile failed; retrying");
+    Action::requeue(retry)
 }
 
-/// Runs the controller until `shutdown` resolves. `exited` carries the shards whose processes
-/// exited (from `ctx.exits`): each is reconciled at once.
+/// Runs the controller until `shutdown` resolves. `woken` carries the shards whose processes
+/// exited or whose health changed (from `ctx.exits`): each is reconciled at once.
 pub async fn run(
     ctx: Context,
-    exited: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<KcpShard>>,
+    woken: tokio::sync::mpsc::UnboundedReceiver<(ObjectRef<KcpShard>, Wake)>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
     let metrics = ctx.metrics.clone();
-    let exited = tokio_stream::wrappers::UnboundedReceiverStream::new(exited)
-        .inspect(move |shard| metrics.process_exited(&shard.name));
+    let exited = tokio_stream::wrappers::UnboundedReceiverStream::new(woken).map(move |(shard, wake)| {
+        if wake == Wake::Exit {
+            metrics.process_exited(&shard.name);
+        }
+        shard
+    });
     Controller::new(api, watcher::Config::default())
         .reconcile_on(exited)
         .graceful_shutdown_on(shutdown)

@@ -1,292 +1,386 @@
-//! Observe: what runs now. Slot processes (by their records: same pid, same start time), each
-//! slot's `/readyz` on its own port, the front's backend through its control socket, the store
-//! (its shard-wide part, and each running slot's own kine for KinePostgres), and the controller's
-//! own record of the roll.
+//! Observe: what runs now, read and never changed. Slot processes (by their records: same pid, same
+//! start time), what the health checks have seen of each (`/readyz` on its own port, its listener
+//! after SIGTERM), the front's serving set and connection counts through its control socket, the
+//! store (its shard-wide part, every running slot's own kine, a read from each kine kcpshard runs),
+//! who holds the controllers' Lease, the probe workspace, and the controller's own record of the
+//! roll. What needs repair (a slot running without a record) is reported for the plan to act on.
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::Context;
 use super::clients::Identity;
-use super::plan::{FrontObservation, Observed, SlotObservation};
+use super::health::{LOOK_TIMEOUT, Seen, Target};
+use super::plan::{FrontObservation, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord};
 use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
+use super::{Context, Error, Wake};
 use crate::front::Backend;
 use crate::process::{ProcessRecord, Runtime};
 use crate::slot::access;
+use crate::store::Kine;
 
-/// How long one `/readyz` may take before the slot counts as not ready.
-const READYZ_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the front's control socket may take to answer a status request.
+const FRONT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The observation, and the details status shows that the plan does not need.
+/// The observation, and the details act and status need that the plan does not.
 pub struct World {
     pub observed: Observed,
     pub state: ControllerState,
     pub slots: Vec<ObservedSlot>,
-    /// What the front forwards new connections to, as it says (possibly a slot that is gone).
-    pub front_backend: Option<Backend>,
+    /// What the front forwards new connections to, as it says (possibly slots that are gone).
+    pub front_backends: Vec<Backend>,
     /// The etcd-protocol endpoints the slots dial now (never a password).
     pub store_endpoints: Vec<String>,
+    /// The kines kcpshard runs that do not answer a read, with what the last look saw.
+    pub unresponsive_kines: Vec<(Kine, String)>,
 }
 
 impl World {
-    /// The version of the slot the front forwards to.
+    pub fn slot(&self, name: &str) -> Option<&ObservedSlot> {
+        self.slots.iter().find(|s| s.record.name == name)
+    }
+
+    /// The version the slots the front forwards to run, the oldest if they differ.
     pub fn serving_version(&self) -> Option<String> {
-        let FrontObservation::Up { backend: Some(active) } = &self.observed.front else {
-            return None;
-        };
-        self.slots
+        self.observed
+            .front
+            .backends()
             .iter()
-            .find(|s| &s.record.name == active)
+            .filter_map(|b| self.slot(b))
             .map(|s| s.record.template.version.clone())
+            .min_by_key(|v| crate::api::KcpVersion::parse(v).ok())
+    }
+
+    /// A client of a slot the front forwards to that answers, on its own port.
+    pub async fn serving_client(&self, ctx: &Context, identity: Identity) -> anyhow::Result<(String, kube::Client)> {
+        let slot = self
+            .observed
+            .front
+            .backends()
+            .iter()
+            .filter_map(|b| self.observed.slot(b))
+            .find(|s| s.can_stay() && s.health.ready)
+            .or_else(|| self.observed.slots.iter().find(|s| s.running && s.listening && s.health.ready))
+            .ok_or_else(|| anyhow::anyhow!("no slot answers /readyz"))?;
+        let recorded = self.slot(&slot.name).expect("observed slots have records");
+        let client = ctx
+            .slot_clients
+            .get(&recorded.dirs.admin_kubeconfig(), recorded.record.port, identity)
+            .await?;
+        Ok((slot.name.clone(), client))
     }
 }
 
-/// A slot with its record and process.
+/// A slot with its record, where it lives, and, once started, its process.
 pub struct ObservedSlot {
     pub record: SlotRecord,
-    pub process: ProcessRecord,
+    pub dirs: SlotDirs,
+    pub process: Option<ProcessRecord>,
 }
 
-/// The slot's process record; if the controller stopped between starting the process and writing
-/// its record, the process is found by its root directory argument and adopted.
-fn process_of(slot: &SlotDirs) -> anyhow::Result<Option<ProcessRecord>> {
-    if let Some(record) = Runtime::load(&slot.process())? {
-        return Ok(Some(record));
+impl ObservedSlot {
+    pub fn name(&self) -> &str {
+        &self.record.name
     }
+
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, self.record.port))
+    }
+}
+
+/// The kcp processes that run with a slot's root directory: its own, or one whose record is lost.
+pub fn slot_processes(slot: &SlotDirs) -> Vec<ProcessRecord> {
     let marker = format!("--root-directory={}", slot.root().display());
-    let Some(record) = Runtime::find_by_argument(&marker)
+    Runtime::find_by_argument(&marker)
         .into_iter()
-        .find_map(Runtime::observe)
-    else {
-        return Ok(None);
-    };
-    tracing::info!(pid = record.pid, root = %slot.root().display(), "adopting a slot process that has no record");
-    record.save(&slot.process())?;
-    Ok(Some(record))
+        .filter_map(Runtime::observe)
+        .collect()
 }
 
-/// The version in a kcp binary's path (`bin/kcp-v0.31.2`, `/opt/kcp/v0.31.2/kcp`), if it names one.
-fn version_in_path(program: &std::path::Path) -> Option<String> {
-    program
-        .to_string_lossy()
-        .split(['/', '-', '_'])
-        .find(|part| crate::api::KcpVersion::parse(part).is_ok())
-        .map(str::to_string)
-}
-
-/// A slot that has no record while its kcp runs (its `slot.json` was moved aside because it did
-/// not parse): the record is rebuilt from the process's argv (port, binary, front URL, shutdown
-/// delay) and saved. What argv does not tell (the restartedAt annotation, which arguments were
-/// extra) is lost, so the rebuilt template matches no spec and the plan replaces the slot by a
-/// roll: starting a slot under its name instead would stop it first, and the shard with it.
-fn rebuild_record(ctx: &Context, slot: &SlotDirs, name: &str) -> anyhow::Result<Option<SlotRecord>> {
-    let Some(process) = process_of(slot)? else {
-        return Ok(None);
-    };
-    if !ctx.runtime.is_running(&process) {
-        return Ok(None);
-    }
-    let Some(record) = record_from_argv(name, &process) else {
-        return Ok(None);
-    };
-    tracing::warn!(
-        slot = name,
-        pid = process.pid,
-        port = record.port,
-        "a slot runs without a record: rebuilt it from its process; it will be replaced by a roll"
-    );
-    slot.save(&record)?;
-    Ok(Some(record))
-}
-
-/// A slot record from a slot's kcp command line (see [`rebuild_record`]); None without a port.
-fn record_from_argv(name: &str, process: &ProcessRecord) -> Option<SlotRecord> {
-    let flag = |name: &str| {
-        let prefix = format!("--{name}=");
-        process
-            .args
-            .iter()
-            .find_map(|a| a.strip_prefix(&prefix))
-            .map(str::to_string)
-    };
-    Some(SlotRecord {
-        name: name.to_string(),
-        template: super::plan::SlotTemplate {
-            version: version_in_path(&process.program).unwrap_or_else(|| "unknown".into()),
-            binary: process.program.display().to_string(),
-            extra_args: vec![],
-            shutdown_delay: flag("shutdown-delay-duration").unwrap_or_default(),
-            front_url: flag("shard-base-url").unwrap_or_default(),
-            restarted_at: Some(REBUILT.into()),
-        },
-        port: flag("secure-port")?.parse().ok()?,
-        created_at: process.started_at.parse().unwrap_or_else(|_| Utc::now()),
-    })
-}
-
-/// The restartedAt of a rebuilt slot record: no spec has it, so the slot is rolled away.
-pub const REBUILT: &str = "unknown: the slot record was rebuilt from the running process";
-
-pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDirs) -> anyhow::Result<World> {
+pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDirs) -> Result<World, Error> {
+    let shard_ref = ObjectRef::from_obj(shard);
     let state = dirs.load_state()?;
     let store = ctx.store(shard, dirs).map_err(|e| e.to_string());
     let mut store_status = match &store {
         Ok(store) => store.check(&ctx.runtime).await,
         Err(e) => Err(e.clone()),
     };
-    let front = ctx.front(shard, dirs)?;
-    let front_seen = front.observe().await;
-    let front_elsewhere = front_seen.as_ref().is_ok_and(|seen| seen.listen != front.listen());
-    let mut front_backend = front_seen.as_ref().ok().and_then(|seen| seen.backend.clone());
-    let mut slots = Vec::new();
-    let mut observations = Vec::new();
+    let mut kines: Vec<(String, Kine)> = store_status
+        .as_ref()
+        .map(|seen| seen.kines.iter().map(|k| ("kine".to_string(), k.clone())).collect())
+        .unwrap_or_default();
+
     let mut records = dirs.slot_records()?;
-    for name in super::plan::SLOT_NAMES {
-        if records.iter().all(|r| r.name != name)
-            && let Some(record) = rebuild_record(ctx, &dirs.slot(name), name)?
+    let mut unrecorded = Vec::new();
+    for name in SLOT_NAMES {
+        let slot_dirs = dirs.slot(name);
+        let recorded = records.iter().any(|r| r.name == name);
+        let process_recorded = Runtime::load(&slot_dirs.process())?.is_some();
+        if (!recorded || !process_recorded)
+            && slot_processes(&slot_dirs)
+                .iter()
+                .any(|p| ctx.runtime.is_running(p))
         {
-            records.push(record);
+            unrecorded.push(name.to_string());
+            records.retain(|r| r.name != name);
         }
     }
+
+    let mut slots = Vec::new();
+    let mut observations = Vec::new();
     for record in records {
         let slot_dirs = dirs.slot(&record.name);
-        let Some(process) = process_of(&slot_dirs)? else {
-            // Decided but never started (the controller stopped in between): nothing runs.
-            slot_dirs.forget()?;
-            continue;
-        };
-        let running = ctx.runtime.is_running(&process);
-        // A running slot whose own kine is down has no store (KinePostgres): EnsureStore brings
-        // the kine back on the port the slot dials.
-        if running && let (Ok(store), Ok(seen)) = (&store, &mut store_status) {
+        let process = Runtime::load(&slot_dirs.process())?;
+        let running = process.as_ref().is_some_and(|p| ctx.runtime.is_running(p));
+        let mut own_store_running = false;
+        if let Ok(store) = &store {
             match store
                 .running_slot_kine(&ctx.runtime, &slot_dirs.store(), &record.name)
                 .await
             {
-                Some(own) => own.iter().for_each(|kine| seen.add(kine)),
-                None => store_status = Err(format!("the kine of slot {} does not run", record.name)),
+                Some(Some(own)) => {
+                    own_store_running = true;
+                    kines.push((format!("slot-{}-kine", record.name), own.clone()));
+                    if let Ok(seen) = &mut store_status {
+                        seen.add(&own);
+                    }
+                }
+                Some(None) => {}
+                // A running slot whose own kine is down has no store (KinePostgres): EnsureStore
+                // brings the kine back on the port the slot dials.
+                None if running => store_status = Err(format!("the kine of slot {} does not run", record.name)),
+                None => {}
             }
         }
-        if running {
-            ctx.exits.watch(process.pid, ObjectRef::from_obj(shard));
+        let mut stop = record.stop;
+        let seen = match process.as_ref().filter(|_| running) {
+            Some(process) => {
+                ctx.exits.watch(process.pid, (shard_ref.clone(), Wake::Exit));
+                slot_health(ctx, &shard_ref, &shard.name_any(), &record, &slot_dirs, process).await
+            }
+            None => Seen::default(),
+        };
+        if process.is_none() {
+            // Decided but never started: serve stopped between the record and the start.
+            stop.get_or_insert(StopRecord {
+                cause: StopCause::NeverStarted,
+                at: record.created_at,
+                killed: true,
+            });
         }
-        let ready = running && slot_ready(ctx, &slot_dirs.admin_kubeconfig(), record.port).await;
-        let started_at = process.started_at.parse::<DateTime<Utc>>().unwrap_or(record.created_at);
+        let mut health = seen.health.clone();
+        health.ever_ready |= record.served_at.is_some();
+        let listening = running
+            && if stop.is_some() {
+                seen.listening
+            } else {
+                crate::process::procfs::tcp_listening(record.port)
+            };
+        let started_at = process
+            .as_ref()
+            .and_then(|p| p.started_at.parse::<DateTime<Utc>>().ok())
+            .unwrap_or(record.created_at);
         observations.push(SlotObservation {
             name: record.name.clone(),
             template: record.template.clone(),
             running,
-            ready,
             started_at,
+            health,
+            listening,
+            stopped_listening_at: seen.stopped_listening_at,
+            stop,
+            left_front_at: record.left_front_at,
+            own_store_running,
         });
-        slots.push(ObservedSlot { record, process });
+        slots.push(ObservedSlot {
+            record,
+            dirs: slot_dirs,
+            process,
+        });
     }
-    // A caddy names an address, not a slot: the slot is the one recorded on that port.
-    if let Some(backend) = front_backend.as_mut().filter(|b| b.slot.is_empty())
-        && let Some(slot) = slots.iter().find(|s| s.record.port == backend.address.port())
-    {
-        backend.slot = slot.record.name.clone();
+
+    // A read from every kine kcpshard runs: one that accepts but does not answer is replaced.
+    let mut unresponsive_kines = Vec::new();
+    for (name, kine) in &kines {
+        ctx.exits.watch(kine.record.pid, (shard_ref.clone(), Wake::Exit));
+        let port = kine.port;
+        let seen = ctx
+            .health
+            .seen(
+                target(&shard.name_any(), name, &kine.record),
+                shard_ref.clone(),
+                None,
+                false,
+                move || crate::store::kine_read::read_health(port),
+            )
+            .await;
+        if seen.health.unresponsive() {
+            unresponsive_kines.push((kine.clone(), seen.health.problem.unwrap_or_default()));
+        }
     }
-    // The front forwards to a slot only if that slot, as recorded now, listens where the front
-    // sends: a slot replaced under the same name (after a crash) is on another port.
-    let front_observation = match &front_seen {
-        Err(_) => FrontObservation::Down,
-        Ok(_) => FrontObservation::Up {
-            backend: front_backend
-                .as_ref()
-                .filter(|b| {
-                    slots
-                        .iter()
-                        .any(|s| s.record.name == b.slot && b.address.port() == s.record.port)
-                })
-                .map(|b| b.slot.clone()),
-        },
+    if let Some((kine, problem)) = unresponsive_kines.first() {
+        store_status = Err(format!(
+            "kine at {} accepts connections but did not answer a read in {} looks of {}s in a row ({problem}); it is restarted on the same port",
+            kine.endpoint,
+            super::plan::UNRESPONSIVE_AFTER,
+            LOOK_TIMEOUT.as_secs(),
+        ));
+    }
+
+    let front = ctx.front(shard, dirs)?;
+    let front_seen = tokio::time::timeout(FRONT_TIMEOUT, front.observe()).await;
+    let (front_observation, front_backends, front_problem, front_outdated, front_elsewhere) = match front_seen {
+        Ok(Ok(seen)) => {
+            if let Some(pid) = seen.pid {
+                ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
+            }
+            // A slot is what the front forwards to only if it, as recorded now, listens where the
+            // front sends: a slot replaced under the same name (after a crash) is on another port.
+            let name_of = |address: SocketAddr| {
+                slots
+                    .iter()
+                    .find(|s| s.address() == address)
+                    .map(|s| s.name().to_string())
+            };
+            let observation = FrontObservation::Up {
+                backends: seen.backends.iter().filter_map(|b| name_of(b.address)).collect(),
+                open: seen.open.clone(),
+                retiring: seen.retiring.clone(),
+            };
+            let elsewhere = seen.listen != front.listen();
+            (observation, seen.backends, None, seen.outdated, elsewhere)
+        }
+        Ok(Err(problem)) => (FrontObservation::Down, vec![], Some(problem), false, false),
+        Err(_) if front.recorded_pid_alive() => (
+            FrontObservation::Unresponsive,
+            vec![],
+            Some(format!(
+                "the front's process runs but its control socket did not answer within {FRONT_TIMEOUT:?}"
+            )),
+            false,
+            false,
+        ),
+        Err(_) => (
+            FrontObservation::Down,
+            vec![],
+            Some(format!("the front did not answer within {FRONT_TIMEOUT:?}")),
+            false,
+            false,
+        ),
     };
-    // Any of these exiting wakes the controller for this shard at once (see process::exits).
-    let store_pids = store_status.iter().flat_map(|seen| &seen.pids);
-    let front_pid = front_seen.as_ref().ok().and_then(|seen| seen.pid);
-    for pid in store_pids.chain(&front_pid) {
-        ctx.exits.watch(*pid, ObjectRef::from_obj(shard));
+    for pid in store_status.iter().flat_map(|seen| &seen.pids) {
+        ctx.exits.watch(*pid, (shard_ref.clone(), Wake::Exit));
     }
+
     let observed = Observed {
         now: Utc::now(),
         store_up: store_status.is_ok(),
-        store_processes_up: store_status.is_ok() && store.as_ref().is_ok_and(|s| s.runs_processes()),
         store_problem: store_status.as_ref().err().cloned(),
+        store_unresponsive: !unresponsive_kines.is_empty(),
+        store_processes_up: store_status.is_ok() && store.as_ref().is_ok_and(|s| s.runs_processes()),
         snapshot_for: state.snapshot.as_ref().map(|s| s.template.clone()),
         front: front_observation,
-        front_outdated: front_seen.as_ref().is_ok_and(|seen| seen.outdated),
-        front_problem: front_seen.err(),
+        front_problem,
+        front_outdated,
         front_ours: front.is_ours(),
         front_elsewhere,
         slots: observations,
+        unrecorded,
+        lease: LeaseHolder::Unknown,
+        probe_ready: false,
         roll: state.roll.clone(),
         blocked: state.blocked.clone(),
     };
-    Ok(World {
+    let mut world = World {
         observed,
         state,
         slots,
-        front_backend,
+        front_backends,
         store_endpoints: store_status.map(|seen| seen.endpoints).unwrap_or_default(),
-    })
-}
-
-/// `/readyz` on the slot's own port with the shard-admin credentials, never through the front
-/// (docs/background.md section 5: readiness read through the front flipped clients to a slot that
-/// was not ready).
-async fn slot_ready(ctx: &Context, admin_kubeconfig: &std::path::Path, port: u16) -> bool {
-    let Ok(client) = ctx.slot_clients.get(admin_kubeconfig, port, Identity::ShardAdmin).await else {
-        return false;
+        unresponsive_kines,
     };
-    matches!(
-        tokio::time::timeout(READYZ_TIMEOUT, access::readyz(&client)).await,
-        Ok(Ok(true))
-    )
+    observe_lease_and_probe(ctx, &mut world).await;
+    Ok(world)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+fn target(shard: &str, name: &str, process: &ProcessRecord) -> Target {
+    Target {
+        shard: shard.to_string(),
+        name: name.to_string(),
+        pid: process.pid,
+        start_time: process.start_time,
+    }
+}
 
-    #[test]
-    fn a_slot_record_is_rebuilt_from_its_kcp_command_line_and_matches_no_spec() {
-        let process = ProcessRecord {
-            pid: 4242,
-            start_time: 1,
-            program: "/work/bin/kcp-v0.31.2".into(),
-            args: [
-                "start",
-                "--root-directory=/s/shards/dev/slots/b/root",
-                "--bind-address=127.0.0.1",
-                "--secure-port=40123",
-                "--shard-base-url=https://127.0.0.1:6443",
-                "--shutdown-delay-duration=2s",
-                "--v=2",
-            ]
-            .map(String::from)
-            .to_vec(),
-            started_at: "2026-05-01T10:00:00Z".into(),
-        };
-        let record = record_from_argv("b", &process).unwrap();
-        assert_eq!((record.name.as_str(), record.port), ("b", 40123));
-        assert_eq!(record.template.version, "v0.31.2");
-        assert_eq!(record.template.binary, "/work/bin/kcp-v0.31.2");
-        assert_eq!(record.template.front_url, "https://127.0.0.1:6443");
-        assert_eq!(record.template.shutdown_delay, "2s");
-        assert_eq!(record.template.restarted_at.as_deref(), Some(REBUILT));
-        assert_eq!(record.created_at.to_rfc3339(), "2026-05-01T10:00:00+00:00");
+/// What the health checks have seen of a running slot.
+async fn slot_health(
+    ctx: &Context,
+    shard_ref: &ObjectRef<crate::api::KcpShard>,
+    shard: &str,
+    record: &SlotRecord,
+    dirs: &SlotDirs,
+    process: &ProcessRecord,
+) -> Seen {
+    let clients = ctx.slot_clients.clone();
+    let kubeconfig = dirs.admin_kubeconfig();
+    let port = record.port;
+    let look = move || {
+        let clients = clients.clone();
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            // kcp writes its admin.kubeconfig early in its start; until then it cannot answer.
+            let client = clients
+                .get(&kubeconfig, port, Identity::ShardAdmin)
+                .await
+                .map_err(|e| e.to_string())?;
+            access::readyz_ok(&client).await.map_err(|e| e.to_string())
+        }
+    };
+    ctx.health
+        .seen(
+            target(shard, &format!("slot-{}", record.name), process),
+            shard_ref.clone(),
+            Some(port),
+            record.stop.is_some(),
+            look,
+        )
+        .await
+}
 
-        assert_eq!(
-            version_in_path(std::path::Path::new("/opt/kcp/v0.32.3/kcp")).as_deref(),
-            Some("v0.32.3")
-        );
-        assert_eq!(version_in_path(std::path::Path::new("/usr/local/bin/kcp")), None);
-        let no_port = ProcessRecord {
-            args: vec!["start".into()],
-            ..process
-        };
-        assert!(record_from_argv("b", &no_port).is_none(), "no port, no slot");
+/// The Lease's holder (read through a slot that answers) matched against the slots' identities,
+/// and whether the roll's probe workspace is Ready.
+async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
+    let Ok((_, client)) = world.serving_client(ctx, Identity::ShardAdmin).await else {
+        return;
+    };
+    if let Ok(Ok(holder_identity)) = tokio::time::timeout(LOOK_TIMEOUT, access::controllers_lease_holder(&client)).await
+    {
+        let identities: Vec<_> = world
+            .slots
+            .iter()
+            .zip(&world.observed.slots)
+            .map(|(slot, seen)| {
+                let identity = slot
+                    .process
+                    .as_ref()
+                    .and_then(|p| ctx.identity(p, &slot.dirs.log()));
+                (seen.name.clone(), identity, seen.running)
+            })
+            .collect();
+        world.observed.lease = super::lease::holder(holder_identity.as_deref(), &identities);
+    }
+    let probe = world
+        .state
+        .roll
+        .as_ref()
+        .filter(|r| r.probe_succeeded_at.is_none())
+        .and_then(|r| r.probe.clone());
+    if let Some(probe) = probe
+        && let Ok((_, client)) = world.serving_client(ctx, Identity::KcpAdmin).await
+        && let Ok(Ok(phase)) = tokio::time::timeout(LOOK_TIMEOUT, access::workspace_phase(&client, &probe.workspace)).await
+    {
+        world.observed.probe_ready = phase.as_deref() == Some("Ready");
     }
 }

@@ -5,9 +5,10 @@
 //! admin.kubeconfig       kcp through the front: contexts root (kcp-admin of the active slot,
 //!                        renewed at each switch) and system:admin (shard-admin, persistent)
 //! shared/                key material every slot must share (docs/background.md 2), 0700
-//! slots/<a|b>/slot.json  the slot's template and port, written before its process starts
-//! slots/<a|b>/process.json, kcp.log, root/   its process record, log and kcp root directory
-//! slots/<a|b>/store/     the slot's own kine (KinePostgres): record and log
+//! slots/<a-d>/slot.json  the slot's template and port, written before its process starts; when
+//!                        it joined and left the front, and what kcpshard sent it
+//! slots/<a-d>/process.json, kcp.log, root/   its process record, log and kcp root directory
+//! slots/<a-d>/store/     the slot's own kine (KinePostgres): record and log
 //! store/                 the store's processes and data (kine and sqlite, or a managed PostgreSQL)
 //! snapshots/             pg_dump files taken before version changes (KinePostgres)
 //! front/                 the front's control socket, backend, pid and log
@@ -21,7 +22,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, RollRecord, SlotTemplate};
+use super::plan::{Blocked, RollRecord, SlotTemplate, StopRecord};
 use crate::fsutil;
 
 /// The directories of one shard.
@@ -131,6 +132,14 @@ impl SlotDirs {
         write_json(&self.record(), record)
     }
 
+    /// Changes the slot's record (which must exist) and saves it.
+    pub fn update(&self, change: impl FnOnce(&mut SlotRecord)) -> io::Result<()> {
+        let mut record = read_json::<SlotRecord>(&self.record())?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{} is gone", self.record().display())))?;
+        change(&mut record);
+        self.save(&record)
+    }
+
     /// Drops the slot's records; its root directory and log stay for inspection.
     pub fn forget(&self) -> io::Result<()> {
         for file in [self.record(), self.process()] {
@@ -151,6 +160,15 @@ pub struct SlotRecord {
     pub template: SlotTemplate,
     pub port: u16,
     pub created_at: DateTime<Utc>,
+    /// When it first joined the front: it got ready and served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_at: Option<DateTime<Utc>>,
+    /// When the front last stopped sending it new connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_front_at: Option<DateTime<Utc>>,
+    /// The signal kcpshard sent it, and why: written before the signal, so its exit is expected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopRecord>,
 }
 
 /// The controller's memory of a shard: what cannot be observed.
@@ -196,24 +214,17 @@ pub struct CorruptFile {
 
 /// The state file (a controller or slot record, a process record) that `error` says cannot be
 /// parsed, if that is what it is about.
-pub fn corrupt_file(error: &anyhow::Error) -> Option<PathBuf> {
-    error.chain().find_map(|cause| {
-        if let Some(e) = cause.downcast_ref::<io::Error>() {
-            return e
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<CorruptFile>())
-                .map(|c| c.path.clone());
-        }
-        // A store error wraps a process error transparently: the chain skips the process error.
-        let process = match cause.downcast_ref::<crate::store::StoreError>() {
-            Some(crate::store::StoreError::Process(e)) => Some(e),
-            _ => cause.downcast_ref::<crate::process::ProcessError>(),
-        };
-        match process {
-            Some(crate::process::ProcessError::ParseRecord { path, .. }) => Some(path.clone()),
-            _ => None,
-        }
-    })
+pub fn corrupt_file(error: &super::Error) -> Option<PathBuf> {
+    use crate::process::ProcessError::ParseRecord;
+    match error {
+        super::Error::Io(e) => e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<CorruptFile>())
+            .map(|c| c.path.clone()),
+        super::Error::Process(ParseRecord { path, .. })
+        | super::Error::Store(crate::store::StoreError::Process(ParseRecord { path, .. })) => Some(path.clone()),
+        _ => None,
+    }
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
@@ -248,7 +259,6 @@ mod tests {
         assert_eq!(dirs.load_state().unwrap(), ControllerState::default());
         let state = ControllerState {
             roll: Some(RollRecord {
-                to: "b".into(),
                 to_version: "v0.32.3".into(),
                 started_at: Utc::now(),
                 ..Default::default()
@@ -265,18 +275,18 @@ mod tests {
         let dirs = ShardDirs::new(dir.path(), "dev");
         std::fs::create_dir_all(dirs.root()).unwrap();
         std::fs::write(dirs.controller_file(), b"\0\0{garbage").unwrap();
-        let error = anyhow::Error::from(dirs.load_state().unwrap_err());
+        let error = super::super::Error::from(dirs.load_state().unwrap_err());
         assert_eq!(corrupt_file(&error), Some(dirs.controller_file()));
         assert!(error.to_string().contains("controller.json does not parse"), "{error}");
 
         let slot = dirs.slot("a");
         std::fs::create_dir_all(slot.record().parent().unwrap()).unwrap();
         std::fs::write(slot.record(), b"{\"name\": 7}").unwrap();
-        let error = anyhow::Error::from(dirs.slot_records().unwrap_err()).context("observe");
+        let error = super::super::Error::from(dirs.slot_records().unwrap_err());
         assert_eq!(corrupt_file(&error), Some(slot.record()));
 
         std::fs::write(slot.process(), b"garbage").unwrap();
-        let error = anyhow::Error::from(crate::process::Runtime::load(&slot.process()).unwrap_err());
+        let error = super::super::Error::from(crate::process::Runtime::load(&slot.process()).unwrap_err());
         assert_eq!(corrupt_file(&error), Some(slot.process()));
 
         // A kine's record, as the store reports it.
@@ -284,10 +294,10 @@ mod tests {
         std::fs::create_dir_all(slot.store()).unwrap();
         std::fs::write(&kine, b"{").unwrap();
         let error = crate::process::Runtime::load(&kine).unwrap_err();
-        let error = anyhow::Error::from(crate::store::StoreError::from(error)).context("ensure the store");
+        let error = super::super::Error::from(crate::store::StoreError::from(error));
         assert_eq!(corrupt_file(&error), Some(kine));
 
-        let other = anyhow::Error::from(io::Error::from(io::ErrorKind::PermissionDenied));
+        let other = super::super::Error::from(io::Error::from(io::ErrorKind::PermissionDenied));
         assert_eq!(corrupt_file(&other), None);
     }
 }

@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use super::conditions::{self, k8s_time};
 use super::observe::World;
-use super::plan::{Desired, FrontObservation, RollRecord, Step};
+use super::plan::{Desired, LeaseHolder, RollRecord, SlotObservation, Step};
 use crate::api::{FrontStatus, KcpShard, KcpShardStatus, RollStatus, SlotStatus, StoreStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
@@ -17,25 +17,25 @@ pub fn build(
     failure: Option<&str>,
 ) -> KcpShardStatus {
     let observed = &world.observed;
-    let verdicts = conditions::verdicts(observed, next, failure);
+    let verdicts = conditions::verdicts(desired, observed, next, failure);
     let previous = stored.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = shard.metadata.generation;
-    let active = match &observed.front {
-        FrontObservation::Up { backend } => backend.clone(),
-        FrontObservation::Down => None,
-    };
+    let backends = observed.front.backends();
     let slots = world
         .slots
         .iter()
         .zip(&observed.slots)
         .map(|(slot, seen)| SlotStatus {
-            name: slot.record.name.clone(),
-            version: slot.record.template.version.clone(),
-            pid: seen.running.then_some(slot.process.pid),
+            name: seen.name.clone(),
+            version: seen.template.version.clone(),
+            pid: slot.process.as_ref().filter(|_| seen.running).map(|p| p.pid),
             port: Some(slot.record.port),
-            ready: seen.ready,
+            ready: seen.health.ready,
+            serving: backends.contains(&seen.name),
+            leader: observed.lease == LeaseHolder::Slot(seen.name.clone()),
+            message: slot_message(seen),
             started_at: Some(k8s_time(seen.started_at)),
-            restarted_at: slot.record.template.restarted_at.clone(),
+            restarted_at: seen.template.restarted_at.clone(),
         })
         .collect();
     let last_roll = match (&world.state.roll, &world.state.last_roll) {
@@ -46,11 +46,18 @@ pub fn build(
     KcpShardStatus {
         observed_generation: generation,
         phase: Some(conditions::phase(&verdicts, desired.deleting)),
-        active_slot: active,
+        active_slot: (!backends.is_empty()).then(|| backends.join(",")),
         slots,
         front: Some(FrontStatus {
             listen: Some(shard.spec.front.listen.clone()),
-            backend: world.front_backend.as_ref().map(|b| b.address.to_string()),
+            backend: (!world.front_backends.is_empty()).then(|| {
+                world
+                    .front_backends
+                    .iter()
+                    .map(|b| b.address.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }),
         }),
         store: Some(StoreStatus {
             type_: shard.spec.store.type_,
@@ -61,6 +68,29 @@ pub fn build(
         last_roll,
         conditions: conditions::merge(previous, &verdicts, generation, observed.now),
     }
+}
+
+/// What status says is wrong with a slot, if anything.
+fn slot_message(seen: &SlotObservation) -> Option<String> {
+    if !seen.running {
+        return Some("exited".into());
+    }
+    if let Some(stop) = seen.stop {
+        let what = if stop.killed { "killed" } else { "sent SIGTERM" };
+        let listening = if seen.listening { ", still listening" } else { ", stopped listening; draining" };
+        return Some(format!("{what} ({:?}){listening}", stop.cause));
+    }
+    if seen.health.unresponsive() {
+        return Some(format!(
+            "does not answer /readyz ({} looks in a row: {})",
+            seen.health.failures,
+            seen.health.problem.as_deref().unwrap_or("no answer")
+        ));
+    }
+    if !seen.health.ever_ready {
+        return Some("starting".into());
+    }
+    None
 }
 
 /// Why a shard whose state file cannot be read is Degraded, and what the user can do about it.

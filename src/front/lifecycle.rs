@@ -177,6 +177,11 @@ pub(crate) fn prepare_dir(dir: &Path) -> Result<(), FrontError> {
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| FrontError::io(context(), e))
 }
 
+/// The pid of the front recorded in `dir`, while that process runs.
+pub fn recorded_pid(dir: &Path) -> Option<u32> {
+    read_pid_record(dir).filter(is_alive).map(|r| r.pid)
+}
+
 pub(crate) fn read_pid_record(dir: &Path) -> Option<PidRecord> {
     let bytes = fsutil::read_optional(&dir.join(PID_FILE)).ok()??;
     serde_json::from_slice(&bytes).ok()

@@ -31,7 +31,7 @@ mod server;
 pub use client::FrontClient;
 pub use error::FrontError;
 pub use lifecycle::{
-    START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, ensure_running, runs_other_binary, stop, upgrade,
+    START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, ensure_running, recorded_pid, runs_other_binary, stop, upgrade,
 };
 pub use protocol::{
     BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,

@@ -64,6 +64,11 @@ impl<K: Send + 'static> ExitNotices<K> {
         });
     }
 
+    /// Sends `key` now: something other than an exit that the key's owner should look at.
+    pub fn wake(&self, key: K) {
+        let _ = self.exited.send(key);
+    }
+
     /// How many processes are watched now.
     #[cfg(test)]
     fn watched(&self) -> usize {

@@ -302,6 +302,28 @@ impl Runtime {
         })
     }
 
+    /// Sends `signal` to the recorded process (its group, when it leads one) and returns at once:
+    /// what follows is observed. Ok(false) when it does not run (any more).
+    pub fn send(&self, record: &ProcessRecord, signal: Signal) -> Result<bool, ProcessError> {
+        if !self.is_running(record) {
+            return Ok(false);
+        }
+        let group = procfs::stat(record.pid).is_some_and(|s| s.pgrp == record.pid as i32);
+        self.signal(record, group, signal)?;
+        Ok(true)
+    }
+
+    /// The last `lines` lines the process printed (its log since its start), for crash reports.
+    pub fn log_tail(log: &Path, lines: usize) -> Vec<String> {
+        let Ok(bytes) = std::fs::read(log) else {
+            return vec![];
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let since_start = text.rfind("--- kcpshard: starting ").map_or(&text[..], |at| &text[at..]);
+        let all: Vec<&str> = since_start.lines().skip(1).filter(|l| !l.trim().is_empty()).collect();
+        all[all.len().saturating_sub(lines)..].iter().map(|l| l.to_string()).collect()
+    }
+
     /// Stops the recorded process: SIGTERM, up to `grace` for it to exit, then SIGKILL. Signals go to
     /// the process group when the process leads one (it does when this runtime started it), so
     /// helpers it forked go too. A process that is not running (any more) is success at once.

@@ -103,12 +103,40 @@ pub fn tcp_listening(port: u16) -> bool {
 
 /// Whether a `/proc/net/tcp{,6}` table has a socket in state LISTEN (`0A`) on local port `port`.
 fn table_listens(text: &str, port: u16) -> bool {
+    !listening_inodes(text, port).is_empty()
+}
+
+/// The inodes of the sockets in state LISTEN on local port `port` in a `/proc/net/tcp{,6}` table.
+fn listening_inodes(text: &str, port: u16) -> Vec<u64> {
     let wanted = format!(":{port:04X}");
-    text.lines().skip(1).any(|line| {
-        let mut fields = line.split_whitespace();
-        let local = fields.nth(1);
-        let state = fields.nth(1);
-        local.is_some_and(|l| l.ends_with(&wanted)) && state == Some("0A")
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let listens = fields.get(1).is_some_and(|l| l.ends_with(&wanted)) && fields.get(3) == Some(&"0A");
+            listens.then(|| fields.get(9)?.parse().ok()).flatten()
+        })
+        .collect()
+}
+
+/// The process that holds the listening socket on TCP `port`, when this user may see it (its
+/// descriptors are readable: our own processes, or all of them as root).
+pub fn listener_pid(port: u16) -> Option<u32> {
+    let inodes: Vec<u64> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| fs::read_to_string(table).ok())
+        .flat_map(|text| listening_inodes(&text, port))
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    pids().into_iter().find(|pid| {
+        fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten()
+                .filter_map(|fd| fs::read_link(fd.path()).ok())
+                .any(|target| wanted.iter().any(|w| target.as_os_str() == w.as_str()))
+        })
     })
 }
 
@@ -133,6 +161,7 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         assert!(super::tcp_listening(port));
+        assert_eq!(super::listener_pid(port), Some(std::process::id()));
         drop(listener);
         assert!(!super::tcp_listening(port));
     }

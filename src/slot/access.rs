@@ -149,6 +149,30 @@ pub async fn readyz(client: &kube::Client) -> Result<bool, SlotError> {
     Ok(status == StatusCode::OK && String::from_utf8_lossy(&body).trim() == "ok")
 }
 
+/// `GET /readyz` answers `ok`; Err says what it answered instead (kcp lists the checks that
+/// failed), or that no answer came.
+pub async fn readyz_ok(client: &kube::Client) -> Result<(), SlotError> {
+    let (status, body) = call(client, Method::GET, "/readyz", None).await?;
+    if status == StatusCode::OK && String::from_utf8_lossy(&body).trim() == "ok" {
+        return Ok(());
+    }
+    let failed: Vec<&str> = std::str::from_utf8(&body)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("[-]"))
+        .collect();
+    Err(SlotError::Unexpected {
+        method: "GET".into(),
+        path: "/readyz".into(),
+        status: status.as_u16(),
+        body: if failed.is_empty() {
+            String::from_utf8_lossy(&body).chars().take(200).collect()
+        } else {
+            failed.join(", ")
+        },
+    })
+}
+
 /// Is the slot with root `root_dir` ready on its own `port`? Uses the shard-admin token of the
 /// root's `admin.kubeconfig` (the seeded copy works before the slot rewrites it: the token and CA
 /// are the shard's). Ok(false) while there is no kubeconfig yet or the slot does not answer;
@@ -195,14 +219,12 @@ pub async fn controllers_lease_holder(client: &kube::Client) -> Result<Option<St
     }
 }
 
-/// Proves that some slot leads the controllers: creates a throwaway workspace
-/// `kcpshard-probe-<random>` in `root`, waits (at most `timeout`) for its phase to be `Ready`
-/// (only the leader's controllers get it there), deletes it, and returns the time from the create
-/// to Ready. The workspace is deleted on timeout too.
+/// Creates a throwaway workspace `kcpshard-probe-<random>` in `root` and returns its name. Only the
+/// leader's controllers get it to phase `Ready`, so it proves that some slot leads them.
 ///
-/// `client` must be a real identity, i.e. [`kcp_admin_client`] of the slot it dials, not the shard
-/// admin (whose workspaces stay in Initializing).
-pub async fn probe_workspace(client: &kube::Client, timeout: Duration) -> Result<Duration, SlotError> {
+/// `client` must be a real identity, not the shard admin, whose workspaces stay in Initializing
+/// (docs/background.md section 10).
+pub async fn create_probe_workspace(client: &kube::Client) -> Result<String, SlotError> {
     let mut random = [0u8; 4];
     getrandom::fill(&mut random).map_err(|e| SlotError::Client(format!("random name: {e}")))?;
     let name = format!(
@@ -214,43 +236,63 @@ pub async fn probe_workspace(client: &kube::Client, timeout: Duration) -> Result
         "kind": "Workspace",
         "metadata": { "name": name, "labels": { PROBE_LABEL: "true" } },
     });
-    let started = Instant::now();
     let (status, resp) = call(client, Method::POST, WORKSPACES_PATH, Some(&body)).await?;
     if !status.is_success() {
         return Err(unexpected("POST", WORKSPACES_PATH, status, &resp));
     }
+    Ok(name)
+}
+
+/// The phase of workspace `name` in `root`; None when it has none yet or is gone.
+pub async fn workspace_phase(client: &kube::Client, name: &str) -> Result<Option<String>, SlotError> {
     let path = format!("{WORKSPACES_PATH}/{name}");
-    let mut phase = String::new();
+    let (status, body) = call(client, Method::GET, &path, None).await?;
+    match status {
+        StatusCode::OK => {
+            let ws: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            Ok(ws["status"]["phase"].as_str().map(str::to_string))
+        }
+        StatusCode::NOT_FOUND => Ok(None),
+        s => Err(unexpected("GET", &path, s, &body)),
+    }
+}
+
+/// Deletes workspace `name` in `root` (gone already is fine).
+pub async fn delete_workspace(client: &kube::Client, name: &str) -> Result<(), SlotError> {
+    let path = format!("{WORKSPACES_PATH}/{name}");
+    let (status, body) = call(client, Method::DELETE, &path, None).await?;
+    match status {
+        s if s.is_success() || s == StatusCode::NOT_FOUND => Ok(()),
+        s => Err(unexpected("DELETE", &path, s, &body)),
+    }
+}
+
+/// Creates a probe workspace, waits (at most `timeout`) for it to be Ready, deletes it, and
+/// returns the time from the create to Ready (for tests and benchmarks that wait in line; the
+/// controller creates and looks at it in separate steps).
+pub async fn probe_workspace(client: &kube::Client, timeout: Duration) -> Result<Duration, SlotError> {
+    let started = Instant::now();
+    let name = create_probe_workspace(client).await?;
+    let mut phase = None;
     let outcome = loop {
-        match call(client, Method::GET, &path, None).await {
-            Ok((StatusCode::OK, resp)) => {
-                let ws: serde_json::Value = serde_json::from_slice(&resp).unwrap_or_default();
-                phase = ws["status"]["phase"].as_str().unwrap_or_default().to_string();
-                if phase == "Ready" {
-                    break Ok(started.elapsed());
-                }
-            }
+        match workspace_phase(client, &name).await {
+            Ok(p) if p.as_deref() == Some("Ready") => break Ok(started.elapsed()),
+            Ok(p) => phase = p,
             // A slot under a roll may briefly not answer; the deadline bounds the wait.
-            Ok(_) | Err(SlotError::Unreachable { .. }) => {}
+            Err(SlotError::Unreachable { .. }) | Err(SlotError::Unexpected { .. }) => {}
             Err(e) => break Err(e),
         }
         if started.elapsed() >= timeout {
             break Err(SlotError::ProbeTimeout {
                 workspace: name.clone(),
-                phase: phase.clone(),
+                phase: phase.clone().unwrap_or_default(),
                 waited: timeout,
             });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    match call(client, Method::DELETE, &path, None).await {
-        Ok((s, _)) if s.is_success() || s == StatusCode::NOT_FOUND => {}
-        Ok((s, resp)) => {
-            tracing::warn!(workspace = %name, status = s.as_u16(), body = %String::from_utf8_lossy(&resp), "could not delete the probe workspace")
-        }
-        Err(e) => {
-            tracing::warn!(workspace = %name, error = %e, "could not delete the probe workspace")
-        }
+    if let Err(e) = delete_workspace(client, &name).await {
+        tracing::warn!(workspace = %name, error = %e, "could not delete the probe workspace");
     }
     outcome
 }

@@ -14,6 +14,7 @@
 //! stores slots share.
 pub mod etcd;
 pub mod kine;
+pub mod kine_read;
 pub mod managed;
 pub mod postgres;
 mod postgres_tls;
@@ -54,6 +55,8 @@ pub enum StoreBackend {
 pub struct StoreSeen {
     pub endpoints: Vec<String>,
     pub pids: Vec<u32>,
+    /// The shard-wide kine kcpshard runs (KineSqlite), whose reads are checked.
+    pub kines: Vec<Kine>,
 }
 
 impl StoreSeen {
@@ -122,6 +125,7 @@ impl StoreBackend {
                 Some(k) => {
                     let mut seen = StoreSeen::default();
                     seen.add(&k);
+                    seen.kines.push(k);
                     Ok(seen)
                 }
                 None => Err("kine does not run or does not accept connections".into()),
@@ -130,13 +134,13 @@ impl StoreBackend {
                 .check()
                 .await
                 .map(|()| StoreSeen {
-                    endpoints: vec![],
                     pids: managed.iter().filter_map(ManagedPostgres::postmaster_pid).collect(),
+                    ..StoreSeen::default()
                 })
                 .map_err(|e| e.to_string()),
             StoreBackend::Etcd(cluster) => cluster.check().await.map(|()| StoreSeen {
                 endpoints: cluster.endpoints.clone(),
-                pids: vec![],
+                ..StoreSeen::default()
             }),
         }
     }

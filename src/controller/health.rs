@@ -1,0 +1,290 @@
+//! Health checks that run beside the loop, one task per running slot (and per kine kcpshard runs):
+//! what observe reads of a slot's health was seen by them, so a look never waits for a slot that
+//! hangs, and a change that matters wakes the controller for that shard at once.
+//!
+//! - A slot: `/readyz` on its own port with the shard admin, [`LOOK_TIMEOUT`] per look, every
+//!   [`SERVING_INTERVAL`] once it answered ([`STARTING_INTERVAL`] while it starts), and again at once
+//!   after a failed look, so that a hung slot fails [`super::plan::UNRESPONSIVE_AFTER`] looks in about
+//!   2 x LOOK_TIMEOUT. A slot kcpshard sent SIGTERM is also watched for the moment its port stops
+//!   listening (every [`LISTEN_POLL`]): from then on it can no longer lead (docs/background.md
+//!   section 3), which is when the Lease may go.
+//! - A kine: one etcd read with [`LOOK_TIMEOUT`] (store::kine_read), at the same pace.
+//!
+//! A task ends when its process is gone (its pid no longer has the start time it was started with).
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::watch;
+
+use super::plan::Health;
+use crate::api::KcpShard;
+use crate::process::exits::ExitNotices;
+
+/// How long one look may take before it counts as failed.
+pub const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Between looks at a slot or kine that answers.
+pub const SERVING_INTERVAL: Duration = Duration::from_millis(500);
+/// Between looks at a slot that has not answered yet, and after a failed look that came back at
+/// once (a refused connection), so that a slot that is not up is not hammered.
+pub const STARTING_INTERVAL: Duration = Duration::from_millis(200);
+/// How often a slot sent SIGTERM is checked for its listener.
+pub const LISTEN_POLL: Duration = Duration::from_millis(10);
+/// How long observe waits for the first look at a process it has just found.
+const FIRST_LOOK: Duration = Duration::from_millis(1_500);
+
+/// What a look found: Ok, or what failed.
+pub type LookResult = Result<(), String>;
+
+/// One health-checked process.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub shard: String,
+    /// `slot-a`, `kine`, `slot-a-kine`: unique within the shard.
+    pub name: String,
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+/// What the checks have seen of one process.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Seen {
+    pub health: Health,
+    /// At least one look has finished.
+    pub looked: bool,
+    /// Its port has a listener (slots only).
+    pub listening: bool,
+    pub stopped_listening_at: Option<DateTime<Utc>>,
+}
+
+struct Check {
+    seen: watch::Sender<Seen>,
+    /// Set when kcpshard sent the process SIGTERM: its listener is then watched closely.
+    stopping: watch::Sender<bool>,
+}
+
+/// Every check of this serve. Cheap to clone.
+#[derive(Clone)]
+pub struct HealthChecks {
+    checks: Arc<Mutex<HashMap<Target, Arc<Check>>>>,
+    wakes: Arc<ExitNotices<(ObjectRef<KcpShard>, super::Wake)>>,
+}
+
+impl HealthChecks {
+    pub fn new(wakes: Arc<ExitNotices<(ObjectRef<KcpShard>, super::Wake)>>) -> HealthChecks {
+        HealthChecks {
+            checks: Default::default(),
+            wakes,
+        }
+    }
+
+    /// What the checks have seen of `target`, starting them if they do not run yet (and waiting up
+    /// to [`FIRST_LOOK`] for their first look). `look` makes one look; `port` is the slot's port
+    /// whose listener is watched once `stopping` (None for a kine).
+    pub async fn seen<F, Fut>(
+        &self,
+        target: Target,
+        shard: ObjectRef<KcpShard>,
+        port: Option<u16>,
+        stopping: bool,
+        look: F,
+    ) -> Seen
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = LookResult> + Send,
+    {
+        let (check, new) = {
+            let mut checks = self.checks.lock().expect("health checks lock");
+            match checks.get(&target) {
+                Some(check) => (check.clone(), false),
+                None => {
+                    let check = Arc::new(Check {
+                        seen: watch::channel(Seen {
+                            listening: true,
+                            ..Seen::default()
+                        })
+                        .0,
+                        stopping: watch::channel(stopping).0,
+                    });
+                    checks.insert(target.clone(), check.clone());
+                    (check, true)
+                }
+            }
+        };
+        check.stopping.send_if_modified(|s| std::mem::replace(s, stopping) != stopping);
+        if new {
+            let checks = self.checks.clone();
+            let wakes = self.wakes.clone();
+            let running = check.clone();
+            let target_ = target.clone();
+            tokio::spawn(async move {
+                run(&running, &target_, port, look, || wakes.wake((shard.clone(), super::Wake::Health))).await;
+                checks.lock().expect("health checks lock").remove(&target_);
+            });
+            let mut rx = check.seen.subscribe();
+            let _ = tokio::time::timeout(FIRST_LOOK, rx.wait_for(|s| s.looked)).await;
+        }
+        check.seen.borrow().clone()
+    }
+}
+
+/// Looks until the process is gone; `wake` is called when what the plan reads changes: a slot
+/// gets ready, stops answering (the failure that makes it unresponsive), answers again, or stops
+/// listening.
+async fn run<F, Fut>(check: &Check, target: &Target, port: Option<u16>, look: F, wake: impl Fn())
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = LookResult>,
+{
+    let mut stopping = check.stopping.subscribe();
+    loop {
+        if !alive(target) {
+            return;
+        }
+        let started = tokio::time::Instant::now();
+        let outcome = match tokio::time::timeout(LOOK_TIMEOUT, look()).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!("no answer within {LOOK_TIMEOUT:?}")),
+        };
+        let now = Utc::now();
+        let mut changed = false;
+        check.seen.send_modify(|seen| {
+            let before = (seen.health.ready, seen.health.unresponsive());
+            record(&mut seen.health, outcome, now);
+            seen.looked = true;
+            let after = (seen.health.ready, seen.health.unresponsive());
+            changed = (after.0 && !before.0) || after.1 != before.1;
+        });
+        if changed {
+            wake();
+        }
+        let failed = !check.seen.borrow().health.ready;
+        let pause = match check.seen.borrow().health.ever_ready {
+            true if failed => STARTING_INTERVAL.saturating_sub(started.elapsed()),
+            true => SERVING_INTERVAL,
+            false => STARTING_INTERVAL,
+        };
+        let until = tokio::time::Instant::now() + pause;
+        // Between looks, a slot that was sent SIGTERM is watched for its listener.
+        while tokio::time::Instant::now() < until {
+            let Some(port) = port.filter(|_| *stopping.borrow()) else {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = stopping.changed() => {}
+                }
+                continue;
+            };
+            let listening = crate::process::procfs::tcp_listening(port);
+            let mut stopped = false;
+            check.seen.send_if_modified(|seen| {
+                if seen.listening && !listening {
+                    seen.listening = false;
+                    seen.stopped_listening_at = Some(Utc::now());
+                    stopped = true;
+                    return true;
+                }
+                false
+            });
+            if stopped {
+                wake();
+            }
+            tokio::time::sleep(LISTEN_POLL.min(until - tokio::time::Instant::now())).await;
+        }
+    }
+}
+
+/// Folds one look into the health.
+pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
+    match outcome {
+        Ok(()) => {
+            *health = Health {
+                ever_ready: true,
+                ready: true,
+                failures: 0,
+                last_ok_at: Some(now),
+                problem: None,
+            }
+        }
+        Err(problem) => {
+            health.ready = false;
+            if health.ever_ready {
+                health.failures += 1;
+            }
+            health.problem = Some(problem);
+        }
+    }
+}
+
+fn alive(target: &Target) -> bool {
+    crate::process::procfs::stat(target.pid).is_some_and(|s| s.start_time == target.start_time && !s.is_dead())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_counts_failures_only_once_it_served_and_an_answer_clears_them() {
+        let mut h = Health::default();
+        let t = Utc::now();
+        record(&mut h, Err("connection refused".into()), t);
+        assert_eq!((h.ever_ready, h.failures), (false, 0), "a starting slot is not failing");
+        record(&mut h, Ok(()), t);
+        assert!(h.ready && h.ever_ready);
+        record(&mut h, Err("no answer within 1s".into()), t);
+        record(&mut h, Err("no answer within 1s".into()), t);
+        assert!(h.unresponsive());
+        assert_eq!(h.last_ok_at, Some(t));
+        assert_eq!(h.problem.as_deref(), Some("no answer within 1s"));
+        record(&mut h, Ok(()), t);
+        assert!(!h.unresponsive() && h.problem.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_process_that_stops_answering_wakes_the_controller_after_two_looks_of_a_second() {
+        let (wakes, mut woken) = ExitNotices::new();
+        let checks = HealthChecks::new(Arc::new(wakes));
+        let answers = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let me = crate::process::procfs::stat(std::process::id()).unwrap();
+        let target = Target {
+            shard: "dev".into(),
+            name: "slot-a".into(),
+            pid: std::process::id(),
+            start_time: me.start_time,
+        };
+        let shard = ObjectRef::new("dev");
+        let look = {
+            let answers = answers.clone();
+            move || {
+                let answers = answers.clone();
+                async move {
+                    if answers.load(std::sync::atomic::Ordering::SeqCst) {
+                        Ok(())
+                    } else {
+                        std::future::pending().await
+                    }
+                }
+            }
+        };
+        let seen = checks
+            .seen(target.clone(), shard.clone(), None, false, look.clone())
+            .await;
+        assert!(seen.health.ready, "the first look is waited for");
+        let _ = woken.recv().await; // ready
+        answers.store(false, std::sync::atomic::Ordering::SeqCst);
+        let hung = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), woken.recv())
+            .await
+            .expect("woken once unresponsive");
+        let took = hung.elapsed();
+        assert!(
+            took >= 2 * LOOK_TIMEOUT - Duration::from_millis(100) && took < 2 * LOOK_TIMEOUT + SERVING_INTERVAL + Duration::from_millis(300),
+            "{took:?}"
+        );
+        let seen = checks.seen(target, shard, None, false, look).await;
+        assert!(seen.health.unresponsive(), "{seen:?}");
+    }
+}

@@ -1,0 +1,493 @@
+//! The plan: a pure function from the desired state (the spec) and the observed state (processes,
+//! their health, the front's serving set, who holds the controllers' Lease, the persisted roll
+//! record) to the ONE next step.
+//!
+//! `spec.slots` (N) ready slots serve behind the front at once; a roll starts one new slot at a time
+//! (at most N+1 run), adds it to the front as it takes one old slot out, lets the old one settle,
+//! sends it SIGTERM and lets it drain. Old slots that do not lead go first, so the Lease moves once.
+//! The invariants, each checked by the property tests (`simulation.rs`):
+//! - the front only ever gains a slot that is running and answered `/readyz` on its own port
+//!   (docs/background.md section 5);
+//! - no slot that served is sent SIGTERM while no other slot that can serve is in the front;
+//! - at most N+1 slots run, and a new slot takes a free name;
+//! - the Lease is deleted only when its holder is gone, or has stopped listening after SIGTERM: a
+//!   live leader would renew it (docs/background.md section 3), but kcp's leader election and
+//!   controllers reach kcp through its own listener, so once that is closed it can no longer lead;
+//! - a roll that failed for a spec is not retried until the spec changes (no crash loop);
+//! - nothing waits: a step sends a signal or a request and returns; its effect is observed later.
+mod model;
+#[cfg(test)]
+mod simulation;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use std::time::Duration;
+
+pub use model::*;
+
+/// How long a slot that left the front keeps its connections untouched before SIGTERM: long enough
+/// for a connection the front accepted just before the change to finish its TLS handshake and send
+/// its first request (p99 of a whole request under the roll bench's load: 0.18-0.26 s,
+/// docs/benchmarks.md "Rolls under load").
+pub const SWITCH_SETTLE: Duration = Duration::from_millis(500);
+
+/// The longest a slot that left the front waits, before SIGTERM, for the front to close its
+/// kept-alive HTTP/1.1 connections between two requests (kcp answers /readyz 500 after SIGTERM on
+/// a connection that stays).
+pub const RETIRE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long requests a slot admitted before it stopped listening get to finish before the front
+/// closes that slot's connections. Watches never finish, and kcp stays alive while they are open.
+pub const IN_FLIGHT_GRACE: Duration = Duration::from_secs(1);
+
+/// How long the probe workspace may take to become Ready before another is made.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How many times a new slot that missed readinessTimeout is started again for the same roll, per
+/// serving slot, before the roll stops. kcp's start-up sometimes never finishes: a post-start hook
+/// (crd-informer-synced, kcp-start-informers) waits forever, and /readyz fails until the process
+/// ends; a fresh start gets ready. Seen in 2 of 20 KinePostgres rolls on 2026-11-30
+/// (docs/benchmarks.md, "Rolls under load").
+pub const NOT_READY_RESTARTS: u32 = 1;
+
+/// The slot names, used in turn: a new slot takes the first name no slot has. spec.slots is at most
+/// 3, and a roll runs one more.
+pub const SLOT_NAMES: [&str; 4] = ["a", "b", "c", "d"];
+
+pub fn plan(desired: &Desired, observed: &Observed) -> Step {
+    if let Some(name) = observed.unrecorded.first() {
+        return Step::AdoptSlot { name: name.clone() };
+    }
+    if desired.deleting {
+        return cleanup(desired, observed);
+    }
+    if observed.store_unresponsive {
+        return Step::KillStore;
+    }
+    if !observed.store_up {
+        return Step::EnsureStore;
+    }
+    match observed.front {
+        FrontObservation::Unresponsive => return Step::KillFront,
+        FrontObservation::Down if observed.front_ours => return Step::EnsureFront,
+        _ if observed.front_elsewhere || observed.front_outdated => return Step::EnsureFront,
+        _ => {}
+    }
+    let wanted = wanted_front(desired, observed);
+    if !same_set(&wanted, observed.front.backends()) {
+        // A caddy serves the shard's certificate, which the first slot makes: slots may start before
+        // it runs; only a change of its upstreams waits for it.
+        if observed.front == FrontObservation::Down {
+            return Step::EnsureFront;
+        }
+        return Step::SetFront(front_change(desired, observed, wanted));
+    }
+    if let Some(step) = gone_slots(desired, observed) {
+        return step;
+    }
+    if let Some(step) = kills(desired, observed) {
+        return step;
+    }
+    if let Some(step) = lease_release(observed) {
+        return step;
+    }
+    if let Some(step) = closes(observed) {
+        return step;
+    }
+    if let Some(step) = retirements(desired, observed, &wanted) {
+        return step;
+    }
+    if let Some(step) = starts(desired, observed) {
+        return step;
+    }
+    if let Some(step) = roll_progress(desired, observed) {
+        return step;
+    }
+    match observed.slots.iter().find(|s| s.running && s.stopping()) {
+        Some(s) => Step::Wait(Wait::Exit { slot: s.name.clone() }),
+        None => Step::Idle,
+    }
+}
+
+/// The slots new connections should go to: up to N slots of the desired template that can serve,
+/// then old slots already in the front to make up N (the leader kept longest, so that the Lease
+/// moves once); if none, any slot that answers; if none, what the front has now and still runs
+/// (there is nothing better).
+pub fn wanted_front(desired: &Desired, observed: &Observed) -> Vec<String> {
+    let current = observed.front.backends();
+    let in_front = |s: &SlotObservation| current.contains(&s.name);
+    let fits = |s: &SlotObservation| {
+        if in_front(s) { s.can_stay() } else { s.can_join() }
+    };
+    let mut new: Vec<&SlotObservation> = observed
+        .slots
+        .iter()
+        .filter(|s| s.template == desired.template && fits(s))
+        .collect();
+    new.sort_by_key(|s| (!in_front(s), s.started_at, s.name.clone()));
+    let mut wanted: Vec<String> = new.iter().take(desired.slots).map(|s| s.name.clone()).collect();
+    if wanted.len() < desired.slots {
+        let mut old: Vec<&SlotObservation> = observed
+            .slots
+            .iter()
+            .filter(|s| s.template != desired.template && in_front(s) && s.can_stay())
+            .collect();
+        old.sort_by_key(|s| (!leads(observed, &s.name), s.name.clone()));
+        let room = desired.slots - wanted.len();
+        wanted.extend(old.iter().take(room).map(|s| s.name.clone()));
+    }
+    if wanted.is_empty() {
+        wanted = observed
+            .slots
+            .iter()
+            .filter(|s| s.can_join())
+            .take(desired.slots)
+            .map(|s| s.name.clone())
+            .collect();
+    }
+    if wanted.is_empty() {
+        wanted = current
+            .iter()
+            .filter(|b| observed.slot(b).is_some_and(|s| s.running && !s.stopping()))
+            .cloned()
+            .collect();
+    }
+    wanted.sort();
+    wanted
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.contains(x))
+}
+
+fn leads(observed: &Observed, slot: &str) -> bool {
+    observed.lease == LeaseHolder::Slot(slot.to_string())
+}
+
+fn front_change(desired: &Desired, observed: &Observed, wanted: Vec<String>) -> FrontChange {
+    let current = observed.front.backends();
+    let joined = wanted.iter().filter(|w| !current.contains(w)).cloned().collect();
+    let left = current
+        .iter()
+        .filter(|c| !wanted.contains(c))
+        .map(|c| {
+            let cause = match observed.slot(c) {
+                None => LeaveCause::Exited,
+                Some(s) if !s.running => LeaveCause::Exited,
+                Some(s) if s.health.unresponsive() && s.template == desired.template => LeaveCause::Unresponsive,
+                Some(_) => LeaveCause::Replaced,
+            };
+            (c.clone(), cause)
+        })
+        .collect();
+    FrontChange {
+        backends: wanted,
+        joined,
+        left,
+    }
+}
+
+/// A slot whose process is gone: its Lease first (if it led), then a new slot that crashed before
+/// it was ready stops the roll; otherwise its own store stops and its records go.
+fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
+    let gone = observed.slots.iter().find(|s| !s.running)?;
+    if leads(observed, &gone.name) && lease_carrier(observed).is_some() {
+        return Some(Step::ReleaseLease {
+            holder: Some(gone.name.clone()),
+        });
+    }
+    if gone.stop.is_none() && !gone.health.ever_ready && gone.template == desired.template && observed.roll.is_some() {
+        return Some(Step::AbortRoll {
+            name: gone.name.clone(),
+            cause: BlockCause::SlotCrashed {
+                slot: gone.name.clone(),
+                detail: None,
+            },
+        });
+    }
+    if gone.own_store_running {
+        return Some(Step::StopSlotStore {
+            name: gone.name.clone(),
+        });
+    }
+    Some(Step::RemoveSlot {
+        name: gone.name.clone(),
+        crashed: gone.stop.is_none(),
+    })
+}
+
+/// SIGKILL for a slot past drainTimeout after SIGTERM, or one that served and has not answered for
+/// livenessTimeout.
+fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
+    let now = observed.now;
+    observed.slots.iter().filter(|s| s.running).find_map(|s| {
+        let cause = match s.stop {
+            Some(stop) if stop.killed => return None,
+            Some(stop) if elapsed(now, stop.at) > desired.drain_timeout => KillCause::DrainTimeout {
+                seconds: desired.drain_timeout.as_secs(),
+            },
+            Some(_) => return None,
+            None if s.health.ever_ready
+                && s.health.failures > 0
+                && s.health.last_ok_at.is_some_and(|ok| elapsed(now, ok) > desired.liveness_timeout) =>
+            {
+                KillCause::Unresponsive {
+                    seconds: desired.liveness_timeout.as_secs(),
+                }
+            }
+            None => return None,
+        };
+        Some(Step::KillSlot {
+            name: s.name.clone(),
+            cause,
+        })
+    })
+}
+
+/// A slot the Lease's DELETE can go through: it listens and answers.
+fn lease_carrier(observed: &Observed) -> Option<&SlotObservation> {
+    observed
+        .slots
+        .iter()
+        .find(|s| s.running && s.listening && s.health.ready)
+}
+
+/// The Lease held by a slot that can no longer renew it (stopped listening), or by a process that
+/// is gone.
+fn lease_release(observed: &Observed) -> Option<Step> {
+    lease_carrier(observed)?;
+    match &observed.lease {
+        LeaseHolder::Slot(name) => {
+            let holder = observed.slot(name)?;
+            (holder.stopping() && !holder.listening).then(|| Step::ReleaseLease {
+                holder: Some(name.clone()),
+            })
+        }
+        LeaseHolder::Gone => Some(Step::ReleaseLease { holder: None }),
+        _ => None,
+    }
+}
+
+/// Connections the front still holds to a slot that stopped listening a while ago.
+fn closes(observed: &Observed) -> Option<Step> {
+    observed
+        .slots
+        .iter()
+        .find(|s| {
+            s.running
+                && s.stopping()
+                && s.stopped_listening_at
+                    .is_some_and(|at| elapsed(observed.now, at) >= IN_FLIGHT_GRACE)
+                && observed.front.open_to(&s.name) > 0
+        })
+        .map(|s| Step::CloseConnections { name: s.name.clone() })
+}
+
+/// A slot that is no longer wanted: of an older template (or one more than spec.slots), out of the
+/// front. Once it has settled it gets SIGTERM; one that served only while another that can serve is
+/// in the front.
+fn retirements(desired: &Desired, observed: &Observed, wanted: &[String]) -> Option<Step> {
+    let serving_stays = observed
+        .front
+        .backends()
+        .iter()
+        .filter_map(|b| observed.slot(b))
+        .any(|s| s.can_stay());
+    let mut settling = None;
+    for s in &observed.slots {
+        let spare = s.template == desired.template && s.can_join();
+        let unwanted = s.template != desired.template || spare;
+        if !s.running || s.stopping() || !unwanted || wanted.contains(&s.name) || observed.front.forwards_to(&s.name) {
+            continue;
+        }
+        if s.health.ever_ready && !serving_stays {
+            continue;
+        }
+        let remaining = match s.left_front_at {
+            Some(left) if s.health.ever_ready => {
+                let waited = elapsed(observed.now, left);
+                let retiring = observed.front.retiring_to(&s.name) > 0;
+                let until = if retiring { RETIRE_WAIT } else { SWITCH_SETTLE };
+                until.saturating_sub(waited)
+            }
+            _ => Duration::ZERO,
+        };
+        if remaining.is_zero() {
+            return Some(Step::TerminateSlot { name: s.name.clone() });
+        }
+        settling.get_or_insert(Step::Wait(Wait::Settle {
+            slot: s.name.clone(),
+            remaining,
+        }));
+    }
+    settling
+}
+
+/// Fewer than N slots of the desired template: wait for the one starting, or start one (after the
+/// checks a new template must pass).
+fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
+    let current: Vec<&SlotObservation> = observed
+        .slots
+        .iter()
+        .filter(|s| s.running && !s.stopping() && s.template == desired.template)
+        .collect();
+    if let Some(starting) = current
+        .iter()
+        .find(|s| !s.health.ever_ready && !observed.front.forwards_to(&s.name))
+    {
+        return Some(not_ready_yet(desired, observed, starting));
+    }
+    if current.len() >= desired.slots {
+        return None;
+    }
+    if let Some(blocked) = &observed.blocked
+        && blocked.template == desired.template
+        && !blocked.cause.lifted_by(desired)
+    {
+        return Some(Step::Blocked {
+            cause: blocked.cause.clone(),
+        });
+    }
+    if let Some(message) = &desired.version_refused {
+        return Some(Step::Blocked {
+            cause: BlockCause::VersionRefused {
+                message: message.clone(),
+            },
+        });
+    }
+    if !desired.binary_present {
+        return Some(Step::Blocked {
+            cause: BlockCause::NoBinary {
+                path: desired.template.binary.clone(),
+            },
+        });
+    }
+    let serving_other_version = observed
+        .front
+        .backends()
+        .iter()
+        .filter_map(|b| observed.slot(b))
+        .any(|s| s.template.version != desired.template.version);
+    if desired.snapshot_before_version_change
+        && current.is_empty()
+        && serving_other_version
+        && observed.snapshot_for.as_ref() != Some(&desired.template)
+    {
+        return Some(Step::Snapshot);
+    }
+    let running = observed.slots.iter().filter(|s| s.running).count();
+    if running > desired.slots {
+        // A roll runs one slot more than spec.slots, never two: wait for one to go.
+        let leaving = observed.slots.iter().find(|s| s.running && s.stopping())?;
+        return Some(Step::Wait(Wait::Exit {
+            slot: leaving.name.clone(),
+        }));
+    }
+    let name = SLOT_NAMES
+        .iter()
+        .find(|n| observed.slots.iter().all(|s| s.name != **n))
+        .expect("at most four slots have records");
+    Some(Step::StartSlot { name: name.to_string() })
+}
+
+/// A new slot that has not answered `/readyz` yet: waited for, started again once after a store
+/// outage or a missed readinessTimeout, then given up on.
+fn not_ready_yet(desired: &Desired, observed: &Observed, slot: &SlotObservation) -> Step {
+    let roll = observed.roll.as_ref();
+    if roll
+        .and_then(|r| r.store_down_at)
+        .is_some_and(|down| down >= slot.started_at)
+    {
+        return Step::RestartSlot {
+            name: slot.name.clone(),
+            cause: RestartCause::StoreOutage,
+        };
+    }
+    if elapsed(observed.now, slot.started_at) <= desired.readiness_timeout {
+        return Step::Wait(Wait::Ready {
+            slot: slot.name.clone(),
+        });
+    }
+    let allowed = NOT_READY_RESTARTS * desired.slots as u32;
+    if roll.is_some_and(|r| r.not_ready_restarts < allowed) {
+        return Step::RestartSlot {
+            name: slot.name.clone(),
+            cause: RestartCause::NotReady {
+                timeout_seconds: desired.readiness_timeout.as_secs(),
+            },
+        };
+    }
+    Step::AbortRoll {
+        name: slot.name.clone(),
+        cause: BlockCause::SlotNotReady {
+            slot: slot.name.clone(),
+            timeout_seconds: desired.readiness_timeout.as_secs(),
+        },
+    }
+}
+
+/// A roll whose old slots can no longer lead (each stopped listening, or gone) and whose Lease has
+/// moved: probe that a leader runs kcp's controllers, then complete once the old slots have exited.
+fn roll_progress(desired: &Desired, observed: &Observed) -> Option<Step> {
+    let roll = observed.roll.as_ref()?;
+    let old_may_lead = observed
+        .slots
+        .iter()
+        .any(|s| s.running && s.template != desired.template && s.listening);
+    if old_may_lead {
+        return None;
+    }
+    if roll.probe_succeeded_at.is_none() {
+        if observed.probe_ready && roll.probe.is_some() {
+            return Some(Step::ProbeSucceeded);
+        }
+        let timed_out = roll
+            .probe
+            .as_ref()
+            .is_none_or(|p| elapsed(observed.now, p.created_at) > PROBE_TIMEOUT);
+        return Some(if timed_out { Step::Probe } else { Step::Wait(Wait::Probe) });
+    }
+    if let Some(leaving) = observed.slots.iter().find(|s| s.running && s.stopping()) {
+        return Some(Step::Wait(Wait::Exit {
+            slot: leaving.name.clone(),
+        }));
+    }
+    Some(Step::CompleteRoll)
+}
+
+/// Deleting: every slot gets SIGTERM (SIGKILL after drainTimeout), their own stores stop and their
+/// records go, then the shard-wide store's processes, then the front. The data stays.
+fn cleanup(desired: &Desired, observed: &Observed) -> Step {
+    if let Some(s) = observed.slots.iter().find(|s| s.running && !s.stopping()) {
+        return Step::TerminateSlot { name: s.name.clone() };
+    }
+    if let Some(step) = kills(desired, observed) {
+        return step;
+    }
+    if let Some(gone) = observed.slots.iter().find(|s| !s.running) {
+        return if gone.own_store_running {
+            Step::StopSlotStore {
+                name: gone.name.clone(),
+            }
+        } else {
+            Step::RemoveSlot {
+                name: gone.name.clone(),
+                crashed: false,
+            }
+        };
+    }
+    if let Some(s) = observed.slots.first() {
+        return Step::Wait(Wait::Exit { slot: s.name.clone() });
+    }
+    if observed.store_processes_up {
+        return Step::StopStore;
+    }
+    if observed.front_ours && !matches!(observed.front, FrontObservation::Down) {
+        return Step::StopFront;
+    }
+    Step::Idle
+}
+
+fn elapsed(now: chrono::DateTime<chrono::Utc>, since: chrono::DateTime<chrono::Utc>) -> Duration {
+    (now - since).to_std().unwrap_or_default()
+}

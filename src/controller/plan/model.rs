@@ -1,0 +1,510 @@
+//! What the plan reads and what it answers: the desired state, the observation, and the steps.
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// What a slot runs: everything that, when changed, needs a new slot. Two slots with equal
+/// templates are interchangeable.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotTemplate {
+    pub version: String,
+    /// The kcp binary, resolved from the spec's template.
+    pub binary: String,
+    pub extra_args: Vec<String>,
+    pub shutdown_delay: String,
+    /// The URL every slot advertises (the front's).
+    pub front_url: String,
+    /// The `kcpshard.io/restartedAt` annotation: a new value asks for a fresh slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub template: SlotTemplate,
+    /// How many ready slots serve behind the front at once (spec.slots).
+    pub slots: usize,
+    /// Whether the binary for the template exists.
+    pub binary_present: bool,
+    pub readiness_timeout: Duration,
+    /// How long a slot that served may go without answering `/readyz` before it is killed.
+    pub liveness_timeout: Duration,
+    /// How long a slot sent SIGTERM may take to exit before it is killed.
+    pub drain_timeout: Duration,
+    /// The object is being deleted.
+    pub deleting: bool,
+    /// Why spec.rollout refuses a roll from the serving slots' version to this one, if it does
+    /// (a minor change or a downgrade that is not allowed).
+    pub version_refused: Option<String>,
+    /// Snapshot the store before a roll that changes the version (spec.rollout, and a store that
+    /// takes snapshots).
+    pub snapshot_before_version_change: bool,
+}
+
+/// The front, as observed through its control socket (or caddy's admin API).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FrontObservation {
+    /// Not running.
+    Down,
+    /// kcpshard's front process runs but its control socket does not answer (stopped, wedged).
+    Unresponsive,
+    /// Running; the slots new connections go to, and what it holds per slot.
+    Up {
+        backends: Vec<String>,
+        /// Per slot: connections still open.
+        open: Vec<(String, u64)>,
+        /// Per slot that left the serving set: kept-alive HTTP/1.1 connections still open that the
+        /// front closes between two requests. Before SIGTERM the controller waits for these.
+        retiring: Vec<(String, u64)>,
+    },
+}
+
+impl FrontObservation {
+    /// A front with these backends and no connection counts.
+    pub fn serving(backends: &[&str]) -> FrontObservation {
+        FrontObservation::Up {
+            backends: backends.iter().map(|b| b.to_string()).collect(),
+            open: vec![],
+            retiring: vec![],
+        }
+    }
+
+    pub fn backends(&self) -> &[String] {
+        match self {
+            FrontObservation::Up { backends, .. } => backends,
+            _ => &[],
+        }
+    }
+
+    pub fn forwards_to(&self, slot: &str) -> bool {
+        self.backends().iter().any(|b| b == slot)
+    }
+
+    fn count(list: &[(String, u64)], slot: &str) -> u64 {
+        list.iter().find(|(s, _)| s == slot).map_or(0, |(_, n)| *n)
+    }
+
+    /// Client connections pinned to `slot` now.
+    pub fn open_to(&self, slot: &str) -> u64 {
+        match self {
+            FrontObservation::Up { open, .. } => Self::count(open, slot),
+            _ => 0,
+        }
+    }
+
+    /// Kept-alive connections to `slot` the front is still closing between requests.
+    pub fn retiring_to(&self, slot: &str) -> u64 {
+        match self {
+            FrontObservation::Up { retiring, .. } => Self::count(retiring, slot),
+            _ => 0,
+        }
+    }
+}
+
+/// What the health checks have seen of one slot since its process started (`/readyz` on its own
+/// port, 1 s per look, every 0.5 s; at once again after a failure).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    /// It answered ok at least once: it got ready and may serve.
+    pub ever_ready: bool,
+    /// Its last answer was ok.
+    pub ready: bool,
+    /// Looks in a row that failed (timed out or not ok) since the last ok.
+    pub failures: u32,
+    /// When it last answered ok.
+    pub last_ok_at: Option<DateTime<Utc>>,
+    /// What the last failed look saw.
+    pub problem: Option<String>,
+}
+
+/// Failed looks in a row that take a serving slot out of the front.
+pub const UNRESPONSIVE_AFTER: u32 = 2;
+
+impl Health {
+    /// A slot that served and has failed [`UNRESPONSIVE_AFTER`] looks in a row.
+    pub fn unresponsive(&self) -> bool {
+        self.ever_ready && self.failures >= UNRESPONSIVE_AFTER
+    }
+}
+
+/// Why kcpshard stopped (or is stopping) a slot: recorded before the signal, so an exit that
+/// follows is expected, not a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StopCause {
+    /// It left the front for a newer slot (a roll) or was one more than spec.slots.
+    Retired,
+    /// A new slot, not ready, stopped to be started again.
+    Restart,
+    /// A new slot stopped because the roll cannot go on.
+    Abort,
+    /// It served, then stopped answering for livenessTimeout.
+    Unresponsive,
+    /// It did not exit within drainTimeout after SIGTERM.
+    DrainTimeout,
+    /// The shard is being deleted.
+    Deleting,
+    /// Its record was written but its process never started (serve stopped in between).
+    NeverStarted,
+}
+
+/// A signal kcpshard sent a slot, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StopRecord {
+    pub cause: StopCause,
+    pub at: DateTime<Utc>,
+    /// SIGKILL was sent (else SIGTERM only).
+    #[serde(default)]
+    pub killed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotObservation {
+    pub name: String,
+    pub template: SlotTemplate,
+    /// The recorded process is alive (same pid, same start time).
+    pub running: bool,
+    pub started_at: DateTime<Utc>,
+    pub health: Health,
+    /// Its port has a listener (it stops listening after SIGTERM, once its shutdown delay ends).
+    pub listening: bool,
+    /// When it was first seen not listening after SIGTERM.
+    pub stopped_listening_at: Option<DateTime<Utc>>,
+    /// What kcpshard sent it, if anything.
+    pub stop: Option<StopRecord>,
+    /// When the front last stopped sending it new connections.
+    pub left_front_at: Option<DateTime<Utc>>,
+    /// What only this slot uses of the store runs (its own kine, on KinePostgres).
+    pub own_store_running: bool,
+}
+
+impl SlotObservation {
+    /// Sent SIGTERM (or SIGKILL) by kcpshard.
+    pub fn stopping(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    /// Answers `/readyz` now and was not told to stop: may join the front.
+    pub fn can_join(&self) -> bool {
+        self.running && !self.stopping() && self.health.ready
+    }
+
+    /// May stay in the front: it served and has not failed too many looks in a row.
+    pub fn can_stay(&self) -> bool {
+        self.running && !self.stopping() && self.health.ever_ready && !self.health.unresponsive()
+    }
+}
+
+/// Who holds the controllers' Lease (`kube-system/kcp-controllers` in `system:admin`), matched
+/// against the identity each slot's kcp logged when its leader election started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseHolder {
+    /// Not read (no slot answers to read it through).
+    Unknown,
+    /// No Lease, or no holder: nothing to release.
+    Free,
+    /// This slot holds it.
+    Slot(String),
+    /// A holder that is none of the running slots, and every running slot's identity is known: a
+    /// process that is gone.
+    Gone,
+    /// A holder that matches no slot whose identity is known, while some running slot's is not:
+    /// it may be that slot, so it is left alone.
+    Unmatched,
+}
+
+/// A roll that could not go on, kept until the spec changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocked {
+    pub template: SlotTemplate,
+    pub cause: BlockCause,
+}
+
+/// Why a roll cannot go on. Each says what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "reason")]
+pub enum BlockCause {
+    /// The binary for the version does not exist.
+    NoBinary { path: String },
+    /// The new slot did not answer `/readyz` in time.
+    SlotNotReady { slot: String, timeout_seconds: u64 },
+    /// The new slot's process exited before it was ready.
+    SlotCrashed {
+        slot: String,
+        /// The last line kcp printed, and where its log is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    /// spec.rollout does not allow this version change.
+    VersionRefused { message: String },
+}
+
+impl BlockCause {
+    /// The CamelCase reason for conditions and events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BlockCause::NoBinary { .. } => "BinaryMissing",
+            BlockCause::SlotNotReady { .. } => "SlotNotReady",
+            BlockCause::SlotCrashed { .. } => "SlotCrashed",
+            BlockCause::VersionRefused { .. } => "VersionChangeRefused",
+        }
+    }
+
+    /// The spec changed in a way that answers this cause without a new template: a slot that was
+    /// not ready in time is tried again once spec.rollout.readinessTimeout is raised.
+    pub fn lifted_by(&self, desired: &Desired) -> bool {
+        match self {
+            BlockCause::SlotNotReady { timeout_seconds, .. } => desired.readiness_timeout.as_secs() > *timeout_seconds,
+            _ => false,
+        }
+    }
+
+    /// What happened and what to do about it.
+    pub fn message(&self) -> String {
+        match self {
+            BlockCause::NoBinary { path } => format!(
+                "no kcp binary at {path}: install it (hack/install-deps.sh builds bin/kcp-<version>) or set spec.version or spec.kcp.binary to one that exists; the running slots keep serving"
+            ),
+            BlockCause::SlotNotReady { slot, timeout_seconds } => format!(
+                "slot {slot} did not answer /readyz on its own port within {timeout_seconds}s and was stopped; the old slots keep serving. See the slot's log under the state dir, then fix spec.version, spec.kcp or raise spec.rollout.readinessTimeout to retry"
+            ),
+            BlockCause::SlotCrashed { slot, detail } => format!(
+                "slot {slot} exited before it was ready{}; the old slots keep serving. Fix spec.version or spec.kcp to retry",
+                detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
+            ),
+            BlockCause::VersionRefused { message } => format!("{message}; the running slots keep serving"),
+        }
+    }
+}
+
+/// The probe of a roll: a throwaway workspace that reaches Ready once a leader runs kcp's
+/// controllers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeRecord {
+    pub workspace: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The roll in progress, persisted so that a restarted controller carries on where it stopped.
+/// What cannot be observed (the probe's workspace, what served before) is recorded here; times are
+/// the first (or, for the old slots, the last) of their kind, for status.lastRoll.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RollRecord {
+    /// The version the front served when the roll began, if any.
+    pub from_version: Option<String>,
+    /// The version the roll started for (status says, once it completes, what serves).
+    pub to_version: String,
+    pub started_at: DateTime<Utc>,
+    pub new_slot_started_at: Option<DateTime<Utc>>,
+    pub new_slot_ready_at: Option<DateTime<Utc>>,
+    /// When a new slot first joined the front.
+    pub front_switched_at: Option<DateTime<Utc>>,
+    /// When the last old slot stopped listening after SIGTERM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_slot_stopped_listening_at: Option<DateTime<Utc>>,
+    pub old_slot_exited_at: Option<DateTime<Utc>>,
+    pub lease_released_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeRecord>,
+    pub probe_succeeded_at: Option<DateTime<Utc>>,
+    /// The store snapshot taken before this roll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// When the store was last seen down while a new slot was starting. A kcp whose store goes
+    /// away during its start-up may never get ready once the store is back (its informers never
+    /// sync: docs/reliability.md), so that slot is started again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_down_at: Option<DateTime<Utc>>,
+    /// How often a new slot was started again after it missed readinessTimeout.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_ready_restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    pub now: DateTime<Utc>,
+    /// The store accepts connections and answers a read (and every running slot's own kine, for
+    /// KinePostgres).
+    pub store_up: bool,
+    /// Why the store is not up (PostgreSQL's own error, a kine that is down), for StoreReady.
+    pub store_problem: Option<String>,
+    /// A kine kcpshard runs runs but does not answer reads: it is replaced.
+    pub store_unresponsive: bool,
+    /// kcpshard runs processes for the shard-wide store (kine over sqlite, a managed PostgreSQL)
+    /// and they are up: deleting the shard stops them. An external store is not ours to stop.
+    pub store_processes_up: bool,
+    /// The template the latest store snapshot was taken for.
+    pub snapshot_for: Option<SlotTemplate>,
+    pub front: FrontObservation,
+    /// Why the front is down (caddy's admin API does not answer, ...), for FrontReady.
+    pub front_problem: Option<String>,
+    /// kcpshard's front runs an older binary than this controller: EnsureFront upgrades it.
+    pub front_outdated: bool,
+    /// kcpshard runs the front (Tcp); a caddy is the user's, and deleting the shard leaves it.
+    pub front_ours: bool,
+    /// The front runs, but on another address than spec.front.listen (the spec changed).
+    pub front_elsewhere: bool,
+    pub slots: Vec<SlotObservation>,
+    /// Slots whose kcp runs (found by its root directory) but whose record is missing or was moved
+    /// aside: their record is rebuilt from the process before anything else.
+    pub unrecorded: Vec<String>,
+    pub lease: LeaseHolder,
+    /// Whether the roll's probe workspace is Ready.
+    pub probe_ready: bool,
+    pub roll: Option<RollRecord>,
+    pub blocked: Option<Blocked>,
+}
+
+impl Observed {
+    pub fn slot(&self, name: &str) -> Option<&SlotObservation> {
+        self.slots.iter().find(|s| s.name == name)
+    }
+}
+
+/// Why the front's serving set changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrontChange {
+    /// The slots new connections go to after the change.
+    pub backends: Vec<String>,
+    pub joined: Vec<String>,
+    /// The slots that leave, each with why.
+    pub left: Vec<(String, LeaveCause)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaveCause {
+    /// A newer slot took its place, or it is one more than spec.slots.
+    Replaced,
+    /// It failed [`UNRESPONSIVE_AFTER`] looks in a row.
+    Unresponsive,
+    /// Its process is gone.
+    Exited,
+}
+
+/// Why a slot is killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillCause {
+    /// It served, and has not answered `/readyz` for livenessTimeout.
+    Unresponsive { seconds: u64 },
+    /// Sent SIGTERM, it did not exit within drainTimeout.
+    DrainTimeout { seconds: u64 },
+}
+
+/// Why a new slot, not ready yet, is started again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestartCause {
+    /// Its start-up overlapped a store outage, after which kcp's informers may never sync.
+    StoreOutage,
+    /// It did not answer /readyz within readinessTimeout.
+    NotReady { timeout_seconds: u64 },
+}
+
+/// What is waited for, when nothing can be done now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wait {
+    /// A new slot's `/readyz`.
+    Ready { slot: String },
+    /// Connections pinned to a slot that left the front, before it gets SIGTERM.
+    Settle { slot: String, remaining: Duration },
+    /// A slot sent SIGTERM: it stops listening, drains and exits.
+    Exit { slot: String },
+    /// The probe workspace to reach Ready.
+    Probe,
+}
+
+/// The one thing to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// A slot's kcp runs without a record: rebuild the record from its command line (it is then
+    /// replaced by a roll, since what argv does not tell is lost).
+    AdoptSlot { name: String },
+    EnsureStore,
+    /// A kine kcpshard runs does not answer reads: kill it (EnsureStore starts it again on the same
+    /// port).
+    KillStore,
+    EnsureFront,
+    /// kcpshard's front does not answer on its control socket: kill it by its recorded pid
+    /// (EnsureFront starts it again).
+    KillFront,
+    /// Dump the store before a roll to a new version (docs/background.md section 6).
+    Snapshot,
+    /// Start a slot with the desired template.
+    StartSlot { name: String },
+    /// Change the slots the front sends new connections to.
+    SetFront(FrontChange),
+    /// SIGTERM a slot that left the front; it stops listening after its shutdown delay and drains.
+    TerminateSlot { name: String },
+    /// SIGKILL a slot.
+    KillSlot { name: String, cause: KillCause },
+    /// A slot that stopped listening has had time to finish what it admitted: close the front's
+    /// connections to it (watches re-watch through the serving slots).
+    CloseConnections { name: String },
+    /// Stop what only this slot used of the store (its own kine), after its kcp exited.
+    StopSlotStore { name: String },
+    /// A slot's process is gone (and its own store): drop its records. `crashed` when kcpshard did
+    /// not stop it.
+    RemoveSlot { name: String, crashed: bool },
+    /// Stop a new slot, not ready yet, for the reason given; it is started again for the same roll.
+    RestartSlot { name: String, cause: RestartCause },
+    /// Stop the new slot and remember that this spec cannot roll.
+    AbortRoll { name: String, cause: BlockCause },
+    /// Delete the controllers' Lease, whose holder is gone or can no longer renew it (it stopped
+    /// listening), so a serving slot leads within kcp's retry period instead of after 60 s.
+    ReleaseLease { holder: Option<String> },
+    /// Create the probe workspace.
+    Probe,
+    /// The probe workspace is Ready: record it and remove the workspace.
+    ProbeSucceeded,
+    CompleteRoll,
+    /// Deleting: what kcpshard runs for the shard-wide store, then the front.
+    StopStore,
+    StopFront,
+    /// Nothing to do until the spec changes; the running slots keep serving.
+    Blocked { cause: BlockCause },
+    /// Nothing to do now: look again when it may have happened.
+    Wait(Wait),
+    /// Converged.
+    Idle,
+}
+
+impl Step {
+    /// The step's kind, as logs and metrics name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Step::AdoptSlot { .. } => "AdoptSlot",
+            Step::EnsureStore => "EnsureStore",
+            Step::KillStore => "KillStore",
+            Step::EnsureFront => "EnsureFront",
+            Step::KillFront => "KillFront",
+            Step::Snapshot => "Snapshot",
+            Step::StartSlot { .. } => "StartSlot",
+            Step::SetFront(_) => "SetFront",
+            Step::TerminateSlot { .. } => "TerminateSlot",
+            Step::KillSlot { .. } => "KillSlot",
+            Step::CloseConnections { .. } => "CloseConnections",
+            Step::StopSlotStore { .. } => "StopSlotStore",
+            Step::RemoveSlot { .. } => "RemoveSlot",
+            Step::RestartSlot { .. } => "RestartSlot",
+            Step::AbortRoll { .. } => "AbortRoll",
+            Step::ReleaseLease { .. } => "ReleaseLease",
+            Step::Probe => "Probe",
+            Step::ProbeSucceeded => "ProbeSucceeded",
+            Step::CompleteRoll => "CompleteRoll",
+            Step::StopStore => "StopStore",
+            Step::StopFront => "StopFront",
+            Step::Blocked { .. } => "Blocked",
+            Step::Wait(_) => "Wait",
+            Step::Idle => "Idle",
+        }
+    }
+}

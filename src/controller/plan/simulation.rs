@@ -1,0 +1,333 @@
+//! Property tests of the plan over random histories: a small model of slots, front and Lease takes
+//! each planned step as the real act would, while crashes, hangs, slow starts, store outages and
+//! spec changes happen at any point. Every step is checked against the plan's invariants, and once
+//! the faults stop the shard must converge.
+use proptest::prelude::*;
+
+use super::tests::{at, desired, template};
+use super::*;
+
+const TICK: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone)]
+enum Fault {
+    Crash(usize),
+    Hang(usize),
+    Recover(usize),
+    Spec { version: &'static str, slots: usize },
+    StoreDown,
+}
+
+fn fault() -> impl Strategy<Value = Fault> {
+    prop_oneof![
+        (0usize..4).prop_map(Fault::Crash),
+        (0usize..4).prop_map(Fault::Hang),
+        (0usize..4).prop_map(Fault::Recover),
+        (prop::sample::select(vec!["v1", "v2", "v3"]), 1usize..=3)
+            .prop_map(|(version, slots)| Fault::Spec { version, slots }),
+        Just(Fault::StoreDown),
+    ]
+}
+
+struct ModelSlot {
+    seen: SlotObservation,
+    /// When its kcp starts answering `/readyz`.
+    ready_at: chrono::DateTime<chrono::Utc>,
+    hung_since: Option<chrono::DateTime<chrono::Utc>>,
+    /// After SIGTERM: when it stops listening, and when it exits.
+    closes_at: Option<chrono::DateTime<chrono::Utc>>,
+    exits_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+struct Model {
+    desired: Desired,
+    observed: Observed,
+    slots: Vec<ModelSlot>,
+    /// The Lease's holder: a slot name, or a holder that no longer exists.
+    lease: Option<String>,
+    start_delay_ms: i64,
+}
+
+impl Model {
+    fn new() -> Model {
+        let mut d = desired("v1");
+        d.readiness_timeout = Duration::from_secs(5);
+        let mut observed = super::tests::observed(&[], vec![]);
+        observed.now = at(0);
+        Model {
+            desired: d,
+            observed,
+            slots: Vec::new(),
+            lease: None,
+            start_delay_ms: 1_500,
+        }
+    }
+
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.observed.now
+    }
+
+    /// What observe would see now.
+    fn observe(&mut self) {
+        let now = self.now();
+        for m in &mut self.slots {
+            let s = &mut m.seen;
+            if let Some(exits) = m.exits_at
+                && now >= exits
+            {
+                s.running = false;
+            }
+            if m.closes_at.is_some_and(|c| now >= c) || !s.running {
+                if s.listening && s.stopping() {
+                    s.stopped_listening_at = Some(now);
+                }
+                s.listening = false;
+            }
+            let answers = s.running && s.listening && now >= m.ready_at && m.hung_since.is_none();
+            if answers {
+                s.health = Health {
+                    ever_ready: true,
+                    ready: true,
+                    failures: 0,
+                    last_ok_at: Some(now),
+                    problem: None,
+                };
+            } else if s.running {
+                s.health.ready = false;
+                if s.health.ever_ready {
+                    s.health.failures += 1;
+                }
+            }
+        }
+        // kcp's election: a free Lease goes to a slot that answers; a held one stays held, however
+        // dead its holder (kcp never releases it).
+        if self.lease.is_none()
+            && let Some(s) = self.slots.iter().find(|m| m.seen.can_join() && m.seen.listening)
+        {
+            self.lease = Some(s.seen.name.clone());
+        }
+        self.observed.lease = match &self.lease {
+            None => LeaseHolder::Free,
+            Some(h) if self.slots.iter().any(|m| &m.seen.name == h) => LeaseHolder::Slot(h.clone()),
+            Some(_) => LeaseHolder::Gone,
+        };
+        let leader_runs = self
+            .slots
+            .iter()
+            .any(|m| Some(&m.seen.name) == self.lease.as_ref() && m.seen.running && m.seen.listening);
+        self.observed.probe_ready = leader_runs && self.observed.roll.as_ref().is_some_and(|r| r.probe.is_some());
+        self.observed.slots = self.slots.iter().map(|m| m.seen.clone()).collect();
+    }
+
+    fn fault(&mut self, fault: &Fault) {
+        let now = self.now();
+        let pick = |i: usize, n: usize| (n > 0).then(|| i % n);
+        match *fault {
+            Fault::Crash(i) => {
+                if let Some(i) = pick(i, self.slots.len()) {
+                    self.slots[i].seen.running = false;
+                }
+            }
+            Fault::Hang(i) => {
+                if let Some(i) = pick(i, self.slots.len()) {
+                    self.slots[i].hung_since.get_or_insert(now);
+                }
+            }
+            Fault::Recover(i) => {
+                if let Some(i) = pick(i, self.slots.len()) {
+                    self.slots[i].hung_since = None;
+                }
+            }
+            Fault::Spec { version, slots } => {
+                self.desired.template = template(version);
+                self.desired.slots = slots;
+            }
+            Fault::StoreDown => self.observed.store_up = false,
+        }
+    }
+
+    fn slot_mut(&mut self, name: &str) -> &mut ModelSlot {
+        self.slots.iter_mut().find(|m| m.seen.name == name).expect("planned for a known slot")
+    }
+
+    fn stop(&mut self, name: &str, cause: StopCause, killed: bool) {
+        let now = self.now();
+        let m = self.slot_mut(name);
+        m.seen.stop = Some(StopRecord { cause, at: now, killed });
+        if killed {
+            m.seen.running = false;
+        } else if m.hung_since.is_none() {
+            m.closes_at.get_or_insert(now + chrono::Duration::milliseconds(300));
+            m.exits_at.get_or_insert(now + chrono::Duration::milliseconds(1_500));
+        }
+    }
+
+    /// Takes `step` as act would, after checking it against the invariants.
+    fn apply(&mut self, step: &Step) -> Result<(), TestCaseError> {
+        let now = self.now();
+        let o = &self.observed.clone();
+        match step {
+            Step::EnsureStore => {
+                if let Some(roll) = self.observed.roll.as_mut()
+                    && self.slots.iter().any(|m| m.seen.running && !m.seen.health.ever_ready)
+                {
+                    roll.store_down_at = Some(now);
+                }
+                self.observed.store_up = true;
+            }
+            Step::Snapshot => self.observed.snapshot_for = Some(self.desired.template.clone()),
+            Step::StartSlot { name } => {
+                let running = o.slots.iter().filter(|s| s.running).count();
+                prop_assert!(running <= self.desired.slots, "started {name} with {running} running");
+                prop_assert!(o.slots.iter().all(|s| &s.name != name), "{name} is taken");
+                self.observed.roll.get_or_insert(RollRecord {
+                    to_version: self.desired.template.version.clone(),
+                    started_at: now,
+                    ..Default::default()
+                });
+                self.observed.blocked = None;
+                self.start_delay_ms = 700 + (self.start_delay_ms * 7) % 2_300;
+                self.slots.push(ModelSlot {
+                    seen: SlotObservation {
+                        name: name.clone(),
+                        template: self.desired.template.clone(),
+                        running: true,
+                        started_at: now,
+                        health: Health::default(),
+                        listening: true,
+                        stopped_listening_at: None,
+                        stop: None,
+                        left_front_at: None,
+                        own_store_running: false,
+                    },
+                    ready_at: now + chrono::Duration::milliseconds(self.start_delay_ms),
+                    hung_since: None,
+                    closes_at: None,
+                    exits_at: None,
+                });
+            }
+            Step::SetFront(change) => {
+                for joined in &change.joined {
+                    let s = o.slot(joined).expect("joins a known slot");
+                    prop_assert!(s.can_join(), "{joined} joined the front without answering /readyz");
+                }
+                let front = change.backends.clone();
+                for m in &mut self.slots {
+                    if front.contains(&m.seen.name) {
+                        m.seen.left_front_at = None;
+                    } else if self.observed.front.forwards_to(&m.seen.name) {
+                        m.seen.left_front_at = Some(now);
+                    }
+                }
+                self.observed.front = FrontObservation::Up {
+                    backends: front,
+                    open: vec![],
+                    retiring: vec![],
+                };
+            }
+            Step::TerminateSlot { name } => {
+                let s = o.slot(name).expect("a known slot");
+                if s.health.ever_ready {
+                    let others_serve = o
+                        .front
+                        .backends()
+                        .iter()
+                        .filter(|b| *b != name)
+                        .filter_map(|b| o.slot(b))
+                        .any(|b| b.can_stay());
+                    prop_assert!(others_serve, "SIGTERM to {name} while no other slot serves");
+                }
+                prop_assert!(!o.front.forwards_to(name), "SIGTERM to {name} while the front sends to it");
+                self.stop(name, StopCause::Retired, false);
+            }
+            Step::KillSlot { name, .. } => self.stop(name, StopCause::Unresponsive, true),
+            Step::RestartSlot { name, cause } => {
+                if matches!(cause, RestartCause::NotReady { .. })
+                    && let Some(roll) = self.observed.roll.as_mut()
+                {
+                    roll.not_ready_restarts += 1;
+                }
+                self.stop(name, StopCause::Restart, true);
+            }
+            Step::AbortRoll { name, cause } => {
+                self.observed.blocked = Some(Blocked {
+                    template: self.desired.template.clone(),
+                    cause: cause.clone(),
+                });
+                self.observed.roll = None;
+                if o.slot(name).is_some_and(|s| s.running) {
+                    self.stop(name, StopCause::Abort, true);
+                }
+            }
+            Step::RemoveSlot { name, .. } => {
+                prop_assert!(!o.slot(name).unwrap().running, "removed {name} while it runs");
+                self.slots.retain(|m| &m.seen.name != name);
+            }
+            Step::ReleaseLease { .. } => {
+                let holder = self.lease.as_ref().and_then(|h| o.slot(h));
+                if let Some(h) = holder {
+                    prop_assert!(!h.running || (h.stopping() && !h.listening), "deleted the Lease of {h:?}");
+                }
+                self.lease = None;
+            }
+            Step::Probe => {
+                self.observed.roll.as_mut().expect("a roll").probe = Some(ProbeRecord {
+                    workspace: "probe".into(),
+                    created_at: now,
+                })
+            }
+            Step::ProbeSucceeded => self.observed.roll.as_mut().expect("a roll").probe_succeeded_at = Some(now),
+            Step::CompleteRoll => self.observed.roll = None,
+            Step::Blocked { .. } | Step::Wait(_) | Step::Idle => {}
+            other => prop_assert!(false, "the model has no {other:?}"),
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self) -> Result<Step, TestCaseError> {
+        self.observed.now = self.now() + chrono::Duration::from_std(TICK).unwrap();
+        self.observe();
+        let step = plan(&self.desired, &self.observed);
+        // At most N+1 slots ever run.
+        let running = self.observed.slots.iter().filter(|s| s.running).count();
+        prop_assert!(running <= self.desired.slots.max(3) + 1, "{running} slots run");
+        self.apply(&step)?;
+        Ok(step)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn the_plan_keeps_its_invariants_through_any_faults_and_converges_once_they_stop(
+        faults in prop::collection::vec((0u32..40, fault()), 0..12),
+    ) {
+        let mut model = Model::new();
+        for (ticks, fault) in &faults {
+            for _ in 0..*ticks {
+                model.tick()?;
+            }
+            model.fault(fault);
+        }
+        for m in &mut model.slots {
+            m.hung_since = None;
+        }
+        let mut last = Step::Idle;
+        for _ in 0..2_000 {
+            last = model.tick()?;
+            if matches!(last, Step::Idle | Step::Blocked { .. }) {
+                break;
+            }
+        }
+        prop_assert!(matches!(last, Step::Idle | Step::Blocked { .. }), "did not converge: {last:?}");
+        if last == Step::Idle {
+            let o = &model.observed;
+            let serving: Vec<_> = o.front.backends().iter().filter_map(|b| o.slot(b)).collect();
+            prop_assert_eq!(serving.len(), model.desired.slots, "front: {:?}", o.front);
+            prop_assert!(serving.iter().all(|s| s.template == model.desired.template && s.health.ready));
+            prop_assert!(o.slots.iter().all(|s| s.running && !s.stopping()));
+            prop_assert!(o.roll.is_none());
+        }
+    }
+}

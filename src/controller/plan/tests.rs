@@ -1,0 +1,629 @@
+//! The plan as a table of situations: each test names what a user would see happen.
+use super::*;
+use chrono::{DateTime, TimeZone, Utc};
+
+pub(crate) fn template(version: &str) -> SlotTemplate {
+    SlotTemplate {
+        version: version.into(),
+        binary: format!("bin/kcp-{version}"),
+        extra_args: vec![],
+        shutdown_delay: "0s".into(),
+        front_url: "https://127.0.0.1:6443".into(),
+        restarted_at: None,
+    }
+}
+
+pub(crate) fn at(seconds: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_800_000_000 + seconds, 0).unwrap()
+}
+
+pub(crate) fn at_ms(millis: i64) -> DateTime<Utc> {
+    at(0) + chrono::Duration::milliseconds(millis)
+}
+
+pub(crate) fn desired(version: &str) -> Desired {
+    Desired {
+        template: template(version),
+        slots: 1,
+        binary_present: true,
+        readiness_timeout: Duration::from_secs(120),
+        liveness_timeout: Duration::from_secs(10),
+        drain_timeout: Duration::from_secs(30),
+        deleting: false,
+        version_refused: None,
+        snapshot_before_version_change: false,
+    }
+}
+
+/// A running slot that answers `/readyz` (or, with `ready` false, one that is still starting).
+pub(crate) fn slot(name: &str, version: &str, ready: bool) -> SlotObservation {
+    SlotObservation {
+        name: name.into(),
+        template: template(version),
+        running: true,
+        started_at: at(0),
+        health: Health {
+            ever_ready: ready,
+            ready,
+            failures: 0,
+            last_ok_at: ready.then(|| at(9)),
+            problem: None,
+        },
+        listening: true,
+        stopped_listening_at: None,
+        stop: None,
+        left_front_at: None,
+        own_store_running: false,
+    }
+}
+
+pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observed {
+    Observed {
+        now: at(10),
+        store_up: true,
+        store_problem: None,
+        store_unresponsive: false,
+        store_processes_up: true,
+        snapshot_for: None,
+        front: FrontObservation::serving(backends),
+        front_problem: None,
+        front_outdated: false,
+        front_ours: true,
+        front_elsewhere: false,
+        slots,
+        unrecorded: vec![],
+        lease: LeaseHolder::Free,
+        probe_ready: false,
+        roll: None,
+        blocked: None,
+    }
+}
+
+fn roll() -> RollRecord {
+    RollRecord {
+        from_version: Some("v1".into()),
+        to_version: "v2".into(),
+        started_at: at(0),
+        ..Default::default()
+    }
+}
+
+fn set_front(backends: &[&str], joined: &[&str], left: &[(&str, LeaveCause)]) -> Step {
+    Step::SetFront(FrontChange {
+        backends: backends.iter().map(|s| s.to_string()).collect(),
+        joined: joined.iter().map(|s| s.to_string()).collect(),
+        left: left.iter().map(|(s, c)| (s.to_string(), *c)).collect(),
+    })
+}
+
+fn stopped(cause: StopCause, seconds: i64) -> Option<StopRecord> {
+    Some(StopRecord {
+        cause,
+        at: at(seconds),
+        killed: false,
+    })
+}
+
+#[test]
+fn a_new_shard_gets_its_store_then_its_front_then_slot_a() {
+    let mut o = observed(&[], vec![]);
+    o.store_up = false;
+    o.front = FrontObservation::Down;
+    assert_eq!(plan(&desired("v1"), &o), Step::EnsureStore);
+    o.store_up = true;
+    assert_eq!(plan(&desired("v1"), &o), Step::EnsureFront);
+    o.front = FrontObservation::serving(&[]);
+    assert_eq!(plan(&desired("v1"), &o), Step::StartSlot { name: "a".into() });
+}
+
+#[test]
+fn the_first_slot_is_waited_for_then_joins_the_front_then_the_probe_runs() {
+    let d = desired("v1");
+    let mut o = observed(&[], vec![slot("a", "v1", false)]);
+    o.roll = Some(RollRecord {
+        from_version: None,
+        ..roll()
+    });
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Ready { slot: "a".into() }));
+    o.slots[0] = slot("a", "v1", true);
+    assert_eq!(plan(&d, &o), set_front(&["a"], &["a"], &[]));
+    o.front = FrontObservation::serving(&["a"]);
+    assert_eq!(plan(&d, &o), Step::Probe, "a first start has no Lease to release");
+}
+
+#[test]
+fn a_version_change_with_one_slot_walks_the_whole_roll() {
+    let d = desired("v2");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.lease = LeaseHolder::Slot("a".into());
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+    o.roll = Some(roll());
+    o.slots.push(slot("b", "v2", false));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Ready { slot: "b".into() }));
+    o.slots[1] = slot("b", "v2", true);
+    assert_eq!(
+        plan(&d, &o),
+        set_front(&["b"], &["b"], &[("a", LeaveCause::Replaced)]),
+        "the new slot joins as the old one leaves: never fewer than one ready slot behind the front"
+    );
+    o.front = FrontObservation::serving(&["b"]);
+    o.slots[0].left_front_at = Some(at(10));
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Settle {
+            slot: "a".into(),
+            remaining: SWITCH_SETTLE
+        })
+    );
+    o.now = at_ms(10_500);
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+    o.slots[0].stop = stopped(StopCause::Retired, 10);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Exit { slot: "a".into() }),
+        "it listens: it may still lead"
+    );
+    // It stopped listening: the Lease goes, the probe runs while it drains.
+    o.slots[0].listening = false;
+    o.slots[0].stopped_listening_at = Some(at(11));
+    o.now = at_ms(11_200);
+    assert_eq!(
+        plan(&d, &o),
+        Step::ReleaseLease {
+            holder: Some("a".into())
+        }
+    );
+    o.lease = LeaseHolder::Free;
+    assert_eq!(plan(&d, &o), Step::Probe);
+    o.roll.as_mut().unwrap().probe = Some(ProbeRecord {
+        workspace: "probe-1".into(),
+        created_at: at(11),
+    });
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Probe));
+    o.probe_ready = true;
+    assert_eq!(plan(&d, &o), Step::ProbeSucceeded);
+    o.roll.as_mut().unwrap().probe_succeeded_at = Some(at(12));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Exit { slot: "a".into() }));
+    // Connections it still holds are closed once what it admitted had a second to finish.
+    o.front = FrontObservation::Up {
+        backends: vec!["b".into()],
+        open: vec![("a".into(), 3)],
+        retiring: vec![],
+    };
+    o.now = at(13);
+    assert_eq!(plan(&d, &o), Step::CloseConnections { name: "a".into() });
+    o.front = FrontObservation::serving(&["b"]);
+    o.slots[0].running = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: false
+        }
+    );
+    o.slots.remove(0);
+    assert_eq!(plan(&d, &o), Step::CompleteRoll);
+    o.roll = None;
+    assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+#[test]
+fn a_slot_that_left_the_front_waits_for_its_kept_alive_connections_to_close_at_most_two_seconds() {
+    let d = desired("v2");
+    let mut a = slot("a", "v1", true);
+    a.left_front_at = Some(at(10));
+    let mut o = observed(&["b"], vec![a, slot("b", "v2", true)]);
+    o.front = FrontObservation::Up {
+        backends: vec!["b".into()],
+        open: vec![("a".into(), 1)],
+        retiring: vec![("a".into(), 1)],
+    };
+    o.now = at_ms(10_600);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Settle {
+            slot: "a".into(),
+            remaining: Duration::from_millis(1_400)
+        })
+    );
+    o.now = at(12);
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+}
+
+#[test]
+fn a_roll_of_two_slots_replaces_the_one_that_does_not_lead_first_and_never_runs_more_than_three() {
+    let mut d = desired("v2");
+    d.slots = 2;
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    o.lease = LeaseHolder::Slot("b".into());
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "c".into() });
+    o.roll = Some(roll());
+    o.slots.push(slot("c", "v2", true));
+    assert_eq!(
+        plan(&d, &o),
+        set_front(&["b", "c"], &["c"], &[("a", LeaveCause::Replaced)]),
+        "a, which does not lead, goes first"
+    );
+    o.front = FrontObservation::serving(&["b", "c"]);
+    o.slots[0].left_front_at = Some(at(10));
+    o.now = at(11);
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+    o.slots[0].stop = stopped(StopCause::Retired, 11);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Exit { slot: "a".into() }),
+        "three run: the next new slot waits for a to go"
+    );
+    o.slots[0].listening = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Exit { slot: "a".into() }),
+        "a did not lead: no Lease to release, and b may still lead"
+    );
+    o.slots.remove(0);
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+    o.slots.push(slot("a", "v2", true));
+    assert_eq!(plan(&d, &o), set_front(&["a", "c"], &["a"], &[("b", LeaveCause::Replaced)]));
+}
+
+#[test]
+fn two_slots_both_serve() {
+    let mut d = desired("v1");
+    d.slots = 2;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+    o.slots.push(slot("b", "v1", true));
+    assert_eq!(plan(&d, &o), set_front(&["a", "b"], &["b"], &[]));
+}
+
+#[test]
+fn a_serving_slot_that_stops_answering_leaves_the_front_after_two_looks_and_rejoins_when_it_answers() {
+    let mut d = desired("v1");
+    d.slots = 2;
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    o.slots[0].health.ready = false;
+    o.slots[0].health.failures = 1;
+    assert_eq!(plan(&d, &o), Step::Idle, "one failed look is not enough");
+    o.slots[0].health.failures = 2;
+    assert_eq!(plan(&d, &o), set_front(&["b"], &[], &[("a", LeaveCause::Unresponsive)]));
+    o.front = FrontObservation::serving(&["b"]);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Idle,
+        "connections pinned to it stay; no replacement before livenessTimeout"
+    );
+    o.slots[0].health = Health {
+        ever_ready: true,
+        ready: true,
+        failures: 0,
+        last_ok_at: Some(at(10)),
+        problem: None,
+    };
+    assert_eq!(plan(&d, &o), set_front(&["a", "b"], &["a"], &[]));
+}
+
+#[test]
+fn a_slot_that_does_not_answer_for_the_liveness_timeout_is_killed_even_when_it_is_the_only_one() {
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.slots[0].health = Health {
+        ever_ready: true,
+        ready: false,
+        failures: 12,
+        last_ok_at: Some(at(2)),
+        problem: Some("no answer within 1s".into()),
+    };
+    o.now = at(11);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Idle,
+        "nothing better than the front forwarding to it for now"
+    );
+    o.now = at(13);
+    assert_eq!(
+        plan(&d, &o),
+        Step::KillSlot {
+            name: "a".into(),
+            cause: KillCause::Unresponsive { seconds: 10 }
+        }
+    );
+}
+
+#[test]
+fn a_leader_that_dies_leaves_the_front_at_once_its_lease_goes_then_a_replacement_starts() {
+    let mut d = desired("v1");
+    d.slots = 2;
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    o.lease = LeaseHolder::Slot("a".into());
+    o.slots[0].running = false;
+    o.slots[0].listening = false;
+    assert_eq!(plan(&d, &o), set_front(&["b"], &[], &[("a", LeaveCause::Exited)]));
+    o.front = FrontObservation::serving(&["b"]);
+    assert_eq!(
+        plan(&d, &o),
+        Step::ReleaseLease {
+            holder: Some("a".into())
+        }
+    );
+    o.lease = LeaseHolder::Free;
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: true
+        }
+    );
+    o.slots.remove(0);
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+}
+
+#[test]
+fn a_lease_is_never_deleted_while_its_holder_listens_nor_when_it_may_be_a_slot_not_yet_known() {
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.lease = LeaseHolder::Slot("a".into());
+    assert_eq!(plan(&d, &o), Step::Idle);
+    o.lease = LeaseHolder::Unmatched;
+    assert_eq!(plan(&d, &o), Step::Idle);
+    o.lease = LeaseHolder::Gone;
+    assert_eq!(plan(&d, &o), Step::ReleaseLease { holder: None });
+}
+
+#[test]
+fn a_slot_that_does_not_exit_within_the_drain_timeout_is_killed() {
+    let d = desired("v2");
+    let mut a = slot("a", "v1", true);
+    a.stop = stopped(StopCause::Retired, 0);
+    a.listening = false;
+    let mut o = observed(&["b"], vec![a, slot("b", "v2", true)]);
+    o.now = at(31);
+    assert_eq!(
+        plan(&d, &o),
+        Step::KillSlot {
+            name: "a".into(),
+            cause: KillCause::DrainTimeout { seconds: 30 }
+        }
+    );
+    o.slots[0].stop.as_mut().unwrap().killed = true;
+    assert_ne!(
+        plan(&d, &o),
+        Step::KillSlot {
+            name: "a".into(),
+            cause: KillCause::DrainTimeout { seconds: 30 }
+        },
+        "killed once"
+    );
+}
+
+#[test]
+fn a_version_change_snapshots_the_store_first_and_only_once() {
+    let mut d = desired("v2");
+    d.snapshot_before_version_change = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert_eq!(plan(&d, &o), Step::Snapshot);
+    o.snapshot_for = Some(template("v2"));
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+    o.snapshot_for = Some(template("v3"));
+    assert_eq!(plan(&d, &o), Step::Snapshot, "a snapshot for another target does not count");
+}
+
+#[test]
+fn restarts_and_first_starts_do_not_snapshot() {
+    let mut d = desired("v1");
+    d.snapshot_before_version_change = true;
+    d.template.restarted_at = Some("now".into());
+    let o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+    assert_eq!(plan(&d, &observed(&[], vec![])), Step::StartSlot { name: "a".into() });
+}
+
+#[test]
+fn a_caddy_front_that_is_down_lets_the_first_slot_start_and_holds_the_switch() {
+    let d = desired("v1");
+    let mut o = observed(&[], vec![]);
+    o.front = FrontObservation::Down;
+    o.front_ours = false;
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+    o.slots = vec![slot("a", "v1", true)];
+    assert_eq!(plan(&d, &o), Step::EnsureFront);
+}
+
+#[test]
+fn a_front_or_a_kine_that_does_not_answer_is_killed_and_started_again() {
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.front = FrontObservation::Unresponsive;
+    assert_eq!(plan(&desired("v1"), &o), Step::KillFront);
+    o.front = FrontObservation::Down;
+    assert_eq!(plan(&desired("v1"), &o), Step::EnsureFront);
+    o.store_unresponsive = true;
+    o.store_up = false;
+    assert_eq!(plan(&desired("v1"), &o), Step::KillStore);
+    o.store_unresponsive = false;
+    assert_eq!(plan(&desired("v1"), &o), Step::EnsureStore);
+}
+
+#[test]
+fn a_slot_running_without_a_record_is_adopted_before_anything_else() {
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.unrecorded = vec!["b".into()];
+    o.store_up = false;
+    assert_eq!(plan(&desired("v1"), &o), Step::AdoptSlot { name: "b".into() });
+}
+
+#[test]
+fn a_missing_binary_or_a_refused_version_change_blocks_and_leaves_the_old_slot_alone() {
+    let mut d = desired("v9");
+    d.binary_present = false;
+    let o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert!(matches!(
+        plan(&d, &o),
+        Step::Blocked {
+            cause: BlockCause::NoBinary { .. }
+        }
+    ));
+    let mut d = desired("v0");
+    d.version_refused = Some("v0 is older".into());
+    assert!(matches!(
+        plan(&d, &o),
+        Step::Blocked {
+            cause: BlockCause::VersionRefused { .. }
+        }
+    ));
+}
+
+#[test]
+fn a_new_slot_that_is_not_ready_in_time_is_started_once_more_then_the_roll_stops() {
+    let mut d = desired("v2");
+    d.readiness_timeout = Duration::from_secs(5);
+    let mut o = observed(&["a"], vec![slot("a", "v1", true), slot("b", "v2", false)]);
+    o.roll = Some(roll());
+    assert_eq!(
+        plan(&d, &o),
+        Step::RestartSlot {
+            name: "b".into(),
+            cause: RestartCause::NotReady { timeout_seconds: 5 }
+        }
+    );
+    o.roll.as_mut().unwrap().not_ready_restarts = NOT_READY_RESTARTS;
+    assert!(matches!(
+        plan(&d, &o),
+        Step::AbortRoll { ref name, cause: BlockCause::SlotNotReady { .. } } if name == "b"
+    ));
+}
+
+#[test]
+fn a_new_slot_whose_start_overlapped_a_store_outage_is_started_again_once_the_store_is_back() {
+    let d = desired("v2");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true), slot("b", "v2", false)]);
+    o.roll = Some(RollRecord {
+        store_down_at: Some(at(3)),
+        ..roll()
+    });
+    o.store_up = false;
+    assert_eq!(plan(&d, &o), Step::EnsureStore, "the store first");
+    o.store_up = true;
+    assert_eq!(
+        plan(&d, &o),
+        Step::RestartSlot {
+            name: "b".into(),
+            cause: RestartCause::StoreOutage
+        }
+    );
+    o.slots[1].started_at = at(5);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Ready { slot: "b".into() }),
+        "started after the outage"
+    );
+}
+
+#[test]
+fn a_slot_not_ready_in_time_is_retried_once_the_readiness_timeout_is_raised() {
+    let mut d = desired("v2");
+    d.readiness_timeout = Duration::from_secs(5);
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.blocked = Some(Blocked {
+        template: template("v2"),
+        cause: BlockCause::SlotNotReady {
+            slot: "b".into(),
+            timeout_seconds: 5,
+        },
+    });
+    assert!(matches!(plan(&d, &o), Step::Blocked { .. }));
+    d.readiness_timeout = Duration::from_secs(300);
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+    o.blocked.as_mut().unwrap().cause = BlockCause::SlotCrashed {
+        slot: "b".into(),
+        detail: None,
+    };
+    assert!(
+        matches!(plan(&d, &o), Step::Blocked { .. }),
+        "only a new spec retries a crash"
+    );
+}
+
+#[test]
+fn a_new_slot_that_crashes_stops_the_roll_and_is_not_retried_until_the_spec_changes() {
+    let d = desired("v2");
+    let mut b = slot("b", "v2", false);
+    b.running = false;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true), b]);
+    o.roll = Some(roll());
+    assert!(matches!(
+        plan(&d, &o),
+        Step::AbortRoll {
+            cause: BlockCause::SlotCrashed { .. },
+            ..
+        }
+    ));
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.blocked = Some(Blocked {
+        template: template("v2"),
+        cause: BlockCause::SlotCrashed {
+            slot: "b".into(),
+            detail: None,
+        },
+    });
+    assert!(matches!(plan(&d, &o), Step::Blocked { .. }));
+    assert_eq!(plan(&desired("v3"), &o), Step::StartSlot { name: "b".into() });
+}
+
+#[test]
+fn a_spec_change_mid_roll_stops_the_slot_that_never_served_at_once() {
+    let d = desired("v3");
+    let o = observed(&["a"], vec![slot("a", "v1", true), slot("b", "v2", false)]);
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "b".into() });
+}
+
+#[test]
+fn fewer_slots_in_the_spec_retire_the_spares() {
+    let d = desired("v1");
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    assert_eq!(plan(&d, &o), set_front(&["a"], &[], &[("b", LeaveCause::Replaced)]));
+    o.front = FrontObservation::serving(&["a"]);
+    o.slots[1].left_front_at = Some(at(9));
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "b".into() });
+}
+
+#[test]
+fn a_front_that_lost_its_set_gets_back_what_can_serve() {
+    let d = desired("v2");
+    let o = observed(&[], vec![slot("a", "v1", true), slot("b", "v2", false)]);
+    assert_eq!(plan(&d, &o), set_front(&["a"], &["a"], &[]));
+}
+
+#[test]
+fn after_a_serve_restart_a_slot_in_the_front_is_not_taken_for_one_that_never_got_ready() {
+    let d = desired("v1");
+    let mut a = slot("a", "v1", false);
+    a.started_at = at(-3600);
+    let o = observed(&["a"], vec![a]);
+    assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+#[test]
+fn deletion_stops_the_slots_their_stores_the_store_and_the_front_and_nothing_waits() {
+    let mut d = desired("v1");
+    d.deleting = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+    o.slots[0].stop = stopped(StopCause::Deleting, 10);
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Exit { slot: "a".into() }));
+    o.slots[0].running = false;
+    o.slots[0].own_store_running = true;
+    assert_eq!(plan(&d, &o), Step::StopSlotStore { name: "a".into() });
+    o.slots[0].own_store_running = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: false
+        }
+    );
+    o.slots.clear();
+    assert_eq!(plan(&d, &o), Step::StopStore);
+    o.store_processes_up = false;
+    assert_eq!(plan(&d, &o), Step::StopFront);
+    o.front = FrontObservation::Down;
+    assert_eq!(plan(&d, &o), Step::Idle);
+}
