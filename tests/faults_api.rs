@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use common::{Serve, kcpshard_names, kcpshards};
+use common::{Serve, Sweep, kcpshard_names, kcpshards};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -282,44 +282,6 @@ async fn a_corrupt_object_file_stops_serve_with_its_name_until_it_is_moved_aside
 
 /// Ends (by pid) every process whose argv names `dir`: the kine and front a shard's controller
 /// started, which run in sessions of their own and outlive `serve`.
-struct Sweep(PathBuf);
-
-impl Sweep {
-    fn pids(&self) -> Vec<(i32, String)> {
-        let needle = self.0.display().to_string();
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
-                continue;
-            };
-            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
-            if argv.contains(&needle) && pid != std::process::id() as i32 {
-                found.push((pid, argv));
-            }
-        }
-        found
-    }
-
-    /// The pids of those whose argv also contains `marker`.
-    fn pids_with(&self, marker: &str) -> Vec<i32> {
-        self.pids()
-            .into_iter()
-            .filter(|(_, argv)| argv.contains(marker))
-            .map(|(pid, _)| pid)
-            .collect()
-    }
-}
-
-impl Drop for Sweep {
-    fn drop(&mut self) {
-        for (pid, _) in self.pids() {
-            // SAFETY: kill(2) of a process this test's serve started (its argv names our temp dir).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    }
-}
-
 /// Creates KcpShard `dev` on a version that has no kcp binary, its front on a free port, and
 /// waits for Degraded BinaryMissing: its kine and its front run, no slot does.
 async fn create_dev_without_kcp(serve: &Serve, api: &kube::Api<DynamicObject>) {

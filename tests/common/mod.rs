@@ -385,3 +385,43 @@ pub async fn kcpshard_names(api: &kube::Api<kube::api::DynamicObject>) -> Vec<St
         .filter_map(|o| o.metadata.name)
         .collect()
 }
+
+/// The processes a test's `serve` started (every one names the state dir in its argv): killed when
+/// this drops, pass or fail, so nothing outlives the test.
+pub struct Sweep(pub PathBuf);
+
+impl Sweep {
+    pub fn pids(&self) -> Vec<(i32, String)> {
+        let needle = self.0.display().to_string();
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
+            if argv.contains(&needle) && pid != std::process::id() as i32 {
+                found.push((pid, argv));
+            }
+        }
+        found
+    }
+
+    /// The pids of those whose argv also contains `marker`.
+    pub fn pids_with(&self, marker: &str) -> Vec<i32> {
+        self.pids()
+            .into_iter()
+            .filter(|(_, argv)| argv.contains(marker))
+            .map(|(pid, _)| pid)
+            .collect()
+    }
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for (pid, _) in self.pids() {
+            // SAFETY: kill(2) of a process this test's serve started (its argv names our temp dir).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}

@@ -816,7 +816,8 @@ pub struct PollStats {
     pub failures: Vec<(DateTime<Utc>, String)>,
 }
 
-/// Polls `/readyz` through the front every 50 ms, each poll on a new connection (as `curl` does).
+/// Polls `/readyz` through the front every 50 ms (or as given), each poll on a new connection (as
+/// `curl` does).
 pub struct Poller {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<PollStats>,
@@ -824,11 +825,15 @@ pub struct Poller {
 
 impl Poller {
     pub fn start(config: Config) -> Poller {
+        Poller::start_every(config, Duration::from_millis(50))
+    }
+
+    pub fn start_every(config: Config, every: Duration) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
             let mut stats = PollStats::default();
-            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !flag.load(Ordering::SeqCst) {
                 tick.tick().await;

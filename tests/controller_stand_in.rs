@@ -1,0 +1,296 @@
+//! The controller against a stand-in kcp (tests/support/stand_in_kcp.rs: HTTPS `/readyz`, the
+//! controllers Lease and workspaces, kcp's SIGTERM behaviour), with the real `kcpshard serve`,
+//! front and kine. A slot that hangs is SIGSTOPped and one that crashes SIGKILLed, as in the
+//! end-to-end suite, which proves the same on real kcp; these take seconds, so every rule of the
+//! loop is checked on every run:
+//! - two slots serve at once and a roll replaces them one by one, with no failed poll;
+//! - a slot that is killed leaves the front at once, its Lease is released, a replacement runs;
+//! - a slot that hangs leaves the front within 3 s and is killed after livenessTimeout; alone, the
+//!   shard says Degraded at once and serves again after livenessTimeout and one start;
+//! - a kine or a front that hangs is replaced; a slot that cannot start says what kcp printed;
+//! - deletion takes one short step at a time and serve honours SIGTERM at once in every state.
+mod e2e;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use e2e::{Env, Poller, condition, describe_failures, free_port, signal};
+use serde_json::{Value, json};
+
+fn stand_in() -> String {
+    env!("CARGO_BIN_EXE_stand-in-kcp").to_string()
+}
+
+fn spec(front: &str, slots: u32) -> Value {
+    json!({
+        "version": "v0.31.2",
+        "slots": slots,
+        "kcp": { "binary": stand_in() },
+        "store": { "type": "KineSqlite" },
+        "front": { "type": "Tcp", "listen": front },
+        "rollout": { "livenessTimeout": "4s", "readinessTimeout": "20s", "drainTimeout": "10s" },
+    })
+}
+
+/// The slots the front serves from, as status says.
+fn serving(object: &Value) -> Vec<String> {
+    object["status"]["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["serving"] == true)
+        .filter_map(|s| s["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn leader(object: &Value) -> Option<(String, i32)> {
+    object["status"]["slots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["leader"] == true)
+        .map(|s| (s["name"].as_str().unwrap().to_string(), s["pid"].as_i64().unwrap() as i32))
+}
+
+fn slot_pid(object: &Value, name: &str) -> Option<i32> {
+    object["status"]["slots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == name)
+        .and_then(|s| s["pid"].as_i64())
+        .map(|p| p as i32)
+}
+
+/// Ready, with `n` slots serving that are not stopping.
+async fn settled(env: &Env, name: &str, n: usize, timeout: Duration) -> Value {
+    env.until(name, timeout, &format!("{n} slots serving, the roll done"), |o| {
+        let idle = condition(o, "Progressing").is_some_and(|c| c["status"] == "False");
+        (e2e::ready_now(o) && idle && serving(o).len() == n && o["status"]["slots"].as_array()?.len() == n)
+            .then(|| o.clone())
+    })
+    .await
+}
+
+async fn start(slots: u32) -> (Env, String, kube::Config) {
+    let mut env = Env::start().await;
+    let front = format!("127.0.0.1:{}", free_port());
+    env.apply_spec("dev", spec(&front, slots)).await;
+    settled(&env, "dev", slots as usize, Duration::from_secs(60)).await;
+    let poll = e2e::front_shard_admin(&env, "dev", &front).await;
+    env.started = Instant::now();
+    (env, front, poll)
+}
+
+async fn reasons(env: &Env) -> Vec<String> {
+    env.events("dev")
+        .await
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_slots_serve_and_a_roll_replaces_them_one_by_one_with_no_failed_request() {
+    let (mut env, _front, poll) = start(2).await;
+    let poller = Poller::start_every(poll, Duration::from_millis(20));
+    let before = env.get("dev").await.unwrap();
+    let old: Vec<String> = serving(&before);
+    env.request_restart("dev").await;
+    // At most three slots run at any moment, and two serve throughout.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut most = 0;
+    loop {
+        let o = env.get("dev").await.unwrap();
+        let running = o["status"]["slots"].as_array().map_or(0, |s| s.iter().filter(|s| s["pid"].is_number()).count());
+        most = most.max(running);
+        let now = serving(&o);
+        if now.len() == 2 && now.iter().all(|s| !old.contains(s)) && condition(&o, "Progressing").is_some_and(|c| c["status"] == "False") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the roll did not complete: {}", o["status"]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = poller.finish().await;
+    env.log(&format!("roll of 2 slots: {} polls, {} failed, at most {most} slots ran", stats.polls, stats.failures.len()));
+    assert!(stats.failures.is_empty(), "failed polls:\n{}", describe_failures(&stats));
+    assert!(most <= 3, "{most} slots ran at once");
+    let o = env.get("dev").await.unwrap();
+    assert_eq!(o["status"]["lastRoll"]["toVersion"], "v0.31.2");
+    assert!(reasons(&env).await.iter().any(|r| r == "RollComplete"));
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs() {
+    let (mut env, _front, poll) = start(2).await;
+    let (name, pid) = env
+        .until("dev", Duration::from_secs(20), "a leader", |o| leader(o))
+        .await;
+    let poller = Poller::start_every(poll, Duration::from_millis(20));
+    signal(pid, libc::SIGKILL);
+    let killed = Instant::now();
+    let other = env
+        .until("dev", Duration::from_secs(10), "another slot to lead", |o| {
+            leader(o).filter(|(n, _)| *n != name).map(|(n, _)| n)
+        })
+        .await;
+    let took = killed.elapsed();
+    env.log(&format!("slot {name} (leader) killed: slot {other} leads {took:.2?} later"));
+    assert!(took < Duration::from_secs(8), "no leader for {took:?}");
+    settled(&env, "dev", 2, Duration::from_secs(30)).await;
+    let stats = poller.finish().await;
+    env.log(&format!("{} polls, {} failed", stats.polls, stats.failures.len()));
+    // Only a request in flight on the killed slot may fail.
+    assert!(stats.failures.len() <= 1, "failed polls:\n{}", describe_failures(&stats));
+    let seen = reasons(&env).await;
+    for reason in ["SlotCrashed", "LeaseReleased"] {
+        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
+    }
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_slot_leaves_the_front_within_3s_and_is_killed_after_the_liveness_timeout() {
+    let (mut env, _front, poll) = start(2).await;
+    let o = env.get("dev").await.unwrap();
+    let victim = serving(&o)[0].clone();
+    let pid = slot_pid(&o, &victim).unwrap();
+    signal(pid, libc::SIGSTOP);
+    let stopped = Instant::now();
+    env.until("dev", Duration::from_secs(3), "the hung slot out of the front", |o| {
+        (!serving(o).contains(&victim)).then_some(())
+    })
+    .await;
+    env.log(&format!("slot {victim} SIGSTOPped: out of the front after {:.2?}", stopped.elapsed()));
+    let poller = Poller::start_every(poll, Duration::from_millis(20));
+    env.until("dev", Duration::from_secs(10), "the hung slot killed", |o| {
+        (slot_pid(o, &victim) != Some(pid)).then_some(())
+    })
+    .await;
+    let killed_after = stopped.elapsed();
+    env.log(&format!("slot {victim} killed {killed_after:.2?} after it hung"));
+    assert!(killed_after >= Duration::from_secs(4), "killed before livenessTimeout: {killed_after:?}");
+    settled(&env, "dev", 2, Duration::from_secs(30)).await;
+    let stats = poller.finish().await;
+    assert!(stats.failures.is_empty(), "failed polls once it left the front:\n{}", describe_failures(&stats));
+    let seen = reasons(&env).await;
+    for reason in ["SlotUnresponsive", "SlotKilled"] {
+        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
+    }
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lone_hung_slot_is_degraded_at_once_and_serves_again_after_the_liveness_timeout() {
+    let (mut env, _front, poll) = start(1).await;
+    let o = env.get("dev").await.unwrap();
+    let pid = slot_pid(&o, &serving(&o)[0]).unwrap();
+    signal(pid, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let message = env
+        .until("dev", Duration::from_secs(3), "Degraded=True SlotUnresponsive", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["status"] == "True" && c["reason"] == "SlotUnresponsive")
+                .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+        })
+        .await;
+    env.log(&format!("Degraded {:.2?} after SIGSTOP: {message}", stopped.elapsed()));
+    let o = env.get("dev").await.unwrap();
+    assert_eq!(condition(&o, "Ready").unwrap()["status"], "False");
+    settled(&env, "dev", 1, Duration::from_secs(30)).await;
+    let back = stopped.elapsed();
+    env.log(&format!("serving again {back:.2?} after SIGSTOP"));
+    assert!(e2e::readyz_ok(&poll).await.is_ok());
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_kine_and_a_hung_front_are_replaced_and_the_shard_serves_again_within_5s() {
+    let (mut env, _front, poll) = start(1).await;
+    for (what, marker) in [("kine", "--endpoint=sqlite://"), ("front", " front ")] {
+        let pid = e2e::processes_with(&env.state.display().to_string())
+            .into_iter()
+            .find(|(_, argv)| argv.contains(marker))
+            .unwrap_or_else(|| env.fail(&format!("no {what} runs")))
+            .0;
+        signal(pid, libc::SIGSTOP);
+        let stopped = Instant::now();
+        let deadline = stopped + Duration::from_secs(5);
+        loop {
+            let replaced = !e2e::alive(pid)
+                && e2e::processes_with(&env.state.display().to_string())
+                    .iter()
+                    .any(|(p, argv)| argv.contains(marker) && *p != pid);
+            if replaced && e2e::readyz_ok(&poll).await.is_ok() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the shard does not serve 5 s after its {what} hung");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        env.log(&format!("{what} SIGSTOPped: replaced, serving again after {:.2?}", stopped.elapsed()));
+    }
+    let seen = reasons(&env).await;
+    for reason in ["StoreUnresponsive", "FrontUnresponsive"] {
+        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
+    }
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_that_cannot_start_says_what_kcp_printed_and_where_its_log_is() {
+    let mut env = Env::start().await;
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut bad = spec(&front, 1);
+    bad["kcp"]["extraArgs"] = json!(["--bogus-flag"]);
+    env.apply_spec("dev", bad).await;
+    let message = env
+        .until("dev", Duration::from_secs(30), "Degraded=True SlotCrashed", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["status"] == "True" && c["reason"] == "SlotCrashed")
+                .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+        })
+        .await;
+    assert!(message.contains("Error: unknown flag: --bogus-flag"), "{message}");
+    assert!(message.contains("kcp.log"), "{message}");
+    let blocked = env
+        .events("dev")
+        .await
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("RollBlocked"))
+        .map(|e| e.count.unwrap_or(1))
+        .sum::<i32>();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = env
+        .events("dev")
+        .await
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("RollBlocked"))
+        .map(|e| e.count.unwrap_or(1))
+        .sum::<i32>();
+    assert!(blocked <= 1 && again == blocked, "RollBlocked {blocked} then {again} times for one block");
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_honours_sigterm_within_5s_mid_roll_and_deletion_leaves_nothing_running() {
+    let (mut env, _front, _poll) = start(1).await;
+    env.request_restart("dev").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = env.serve_pid().unwrap();
+    let asked = Instant::now();
+    signal(pid, libc::SIGTERM);
+    while e2e::alive(pid) {
+        assert!(asked.elapsed() < Duration::from_secs(5), "serve still runs 5 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.log(&format!("serve exited {:.2?} after SIGTERM mid-roll", asked.elapsed()));
+    env.stop_serve();
+    env.start_serve().await;
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    assert!(env.delete_and_wait("dev", Duration::from_secs(30)).await, "the shard was not deleted");
+    let left: Vec<_> = e2e::processes_with(&env.state.display().to_string())
+        .into_iter()
+        .filter(|(_, argv)| !argv.contains(" serve "))
+        .collect();
+    assert!(left.is_empty(), "processes left after deletion: {left:?}");
+    env.shutdown(&[]).await;
+}
