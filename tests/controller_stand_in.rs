@@ -48,7 +48,12 @@ fn leader(object: &Value) -> Option<(String, i32)> {
         .as_array()?
         .iter()
         .find(|s| s["leader"] == true)
-        .map(|s| (s["name"].as_str().unwrap().to_string(), s["pid"].as_i64().unwrap() as i32))
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["pid"].as_i64().unwrap() as i32,
+            )
+        })
 }
 
 fn slot_pid(object: &Value, name: &str) -> Option<i32> {
@@ -100,18 +105,31 @@ async fn two_slots_serve_and_a_roll_replaces_them_one_by_one_with_no_failed_requ
     let mut most = 0;
     loop {
         let o = env.get("dev").await.unwrap();
-        let running = o["status"]["slots"].as_array().map_or(0, |s| s.iter().filter(|s| s["pid"].is_number()).count());
+        let running = o["status"]["slots"]
+            .as_array()
+            .map_or(0, |s| s.iter().filter(|s| s["pid"].is_number()).count());
         most = most.max(running);
         let now = serving(&o);
-        if now.len() == 2 && now.iter().all(|s| !old.contains(s)) && condition(&o, "Progressing").is_some_and(|c| c["status"] == "False") {
+        if now.len() == 2
+            && now.iter().all(|s| !old.contains(s))
+            && condition(&o, "Progressing").is_some_and(|c| c["status"] == "False")
+        {
             break;
         }
         assert!(Instant::now() < deadline, "the roll did not complete: {}", o["status"]);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let stats = poller.finish().await;
-    env.log(&format!("roll of 2 slots: {} polls, {} failed, at most {most} slots ran", stats.polls, stats.failures.len()));
-    assert!(stats.failures.is_empty(), "failed polls:\n{}", describe_failures(&stats));
+    env.log(&format!(
+        "roll of 2 slots: {} polls, {} failed, at most {most} slots ran",
+        stats.polls,
+        stats.failures.len()
+    ));
+    assert!(
+        stats.failures.is_empty(),
+        "failed polls:\n{}",
+        describe_failures(&stats)
+    );
     assert!(most <= 3, "{most} slots ran at once");
     let o = env.get("dev").await.unwrap();
     assert_eq!(o["status"]["lastRoll"]["toVersion"], "v0.31.2");
@@ -134,13 +152,19 @@ async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs(
         })
         .await;
     let took = killed.elapsed();
-    env.log(&format!("slot {name} (leader) killed: slot {other} leads {took:.2?} later"));
+    env.log(&format!(
+        "slot {name} (leader) killed: slot {other} leads {took:.2?} later"
+    ));
     assert!(took < Duration::from_secs(8), "no leader for {took:?}");
     settled(&env, "dev", 2, Duration::from_secs(30)).await;
     let stats = poller.finish().await;
     env.log(&format!("{} polls, {} failed", stats.polls, stats.failures.len()));
     // Only a request in flight on the killed slot may fail.
-    assert!(stats.failures.len() <= 1, "failed polls:\n{}", describe_failures(&stats));
+    assert!(
+        stats.failures.len() <= 1,
+        "failed polls:\n{}",
+        describe_failures(&stats)
+    );
     let seen = reasons(&env).await;
     for reason in ["SlotCrashed", "LeaseReleased"] {
         assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
@@ -160,7 +184,10 @@ async fn a_hung_slot_leaves_the_front_within_3s_and_is_killed_after_the_liveness
         (!serving(o).contains(&victim)).then_some(())
     })
     .await;
-    env.log(&format!("slot {victim} SIGSTOPped: out of the front after {:.2?}", stopped.elapsed()));
+    env.log(&format!(
+        "slot {victim} SIGSTOPped: out of the front after {:.2?}",
+        stopped.elapsed()
+    ));
     let poller = Poller::start_every(poll, Duration::from_millis(20));
     env.until("dev", Duration::from_secs(10), "the hung slot killed", |o| {
         (slot_pid(o, &victim) != Some(pid)).then_some(())
@@ -168,10 +195,17 @@ async fn a_hung_slot_leaves_the_front_within_3s_and_is_killed_after_the_liveness
     .await;
     let killed_after = stopped.elapsed();
     env.log(&format!("slot {victim} killed {killed_after:.2?} after it hung"));
-    assert!(killed_after >= Duration::from_secs(4), "killed before livenessTimeout: {killed_after:?}");
+    assert!(
+        killed_after >= Duration::from_secs(4),
+        "killed before livenessTimeout: {killed_after:?}"
+    );
     settled(&env, "dev", 2, Duration::from_secs(30)).await;
     let stats = poller.finish().await;
-    assert!(stats.failures.is_empty(), "failed polls once it left the front:\n{}", describe_failures(&stats));
+    assert!(
+        stats.failures.is_empty(),
+        "failed polls once it left the front:\n{}",
+        describe_failures(&stats)
+    );
     let seen = reasons(&env).await;
     for reason in ["SlotUnresponsive", "SlotKilled"] {
         assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
@@ -223,10 +257,16 @@ async fn a_hung_kine_and_a_hung_front_are_replaced_and_the_shard_serves_again_wi
             if replaced && e2e::readyz_ok(&poll).await.is_ok() {
                 break;
             }
-            assert!(Instant::now() < deadline, "the shard does not serve 5 s after its {what} hung");
+            assert!(
+                Instant::now() < deadline,
+                "the shard does not serve 5 s after its {what} hung"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        env.log(&format!("{what} SIGSTOPped: replaced, serving again after {:.2?}", stopped.elapsed()));
+        env.log(&format!(
+            "{what} SIGSTOPped: replaced, serving again after {:.2?}",
+            stopped.elapsed()
+        ));
     }
     let seen = reasons(&env).await;
     for reason in ["StoreUnresponsive", "FrontUnresponsive"] {
@@ -266,7 +306,10 @@ async fn a_slot_that_cannot_start_says_what_kcp_printed_and_where_its_log_is() {
         .filter(|e| e.reason.as_deref() == Some("RollBlocked"))
         .map(|e| e.count.unwrap_or(1))
         .sum::<i32>();
-    assert!(blocked <= 1 && again == blocked, "RollBlocked {blocked} then {again} times for one block");
+    assert!(
+        blocked <= 1 && again == blocked,
+        "RollBlocked {blocked} then {again} times for one block"
+    );
     env.shutdown(&["dev"]).await;
 }
 
@@ -279,18 +322,82 @@ async fn serve_honours_sigterm_within_5s_mid_roll_and_deletion_leaves_nothing_ru
     let asked = Instant::now();
     signal(pid, libc::SIGTERM);
     while e2e::alive(pid) {
-        assert!(asked.elapsed() < Duration::from_secs(5), "serve still runs 5 s after SIGTERM");
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "serve still runs 5 s after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     env.log(&format!("serve exited {:.2?} after SIGTERM mid-roll", asked.elapsed()));
     env.stop_serve();
     env.start_serve().await;
     settled(&env, "dev", 1, Duration::from_secs(60)).await;
-    assert!(env.delete_and_wait("dev", Duration::from_secs(30)).await, "the shard was not deleted");
+    assert!(
+        env.delete_and_wait("dev", Duration::from_secs(30)).await,
+        "the shard was not deleted"
+    );
     let left: Vec<_> = e2e::processes_with(&env.state.display().to_string())
         .into_iter()
         .filter(|(_, argv)| !argv.contains(" serve "))
         .collect();
     assert!(left.is_empty(), "processes left after deletion: {left:?}");
     env.shutdown(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_changed_mid_roll_is_the_one_the_roll_record_names() {
+    let (mut env, _front, _poll) = start(1).await;
+    env.patch("dev", json!({ "spec": { "version": "v0.31.3" } })).await;
+    env.until("dev", Duration::from_secs(10), "a slot of v0.31.3 starting", |o| {
+        o["status"]["slots"]
+            .as_array()?
+            .iter()
+            .any(|s| s["version"] == "v0.31.3")
+            .then_some(())
+    })
+    .await;
+    env.patch("dev", json!({ "spec": { "version": "v0.31.4" } })).await;
+    let done = env
+        .until("dev", Duration::from_secs(60), "the roll to v0.31.4 complete", |o| {
+            let roll = &o["status"]["lastRoll"];
+            (roll["completedAt"].is_string()
+                && serving(o).len() == 1
+                && o["status"]["slots"][0]["version"] == "v0.31.4")
+                .then(|| roll.clone())
+        })
+        .await;
+    assert_eq!(done["toVersion"], "v0.31.4", "{done}");
+    let complete = env
+        .events("dev")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("RollComplete"))
+        .filter_map(|e| e.message)
+        .last()
+        .unwrap_or_default();
+    assert!(complete.contains("to v0.31.4"), "{complete}");
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_front_address_that_is_taken_names_who_holds_it() {
+    let mut env = Env::start().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let front = taken.local_addr().unwrap().to_string();
+    env.apply_spec("dev", spec(&front, 1)).await;
+    let message = env
+        .until("dev", Duration::from_secs(30), "Degraded=True StepFailed", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["status"] == "True" && c["reason"] == "StepFailed")
+                .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+        })
+        .await;
+    assert!(
+        message.contains(&format!("in use by pid {}", std::process::id())),
+        "{message}"
+    );
+    assert!(!message.contains("another program"), "{message}");
+    drop(taken);
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    env.shutdown(&["dev"]).await;
 }

@@ -114,7 +114,10 @@ impl Actor<'_> {
         if recorded {
             return Ok(vec![Note::normal(
                 "SlotAdopted",
-                format!("slot {name}'s kcp (pid {}) had no process record; recorded it", process.pid),
+                format!(
+                    "slot {name}'s kcp (pid {}) had no process record; recorded it",
+                    process.pid
+                ),
             )]);
         }
         let record = record_from_argv(name, &process).ok_or_else(|| Error::Unadoptable {
@@ -231,8 +234,8 @@ impl Actor<'_> {
         let listen = front.listen();
         // A front that moves must not be stopped before its new address is known to be free: the
         // running one keeps serving while the spec names a taken address.
-        let starts = self.world.observed.front_elsewhere
-            || self.world.observed.front == super::plan::FrontObservation::Down;
+        let starts =
+            self.world.observed.front_elsewhere || self.world.observed.front == super::plan::FrontObservation::Down;
         if front.is_ours()
             && starts
             && let Err(source) = std::net::TcpListener::bind(listen)
@@ -366,10 +369,11 @@ impl Actor<'_> {
                 slot.dirs.update(|r| r.left_front_at = Some(now))?;
             }
         }
-        let joined_new = change
-            .joined
-            .iter()
-            .any(|j| self.world.slot(j).is_some_and(|s| s.record.template == self.desired.template));
+        let joined_new = change.joined.iter().any(|j| {
+            self.world
+                .slot(j)
+                .is_some_and(|s| s.record.template == self.desired.template)
+        });
         if joined_new {
             self.update_roll(|roll| {
                 roll.new_slot_ready_at.get_or_insert(now);
@@ -401,7 +405,10 @@ impl Actor<'_> {
             .iter()
             .map(|name| {
                 let port = self.world.slot(name).map_or(0, |s| s.record.port);
-                Note::normal("SlotReady", format!("slot {name} answers /readyz on its own port {port}"))
+                Note::normal(
+                    "SlotReady",
+                    format!("slot {name} answers /readyz on its own port {port}"),
+                )
             })
             .collect();
         for (name, cause) in &change.left {
@@ -530,7 +537,9 @@ impl Actor<'_> {
             ),
             KillCause::DrainTimeout { seconds } => (
                 StopCause::DrainTimeout,
-                format!("slot {name} did not exit within spec.rollout.drainTimeout ({seconds}s) after SIGTERM; killed it"),
+                format!(
+                    "slot {name} did not exit within spec.rollout.drainTimeout ({seconds}s) after SIGTERM; killed it"
+                ),
             ),
         };
         self.signal_slot(name, stop, Signal::SIGKILL)?;
@@ -612,7 +621,9 @@ impl Actor<'_> {
             let line = line.trim_start();
             line.starts_with("Error:")
                 || line.starts_with("error:")
-                || (line.len() > 5 && matches!(line.as_bytes()[0], b'E' | b'F') && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit))
+                || (line.len() > 5
+                    && matches!(line.as_bytes()[0], b'E' | b'F')
+                    && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit))
         };
         match tail.iter().rev().find(is_error).or(tail.last()) {
             Some(line) => format!("it printed {:?} (log: {})", line.trim(), log.display()),
@@ -671,11 +682,16 @@ impl Actor<'_> {
         self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
         let whose = match holder.and_then(|h| self.world.observed.slot(h)) {
             Some(h) if !h.running => format!("held by slot {}, which is gone", h.name),
-            Some(h) => format!("held by slot {}, which stopped listening and can no longer renew it", h.name),
+            Some(h) => format!(
+                "held by slot {}, which stopped listening and can no longer renew it",
+                h.name
+            ),
             None => "held by a kcp that no longer runs".to_string(),
         };
         let message = if deleted {
-            format!("deleted Lease kube-system/kcp-controllers ({whose}, through slot {through}) so a serving slot leads at once")
+            format!(
+                "deleted Lease kube-system/kcp-controllers ({whose}, through slot {through}) so a serving slot leads at once"
+            )
         } else {
             "no kcp-controllers Lease to release".to_string()
         };

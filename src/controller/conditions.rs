@@ -76,7 +76,12 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
     } else if hung_alone {
         verdict("Ready", false, "SlotUnresponsive", hung_message())
     } else if matches!(observed.front, FrontObservation::Down | FrontObservation::Unresponsive) {
-        verdict("Ready", false, "FrontDown", "the front is not running or does not answer")
+        verdict(
+            "Ready",
+            false,
+            "FrontDown",
+            "the front is not running or does not answer",
+        )
     } else {
         verdict("Ready", false, "NoSlotReady", "no ready slot behind the front yet")
     };
@@ -131,12 +136,21 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
         None => degraded,
     };
     let store = if observed.store_up {
-        verdict("StoreReady", true, "StoreUp", "the store accepts connections and answers reads")
+        verdict(
+            "StoreReady",
+            true,
+            "StoreUp",
+            "the store accepts connections and answers reads",
+        )
     } else {
         verdict(
             "StoreReady",
             false,
-            if observed.store_unresponsive { "StoreUnresponsive" } else { "StoreDown" },
+            if observed.store_unresponsive {
+                "StoreUnresponsive"
+            } else {
+                "StoreDown"
+            },
             observed
                 .store_problem
                 .clone()
@@ -159,7 +173,11 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
         FrontObservation::Down | FrontObservation::Unresponsive => verdict(
             "FrontReady",
             false,
-            if observed.front == FrontObservation::Down { "FrontDown" } else { "FrontUnresponsive" },
+            if observed.front == FrontObservation::Down {
+                "FrontDown"
+            } else {
+                "FrontUnresponsive"
+            },
             observed
                 .front_problem
                 .clone()
@@ -342,7 +360,10 @@ mod tests {
     #[test]
     fn a_converged_shard_is_ready_and_a_first_start_pending() {
         let o = observed(&["a"], vec![slot("a", "v1", true)]);
-        assert_eq!(phase(&verdicts(&desired("v1"), &o, &Step::Idle, None), false), Phase::Ready);
+        assert_eq!(
+            phase(&verdicts(&desired("v1"), &o, &Step::Idle, None), false),
+            Phase::Ready
+        );
         let o = observed(&[], vec![slot("a", "v1", false)]);
         let v = verdicts(&desired("v1"), &o, &Step::Wait(Wait::Ready { slot: "a".into() }), None);
         assert_eq!(phase(&v, false), Phase::Pending);
@@ -360,7 +381,10 @@ mod tests {
             (false, "SlotUnresponsive")
         );
         let degraded = find(&v, "Degraded");
-        assert!(degraded.status && degraded.message.contains("no answer within 1s"), "{degraded:?}");
+        assert!(
+            degraded.status && degraded.message.contains("no answer within 1s"),
+            "{degraded:?}"
+        );
         assert_eq!(phase(&v, false), Phase::Degraded);
     }
 
@@ -376,7 +400,10 @@ mod tests {
         assert!(status_of(&v, "Ready"));
         let degraded = find(&v, "Degraded");
         assert_eq!(degraded.reason, "FewerSlots");
-        assert!(degraded.message.starts_with("1 of 2 slots serve (slot b exited)"), "{degraded:?}");
+        assert!(
+            degraded.message.starts_with("1 of 2 slots serve (slot b exited)"),
+            "{degraded:?}"
+        );
     }
 
     #[test]

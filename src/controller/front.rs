@@ -83,7 +83,11 @@ impl Front {
                 Ok(FrontSeen {
                     listen: status.listen,
                     backends: status.backend.into_iter().collect(),
-                    open: status.connections.iter().map(|(slot, c)| (slot.clone(), c.open)).collect(),
+                    open: status
+                        .connections
+                        .iter()
+                        .map(|(slot, c)| (slot.clone(), c.open))
+                        .collect(),
                     retiring: vec![],
                     outdated: front::runs_other_binary(binary, dir, status.pid),
                     pid: Some(status.pid),
@@ -174,7 +178,10 @@ impl Front {
         if let Front::Tcp { dir, .. } = self
             && let Some(pid) = front::recorded_pid(dir)
         {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
         }
     }
 
@@ -185,7 +192,11 @@ impl Front {
             return None;
         };
         let pid = front::recorded_pid(dir)?;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).ok()?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .ok()?;
         Some(pid)
     }
 

@@ -114,14 +114,19 @@ impl HealthChecks {
                 }
             }
         };
-        check.stopping.send_if_modified(|s| std::mem::replace(s, stopping) != stopping);
+        check
+            .stopping
+            .send_if_modified(|s| std::mem::replace(s, stopping) != stopping);
         if new {
             let checks = self.checks.clone();
             let wakes = self.wakes.clone();
             let running = check.clone();
             let target_ = target.clone();
             tokio::spawn(async move {
-                run(&running, &target_, port, look, || wakes.wake((shard.clone(), super::Wake::Health))).await;
+                run(&running, &target_, port, look, || {
+                    wakes.wake((shard.clone(), super::Wake::Health))
+                })
+                .await;
                 checks.lock().expect("health checks lock").remove(&target_);
             });
             let mut rx = check.seen.subscribe();
@@ -281,7 +286,8 @@ mod tests {
             .expect("woken once unresponsive");
         let took = hung.elapsed();
         assert!(
-            took >= 2 * LOOK_TIMEOUT - Duration::from_millis(100) && took < 2 * LOOK_TIMEOUT + SERVING_INTERVAL + Duration::from_millis(300),
+            took >= 2 * LOOK_TIMEOUT - Duration::from_millis(100)
+                && took < 2 * LOOK_TIMEOUT + SERVING_INTERVAL + Duration::from_millis(300),
             "{took:?}"
         );
         let seen = checks.seen(target, shard, None, false, look).await;

@@ -63,7 +63,11 @@ mod tests {
             ),
         )
         .unwrap();
-        assert_eq!(identity_in_log(&log), None, "the process running now has not logged yet");
+        assert_eq!(
+            identity_in_log(&log),
+            None,
+            "the process running now has not logged yet"
+        );
         let mut text = std::fs::read_to_string(&log).unwrap();
         text.push_str("I1201 11:00:03.2 2 server.go:767] \"(re-)starting leader election\" identity=\"host_2222\" name=\"kcp-controllers\"\n");
         std::fs::write(&log, text).unwrap();
@@ -84,6 +88,10 @@ mod tests {
         starting.push(("c".into(), None, true));
         assert_eq!(holder(Some("h_9"), &starting), LeaseHolder::Unmatched);
         starting[2].2 = false;
-        assert_eq!(holder(Some("h_9"), &starting), LeaseHolder::Gone, "a slot that is gone cannot renew");
+        assert_eq!(
+            holder(Some("h_9"), &starting),
+            LeaseHolder::Gone,
+            "a slot that is gone cannot renew"
+        );
     }
 }

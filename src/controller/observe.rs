@@ -62,7 +62,12 @@ impl World {
             .iter()
             .filter_map(|b| self.observed.slot(b))
             .find(|s| s.can_stay() && s.health.ready)
-            .or_else(|| self.observed.slots.iter().find(|s| s.running && s.listening && s.health.ready))
+            .or_else(|| {
+                self.observed
+                    .slots
+                    .iter()
+                    .find(|s| s.running && s.listening && s.health.ready)
+            })
             .ok_or_else(|| anyhow::anyhow!("no slot answers /readyz"))?;
         let recorded = self.slot(&slot.name).expect("observed slots have records");
         let client = ctx
@@ -118,11 +123,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         let slot_dirs = dirs.slot(name);
         let recorded = records.iter().any(|r| r.name == name);
         let process_recorded = Runtime::load(&slot_dirs.process())?.is_some();
-        if (!recorded || !process_recorded)
-            && slot_processes(&slot_dirs)
-                .iter()
-                .any(|p| ctx.runtime.is_running(p))
-        {
+        if (!recorded || !process_recorded) && slot_processes(&slot_dirs).iter().any(|p| ctx.runtime.is_running(p)) {
             unrecorded.push(name.to_string());
             records.retain(|r| r.name != name);
         }
@@ -362,10 +363,7 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
             .iter()
             .zip(&world.observed.slots)
             .map(|(slot, seen)| {
-                let identity = slot
-                    .process
-                    .as_ref()
-                    .and_then(|p| ctx.identity(p, &slot.dirs.log()));
+                let identity = slot.process.as_ref().and_then(|p| ctx.identity(p, &slot.dirs.log()));
                 (seen.name.clone(), identity, seen.running)
             })
             .collect();
@@ -379,7 +377,8 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
         .and_then(|r| r.probe.clone());
     if let Some(probe) = probe
         && let Ok((_, client)) = world.serving_client(ctx, Identity::KcpAdmin).await
-        && let Ok(Ok(phase)) = tokio::time::timeout(LOOK_TIMEOUT, access::workspace_phase(&client, &probe.workspace)).await
+        && let Ok(Ok(phase)) =
+            tokio::time::timeout(LOOK_TIMEOUT, access::workspace_phase(&client, &probe.workspace)).await
     {
         world.observed.probe_ready = phase.as_deref() == Some("Ready");
     }

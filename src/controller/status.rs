@@ -77,7 +77,11 @@ fn slot_message(seen: &SlotObservation) -> Option<String> {
     }
     if let Some(stop) = seen.stop {
         let what = if stop.killed { "killed" } else { "sent SIGTERM" };
-        let listening = if seen.listening { ", still listening" } else { ", stopped listening; draining" };
+        let listening = if seen.listening {
+            ", still listening"
+        } else {
+            ", stopped listening; draining"
+        };
         return Some(format!("{what} ({:?}){listening}", stop.cause));
     }
     if seen.health.unresponsive() {

@@ -319,9 +319,14 @@ impl Runtime {
             return vec![];
         };
         let text = String::from_utf8_lossy(&bytes);
-        let since_start = text.rfind("--- kcpshard: starting ").map_or(&text[..], |at| &text[at..]);
+        let since_start = text
+            .rfind("--- kcpshard: starting ")
+            .map_or(&text[..], |at| &text[at..]);
         let all: Vec<&str> = since_start.lines().skip(1).filter(|l| !l.trim().is_empty()).collect();
-        all[all.len().saturating_sub(lines)..].iter().map(|l| l.to_string()).collect()
+        all[all.len().saturating_sub(lines)..]
+            .iter()
+            .map(|l| l.to_string())
+            .collect()
     }
 
     /// Stops the recorded process: SIGTERM, up to `grace` for it to exit, then SIGKILL. Signals go to

@@ -26,7 +26,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 const LEASE_SECONDS: u64 = 60;
-const LEASE_PATH: &str = "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
+const LEASE_PATH: &str =
+    "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
 const WORKSPACES_PATH: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
 
 fn flag(args: &[String], name: &str) -> Option<String> {
@@ -88,7 +89,11 @@ fn material(root: &Path) -> (String, String, String, String) {
             .find_map(|l| l.trim().strip_prefix("token: "))
             .unwrap_or_default()
             .to_string();
-        let ca = c.split_inclusive("-----END CERTIFICATE-----\n").last().unwrap_or(&c).to_string();
+        let ca = c
+            .split_inclusive("-----END CERTIFICATE-----\n")
+            .last()
+            .unwrap_or(&c)
+            .to_string();
         return (c, k, ca, token);
     }
     let pki = kcpshard::apiserver::pki::load_or_create(&root.join(".stand-in"), "127.0.0.1".parse().unwrap())
@@ -105,10 +110,16 @@ fn kubeconfig(ca: &str, token: &str, url: &str) -> String {
     use base64::Engine;
     let ca = base64::engine::general_purpose::STANDARD.encode(ca);
     let mut text = String::from("apiVersion: v1\nkind: Config\nclusters:\n");
-    for (name, path) in [("base", ""), ("root", "/clusters/root"), ("system:admin", "/clusters/system:admin")] {
+    for (name, path) in [
+        ("base", ""),
+        ("root", "/clusters/root"),
+        ("system:admin", "/clusters/system:admin"),
+    ] {
         text += &format!("- name: {name}\n  cluster:\n    server: {url}{path}\n    certificate-authority-data: {ca}\n");
     }
-    text += &format!("users:\n- name: shard-admin\n  user:\n    token: {token}\n- name: kcp-admin\n  user:\n    token: {token}\n");
+    text += &format!(
+        "users:\n- name: shard-admin\n  user:\n    token: {token}\n- name: kcp-admin\n  user:\n    token: {token}\n"
+    );
     text += "contexts:\n";
     for (name, cluster, user) in [
         ("shard-base", "base", "shard-admin"),
@@ -140,7 +151,10 @@ async fn main() {
     let port: u16 = flag(&args, "secure-port").expect("--secure-port").parse().unwrap();
     let delay = kcpshard::api::parse_duration(&flag(&args, "shutdown-delay-duration").unwrap_or("0s".into())).unwrap();
     let front = flag(&args, "shard-base-url").unwrap_or_else(|| format!("https://127.0.0.1:{port}"));
-    let shard_dir = root.ancestors().nth(3).expect("root is shards/<name>/slots/<slot>/root");
+    let shard_dir = root
+        .ancestors()
+        .nth(3)
+        .expect("root is shards/<name>/slots/<slot>/root");
     let lease = Arc::new(Lease {
         path: shard_dir.join("stand-in-lease"),
     });
@@ -155,7 +169,9 @@ async fn main() {
     std::fs::write(root.join("admin.kubeconfig"), kubeconfig(&ca, &token, &front)).unwrap();
 
     let me = format!("stand-in_{}", std::process::id());
-    println!("I0000 00:00:00.000000 1 server.go:767] \"(re-)starting leader election\" identity=\"{me}\" namespace=\"kube-system\" name=\"kcp-controllers\"");
+    println!(
+        "I0000 00:00:00.000000 1 server.go:767] \"(re-)starting leader election\" identity=\"{me}\" namespace=\"kube-system\" name=\"kcp-controllers\""
+    );
     let serving = Arc::new(AtomicBool::new(true));
     {
         let (lease, me, serving) = (lease.clone(), me.clone(), serving.clone());
@@ -184,7 +200,9 @@ async fn main() {
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
     let accept = async {
         loop {
-            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
             let (acceptor, lease, terminating, token) =
                 (acceptor.clone(), lease.clone(), terminating.clone(), token.clone());
             tokio::spawn(async move {
@@ -201,9 +219,14 @@ async fn main() {
                         let answer = match (request.method().clone(), path.as_str()) {
                             _ if !authorized => reply(StatusCode::UNAUTHORIZED, "{}"),
                             (Method::GET, "/readyz") if ready => reply(StatusCode::OK, "ok"),
-                            (Method::GET, "/readyz") => reply(StatusCode::INTERNAL_SERVER_ERROR, "[-]stand-in not ready\nreadyz check failed"),
+                            (Method::GET, "/readyz") => reply(
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                "[-]stand-in not ready\nreadyz check failed",
+                            ),
                             (Method::GET, LEASE_PATH) => match lease.holder() {
-                                Some(holder) => reply(StatusCode::OK, format!(r#"{{"spec":{{"holderIdentity":"{holder}"}}}}"#)),
+                                Some(holder) => {
+                                    reply(StatusCode::OK, format!(r#"{{"spec":{{"holderIdentity":"{holder}"}}}}"#))
+                                }
                                 None => reply(StatusCode::NOT_FOUND, "{}"),
                             },
                             (Method::DELETE, LEASE_PATH) => match std::fs::remove_file(&lease.path) {

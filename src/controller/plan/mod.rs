@@ -229,7 +229,9 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
             Some(_) => return None,
             None if s.health.ever_ready
                 && s.health.failures > 0
-                && s.health.last_ok_at.is_some_and(|ok| elapsed(now, ok) > desired.liveness_timeout) =>
+                && s.health
+                    .last_ok_at
+                    .is_some_and(|ok| elapsed(now, ok) > desired.liveness_timeout) =>
             {
                 KillCause::Unresponsive {
                     seconds: desired.liveness_timeout.as_secs(),
@@ -445,7 +447,11 @@ fn roll_progress(desired: &Desired, observed: &Observed) -> Option<Step> {
             .probe
             .as_ref()
             .is_none_or(|p| elapsed(observed.now, p.created_at) > PROBE_TIMEOUT);
-        return Some(if timed_out { Step::Probe } else { Step::Wait(Wait::Probe) });
+        return Some(if timed_out {
+            Step::Probe
+        } else {
+            Step::Wait(Wait::Probe)
+        });
     }
     if let Some(leaving) = observed.slots.iter().find(|s| s.running && s.stopping()) {
         return Some(Step::Wait(Wait::Exit {

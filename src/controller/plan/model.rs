@@ -427,7 +427,9 @@ pub enum Wait {
 pub enum Step {
     /// A slot's kcp runs without a record: rebuild the record from its command line (it is then
     /// replaced by a roll, since what argv does not tell is lost).
-    AdoptSlot { name: String },
+    AdoptSlot {
+        name: String,
+    },
     EnsureStore,
     /// A kine kcpshard runs does not answer reads: kill it (EnsureStore starts it again on the same
     /// port).
@@ -439,28 +441,50 @@ pub enum Step {
     /// Dump the store before a roll to a new version (docs/background.md section 6).
     Snapshot,
     /// Start a slot with the desired template.
-    StartSlot { name: String },
+    StartSlot {
+        name: String,
+    },
     /// Change the slots the front sends new connections to.
     SetFront(FrontChange),
     /// SIGTERM a slot that left the front; it stops listening after its shutdown delay and drains.
-    TerminateSlot { name: String },
+    TerminateSlot {
+        name: String,
+    },
     /// SIGKILL a slot.
-    KillSlot { name: String, cause: KillCause },
+    KillSlot {
+        name: String,
+        cause: KillCause,
+    },
     /// A slot that stopped listening has had time to finish what it admitted: close the front's
     /// connections to it (watches re-watch through the serving slots).
-    CloseConnections { name: String },
+    CloseConnections {
+        name: String,
+    },
     /// Stop what only this slot used of the store (its own kine), after its kcp exited.
-    StopSlotStore { name: String },
+    StopSlotStore {
+        name: String,
+    },
     /// A slot's process is gone (and its own store): drop its records. `crashed` when kcpshard did
     /// not stop it.
-    RemoveSlot { name: String, crashed: bool },
+    RemoveSlot {
+        name: String,
+        crashed: bool,
+    },
     /// Stop a new slot, not ready yet, for the reason given; it is started again for the same roll.
-    RestartSlot { name: String, cause: RestartCause },
+    RestartSlot {
+        name: String,
+        cause: RestartCause,
+    },
     /// Stop the new slot and remember that this spec cannot roll.
-    AbortRoll { name: String, cause: BlockCause },
+    AbortRoll {
+        name: String,
+        cause: BlockCause,
+    },
     /// Delete the controllers' Lease, whose holder is gone or can no longer renew it (it stopped
     /// listening), so a serving slot leads within kcp's retry period instead of after 60 s.
-    ReleaseLease { holder: Option<String> },
+    ReleaseLease {
+        holder: Option<String>,
+    },
     /// Create the probe workspace.
     Probe,
     /// The probe workspace is Ready: record it and remove the workspace.
@@ -470,7 +494,9 @@ pub enum Step {
     StopStore,
     StopFront,
     /// Nothing to do until the spec changes; the running slots keep serving.
-    Blocked { cause: BlockCause },
+    Blocked {
+        cause: BlockCause,
+    },
     /// Nothing to do now: look again when it may have happened.
     Wait(Wait),
     /// Converged.

@@ -147,7 +147,10 @@ impl Model {
     }
 
     fn slot_mut(&mut self, name: &str) -> &mut ModelSlot {
-        self.slots.iter_mut().find(|m| m.seen.name == name).expect("planned for a known slot")
+        self.slots
+            .iter_mut()
+            .find(|m| m.seen.name == name)
+            .expect("planned for a known slot")
     }
 
     fn stop(&mut self, name: &str, cause: StopCause, killed: bool) {
@@ -237,7 +240,10 @@ impl Model {
                         .any(|b| b.can_stay());
                     prop_assert!(others_serve, "SIGTERM to {name} while no other slot serves");
                 }
-                prop_assert!(!o.front.forwards_to(name), "SIGTERM to {name} while the front sends to it");
+                prop_assert!(
+                    !o.front.forwards_to(name),
+                    "SIGTERM to {name} while the front sends to it"
+                );
                 self.stop(name, StopCause::Retired, false);
             }
             Step::KillSlot { name, .. } => self.stop(name, StopCause::Unresponsive, true),
@@ -266,7 +272,10 @@ impl Model {
             Step::ReleaseLease { .. } => {
                 let holder = self.lease.as_ref().and_then(|h| o.slot(h));
                 if let Some(h) = holder {
-                    prop_assert!(!h.running || (h.stopping() && !h.listening), "deleted the Lease of {h:?}");
+                    prop_assert!(
+                        !h.running || (h.stopping() && !h.listening),
+                        "deleted the Lease of {h:?}"
+                    );
                 }
                 self.lease = None;
             }

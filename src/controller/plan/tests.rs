@@ -263,7 +263,10 @@ fn a_roll_of_two_slots_replaces_the_one_that_does_not_lead_first_and_never_runs_
     o.slots.remove(0);
     assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
     o.slots.push(slot("a", "v2", true));
-    assert_eq!(plan(&d, &o), set_front(&["a", "c"], &["a"], &[("b", LeaveCause::Replaced)]));
+    assert_eq!(
+        plan(&d, &o),
+        set_front(&["a", "c"], &["a"], &[("b", LeaveCause::Replaced)])
+    );
 }
 
 #[test]
@@ -404,7 +407,11 @@ fn a_version_change_snapshots_the_store_first_and_only_once() {
     o.snapshot_for = Some(template("v2"));
     assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
     o.snapshot_for = Some(template("v3"));
-    assert_eq!(plan(&d, &o), Step::Snapshot, "a snapshot for another target does not count");
+    assert_eq!(
+        plan(&d, &o),
+        Step::Snapshot,
+        "a snapshot for another target does not count"
+    );
 }
 
 #[test]
