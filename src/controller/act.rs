@@ -569,13 +569,7 @@ impl Actor<'_> {
         let old = slot.record.template != self.desired.template;
         if old {
             let now = Utc::now();
-            let stopped_listening = seen.and_then(|s| s.stopped_listening_at);
-            self.update_roll(|roll| {
-                roll.old_slot_exited_at = Some(now);
-                if let Some(at) = stopped_listening {
-                    roll.old_slot_stopped_listening_at = Some(at);
-                }
-            })?;
+            self.update_roll(|roll| roll.old_slot_exited_at = Some(now))?;
         }
         slot.dirs.forget()?;
         if !crashed {
@@ -679,7 +673,16 @@ impl Actor<'_> {
             .await
             .map_err(Error::Front)?;
         let deleted = slot::access::release_controllers_lease(&client).await?;
-        self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
+        // The holder stopped listening (or exited): from then on no slot could lead until now.
+        let stopped_listening = holder
+            .and_then(|h| self.world.observed.slot(h))
+            .and_then(|h| h.stopped_listening_at);
+        self.update_roll(|roll| {
+            roll.lease_released_at = Some(Utc::now());
+            if let Some(at) = stopped_listening {
+                roll.old_slot_stopped_listening_at = Some(at);
+            }
+        })?;
         let whose = match holder.and_then(|h| self.world.observed.slot(h)) {
             Some(h) if !h.running => format!("held by slot {}, which is gone", h.name),
             Some(h) => format!(

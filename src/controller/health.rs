@@ -150,6 +150,11 @@ where
             return;
         }
         let started = tokio::time::Instant::now();
+        if *stopping.borrow() && !check.seen.borrow().listening {
+            // Sent SIGTERM and no longer listening: nothing to ask; only its exit is awaited.
+            tokio::time::sleep(SERVING_INTERVAL).await;
+            continue;
+        }
         let outcome = match tokio::time::timeout(LOOK_TIMEOUT, look()).await {
             Ok(outcome) => outcome,
             Err(_) => Err(format!("no answer within {LOOK_TIMEOUT:?}")),
