@@ -569,7 +569,13 @@ impl Actor<'_> {
         let old = slot.record.template != self.desired.template;
         if old {
             let now = Utc::now();
-            self.update_roll(|roll| roll.old_slot_exited_at = Some(now))?;
+            let stopped_listening = seen.and_then(|s| s.stopped_listening_at);
+            self.update_roll(|roll| {
+                roll.old_slot_exited_at = Some(now);
+                if let Some(at) = stopped_listening {
+                    roll.old_slot_stopped_listening_at.get_or_insert(at);
+                }
+            })?;
         }
         slot.dirs.forget()?;
         if !crashed {

@@ -64,7 +64,13 @@ struct Check {
     seen: watch::Sender<Seen>,
     /// Set when kcpshard sent the process SIGTERM: its listener is then watched closely.
     stopping: watch::Sender<bool>,
+    /// When the process was found gone; what was seen of it is kept a while for the steps that
+    /// follow its exit (when it stopped listening).
+    ended: Mutex<Option<std::time::Instant>>,
 }
+
+/// How long what was seen of a process is kept after it is gone.
+const KEEP_ENDED: Duration = Duration::from_secs(300);
 
 /// Every check of this serve. Cheap to clone.
 #[derive(Clone)]
@@ -79,6 +85,12 @@ impl HealthChecks {
             checks: Default::default(),
             wakes,
         }
+    }
+
+    /// What was last seen of `target`, if it was checked (also after it is gone).
+    pub fn last(&self, target: &Target) -> Option<Seen> {
+        let checks = self.checks.lock().expect("health checks lock");
+        checks.get(target).map(|c| c.seen.borrow().clone())
     }
 
     /// What the checks have seen of `target`, starting them if they do not run yet (and waiting up
@@ -108,6 +120,7 @@ impl HealthChecks {
                         })
                         .0,
                         stopping: watch::channel(stopping).0,
+                        ended: Mutex::new(None),
                     });
                     checks.insert(target.clone(), check.clone());
                     (check, true)

@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::clients::Identity;
 use super::health::{LOOK_TIMEOUT, Seen, Target};
-use super::plan::{FrontObservation, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord};
+use super::plan::{FrontObservation, Health, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord};
 use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
 use super::{Context, Error, Wake};
 use crate::front::Backend;
@@ -161,7 +161,21 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 ctx.exits.watch(process.pid, (shard_ref.clone(), Wake::Exit));
                 slot_health(ctx, &shard_ref, &shard.name_any(), &record, &slot_dirs, process).await
             }
-            None => Seen::default(),
+            // Gone: what was seen of it while it ran (when it stopped listening).
+            None => process
+                .as_ref()
+                .and_then(|p| {
+                    ctx.health
+                        .last(&target(&shard.name_any(), &format!("slot-{}", record.name), p))
+                })
+                .map(|seen| Seen {
+                    health: Health {
+                        ever_ready: seen.health.ever_ready,
+                        ..Health::default()
+                    },
+                    ..seen
+                })
+                .unwrap_or_default(),
         };
         if process.is_none() {
             // Decided but never started: serve stopped between the record and the start.
