@@ -98,11 +98,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ended = controller_ended => {
             // Nothing acts on spec changes any more: say so where a supervisor looks, and exit
             // non-zero so that it restarts serve.
-            let reason = match ended {
-                Ok(()) => "the controller stopped".to_string(),
-                Err(e) if e.is_panic() => format!("the controller panicked: {}", panic_message(e.into_panic())),
-                Err(e) => format!("the controller ended: {e}"),
-            };
+            let reason = why_it_ended(ended);
             tracing::error!(%reason, "serve cannot go on; exiting");
             readiness.set_not_ready(reason.clone());
             controller = None;
@@ -130,12 +126,60 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 /// How long serve waits, after SIGTERM, for the controller's step in progress.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
+/// Why the controller's task ended, for `/readyz` and the exit status.
+fn why_it_ended(ended: Result<(), tokio::task::JoinError>) -> String {
+    match ended {
+        Ok(()) => "the controller stopped".to_string(),
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".into());
+            format!("the controller panicked: {message}")
+        }
+        Err(e) => format!("the controller ended: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_controller_that_panics_makes_readyz_fail_with_the_panic() {
+        let ended = tokio::spawn(async { panic!("index out of bounds") }).await;
+        let reason = why_it_ended(ended);
+        assert_eq!(reason, "the controller panicked: index out of bounds");
+        let dir = tempfile::tempdir().unwrap();
+        let server = ApiServer::open(dir.path()).unwrap();
+        let readyz = || async {
+            let request = crate::apiserver::handler::ApiRequest {
+                method: http::Method::GET,
+                path: "/readyz".into(),
+                query: Default::default(),
+                headers: Default::default(),
+                body: Default::default(),
+            };
+            let response = crate::apiserver::handler::handle(&server, request).await;
+            let status = response.status();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+        };
+        assert_eq!(readyz().await, (200, "ok".to_string()));
+        server.set_not_ready(reason);
+        let (status, body) = readyz().await;
+        assert_eq!(status, 503);
+        assert!(
+            body.contains("[-]controller failed: the controller panicked: index out of bounds"),
+            "{body}"
+        );
+        assert_eq!(why_it_ended(tokio::spawn(async {}).await), "the controller stopped");
+    }
 }
 
 async fn shutdown_signal() {

@@ -13,7 +13,9 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::clients::Identity;
 use super::health::{LOOK_TIMEOUT, Seen, Target};
-use super::plan::{FrontObservation, Health, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord};
+use super::plan::{
+    FrontObservation, Health, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
+};
 use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
 use super::{Context, Error, Wake};
 use crate::front::Backend;
