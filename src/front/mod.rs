@@ -8,7 +8,8 @@
 //! without closing the listening socket with [`upgrade`], and ends it with [`stop`].
 //!
 //! Files:
-//! - [`proxy`]: accept, pick the backend at accept time, connect with a bounded retry, copy.
+//! - [`proxy`]: the data path, one file per concern: accept, connect with a bounded retry, the
+//!   copy loop, per-slot accounting, routing and closing.
 //! - [`server`]: the `kcpshard front` process: start order, control socket, shutdown, handover.
 //! - [`protocol`]: the control protocol's messages and the files kept in DIR.
 //! - [`client`], [`lifecycle`]: the controller's side (talk to, start, adopt, stop).
