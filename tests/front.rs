@@ -234,15 +234,15 @@ async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
     let a = EchoBackend::start("a").await;
     let b = EchoBackend::start("b").await;
     let (client, status) = f.start().await;
-    assert_eq!(status.backend, None);
+    assert!(status.backends.is_empty());
     assert_ne!(status.listen.port(), 0);
 
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut first = Client::dial(status.listen).await;
     assert_eq!(first.line().await, "hello from a");
     assert_eq!(first.ask("1").await, "a: 1");
 
-    client.switch(&b.backend("b")).await.unwrap();
+    client.serve(&[b.backend("b")]).await.unwrap();
     let mut second = Client::dial(status.listen).await;
     assert_eq!(second.line().await, "hello from b");
     assert_eq!(
@@ -253,7 +253,7 @@ async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
     assert_eq!(second.ask("3").await, "b: 3");
 
     let status = client.status().await.unwrap();
-    assert_eq!(status.backend, Some(b.backend("b")));
+    assert_eq!(status.backends, vec![b.backend("b")]);
     assert_eq!((status.connections["a"].open, status.connections["a"].total), (1, 1));
     assert_eq!((status.connections["b"].open, status.connections["b"].total), (1, 1));
 
@@ -272,7 +272,7 @@ async fn the_backend_is_dialled_before_the_client_sends_a_byte_and_half_closes_p
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, status) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut c = Client::dial(status.listen).await;
     // A server-speaks-first greeting arrives although the client has sent nothing.
     assert_eq!(c.line().await, "hello from a");
@@ -288,10 +288,10 @@ async fn a_backend_that_refuses_for_a_moment_still_gets_the_connection() {
     let (client, status) = f.start().await;
     let late = free_port();
     client
-        .switch(&Backend {
+        .serve(&[Backend {
             slot: "late".into(),
             address: late,
-        })
+        }])
         .await
         .unwrap();
     let started = Instant::now();
@@ -312,10 +312,10 @@ async fn a_backend_that_never_accepts_gets_the_client_closed_after_the_retry_win
     let f = Fixture::new();
     let (client, status) = f.start().await;
     client
-        .switch(&Backend {
+        .serve(&[Backend {
             slot: "gone".into(),
             address: free_port(),
-        })
+        }])
         .await
         .unwrap();
     let mut c = Client::dial(status.listen).await;
@@ -340,7 +340,7 @@ async fn without_a_backend_a_connection_waits_briefly_for_one_then_is_closed() {
 
     let mut lucky = Client::dial(status.listen).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     assert_eq!(lucky.line().await, "hello from a");
 }
 
@@ -352,7 +352,7 @@ async fn a_restarted_front_comes_back_on_the_persisted_backend() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, first) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let persisted: serde_json::Value =
         serde_json::from_slice(&std::fs::read(f.dir.join(front::BACKEND_FILE)).unwrap()).unwrap();
     assert_eq!(persisted["backend"]["slot"], "a");
@@ -364,7 +364,7 @@ async fn a_restarted_front_comes_back_on_the_persisted_backend() {
 
     let (_client, second) = f.start().await;
     assert_ne!(second.pid, first.pid);
-    assert_eq!(second.backend, Some(a.backend("a")));
+    assert_eq!(second.backends, vec![a.backend("a")]);
     let mut c = Client::dial(second.listen).await;
     assert_eq!(c.line().await, "hello from a");
 }
@@ -415,7 +415,7 @@ async fn the_control_socket_and_state_files_are_private() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, _) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&f.dir), 0o700);
     assert_eq!(mode(&f.dir.join(front::CONTROL_SOCKET)), 0o600);
@@ -460,7 +460,7 @@ async fn sigterm_stops_accepting_and_lets_open_connections_finish() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, status) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut open = Client::dial(status.listen).await;
     assert_eq!(open.line().await, "hello from a");
 
@@ -510,7 +510,7 @@ async fn metrics_count_connections_per_slot() {
     })
     .await;
     let client = client.unwrap();
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let status = client.status().await.unwrap();
     let mut c = Client::dial(status.listen).await;
     assert_eq!(c.line().await, "hello from a");
@@ -545,10 +545,10 @@ fn helper_starts_a_front_and_waits() {
     runtime.block_on(async {
         let client = front::ensure_running(bin(), Path::new(&dir), any_port()).await.unwrap();
         client
-            .switch(&Backend {
+            .serve(&[Backend {
                 slot: "a".into(),
                 address: backend,
-            })
+            }])
             .await
             .unwrap();
         let status = client.status().await.unwrap();
@@ -619,7 +619,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, old) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut pinned = Client::dial(old.listen).await;
     assert_eq!(pinned.line().await, "hello from a");
 
@@ -650,7 +650,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     f.track(new.pid);
     assert_ne!(new.pid, old.pid);
     assert_eq!(new.listen, old.listen);
-    assert_eq!(new.backend, Some(a.backend("a")));
+    assert_eq!(new.backends, vec![a.backend("a")]);
     assert_eq!(recorded_pid(&f.dir), Some(new.pid));
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
@@ -674,7 +674,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
 
     // The successor is fully in charge: switches and connections work, the socket path is its own.
     let b = EchoBackend::start("b").await;
-    upgraded.switch(&b.backend("b")).await.unwrap();
+    upgraded.serve(&[b.backend("b")]).await.unwrap();
     let mut c = Client::dial(new.listen).await;
     assert_eq!(c.line().await, "hello from b");
 }
@@ -684,7 +684,7 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, old) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut pinned = Client::dial(old.listen).await;
     assert_eq!(pinned.line().await, "hello from a");
 
@@ -695,7 +695,7 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     let new = upgraded.status().await.unwrap();
     f.track(new.pid);
     assert_ne!(new.pid, old.pid, "the front was replaced");
-    assert_eq!((new.listen, new.backend.clone()), (old.listen, Some(a.backend("a"))));
+    assert_eq!((new.listen, new.backends.clone()), (old.listen, vec![a.backend("a")]));
     assert_eq!(std::fs::read_link(format!("/proc/{}/exe", new.pid)).unwrap(), release);
     assert_eq!(
         pinned.ask("across").await,

@@ -309,10 +309,10 @@ impl Actor<'_> {
         let front = self.ctx.front(self.shard, self.dirs)?;
         let address = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, slot.record.port));
         front
-            .switch(&Backend {
+            .serve(&[Backend {
                 slot: to.to_string(),
                 address,
-            })
+            }])
             .await?;
         self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
         let mut notes = Vec::new();

@@ -1,13 +1,15 @@
 //! The front as the controller drives it: kcpshard's own TCP front (a process it starts, adopts
 //! and stops) or a caddy the user runs (only its reverse_proxy's upstreams are changed, through
-//! the admin API; docs/background.md section 9, mechanism A). Both answer the same questions: is it up,
-//! where does it listen, which address do new connections go to.
+//! the admin API; docs/background.md section 9). Both answer the same questions: is it up, where
+//! does it listen, which serving set new connections are spread over, and (kcpshard's front only)
+//! how many connections each slot has, retired ones included.
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::api::{FrontSpec, FrontType};
 use crate::front::caddy::CaddyAdmin;
-use crate::front::{self, Backend, FrontClient};
+use crate::front::{self, Backend, FrontClient, SlotConnections};
 
 /// The front of one shard.
 pub enum Front {
@@ -27,8 +29,13 @@ pub enum Front {
 pub struct FrontSeen {
     /// Where it listens (kcpshard's front says; a caddy's is the spec's).
     pub listen: SocketAddr,
-    /// Where new connections go. A caddy names no slot: the slot is `""` until matched by port.
-    pub backend: Option<Backend>,
+    /// The serving set, where new connections go. A caddy names no slot: each slot is `""` until
+    /// matched by port.
+    pub backends: Vec<Backend>,
+    /// Per slot name: open, total and failed connections, and the retired ones still open that the
+    /// front closes at their next request (`retired_closable`: wait for 0 before stopping the
+    /// slot) or leaves to the slot (`retired_unjudged`). Empty for a caddy, which does not say.
+    pub connections: BTreeMap<String, SlotConnections>,
     /// kcpshard's front runs another binary than this `serve`'s: it hands its listening socket
     /// over to a successor of this binary (docs/front.md, Upgrades).
     pub outdated: bool,
@@ -77,7 +84,8 @@ impl Front {
                     .map_err(down)?;
                 Ok(FrontSeen {
                     listen: status.listen,
-                    backend: status.backend,
+                    backends: status.backends,
+                    connections: status.connections,
                     outdated: front::runs_other_binary(binary, dir, status.pid),
                     pid: Some(status.pid),
                 })
@@ -92,13 +100,15 @@ impl Front {
                     outdated: false,
                     pid: None,
                     listen: *listen,
-                    backend: match upstreams.as_slice() {
-                        [one] => one.parse().ok().map(|address| Backend {
+                    backends: upstreams
+                        .iter()
+                        .filter_map(|dial| dial.parse().ok())
+                        .map(|address| Backend {
                             slot: String::new(),
                             address,
-                        }),
-                        _ => None,
-                    },
+                        })
+                        .collect(),
+                    connections: BTreeMap::new(),
                 })
             }
         }
@@ -133,12 +143,15 @@ impl Front {
         }
     }
 
-    /// Sends new connections to `to`.
-    pub async fn switch(&self, to: &Backend) -> anyhow::Result<()> {
+    /// Makes `to` the serving set: new connections go to one of them (kcpshard's front: the one
+    /// with the fewest open connections; caddy: its load balancing, over the upstreams that pass
+    /// its active `/readyz` checks). A slot left out is retired: its open connections stay.
+    pub async fn serve(&self, to: &[Backend]) -> anyhow::Result<()> {
         match self {
-            Front::Tcp { dir, .. } => FrontClient::connect(dir).await?.switch(to).await?,
+            Front::Tcp { dir, .. } => FrontClient::connect(dir).await?.serve(to).await?,
             Front::Caddy { admin, upstream_id, .. } => {
-                admin.switch(upstream_id, to.address).await?;
+                let addresses: Vec<SocketAddr> = to.iter().map(|b| b.address).collect();
+                admin.serve(upstream_id, &addresses).await?;
             }
         }
         Ok(())

@@ -138,7 +138,14 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     let front = ctx.front(shard, dirs)?;
     let front_seen = front.observe().await;
     let front_elsewhere = front_seen.as_ref().is_ok_and(|seen| seen.listen != front.listen());
-    let mut front_backend = front_seen.as_ref().ok().and_then(|seen| seen.backend.clone());
+    // This controller serves one slot at a time: a set of one is its backend.
+    let mut front_backend = front_seen
+        .as_ref()
+        .ok()
+        .and_then(|seen| match seen.backends.as_slice() {
+            [one] => Some(one.clone()),
+            _ => None,
+        });
     let mut slots = Vec::new();
     let mut observations = Vec::new();
     let mut records = dirs.slot_records()?;

@@ -90,13 +90,13 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     };
     let address = active.backend.address;
     let mut routes = router.routes();
-    match pump(&mut client, &mut upstream, &mut routes, address).await {
+    match pump(&mut client, &mut upstream, &mut routes, address, pin.counters()).await {
         Ok(Ended::Both { up, down }) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
         Ok(Ended::SlotClosing) => {
             debug!(%peer, slot = %active.backend.slot, "closing a connection to a slot that is shutting down")
         }
-        Ok(Ended::Idle) => debug!(%peer, slot = %active.backend.slot,
-            "closing an idle kept-alive connection to a slot new connections no longer go to"),
+        Ok(Ended::Retired) => debug!(%peer, slot = %active.backend.slot,
+            "closing a kept-alive connection at its next request: its slot left the serving set"),
         Err(err) => debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error"),
     }
     drop(pin);

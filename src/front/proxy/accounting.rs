@@ -3,9 +3,11 @@
 //!
 //! - [`SlotCounters`]: `open`, `total` and `failed` of one slot, as `status` and `/metrics` show
 //!   them. [`Pinned`] adds one to `total` and `open` when a connection is given to the slot and
-//!   takes it off `open` when the connection ends.
+//!   takes it off `open` when the connection ends. [`RetiredCount`] counts it in `retired_*` while
+//!   its slot is out of the serving set.
 //! - [`OpenCount`]: connections open in this process, whatever their slot, which a shutdown or a
 //!   handover drains to 0. [`Tracked`] holds one from accept to close.
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -20,20 +22,82 @@ pub(super) struct SlotCounters {
     open: AtomicU64,
     total: AtomicU64,
     failed: AtomicU64,
+    retired_closable: AtomicU64,
+    retired_unjudged: AtomicU64,
 }
 
 impl SlotCounters {
+    pub fn open(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+
     /// A connection given to this slot that could not be connected within the retry window.
     pub fn count_failed(&self) {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> SlotConnections {
+    pub fn snapshot(&self, address: SocketAddr) -> SlotConnections {
         SlotConnections {
+            address: Some(address),
             open: self.open.load(Ordering::Relaxed),
             total: self.total.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
+            retired_closable: self.retired_closable.load(Ordering::Relaxed),
+            retired_unjudged: self.retired_unjudged.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// What a retired connection counts as in its slot's `retired_*` counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Retired {
+    /// Serving, or not counted.
+    No,
+    /// Kept-alive HTTP/1.1 that the front closes at the client's next request.
+    Closable,
+    /// Anything else: the slot's shutdown ends it.
+    Unjudged,
+}
+
+/// Counts a connection in its slot's `retired_*` counts while it is retired, by what it is.
+pub(super) struct RetiredCount<'a> {
+    counters: &'a SlotCounters,
+    now: Retired,
+}
+
+impl<'a> RetiredCount<'a> {
+    pub fn new(counters: &'a SlotCounters) -> RetiredCount<'a> {
+        RetiredCount {
+            counters,
+            now: Retired::No,
+        }
+    }
+
+    pub fn set(&mut self, to: Retired) {
+        if to == self.now {
+            return;
+        }
+        if let Some(from) = self.counter(self.now) {
+            from.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(to) = self.counter(to) {
+            to.fetch_add(1, Ordering::Relaxed);
+        }
+        self.now = to;
+    }
+
+    fn counter(&self, what: Retired) -> Option<&'a AtomicU64> {
+        match what {
+            Retired::No => None,
+            Retired::Closable => Some(&self.counters.retired_closable),
+            Retired::Unjudged => Some(&self.counters.retired_unjudged),
+        }
+    }
+}
+
+impl Drop for RetiredCount<'_> {
+    fn drop(&mut self) {
+        self.set(Retired::No);
     }
 }
 
@@ -41,6 +105,10 @@ impl SlotCounters {
 pub(super) struct Pinned(Arc<SlotCounters>);
 
 impl Pinned {
+    pub fn counters(&self) -> &SlotCounters {
+        &self.0
+    }
+
     pub fn new(counters: &Arc<SlotCounters>) -> Pinned {
         counters.total.fetch_add(1, Ordering::Relaxed);
         counters.open.fetch_add(1, Ordering::Relaxed);

@@ -3,9 +3,11 @@
 //! Invariants:
 //! - The front connects to the backend *before* reading a byte from the client, retrying a refused
 //!   connect every [`RETRY_STEP`] for up to [`RETRY_WINDOW`]: a slot restarting its listener or a
-//!   switch racing a connect costs latency, not a failed request. While no byte has flowed, a
-//!   retry may follow a switch to the new backend; after that the connection is pinned.
-//! - With no backend yet, a connection waits up to [`RETRY_WINDOW`] for one, then is closed.
+//!   change of the serving set racing a connect costs latency, not a failed request. While no byte
+//!   has flowed, a retry picks again from the serving set, another backend than the one that
+//!   refused if the set has one; after that the connection is pinned.
+//! - With an empty serving set, a connection waits up to [`RETRY_WINDOW`] for a backend, then is
+//!   closed.
 //! - A connection whose slot did not accept within the window counts as `failed` for that slot.
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ pub const RETRY_STEP: Duration = Duration::from_millis(50);
 /// TCP_NODELAY); `None` when no slot took it within [`RETRY_WINDOW`] (logged and counted).
 pub(super) async fn connect(router: &Router, peer: SocketAddr) -> Option<(Arc<Active>, Pinned, TcpStream)> {
     let deadline = Instant::now() + RETRY_WINDOW;
-    let mut active = match router.current() {
+    let mut active = match router.pick(None) {
         Some(active) => active,
         None => match router.wait_for_backend(deadline).await {
             Some(active) => active,
@@ -57,8 +59,8 @@ pub(super) async fn connect(router: &Router, peer: SocketAddr) -> Option<(Arc<Ac
             return None;
         }
         tokio::time::sleep(RETRY_STEP).await;
-        // Nothing has flowed yet, so following a switch is still safe.
-        if let Some(now) = router.current()
+        // Nothing has flowed yet, so moving to another backend is still safe.
+        if let Some(now) = router.pick(Some(active.backend.address))
             && now.backend != active.backend
         {
             active = now;

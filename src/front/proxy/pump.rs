@@ -1,5 +1,5 @@
 //! The copy loop of one connection: bytes both ways, until both sides end, the slot is closed, or
-//! a kept-alive HTTP/1.1 connection to a retired slot is idle between two requests.
+//! a kept-alive HTTP/1.1 connection to a retired slot starts its next request.
 //!
 //! Invariants:
 //! - Reads go into one 64 KiB scratch buffer per thread and are written straight on; a connection
@@ -7,9 +7,11 @@
 //!   watch holds no buffer and a connection costs no allocation.
 //! - An EOF from one side becomes a `shutdown(SHUT_WR)` on the other (a half-close), and there is
 //!   no idle timeout: kcp watches stay open for hours.
-//! - A kept-alive HTTP/1.1 connection to a slot the front no longer forwards to is closed as soon
-//!   as it is idle between two requests, so that it is not open when that slot gets SIGTERM
-//!   ([`crate::front::keepalive`] says why and how idle is told through TLS).
+//! - Every read is shown to the connection's [`keepalive::Exchange`] before it is written on; a
+//!   client read that starts the next request on a kept-alive HTTP/1.1 connection to a retired
+//!   slot is not written: the connection is closed instead ([`crate::front::keepalive`] says why
+//!   and how that moment is told through TLS). While retired, the connection is counted in its
+//!   slot's `retired_closable` or `retired_unjudged`.
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
@@ -20,10 +22,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
+use super::accounting::{Retired, RetiredCount, SlotCounters};
 use super::router::Routes;
-use crate::front::keepalive;
+use crate::front::keepalive::{self, Verdict};
 
 /// Size of the per-thread scratch buffer every read goes into: large enough that a bulk transfer
 /// moves in few syscalls, and shared, so that it costs one allocation per thread, not per connection.
@@ -43,17 +45,30 @@ struct Half {
     /// The source has ended (EOF).
     ended: bool,
     copied: u64,
-    /// The first bytes read were a ClientHello that does not offer HTTP/2 (see
-    /// [`keepalive::offers_http1_only`]); only meaningful for the client's direction.
-    opened_http1: bool,
+}
+
+/// Why a direction stopped copying.
+#[derive(Debug, PartialEq, Eq)]
+enum Halt {
+    /// The source ended.
+    Eof,
+    /// `inspect` refused what was read: the connection is to be closed.
+    Refused,
 }
 
 impl Half {
-    /// Copies until the source ends (Ready) or a socket is not ready (Pending, with the task's
-    /// waker registered on it). Reads and writes go through tokio's `poll_read`/`poll_write`, which
-    /// clear a socket's readiness on a short read or write, so the copy needs no `EAGAIN` syscall;
-    /// each read spends tokio's cooperative budget, so a bulk transfer yields to other connections.
-    fn poll(&mut self, cx: &mut Context<'_>, src: &mut ReadHalf<'_>, dst: &mut WriteHalf<'_>) -> Poll<io::Result<()>> {
+    /// Copies until the source ends or `inspect` refuses a read (Ready) or a socket is not ready
+    /// (Pending, with the task's waker registered on it). Reads and writes go through tokio's
+    /// `poll_read`/`poll_write`, which clear a socket's readiness on a short read or write, so the
+    /// copy needs no `EAGAIN` syscall; each read spends tokio's cooperative budget, so a bulk
+    /// transfer yields to other connections.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: &mut ReadHalf<'_>,
+        dst: &mut WriteHalf<'_>,
+        mut inspect: impl FnMut(&[u8]) -> Verdict,
+    ) -> Poll<io::Result<Halt>> {
         loop {
             while self.sent < self.pending.len() {
                 let n = ready!(Pin::new(&mut *dst).poll_write(cx, &self.pending[self.sent..]))?;
@@ -71,10 +86,10 @@ impl Half {
                 ready!(Pin::new(&mut *src).poll_read(cx, &mut read))?;
                 let n = read.filled().len();
                 if n == 0 {
-                    return Poll::Ready(Ok(true));
+                    return Poll::Ready(Ok(Some(Halt::Eof)));
                 }
-                if self.copied == 0 {
-                    self.opened_http1 = keepalive::offers_http1_only(&scratch[..n]);
+                if inspect(&scratch[..n]) == Verdict::Close {
+                    return Poll::Ready(Ok(Some(Halt::Refused)));
                 }
                 self.copied += n as u64;
                 let mut sent = 0;
@@ -90,11 +105,11 @@ impl Half {
                         }
                     }
                 }
-                Poll::Ready(Ok(false))
+                Poll::Ready(Ok(None))
             });
-            if ready!(step)? {
-                self.ended = true;
-                return Poll::Ready(Ok(()));
+            if let Some(halt) = ready!(step)? {
+                self.ended = halt == Halt::Eof;
+                return Poll::Ready(Ok(halt));
             }
         }
     }
@@ -105,73 +120,68 @@ impl Half {
 pub(super) enum Ended {
     /// Both directions ended; the bytes copied client to upstream and back.
     Both { up: u64, down: u64 },
-    /// Its slot is shutting down ([`Router::close`]).
+    /// Its slot is shutting down ([`super::Router::close`]).
     SlotClosing,
-    /// A kept-alive HTTP/1.1 connection to a retired slot, idle between requests.
-    Idle,
+    /// A kept-alive HTTP/1.1 connection to a retired slot started its next request.
+    Retired,
 }
 
 /// Copies both ways until both directions have ended (or one fails), the connection's slot is
-/// closed, or the connection is a kept-alive HTTP/1.1 one to a retired slot and idle. An EOF from
-/// one side becomes a `shutdown(SHUT_WR)` on the other, unless the other direction has ended
-/// already: the close that follows sends the FIN then.
+/// closed, or the connection is a kept-alive HTTP/1.1 one to a retired slot and its client starts
+/// the next request. An EOF from one side becomes a `shutdown(SHUT_WR)` on the other, unless the
+/// other direction has ended already: the close that follows sends the FIN then.
 pub(super) async fn pump(
     client: &mut TcpStream,
     upstream: &mut TcpStream,
     routes: &mut watch::Receiver<Routes>,
     address: SocketAddr,
+    counters: &SlotCounters,
 ) -> io::Result<Ended> {
     let (mut client_read, mut client_write) = client.split();
     let (mut upstream_read, mut upstream_write) = upstream.split();
     let mut up = Half::default();
     let mut down = Half::default();
-    let mut turns = keepalive::Turns::default();
+    let mut exchange = keepalive::Exchange::default();
+    let mut counted = RetiredCount::new(counters);
     let mut watching = true;
-    // A switch or close made before this connection subscribed.
+    // A change or close made before this connection subscribed.
     let mut retired = {
         let now = routes.borrow_and_update();
         if now.closing.contains(&address) {
             return Ok(Ended::SlotClosing);
         }
-        now.active.is_some_and(|a| a != address)
+        now.retired(address)
     };
     loop {
-        let idle_at = (retired && up.opened_http1 && up.pending.is_empty() && down.pending.is_empty())
-            .then(|| turns.idle_at())
-            .flatten();
-        if idle_at.is_some_and(|at| at <= Instant::now()) {
-            return Ok(Ended::Idle);
-        }
         let copy = std::future::poll_fn(|cx| {
-            let copied = (up.copied, down.copied);
-            let backlog = !up.pending.is_empty() || !down.pending.is_empty();
             // Both directions first, then the shutdowns: when both ends closed together (the common
             // end of a short connection), neither needs one.
             let up_ends = match up.ended {
-                false => match up.poll(cx, &mut client_read, &mut upstream_write) {
-                    Poll::Ready(Err(err)) => return Poll::Ready(Some(Err(err))),
-                    polled => polled.is_ready(),
-                },
+                false => {
+                    let inspect = |bytes: &[u8]| exchange.from_client(bytes, retired);
+                    match up.poll(cx, &mut client_read, &mut upstream_write, inspect) {
+                        Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+                        Poll::Ready(Ok(Halt::Refused)) => return Poll::Ready(Ok(Ended::Retired)),
+                        polled => polled.is_ready(),
+                    }
+                }
                 true => false,
             };
             let down_ends = match down.ended {
-                false => match down.poll(cx, &mut upstream_read, &mut client_write) {
-                    Poll::Ready(Err(err)) => return Poll::Ready(Some(Err(err))),
-                    polled => polled.is_ready(),
-                },
+                false => {
+                    let inspect = |bytes: &[u8]| {
+                        exchange.from_slot(bytes);
+                        Verdict::Forward
+                    };
+                    match down.poll(cx, &mut upstream_read, &mut client_write, inspect) {
+                        Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+                        polled => polled.is_ready(),
+                    }
+                }
                 true => false,
             };
-            let mut answered = false;
-            if up.opened_http1 {
-                // Both in one poll: the client's counts as the later (a request may be in flight).
-                if down.copied != copied.1 {
-                    turns.slot_sent(Instant::now());
-                    answered = true;
-                }
-                if up.copied != copied.0 {
-                    turns.client_sent();
-                    answered = false;
-                }
+            if retired {
+                counted.set(retired_as(&exchange));
             }
             if up_ends && !down.ended {
                 let _ = Pin::new(&mut upstream_write).poll_shutdown(cx);
@@ -180,23 +190,17 @@ pub(super) async fn pump(
                 let _ = Pin::new(&mut client_write).poll_shutdown(cx);
             }
             if up.ended && down.ended {
-                Poll::Ready(Some(Ok(Ended::Both {
+                Poll::Ready(Ok(Ended::Both {
                     up: up.copied,
                     down: down.copied,
-                })))
-            } else if retired && (answered || (backlog && up.pending.is_empty() && down.pending.is_empty())) {
-                // The connection may become idle (an answer came, or the last of it went out): time
-                // it (below).
-                Poll::Ready(None)
+                }))
             } else {
                 Poll::Pending
             }
         });
         tokio::select! {
             biased;
-            ended = copy => if let Some(ended) = ended {
-                return ended;
-            },
+            ended = copy => return ended,
             changed = routes.changed(), if watching => {
                 if changed.is_err() {
                     watching = false;
@@ -206,12 +210,21 @@ pub(super) async fn pump(
                 if now.closing.contains(&address) {
                     return Ok(Ended::SlotClosing);
                 }
-                retired = now.active.is_some_and(|a| a != address);
+                retired = now.retired(address);
+                counted.set(if retired { retired_as(&exchange) } else { Retired::No });
             }
-            () = tokio::time::sleep_until(idle_at.unwrap_or_else(Instant::now)), if idle_at.is_some() => {}
         }
     }
 }
+
+fn retired_as(exchange: &keepalive::Exchange) -> Retired {
+    if exchange.closable() {
+        Retired::Closable
+    } else {
+        Retired::Unjudged
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -233,9 +246,13 @@ mod tests {
         let (mut client_near, client_far) = socket_pair().await;
         let (mut upstream_near, upstream_far) = socket_pair().await;
         let address = upstream_near.peer_addr().unwrap();
-        let (_routes, mut watched) = watch::channel(Routes::default());
+        let (_routes, mut watched) = watch::channel(Routes {
+            serving: vec![address],
+            ..Routes::default()
+        });
         let pump = tokio::spawn(async move {
-            match pump(&mut client_near, &mut upstream_near, &mut watched, address).await? {
+            let counters = SlotCounters::default();
+            match pump(&mut client_near, &mut upstream_near, &mut watched, address, &counters).await? {
                 Ended::Both { up, down } => Ok((up, down)),
                 other => panic!("the pump ended as {other:?}"),
             }
