@@ -154,7 +154,7 @@ impl Exchange {
     }
 
     /// The client sent `bytes`; `retired` says whether the connection's slot left the serving set.
-    pub fn from_client(&mut self, bytes: &[u8], retired: bool) -> Verdict {
+    pub fn client_sent(&mut self, bytes: &[u8], retired: bool) -> Verdict {
         match self.judge {
             Judge::Unjudged => return Verdict::Forward,
             Judge::Unseen if !offers_http1_only(bytes) => {
@@ -190,7 +190,7 @@ impl Exchange {
     }
 
     /// The slot sent `bytes`.
-    pub fn from_slot(&mut self, bytes: &[u8]) {
+    pub fn slot_sent(&mut self, bytes: &[u8]) {
         if self.judge != Judge::Http1 {
             return;
         }
@@ -421,18 +421,18 @@ mod tests {
     /// and one request and answer.
     fn after_one_exchange(retired: bool) -> Exchange {
         let mut e = Exchange::default();
-        assert_eq!(e.from_client(&client_hello(&[b"http/1.1"]), retired), Verdict::Forward);
-        e.from_slot(&[server_hello(true), record(20, 1), data(2000), data(90), data(90)].concat());
+        assert_eq!(e.client_sent(&client_hello(&[b"http/1.1"]), retired), Verdict::Forward);
+        e.slot_sent(&[server_hello(true), record(20, 1), data(2000), data(90), data(90)].concat());
         assert_eq!(
-            e.from_client(&[record(20, 1), data(FINISHED)].concat(), retired),
+            e.client_sent(&[record(20, 1), data(FINISHED)].concat(), retired),
             Verdict::Forward
         );
         assert_eq!(
-            e.from_client(&data(300), retired),
+            e.client_sent(&data(300), retired),
             Verdict::Forward,
             "the first request"
         );
-        e.from_slot(&data(400));
+        e.slot_sent(&data(400));
         e
     }
 
@@ -440,87 +440,87 @@ mod tests {
     fn the_next_request_to_a_retired_slot_is_closed_and_to_a_serving_one_forwarded() {
         let mut serving = after_one_exchange(false);
         assert!(serving.closable());
-        assert_eq!(serving.from_client(&data(300), false), Verdict::Forward);
-        serving.from_slot(&data(400));
-        assert_eq!(serving.from_client(&data(300), true), Verdict::Close, "retired since");
+        assert_eq!(serving.client_sent(&data(300), false), Verdict::Forward);
+        serving.slot_sent(&data(400));
+        assert_eq!(serving.client_sent(&data(300), true), Verdict::Close, "retired since");
         let mut retired = after_one_exchange(true);
-        assert_eq!(retired.from_client(&data(300), true), Verdict::Close);
+        assert_eq!(retired.client_sent(&data(300), true), Verdict::Close);
     }
 
     #[test]
     fn the_first_request_is_forwarded_even_after_late_session_tickets() {
         // A server that sends its tickets after the client's Finished, and a client that waits.
         let mut e = Exchange::default();
-        e.from_client(&client_hello(&[]), true);
-        e.from_slot(&[server_hello(true), data(2000)].concat());
-        assert_eq!(e.from_client(&data(FINISHED), true), Verdict::Forward);
-        e.from_slot(&[data(90), data(90)].concat());
+        e.client_sent(&client_hello(&[]), true);
+        e.slot_sent(&[server_hello(true), data(2000)].concat());
+        assert_eq!(e.client_sent(&data(FINISHED), true), Verdict::Forward);
+        e.slot_sent(&[data(90), data(90)].concat());
         assert_eq!(
-            e.from_client(&data(300), true),
+            e.client_sent(&data(300), true),
             Verdict::Forward,
             "no request was answered yet"
         );
-        e.from_slot(&data(400));
-        assert_eq!(e.from_client(&data(300), true), Verdict::Close);
+        e.slot_sent(&data(400));
+        assert_eq!(e.client_sent(&data(300), true), Verdict::Close);
     }
 
     #[test]
     fn an_answer_split_anywhere_or_paused_is_never_cut() {
         let mut e = after_one_exchange(false);
-        assert_eq!(e.from_client(&data(300), false), Verdict::Forward);
+        assert_eq!(e.client_sent(&data(300), false), Verdict::Forward);
         let answer = [data(16384), data(16384), data(100)].concat();
         // The slot's answer arrives in odd pieces, its last record still incomplete.
         for piece in answer[..answer.len() - 1].chunks(7000) {
-            e.from_slot(piece);
+            e.slot_sent(piece);
         }
         // A KeyUpdate from the client mid-answer is not a request.
-        assert_eq!(e.from_client(&data(SMALL_RECORD), true), Verdict::Forward);
-        e.from_slot(&answer[answer.len() - 1..]);
-        assert_eq!(e.from_client(&data(300), true), Verdict::Close, "the answer is whole");
+        assert_eq!(e.client_sent(&data(SMALL_RECORD), true), Verdict::Forward);
+        e.slot_sent(&answer[answer.len() - 1..]);
+        assert_eq!(e.client_sent(&data(300), true), Verdict::Close, "the answer is whole");
     }
 
     #[test]
     fn a_record_header_split_between_reads_is_followed() {
         let mut e = after_one_exchange(true);
         let request = data(300);
-        assert_eq!(e.from_client(&request[..3], true), Verdict::Forward, "not known yet");
-        assert_eq!(e.from_client(&request[3..], true), Verdict::Close);
+        assert_eq!(e.client_sent(&request[..3], true), Verdict::Forward, "not known yet");
+        assert_eq!(e.client_sent(&request[3..], true), Verdict::Close);
     }
 
     #[test]
     fn a_slot_record_after_the_request_starts_the_answer_but_a_key_update_does_not() {
         let mut e = after_one_exchange(false);
-        e.from_client(&data(300), false);
-        e.from_slot(&data(SMALL_RECORD));
-        assert_eq!(e.from_client(&data(300), true), Verdict::Forward, "no answer yet");
+        e.client_sent(&data(300), false);
+        e.slot_sent(&data(SMALL_RECORD));
+        assert_eq!(e.client_sent(&data(300), true), Verdict::Forward, "no answer yet");
     }
 
     #[test]
     fn tls12_records_are_http_from_the_first() {
         let mut e = Exchange::default();
-        e.from_client(&client_hello(&[]), true);
-        e.from_slot(&[server_hello(false), record(22, 900)].concat());
-        e.from_client(&[record(22, 70), record(20, 1), record(22, 40)].concat(), true);
-        e.from_slot(&[record(20, 1), record(22, 40)].concat());
-        assert_eq!(e.from_client(&data(300), true), Verdict::Forward);
-        e.from_slot(&data(400));
-        assert_eq!(e.from_client(&data(300), true), Verdict::Close);
+        e.client_sent(&client_hello(&[]), true);
+        e.slot_sent(&[server_hello(false), record(22, 900)].concat());
+        e.client_sent(&[record(22, 70), record(20, 1), record(22, 40)].concat(), true);
+        e.slot_sent(&[record(20, 1), record(22, 40)].concat());
+        assert_eq!(e.client_sent(&data(300), true), Verdict::Forward);
+        e.slot_sent(&data(400));
+        assert_eq!(e.client_sent(&data(300), true), Verdict::Close);
     }
 
     #[test]
     fn http2_plain_http_early_data_and_renegotiation_are_not_judged() {
         let mut h2 = Exchange::default();
-        h2.from_client(&client_hello(&[b"h2"]), true);
+        h2.client_sent(&client_hello(&[b"h2"]), true);
         assert!(!h2.closable());
         let mut plain = Exchange::default();
-        plain.from_client(b"GET / HTTP/1.1\r\n\r\n", true);
+        plain.client_sent(b"GET / HTTP/1.1\r\n\r\n", true);
         assert!(!plain.closable());
         let mut early = Exchange::default();
-        early.from_client(&[client_hello(&[]), data(300)].concat(), true);
+        early.client_sent(&[client_hello(&[]), data(300)].concat(), true);
         assert!(!early.closable());
         let mut renegotiated = after_one_exchange(true);
-        renegotiated.from_slot(&record(22, 40));
+        renegotiated.slot_sent(&record(22, 40));
         assert!(!renegotiated.closable());
-        assert_eq!(renegotiated.from_client(&data(300), true), Verdict::Forward);
+        assert_eq!(renegotiated.client_sent(&data(300), true), Verdict::Forward);
     }
 }

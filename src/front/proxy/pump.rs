@@ -158,7 +158,7 @@ pub(super) async fn pump(
             // end of a short connection), neither needs one.
             let up_ends = match up.ended {
                 false => {
-                    let inspect = |bytes: &[u8]| exchange.from_client(bytes, retired);
+                    let inspect = |bytes: &[u8]| exchange.client_sent(bytes, retired);
                     match up.poll(cx, &mut client_read, &mut upstream_write, inspect) {
                         Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
                         Poll::Ready(Ok(Halt::Refused)) => return Poll::Ready(Ok(Ended::Retired)),
@@ -170,7 +170,7 @@ pub(super) async fn pump(
             let down_ends = match down.ended {
                 false => {
                     let inspect = |bytes: &[u8]| {
-                        exchange.from_slot(bytes);
+                        exchange.slot_sent(bytes);
                         Verdict::Forward
                     };
                     match down.poll(cx, &mut upstream_read, &mut client_write, inspect) {
