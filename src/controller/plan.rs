@@ -69,6 +69,9 @@ pub struct SlotObservation {
     /// It answered `/readyz` on its own port just now.
     pub ready: bool,
     pub started_at: DateTime<Utc>,
+    /// Kept-alive HTTP/1.1 connections the front holds open to this slot while it is out of the
+    /// serving set, each closed at its next request (docs/front.md); 0 for a caddy front.
+    pub front_closable: u64,
 }
 
 /// A roll that could not go on, kept until the spec changes.
@@ -289,6 +292,12 @@ impl Step {
 /// docs/benchmarks.md "Rolls under load").
 pub const SWITCH_SETTLE: Duration = Duration::from_millis(500);
 
+/// How long after the switch the old slot may wait, beyond [`SWITCH_SETTLE`], for the front to
+/// close its kept-alive connections (a client idle longer meets kcp's own idle close instead),
+/// and how often the front is asked meanwhile.
+pub const SETTLE_BOUND: Duration = Duration::from_secs(2);
+const SETTLE_LOOK: Duration = Duration::from_millis(50);
+
 /// How many times a new slot that missed readinessTimeout is started again for the same roll
 /// before the roll stops. kcp's start-up sometimes never finishes: a post-start hook
 /// (crd-informer-synced, kcp-start-informers) waits forever, and /readyz fails until the process
@@ -474,13 +483,21 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         let settled_for = roll
             .and_then(|r| r.front_switched_at)
             .map(|switched| (observed.now - switched).to_std().unwrap_or_default());
-        if let Some(settled_for) = settled_for
-            && settled_for < SWITCH_SETTLE
-        {
-            return Step::AwaitSettle {
-                name: old.name.clone(),
-                remaining: SWITCH_SETTLE - settled_for,
-            };
+        // Then, for up to SETTLE_BOUND, until the front has closed every kept-alive connection to
+        // it that it can (each at its next request): none of them then meets kcp's 500 after SIGTERM.
+        if let Some(settled_for) = settled_for {
+            if settled_for < SWITCH_SETTLE {
+                return Step::AwaitSettle {
+                    name: old.name.clone(),
+                    remaining: SWITCH_SETTLE - settled_for,
+                };
+            }
+            if old.front_closable > 0 && settled_for < SETTLE_BOUND {
+                return Step::AwaitSettle {
+                    name: old.name.clone(),
+                    remaining: SETTLE_LOOK.min(SETTLE_BOUND - settled_for),
+                };
+            }
         }
         if roll.is_some_and(|r| r.from.as_deref() == Some(old.name.as_str())) {
             return Step::TerminateSlot { name: old.name.clone() };
@@ -543,6 +560,7 @@ mod tests {
             running,
             ready,
             started_at: at(0),
+            front_closable: 0,
         }
     }
 
@@ -671,6 +689,44 @@ mod tests {
         assert_eq!(plan(&d, &o), Step::CompleteRoll);
         o.roll = None;
         assert_eq!(plan(&d, &o), Step::Idle);
+    }
+
+    #[test]
+    fn the_old_slot_waits_up_to_the_bound_for_the_front_to_close_its_kept_alive_connections() {
+        let d = desired("v2");
+        let mut o = observed(
+            Some("b"),
+            vec![slot("a", "v1", true, true), slot("b", "v2", true, true)],
+        );
+        o.slots[0].front_closable = 2;
+        o.roll = Some(RollRecord {
+            front_switched_at: Some(o.now - chrono::Duration::milliseconds(600)),
+            ..roll(Some("a"), "b")
+        });
+        assert_eq!(
+            plan(&d, &o),
+            Step::AwaitSettle {
+                name: "a".into(),
+                remaining: SETTLE_LOOK
+            }
+        );
+        o.slots[0].front_closable = 0;
+        assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+        o.slots[0].front_closable = 2;
+        o.roll.as_mut().unwrap().front_switched_at = Some(o.now - chrono::Duration::milliseconds(1980));
+        assert_eq!(
+            plan(&d, &o),
+            Step::AwaitSettle {
+                name: "a".into(),
+                remaining: Duration::from_millis(20)
+            }
+        );
+        o.roll.as_mut().unwrap().front_switched_at = Some(o.now - chrono::Duration::seconds(2));
+        assert_eq!(
+            plan(&d, &o),
+            Step::TerminateSlot { name: "a".into() },
+            "bounded: a client idle longer meets kcp's own idle close"
+        );
     }
 
     #[test]
@@ -955,6 +1011,7 @@ mod tests {
                 running,
                 ready: ready && running,
                 started_at: at(started),
+                front_closable: 0,
             })
     }
 
