@@ -85,6 +85,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 // ------------------------------------------------------------------------------------------------
 // Backends: HTTPS servers that stand in for two kcp slots.
 
+/// The name of a backend whose `/readyz` fails.
+const UNREADY: &str = "unready";
+
 type Body = BoxBody<Bytes, Infallible>;
 
 struct Backend {
@@ -115,7 +118,7 @@ async fn backend(name: &'static str, material: &Material) -> Backend {
     backend_on(name, material, TcpListener::bind("127.0.0.1:0").await.unwrap())
 }
 
-/// `/readyz` answers 200 with the backend's name; `/slow` the same after SLOW_FOR; `/watch` streams
+/// `/readyz` and `/who` answer 200 with the backend's name (`/readyz` 500 for [`UNREADY`]); `/slow` the same after SLOW_FOR; `/watch` streams
 /// WATCH_EVENTS lines "<name> <i>" (chunked, like a kcp watch).
 fn backend_on(name: &'static str, material: &Material, listener: TcpListener) -> Backend {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
@@ -162,7 +165,9 @@ async fn answer(name: &'static str, request: Request<Incoming>) -> Response<Body
             .unwrap()
     };
     match request.uri().path() {
-        "/readyz" => text(StatusCode::OK, name.to_string()),
+        // A slot that is stopping (kcp after SIGTERM) or not ready yet still serves, but fails this.
+        "/readyz" if name == UNREADY => text(StatusCode::INTERNAL_SERVER_ERROR, "[-]shutdown failed".into()),
+        "/readyz" | "/who" => text(StatusCode::OK, name.to_string()),
         "/slow" => {
             tokio::time::sleep(SLOW_FOR).await;
             text(StatusCode::OK, name.to_string())
@@ -809,4 +814,37 @@ async fn a_missing_or_misplaced_id_says_where_to_put_it() {
 
     // None of that touched the real handler.
     assert_eq!(caddy.admin.upstreams(ID).await.unwrap(), [blue.addr.to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddys_own_health_checks_keep_a_serving_slot_that_fails_readyz_out_of_rotation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let material = material(tmp.path());
+    let blue = backend("blue", &material).await;
+    let unready = backend(UNREADY, &material).await;
+    let (blue_addr, unready_addr) = (blue.addr, unready.addr);
+    // Both serve; one of them fails /readyz, as a kcp does from its SIGTERM on.
+    let caddy = start_caddy(&material, blue.addr, |config| {
+        proxy_handler(config)["upstreams"] =
+            serde_json::json!([{ "dial": blue_addr.to_string() }, { "dial": unready_addr.to_string() }]);
+    })
+    .await;
+    assert_eq!(
+        caddy.admin.upstreams(ID).await.unwrap(),
+        [blue.addr.to_string(), unready.addr.to_string()]
+    );
+    unready.wait_for("/readyz").await;
+    // One health interval: the failed check has taken the slot out.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let connector = connector(&material);
+    for _ in 0..20 {
+        assert_eq!(get_once(caddy.front, &connector, "/who").await, Ok("blue".to_string()));
+    }
+    assert!(
+        !unready.seen.lock().unwrap().iter().any(|p| p == "/who"),
+        "no request reached the slot that fails /readyz: {:?}",
+        unready.seen.lock().unwrap()
+    );
+    // Without a config change: the upstreams are the same two.
+    assert_eq!(caddy.admin.upstreams(ID).await.unwrap().len(), 2);
 }

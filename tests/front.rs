@@ -3,7 +3,7 @@
 //!
 //! Every front a test starts is SIGKILLed when its [`Fixture`] drops, pass or fail (fronts run in
 //! their own session by design, so nothing else would end them).
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -265,6 +265,62 @@ async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
     let status = client.status().await.unwrap();
     assert_eq!((status.connections["a"].open, status.connections["a"].total), (0, 1));
     assert_eq!(status.connections["b"].open, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serving_set_spreads_new_connections_and_a_slot_left_out_keeps_its_own() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let b = EchoBackend::start("b").await;
+    let c = EchoBackend::start("c").await;
+    let (client, status) = f.start().await;
+    client
+        .serve(&[a.backend("a"), b.backend("b"), c.backend("c")])
+        .await
+        .unwrap();
+    // Held open, so that each new one goes to the slot with the fewest.
+    let mut held = Vec::new();
+    let mut given = BTreeMap::<String, u32>::new();
+    for _ in 0..6 {
+        let mut conn = Client::dial(status.listen).await;
+        let slot = conn.line().await.trim_start_matches("hello from ").to_string();
+        *given.entry(slot).or_default() += 1;
+        held.push(conn);
+    }
+    assert_eq!(given.values().copied().collect::<Vec<_>>(), vec![2, 2, 2], "{given:?}");
+
+    // c leaves the set: its connections stay (counted as retired, not judged: no TLS here).
+    client.serve(&[a.backend("a"), b.backend("b")]).await.unwrap();
+    let status_now = client.status().await.unwrap();
+    assert_eq!(status_now.backends, vec![a.backend("a"), b.backend("b")]);
+    assert_eq!(status_now.connections["c"].open, 2);
+    assert_eq!(status_now.connections["c"].retired_unjudged, 2);
+    assert_eq!(status_now.connections["a"].retired_unjudged, 0);
+    for conn in held.iter_mut() {
+        let answer = conn.ask("still").await;
+        assert!(answer.ends_with(": still"), "{answer}");
+    }
+    for _ in 0..4 {
+        let mut conn = Client::dial(status.listen).await;
+        assert_ne!(
+            conn.line().await,
+            "hello from c",
+            "no new connection goes to a slot out of the set"
+        );
+    }
+    // The set persists: a restarted front serves the same two.
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join(front::BACKEND_FILE)).unwrap()).unwrap();
+    assert_eq!(file["backends"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        file["backend"]["slot"], "a",
+        "and its first, for a front of the single-backend protocol"
+    );
+
+    // An empty set: new connections are held for the connect window, then closed.
+    client.serve(&[]).await.unwrap();
+    let mut waiting = Client::dial(status.listen).await;
+    assert!(waiting.closed_within(Duration::from_secs(5)).await >= Duration::from_millis(1500));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

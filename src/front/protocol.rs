@@ -212,7 +212,8 @@ pub fn validate_backends(backends: &[Backend]) -> Result<(), String> {
             .find(|b| b.slot == backend.slot || b.address == backend.address)
         {
             return Err(format!(
-                "the serving set names {twice:?} and {backend:?}: each slot, and each address, at most once"
+                "the serving set names slot {} at {} and slot {} at {}: each slot, and each address, at most once",
+                twice.slot, twice.address, backend.slot, backend.address
             ));
         }
     }
