@@ -691,18 +691,23 @@ mod tests {
         assert_eq!(plan(&d, &o), Step::Idle);
     }
 
-    #[test]
-    fn the_old_slot_waits_up_to_the_bound_for_the_front_to_close_its_kept_alive_connections() {
-        let d = desired("v2");
+    /// A roll from a to b whose front switched `ms` ago, both slots ready.
+    fn switched_from_a_to_b(ms: i64) -> (Desired, Observed) {
         let mut o = observed(
             Some("b"),
             vec![slot("a", "v1", true, true), slot("b", "v2", true, true)],
         );
-        o.slots[0].front_closable = 2;
         o.roll = Some(RollRecord {
-            front_switched_at: Some(o.now - chrono::Duration::milliseconds(600)),
+            front_switched_at: Some(o.now - chrono::Duration::milliseconds(ms)),
             ..roll(Some("a"), "b")
         });
+        (desired("v2"), o)
+    }
+
+    #[test]
+    fn the_old_slot_waits_up_to_the_bound_for_the_front_to_close_its_kept_alive_connections() {
+        let (d, mut o) = switched_from_a_to_b(600);
+        o.slots[0].front_closable = 2;
         assert_eq!(
             plan(&d, &o),
             Step::AwaitSettle {
@@ -731,15 +736,7 @@ mod tests {
 
     #[test]
     fn the_settle_wait_asks_for_exactly_the_time_left() {
-        let d = desired("v2");
-        let mut o = observed(
-            Some("b"),
-            vec![slot("a", "v1", true, true), slot("b", "v2", true, true)],
-        );
-        o.roll = Some(RollRecord {
-            front_switched_at: Some(o.now - chrono::Duration::milliseconds(200)),
-            ..roll(Some("a"), "b")
-        });
+        let (d, o) = switched_from_a_to_b(200);
         assert_eq!(
             plan(&d, &o),
             Step::AwaitSettle {

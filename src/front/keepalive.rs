@@ -26,15 +26,28 @@
 //!   which case the whole answer follows them anyway. KeyUpdate and alert records (at most
 //!   [`SMALL_RECORD`] bytes) are neither requests nor answers.
 //!
-//! The rule: once the slot is retired, a client application-data record that starts after the
+//! The rules: once the slot is retired, a client application-data record that starts after the
 //! slot answered the previous request with complete records is not forwarded; the connection is
 //! closed. The first request on a connection is always forwarded (a client retries a close only
 //! on a connection it reused). An answer is never cut: the front closes only on the client's
-//! turn, however long the slot paused mid-answer and however short the client's pause. A request
+//! turn, however long the slot paused mid-answer and however short the client's pause. And a
+//! connection left unused for [`IDLE_CLOSE`] after a complete answer (a pool's spare) is closed
+//! then, so that its client drops it before reuse; only an answer paused that long mid-way is cut
+//! by this one. A request
 //! whose body the client sends after a `100 Continue` is closed before its answer like a new one.
 //! An upgraded stream (`exec`, `attach`, `port-forward` over HTTP/1.1) looks like requests and
-//! answers and is closed at the client's next record after the slot's; an HTTP/1.1 watch is never
-//! closed by this rule (the client sends nothing), and ends when the slot does.
+//! answers and is closed at the client's next record after the slot's; an HTTP/1.1 watch, after
+//! [`IDLE_CLOSE`] without an event (its client re-watches through a serving slot).
+
+use std::time::Duration;
+
+/// How long the slot must have been silent after a complete answer before the front closes a
+/// retired slot's kept-alive connection that its client does not use: a pool's idle connection,
+/// which the client then drops before reuse instead of meeting the close at its next request
+/// (hyper, and so kube-rs, and Python's requests would surface that as an error). Long against
+/// a pause in the middle of an answer (kcp writes an answer from memory; a kcp stopped 50 ms
+/// mid-answer is still served whole), short against the controller's 2 s wait before SIGTERM.
+pub const IDLE_CLOSE: Duration = Duration::from_secs(1);
 
 /// The longest encrypted TLS 1.3 record that is a KeyUpdate (22: 5 bytes of message, a content
 /// type byte and a 16-byte tag) or an alert (19): never an HTTP request or answer, which are longer.
@@ -151,6 +164,12 @@ impl Exchange {
     /// HTTP/1.1 it follows), as opposed to leaving it to the slot.
     pub fn closable(&self) -> bool {
         self.judge == Judge::Http1
+    }
+
+    /// The slot's answer to the last request is out in complete records and the client has not
+    /// started another: between two requests, unless the slot pauses mid-answer.
+    pub fn answered(&self) -> bool {
+        self.judge == Judge::Http1 && self.turn == Turn::Answered && self.slot.at_boundary()
     }
 
     /// The client sent `bytes`; `retired` says whether the connection's slot left the serving set.

@@ -7,13 +7,14 @@
 # path and cadence, ok / retried (the client, or this loop for Python, asked again after its
 # connection closed before any byte of the answer) / failed, and the failures.
 # Usage: hack/bench/clients/run.sh --front HOST:PORT --kubeconfig FILE --out DIR [--seconds N]
-#        [--paths /readyz,/clusters/...] [--cadences 0,1,5,20,100]
+#        [--paths /readyz,/clusters/...] [--cadences 0,1,5,20,100] [--context shard-base]
 # The token is read from the kubeconfig into the environment and a 0600 curl config file: it is on
 # no command line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 seconds=3600
+context=shard-base   # the shard admin's token, the same on every slot (the kcp admin's is per slot)
 paths=/readyz,/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces
 cadences=0,1,5,20,100
 while [ $# -gt 0 ]; do
@@ -24,14 +25,15 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift 2 ;;
     --paths) paths=$2; shift 2 ;;
     --cadences) cadences=$2; shift 2 ;;
+    --context) context=$2; shift 2 ;;
     *) echo "clients: unknown argument $1" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$out"; chmod 0700 "$out"
 kubectl="$root/bin/kubectl"
-"$kubectl" --kubeconfig "$kubeconfig" config view --raw --minify \
+"$kubectl" --kubeconfig "$kubeconfig" config view --raw --minify --context "$context" \
   -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$out/ca.crt"
-KCP_TOKEN=$("$kubectl" --kubeconfig "$kubeconfig" config view --raw --minify -o jsonpath='{.users[0].user.token}')
+KCP_TOKEN=$("$kubectl" --kubeconfig "$kubeconfig" config view --raw --minify --context "$context" -o jsonpath='{.users[0].user.token}')
 export KCP_TOKEN
 
 # Go: built from the standard library alone, cached by the source's hash.
@@ -68,8 +70,9 @@ for path in "${path_list[@]}"; do
     curls+=($!); echo "$path $cadence $name" >>"$out/curls"
   done
 done
+sleeper=""
 finish() {
-  for pid in "${pids[@]}" "${curls[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}" "${curls[@]}" $sleeper; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   python3 - "$out" <<'PY'
 import json, os, sys
@@ -103,5 +106,6 @@ PY
   rm -f "$out"/*.urls "$out/curl.conf"
 }
 trap 'finish; exit 0' TERM INT
-sleep "$seconds" & wait $! || true
+sleep "$seconds" & sleeper=$!
+wait "$sleeper" || true
 finish

@@ -97,6 +97,8 @@ async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
         }
         Ok(Ended::Retired) => debug!(%peer, slot = %active.backend.slot,
             "closing a kept-alive connection at its next request: its slot left the serving set"),
+        Ok(Ended::Idle) => debug!(%peer, slot = %active.backend.slot,
+            "closing a kept-alive connection left unused: its slot left the serving set"),
         Err(err) => debug!(%peer, slot = %active.backend.slot, error = %err, "connection ended with an error"),
     }
     drop(pin);

@@ -9,8 +9,9 @@
 //!   no idle timeout: kcp watches stay open for hours.
 //! - Every read is shown to the connection's [`keepalive::Exchange`] before it is written on; a
 //!   client read that starts the next request on a kept-alive HTTP/1.1 connection to a retired
-//!   slot is not written: the connection is closed instead ([`crate::front::keepalive`] says why
-//!   and how that moment is told through TLS). While retired, the connection is counted in its
+//!   slot is not written: the connection is closed instead, as it is when left unused for
+//!   [`keepalive::IDLE_CLOSE`] after an answer ([`crate::front::keepalive`] says why and how those
+//!   moments are told through TLS). While retired, the connection is counted in its
 //!   slot's `retired_closable` or `retired_unjudged`.
 use std::cell::RefCell;
 use std::io;
@@ -22,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::accounting::{Retired, RetiredCount, SlotCounters};
 use super::router::Routes;
@@ -124,6 +126,8 @@ pub(super) enum Ended {
     SlotClosing,
     /// A kept-alive HTTP/1.1 connection to a retired slot started its next request.
     Retired,
+    /// A kept-alive HTTP/1.1 connection to a retired slot was left unused after an answer.
+    Idle,
 }
 
 /// Copies both ways until both directions have ended (or one fails), the connection's slot is
@@ -152,16 +156,24 @@ pub(super) async fn pump(
         }
         now.retired(address)
     };
+    // When the slot last sent bytes (kept only for a connection the front follows).
+    let mut slot_spoke = Instant::now();
     loop {
+        // A retired connection between two requests is closed once unused for IDLE_CLOSE.
+        let idle_at = (retired && exchange.answered()).then(|| slot_spoke + keepalive::IDLE_CLOSE);
+        if idle_at.is_some_and(|at| at <= Instant::now()) {
+            return Ok(Ended::Idle);
+        }
         let copy = std::future::poll_fn(|cx| {
+            let slot_copied = down.copied;
             // Both directions first, then the shutdowns: when both ends closed together (the common
             // end of a short connection), neither needs one.
             let up_ends = match up.ended {
                 false => {
                     let inspect = |bytes: &[u8]| exchange.client_sent(bytes, retired);
                     match up.poll(cx, &mut client_read, &mut upstream_write, inspect) {
-                        Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
-                        Poll::Ready(Ok(Halt::Refused)) => return Poll::Ready(Ok(Ended::Retired)),
+                        Poll::Ready(Err(err)) => return Poll::Ready(Some(Err(err))),
+                        Poll::Ready(Ok(Halt::Refused)) => return Poll::Ready(Some(Ok(Ended::Retired))),
                         polled => polled.is_ready(),
                     }
                 }
@@ -174,12 +186,15 @@ pub(super) async fn pump(
                         Verdict::Forward
                     };
                     match down.poll(cx, &mut upstream_read, &mut client_write, inspect) {
-                        Poll::Ready(Err(err)) => return Poll::Ready(Err(err)),
+                        Poll::Ready(Err(err)) => return Poll::Ready(Some(Err(err))),
                         polled => polled.is_ready(),
                     }
                 }
                 true => false,
             };
+            if down.copied != slot_copied && exchange.closable() {
+                slot_spoke = Instant::now();
+            }
             if retired {
                 counted.set(retired_as(&exchange));
             }
@@ -190,17 +205,22 @@ pub(super) async fn pump(
                 let _ = Pin::new(&mut client_write).poll_shutdown(cx);
             }
             if up.ended && down.ended {
-                Poll::Ready(Ok(Ended::Both {
+                Poll::Ready(Some(Ok(Ended::Both {
                     up: up.copied,
                     down: down.copied,
-                }))
+                })))
+            } else if retired && idle_at.is_none() && exchange.answered() {
+                // An answer just completed: time the idle close (above).
+                Poll::Ready(None)
             } else {
                 Poll::Pending
             }
         });
         tokio::select! {
             biased;
-            ended = copy => return ended,
+            ended = copy => if let Some(ended) = ended {
+                return ended;
+            },
             changed = routes.changed(), if watching => {
                 if changed.is_err() {
                     watching = false;
@@ -213,6 +233,8 @@ pub(super) async fn pump(
                 retired = now.retired(address);
                 counted.set(if retired { retired_as(&exchange) } else { Retired::No });
             }
+            // Wakes to look again: the slot may have spoken since (then the moment moves on).
+            () = tokio::time::sleep_until(idle_at.unwrap_or_else(Instant::now)), if idle_at.is_some() => {}
         }
     }
 }

@@ -360,3 +360,51 @@ async fn back_to_back_requests_through_a_retirement_fail_none_and_are_retried_on
     );
     assert!(new.requests.load(Ordering::SeqCst) > 0);
 }
+
+#[tokio::test]
+async fn a_kept_alive_connection_left_unused_after_the_retirement_is_closed_between_requests() {
+    let old = slot(plain_answer, Duration::ZERO).await;
+    let (router, front, _stop) = front_to(old.address).await;
+    let mut spare = handshaken(front, &[b"http/1.1"]).await;
+    // A connection mid-answer at the retirement is not one of them: the slot pauses half of
+    // IDLE_CLOSE in the middle of the answer (an answer paused longer than IDLE_CLOSE is cut).
+    fn slow(_: usize) -> Vec<Vec<u8>> {
+        vec![data(100), data(ANSWER)]
+    }
+    let paused = slot(slow, crate::front::keepalive::IDLE_CLOSE / 2).await;
+    let (paused_router, paused_front, _paused_stop) = front_to(paused.address).await;
+    let mut waiting = handshaken_slowly(paused_front).await;
+    router.serve(Vec::new());
+    paused_router.serve(Vec::new());
+    let started = tokio::time::Instant::now();
+    assert!(
+        ends_within(&mut spare, Duration::from_secs(3)).await,
+        "the unused one is closed"
+    );
+    assert!(
+        started.elapsed() >= crate::front::keepalive::IDLE_CLOSE - Duration::from_millis(100),
+        "after IDLE_CLOSE of silence, not at once"
+    );
+    assert_eq!(router.connections()["a"].retired_closable, 0);
+    let mut rest = vec![0u8; 5 + ANSWER];
+    waiting.read_exact(&mut rest).await.unwrap();
+    assert!(
+        !ends_within(&mut waiting, Duration::from_millis(300)).await,
+        "an answer still coming is not cut, and its connection is closed only once unused"
+    );
+}
+
+/// A connection through its handshake whose first request gets the first part of its answer.
+async fn handshaken_slowly(front: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(front).await.unwrap();
+    stream.write_all(&client_hello(&[])).await.unwrap();
+    let mut flight = vec![0u8; server_flight().len()];
+    stream.read_exact(&mut flight).await.unwrap();
+    stream
+        .write_all(&[record(20, 1), data(FINISHED), data(REQUEST)].concat())
+        .await
+        .unwrap();
+    let mut first = vec![0u8; 5 + 100];
+    stream.read_exact(&mut first).await.unwrap();
+    stream
+}
