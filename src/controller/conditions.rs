@@ -259,7 +259,7 @@ mod tests {
                 running: true,
                 ready,
                 started_at: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),
-                front_closable: 0,
+                front_pending: 0,
             }],
             roll: None,
             blocked: None,

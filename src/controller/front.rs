@@ -32,9 +32,9 @@ pub struct FrontSeen {
     /// The serving set, where new connections go. A caddy names no slot: each slot is `""` until
     /// matched by port.
     pub backends: Vec<Backend>,
-    /// Per slot name: open, total and failed connections, and the retired ones still open that the
-    /// front closes at their next request (`retired_closable`: wait for 0 before stopping the
-    /// slot) or leaves to the slot (`retired_unjudged`). Empty for a caddy, which does not say.
+    /// Per slot name: open, total and failed connections, and of a retired slot's open ones those
+    /// that may still carry a request to it (`retired_pending`: wait for 0 before stopping the
+    /// slot) and those the front leaves to the slot (`retired_unjudged`). Empty for a caddy.
     pub connections: BTreeMap<String, SlotConnections>,
     /// kcpshard's front runs another binary than this `serve`'s: it hands its listening socket
     /// over to a successor of this binary (docs/front.md, Upgrades).

@@ -180,18 +180,18 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         }
         let ready = running && slot_ready(ctx, &slot_dirs.admin_kubeconfig(), record.port).await;
         let started_at = process.started_at.parse::<DateTime<Utc>>().unwrap_or(record.created_at);
-        let front_closable = front_seen
+        let front_pending = front_seen
             .as_ref()
             .ok()
             .and_then(|seen| seen.connections.get(&record.name))
-            .map_or(0, |c| c.retired_closable);
+            .map_or(0, |c| c.retired_pending);
         observations.push(SlotObservation {
             name: record.name.clone(),
             template: record.template.clone(),
             running,
             ready,
             started_at,
-            front_closable,
+            front_pending,
         });
         slots.push(ObservedSlot { record, process });
     }

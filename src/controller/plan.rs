@@ -69,9 +69,9 @@ pub struct SlotObservation {
     /// It answered `/readyz` on its own port just now.
     pub ready: bool,
     pub started_at: DateTime<Utc>,
-    /// Kept-alive HTTP/1.1 connections the front holds open to this slot while it is out of the
-    /// serving set, each closed at its next request (docs/front.md); 0 for a caddy front.
-    pub front_closable: u64,
+    /// Kept-alive connections the front holds open to this slot while it is out of the serving
+    /// set that may still carry a request to it (docs/front.md, `retired_pending`); 0 for caddy.
+    pub front_pending: u64,
 }
 
 /// A roll that could not go on, kept until the spec changes.
@@ -292,9 +292,9 @@ impl Step {
 /// docs/benchmarks.md "Rolls under load").
 pub const SWITCH_SETTLE: Duration = Duration::from_millis(500);
 
-/// How long after the switch the old slot may wait, beyond [`SWITCH_SETTLE`], for the front to
-/// close its kept-alive connections (a client idle longer meets kcp's own idle close instead),
-/// and how often the front is asked meanwhile.
+/// How long after the switch the old slot may wait, beyond [`SWITCH_SETTLE`], until the front has
+/// no kept-alive connection to it that may still carry a request (one in flight, or a connection
+/// before its first), and how often the front is asked meanwhile.
 pub const SETTLE_BOUND: Duration = Duration::from_secs(2);
 const SETTLE_LOOK: Duration = Duration::from_millis(50);
 
@@ -483,8 +483,9 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         let settled_for = roll
             .and_then(|r| r.front_switched_at)
             .map(|switched| (observed.now - switched).to_std().unwrap_or_default());
-        // Then, for up to SETTLE_BOUND, until the front has closed every kept-alive connection to
-        // it that it can (each at its next request): none of them then meets kcp's 500 after SIGTERM.
+        // Then, for up to SETTLE_BOUND, until no kept-alive connection through the front can carry
+        // a request to it any more (the front closes each at its next request once its answer is
+        // out): none of them then meets kcp's 500 after SIGTERM.
         if let Some(settled_for) = settled_for {
             if settled_for < SWITCH_SETTLE {
                 return Step::AwaitSettle {
@@ -492,7 +493,7 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
                     remaining: SWITCH_SETTLE - settled_for,
                 };
             }
-            if old.front_closable > 0 && settled_for < SETTLE_BOUND {
+            if old.front_pending > 0 && settled_for < SETTLE_BOUND {
                 return Step::AwaitSettle {
                     name: old.name.clone(),
                     remaining: SETTLE_LOOK.min(SETTLE_BOUND - settled_for),
@@ -560,7 +561,7 @@ mod tests {
             running,
             ready,
             started_at: at(0),
-            front_closable: 0,
+            front_pending: 0,
         }
     }
 
@@ -707,7 +708,7 @@ mod tests {
     #[test]
     fn the_old_slot_waits_up_to_the_bound_for_the_front_to_close_its_kept_alive_connections() {
         let (d, mut o) = switched_from_a_to_b(600);
-        o.slots[0].front_closable = 2;
+        o.slots[0].front_pending = 2;
         assert_eq!(
             plan(&d, &o),
             Step::AwaitSettle {
@@ -715,9 +716,9 @@ mod tests {
                 remaining: SETTLE_LOOK
             }
         );
-        o.slots[0].front_closable = 0;
+        o.slots[0].front_pending = 0;
         assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
-        o.slots[0].front_closable = 2;
+        o.slots[0].front_pending = 2;
         o.roll.as_mut().unwrap().front_switched_at = Some(o.now - chrono::Duration::milliseconds(1980));
         assert_eq!(
             plan(&d, &o),
@@ -1008,7 +1009,7 @@ mod tests {
                 running,
                 ready: ready && running,
                 started_at: at(started),
-                front_closable: 0,
+                front_pending: 0,
             })
     }
 

@@ -166,6 +166,13 @@ impl Exchange {
         self.judge == Judge::Http1
     }
 
+    /// The slot has begun answering the last request: the client's next request is its last on
+    /// this connection once the slot is retired (closed, not forwarded), so no request of this
+    /// connection reaches a retired slot any more.
+    pub fn answering(&self) -> bool {
+        self.judge == Judge::Http1 && self.turn == Turn::Answered
+    }
+
     /// The slot's answer to the last request is out in complete records and the client has not
     /// started another: between two requests, unless the slot pauses mid-answer.
     pub fn answered(&self) -> bool {

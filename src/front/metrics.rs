@@ -27,7 +27,7 @@ pub fn render(status: &FrontStatus) -> String {
     let open = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let total = Family::<SlotLabels, Counter>::default();
     let failed = Family::<SlotLabels, Counter>::default();
-    let retired_closable = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
+    let retired_pending = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let retired_unjudged = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let backend = Family::<BackendLabels, Gauge>::default();
     registry.register(
@@ -42,9 +42,9 @@ pub fn render(status: &FrontStatus) -> String {
         failed.clone(),
     );
     registry.register(
-        "connections_retired_closable",
-        "Open connections to a slot out of the serving set that the front closes at their next request",
-        retired_closable.clone(),
+        "connections_retired_pending",
+        "Open kept-alive connections to a slot out of the serving set that may still carry a request to it",
+        retired_pending.clone(),
     );
     registry.register(
         "connections_retired_unjudged",
@@ -61,7 +61,7 @@ pub fn render(status: &FrontStatus) -> String {
         open.get_or_create(&labels).set(counts.open);
         total.get_or_create(&labels).inc_by(counts.total);
         failed.get_or_create(&labels).inc_by(counts.failed);
-        retired_closable.get_or_create(&labels).set(counts.retired_closable);
+        retired_pending.get_or_create(&labels).set(counts.retired_pending);
         retired_unjudged.get_or_create(&labels).set(counts.retired_unjudged);
     }
     for b in &status.backends {
@@ -106,7 +106,7 @@ mod tests {
                         open: 1,
                         total: 7,
                         failed: 2,
-                        retired_closable: 1,
+                        retired_pending: 1,
                         ..SlotConnections::default()
                     },
                 ),
@@ -126,7 +126,7 @@ mod tests {
             "kcpshard_front_connections_open{slot=\"green\"} 3",
             "kcpshard_front_connections_total{slot=\"blue\"} 7",
             "kcpshard_front_connections_failed_total{slot=\"blue\"} 2",
-            "kcpshard_front_connections_retired_closable{slot=\"blue\"} 1",
+            "kcpshard_front_connections_retired_pending{slot=\"blue\"} 1",
             "kcpshard_front_connections_retired_unjudged{slot=\"blue\"} 0",
             "kcpshard_front_backend{slot=\"green\",address=\"127.0.0.1:7002\"} 1",
             "kcpshard_front_backend{slot=\"red\",address=\"127.0.0.1:7003\"} 1",

@@ -43,10 +43,12 @@ pub struct SlotConnections {
     /// Of those, the ones closed because the slot could not be reached within the retry window.
     #[serde(default)]
     pub failed: u64,
-    /// Open connections to the slot while it is out of the serving set that the front closes
-    /// itself at the client's next request (kept-alive HTTP/1.1): wait for 0 before stopping it.
+    /// Open kept-alive HTTP/1.1 connections to the slot while it is out of the serving set that
+    /// may still carry a request to it: a request in flight, or a connection before its first.
+    /// Once a connection's answer is out, the front closes it at its next request instead of
+    /// forwarding that, so it no longer counts: wait for 0 before stopping the slot.
     #[serde(default)]
-    pub retired_closable: u64,
+    pub retired_pending: u64,
     /// Open connections to the slot while it is out of the serving set that the front cannot judge
     /// (HTTP/2, or no TLS ClientHello it can read): the slot's own shutdown ends them.
     #[serde(default)]
@@ -352,7 +354,7 @@ mod tests {
                     address: Some("127.0.0.1:7002".parse().unwrap()),
                     open: 1,
                     total: 3,
-                    retired_closable: 1,
+                    retired_pending: 1,
                     ..SlotConnections::default()
                 },
             )]),
@@ -366,7 +368,7 @@ mod tests {
             "the first of the set, for readers of the single-backend protocol"
         );
         assert_eq!(value["status"]["connections"]["green"]["total"], 3);
-        assert_eq!(value["status"]["connections"]["green"]["retired_closable"], 1);
+        assert_eq!(value["status"]["connections"]["green"]["retired_pending"], 1);
         assert!(value.get("error").is_none());
         let back: Response = serde_json::from_str(&line).unwrap();
         assert_eq!(back.status, Some(status));

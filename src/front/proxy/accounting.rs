@@ -22,7 +22,7 @@ pub(super) struct SlotCounters {
     open: AtomicU64,
     total: AtomicU64,
     failed: AtomicU64,
-    retired_closable: AtomicU64,
+    retired_pending: AtomicU64,
     retired_unjudged: AtomicU64,
 }
 
@@ -42,7 +42,7 @@ impl SlotCounters {
             open: self.open.load(Ordering::Relaxed),
             total: self.total.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
-            retired_closable: self.retired_closable.load(Ordering::Relaxed),
+            retired_pending: self.retired_pending.load(Ordering::Relaxed),
             retired_unjudged: self.retired_unjudged.load(Ordering::Relaxed),
         }
     }
@@ -53,8 +53,8 @@ impl SlotCounters {
 pub(super) enum Retired {
     /// Serving, or not counted.
     No,
-    /// Kept-alive HTTP/1.1 that the front closes at the client's next request.
-    Closable,
+    /// Kept-alive HTTP/1.1 that may still carry a request to the slot: one in flight, or its first.
+    Pending,
     /// Anything else: the slot's shutdown ends it.
     Unjudged,
 }
@@ -89,7 +89,7 @@ impl<'a> RetiredCount<'a> {
     fn counter(&self, what: Retired) -> Option<&'a AtomicU64> {
         match what {
             Retired::No => None,
-            Retired::Closable => Some(&self.counters.retired_closable),
+            Retired::Pending => Some(&self.counters.retired_pending),
             Retired::Unjudged => Some(&self.counters.retired_unjudged),
         }
     }

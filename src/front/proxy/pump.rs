@@ -11,8 +11,8 @@
 //!   client read that starts the next request on a kept-alive HTTP/1.1 connection to a retired
 //!   slot is not written: the connection is closed instead, as it is when left unused for
 //!   [`keepalive::IDLE_CLOSE`] after an answer ([`crate::front::keepalive`] says why and how those
-//!   moments are told through TLS). While retired, the connection is counted in its
-//!   slot's `retired_closable` or `retired_unjudged`.
+//!   moments are told through TLS). While retired, the connection is counted in its slot's
+//!   `retired_pending` while it may still carry a request to the slot, or in `retired_unjudged`.
 use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
@@ -240,10 +240,13 @@ pub(super) async fn pump(
 }
 
 fn retired_as(exchange: &keepalive::Exchange) -> Retired {
-    if exchange.closable() {
-        Retired::Closable
-    } else {
+    if !exchange.closable() {
         Retired::Unjudged
+    } else if exchange.answering() {
+        // Its next request is closed, not forwarded: nothing more of it reaches the slot.
+        Retired::No
+    } else {
+        Retired::Pending
     }
 }
 

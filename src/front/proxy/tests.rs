@@ -196,7 +196,11 @@ async fn the_next_request_to_a_retired_slot_closes_its_http1_connection_and_noth
     router.serve(vec![backend("b", new.address)]);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let counts = router.connections()["a"];
-    assert_eq!((counts.retired_closable, counts.retired_unjudged), (1, 1), "{counts:?}");
+    assert_eq!(
+        (counts.retired_pending, counts.retired_unjudged),
+        (0, 1),
+        "answered, so its next request is closed: nothing more of it reaches the slot; {counts:?}"
+    );
     assert!(
         !ends_within(&mut http1, Duration::from_millis(200)).await,
         "an idle connection is not closed before its client speaks"
@@ -214,7 +218,7 @@ async fn the_next_request_to_a_retired_slot_closes_its_http1_connection_and_noth
         "HTTP/2 multiplexes: never judged"
     );
     let counts = router.connections()["a"];
-    assert_eq!((counts.retired_closable, counts.retired_unjudged), (0, 1), "{counts:?}");
+    assert_eq!((counts.open, counts.retired_unjudged), (1, 1), "{counts:?}");
     // A kept-alive HTTP/1.1 connection to the serving slot stays.
     let mut on_new = handshaken(front, &[b"http/1.1"]).await;
     assert_eq!(ask(&mut on_new, 5 + ANSWER).await, Asked::Answered);
@@ -235,7 +239,14 @@ async fn a_request_in_flight_at_the_retirement_gets_its_answer_and_the_next_one_
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     router.serve(Vec::new());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        router.connections()["a"].retired_pending,
+        1,
+        "a request in flight still reaches the retired slot"
+    );
     assert_eq!(asked.await.unwrap(), (Asked::Answered, Asked::ClosedBeforeAnswer));
+    assert_eq!(router.connections()["a"].retired_pending, 0);
 }
 
 #[tokio::test]
@@ -330,7 +341,7 @@ async fn back_to_back_requests_through_a_retirement_fail_none_and_are_retried_on
     let retired_at = tokio::time::Instant::now();
     loop {
         let counts = router.connections()["a"];
-        if counts.retired_closable == 0 && counts.open == 0 {
+        if counts.retired_pending == 0 && counts.open == 0 {
             break;
         }
         assert!(
@@ -385,7 +396,7 @@ async fn a_kept_alive_connection_left_unused_after_the_retirement_is_closed_betw
         started.elapsed() >= crate::front::keepalive::IDLE_CLOSE - Duration::from_millis(100),
         "after IDLE_CLOSE of silence, not at once"
     );
-    assert_eq!(router.connections()["a"].retired_closable, 0);
+    assert_eq!(router.connections()["a"].retired_pending, 0);
     let mut rest = vec![0u8; 5 + ANSWER];
     waiting.read_exact(&mut rest).await.unwrap();
     assert!(
