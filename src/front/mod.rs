@@ -3,8 +3,8 @@
 //!
 //! It runs as its own long-lived process, `kcpshard front --listen ADDR --dir DIR`, so that the
 //! controller (`kcpshard serve`) can crash, restart or be upgraded without closing a connection.
-//! `serve` starts or adopts it with [`ensure_running`], points it at a slot with
-//! [`FrontClient::serve`] (a serving set), reads its counts with [`FrontClient::status`], replaces its binary
+//! `serve` starts or adopts it with [`ensure_running`], gives it the slots to serve with
+//! [`FrontClient::serve`], reads its counts with [`FrontClient::status`], replaces its binary
 //! without closing the listening socket with [`upgrade`], and ends it with [`stop`].
 //!
 //! Files:
