@@ -13,11 +13,14 @@
 //!   a stream ends, re-list on 410 Gone.
 //!
 //! A request fails when no answer comes (refused, reset, closed, timeout, TLS) or the answer is not
-//! 2xx. A keep-alive client retries a GET once, at once, when its kept-alive connection breaks
-//! before an answer (closed or reset), as Go's net/http transport (client-go's, kubectl's) does for
-//! an idempotent request on a reused connection (`shouldRetryRequest`): a server that closes an
-//! idle connection races with the next request on it. Such retries are counted and listed apart;
-//! a retry that fails too is a failure. A watch stream that ends, cleanly or cut, is not a failure
+//! 2xx. A keep-alive client asks again, at once, when its kept-alive connection breaks before an
+//! answer (closed or reset), as Go's net/http transport (client-go's, kubectl's) does for an
+//! idempotent request on a reused connection (`shouldRetryRequest`, for as long as the connection
+//! that failed was a reused one): a server that closes an idle connection races with the next
+//! request on it, and the front closes a kept-alive connection to a slot that left its serving set
+//! at its next request. A client's pool may hold more than one such connection, so it asks up to
+//! [`POOL_RETRIES`] times. Such retries are counted and listed apart; a request whose last attempt
+//! fails is a failure. A watch stream that ends, cleanly or cut, is not a failure
 //! (client-go re-watches and loses nothing); it is counted apart. The token is never printed:
 //! errors carry no headers, and non-2xx bodies are kcp's own status messages.
 //!
@@ -364,6 +367,9 @@ async fn get_once(client: &Client, path: &str, close: bool) -> Result<(), (Kind,
     }
 }
 
+/// How often a keep-alive GET is asked again after its kept-alive connection closed before an answer.
+const POOL_RETRIES: usize = 4;
+
 /// GETs `paths` in turn every `period` until `stop`; `close` asks for a new connection each time.
 async fn getter(
     client: Client,
@@ -387,11 +393,18 @@ async fn getter(
         n += 1;
         let began = Instant::now();
         let mut result = get_once(&client, path, close).await;
-        if let Err((Kind::Closed | Kind::Reset, _)) = &result
+        // As Go's transport does for an idempotent request: ask again while a kept-alive
+        // connection from the pool turns out closed before any byte of the answer (each idle one
+        // to a slot that left the front's serving set is, at its next request), up to the pool's
+        // size; each such attempt is counted as retried, only the last outcome as the request's.
+        let mut attempts = 1;
+        while let Err((Kind::Closed | Kind::Reset, _)) = &result
             && !close
+            && attempts <= POOL_RETRIES
         {
             recorder.retried(class, path, result.unwrap_err());
             result = get_once(&client, path, close).await;
+            attempts += 1;
         }
         recorder.outcome(class, path, began.elapsed(), result);
     }
@@ -686,7 +699,7 @@ fn report(stats: &mut Stats, elapsed: Duration) -> Value {
             .join(", ")
     );
     println!(
-        "keep-alive GETs retried once after a broken kept-alive connection: {}; poller ticks skipped ({POLLS_IN_FLIGHT} polls in flight): {}",
+        "keep-alive GET attempts retried after a broken kept-alive connection: {}; poller ticks skipped ({POLLS_IN_FLIGHT} polls in flight): {}",
         stats.retried.len(),
         stats.polls_skipped
     );

@@ -85,6 +85,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 // ------------------------------------------------------------------------------------------------
 // Backends: HTTPS servers that stand in for two kcp slots.
 
+/// The name of a backend whose `/readyz` fails.
+const UNREADY: &str = "unready";
+
 type Body = BoxBody<Bytes, Infallible>;
 
 struct Backend {
@@ -115,7 +118,7 @@ async fn backend(name: &'static str, material: &Material) -> Backend {
     backend_on(name, material, TcpListener::bind("127.0.0.1:0").await.unwrap())
 }
 
-/// `/readyz` answers 200 with the backend's name; `/slow` the same after SLOW_FOR; `/watch` streams
+/// `/readyz` and `/who` answer 200 with the backend's name (`/readyz` 500 for [`UNREADY`]); `/slow` the same after SLOW_FOR; `/watch` streams
 /// WATCH_EVENTS lines "<name> <i>" (chunked, like a kcp watch).
 fn backend_on(name: &'static str, material: &Material, listener: TcpListener) -> Backend {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
@@ -162,7 +165,9 @@ async fn answer(name: &'static str, request: Request<Incoming>) -> Response<Body
             .unwrap()
     };
     match request.uri().path() {
-        "/readyz" => text(StatusCode::OK, name.to_string()),
+        // A slot that is stopping (kcp after SIGTERM) or not ready yet still serves, but fails this.
+        "/readyz" if name == UNREADY => text(StatusCode::INTERNAL_SERVER_ERROR, "[-]shutdown failed".into()),
+        "/readyz" | "/who" => text(StatusCode::OK, name.to_string()),
         "/slow" => {
             tokio::time::sleep(SLOW_FOR).await;
             text(StatusCode::OK, name.to_string())
@@ -555,7 +560,7 @@ async fn switching_back_and_forth_through_caddy_fails_no_poll_and_answers_from_t
     for i in 0..6 {
         let to = if i % 2 == 0 { &green } else { &blue };
         let started = Instant::now();
-        let outcome = caddy.admin.switch(ID, to.addr).await.unwrap();
+        let outcome = caddy.admin.serve(ID, &[to.addr]).await.unwrap();
         let ended = Instant::now();
         assert_eq!(
             outcome,
@@ -631,7 +636,7 @@ async fn in_flight_across_a_switch(
     let mut lines = vec![String::from_utf8_lossy(&first).trim().to_string()];
 
     blue.wait_for("/slow").await;
-    caddy.admin.switch(ID, green.addr).await.unwrap();
+    caddy.admin.serve(ID, &[green.addr]).await.unwrap();
     assert_eq!(
         get_once(caddy.front, &connector, "/readyz").await.as_deref(),
         Ok("green")
@@ -688,13 +693,13 @@ async fn a_switch_to_the_current_slot_does_not_reload_caddy() {
     let mut conn = dial(caddy.front, &connector(&material)).await.unwrap();
     assert_eq!(get(&mut conn, "/readyz").await.as_deref(), Ok("blue"));
 
-    assert_eq!(caddy.admin.switch(ID, blue.addr).await.unwrap(), Switch::Unchanged);
+    assert_eq!(caddy.admin.serve(ID, &[blue.addr]).await.unwrap(), Switch::Unchanged);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A reload would have closed this idle connection (and every upgraded stream: exec, attach).
     assert_eq!(get(&mut conn, "/readyz").await.as_deref(), Ok("blue"));
 
     assert!(matches!(
-        caddy.admin.switch(ID, green.addr).await.unwrap(),
+        caddy.admin.serve(ID, &[green.addr]).await.unwrap(),
         Switch::Switched { .. }
     ));
     let deadline = Instant::now() + IO_TIMEOUT;
@@ -708,7 +713,7 @@ async fn a_switch_to_the_current_slot_does_not_reload_caddy() {
 }
 
 /// docs/background.md section 8's caveat, measured: every caddy reload cuts upgraded streams (exec, attach,
-/// port-forward), which is why `switch` sends nothing when the upstream is already right.
+/// port-forward), which is why `serve` sends nothing when the upstream is already right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgraded_stream_survives_a_no_op_switch_and_is_cut_by_a_real_one() {
     let tmp = tempfile::tempdir().unwrap();
@@ -719,14 +724,14 @@ async fn an_upgraded_stream_survives_a_no_op_switch_and_is_cut_by_a_real_one() {
     let mut stream = upgrade(caddy.front, &connector(&material)).await;
     assert_eq!(echo(&mut stream, "before").await.as_deref(), Ok("before"));
 
-    assert_eq!(caddy.admin.switch(ID, blue.addr).await.unwrap(), Switch::Unchanged);
+    assert_eq!(caddy.admin.serve(ID, &[blue.addr]).await.unwrap(), Switch::Unchanged);
     assert_eq!(
         echo(&mut stream, "after a no-op switch").await.as_deref(),
         Ok("after a no-op switch")
     );
 
     assert!(matches!(
-        caddy.admin.switch(ID, green.addr).await.unwrap(),
+        caddy.admin.serve(ID, &[green.addr]).await.unwrap(),
         Switch::Switched { .. }
     ));
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -741,7 +746,7 @@ async fn a_slot_that_starts_accepting_late_costs_latency_not_an_error() {
     let blue = backend("blue", &material).await;
     let caddy = start_caddy(&material, blue.addr, |_| {}).await;
     let late: SocketAddr = (Ipv4Addr::LOCALHOST, support::free_port()).into();
-    caddy.admin.switch(ID, late).await.unwrap();
+    caddy.admin.serve(ID, &[late]).await.unwrap();
 
     let connector = connector(&material);
     let started = Instant::now();
@@ -771,7 +776,7 @@ async fn an_unreachable_admin_api_says_how_to_start_caddy() {
         "{message}"
     );
     assert!(message.contains("or fix spec.front.caddy.adminAddress"), "{message}");
-    let err = admin.switch(ID, "127.0.0.1:7001".parse().unwrap()).await.unwrap_err();
+    let err = admin.serve(ID, &["127.0.0.1:7001".parse().unwrap()]).await.unwrap_err();
     assert!(matches!(err, CaddyError::Unreachable { .. }), "{err:?}");
 }
 
@@ -794,7 +799,7 @@ async fn a_missing_or_misplaced_id_says_where_to_put_it() {
             caddy.admin.address()
         )
     );
-    let err = caddy.admin.switch("kcp-proxi", blue.addr).await.unwrap_err();
+    let err = caddy.admin.serve("kcp-proxi", &[blue.addr]).await.unwrap_err();
     assert!(matches!(err, CaddyError::UnknownId { .. }), "{err:?}");
 
     let err = caddy.admin.upstreams("kcp-route").await.unwrap_err();
@@ -804,9 +809,42 @@ async fn a_missing_or_misplaced_id_says_where_to_put_it() {
             .contains("move \"@id\": \"kcp-route\" onto the reverse_proxy handler"),
         "{err}"
     );
-    let err = caddy.admin.switch("kcp-route", blue.addr).await.unwrap_err();
+    let err = caddy.admin.serve("kcp-route", &[blue.addr]).await.unwrap_err();
     assert!(matches!(err, CaddyError::NotReverseProxy { .. }), "{err:?}");
 
     // None of that touched the real handler.
     assert_eq!(caddy.admin.upstreams(ID).await.unwrap(), [blue.addr.to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caddys_own_health_checks_keep_a_serving_slot_that_fails_readyz_out_of_rotation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let material = material(tmp.path());
+    let blue = backend("blue", &material).await;
+    let unready = backend(UNREADY, &material).await;
+    let (blue_addr, unready_addr) = (blue.addr, unready.addr);
+    // Both serve; one of them fails /readyz, as a kcp does from its SIGTERM on.
+    let caddy = start_caddy(&material, blue.addr, |config| {
+        proxy_handler(config)["upstreams"] =
+            serde_json::json!([{ "dial": blue_addr.to_string() }, { "dial": unready_addr.to_string() }]);
+    })
+    .await;
+    assert_eq!(
+        caddy.admin.upstreams(ID).await.unwrap(),
+        [blue.addr.to_string(), unready.addr.to_string()]
+    );
+    unready.wait_for("/readyz").await;
+    // One health interval: the failed check has taken the slot out.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let connector = connector(&material);
+    for _ in 0..20 {
+        assert_eq!(get_once(caddy.front, &connector, "/who").await, Ok("blue".to_string()));
+    }
+    assert!(
+        !unready.seen.lock().unwrap().iter().any(|p| p == "/who"),
+        "no request reached the slot that fails /readyz: {:?}",
+        unready.seen.lock().unwrap()
+    );
+    // Without a config change: the upstreams are the same two.
+    assert_eq!(caddy.admin.upstreams(ID).await.unwrap().len(), 2);
 }

@@ -3,7 +3,7 @@
 //!
 //! Every front a test starts is SIGKILLed when its [`Fixture`] drops, pass or fail (fronts run in
 //! their own session by design, so nothing else would end them).
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -234,15 +234,15 @@ async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
     let a = EchoBackend::start("a").await;
     let b = EchoBackend::start("b").await;
     let (client, status) = f.start().await;
-    assert_eq!(status.backend, None);
+    assert!(status.backends.is_empty());
     assert_ne!(status.listen.port(), 0);
 
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut first = Client::dial(status.listen).await;
     assert_eq!(first.line().await, "hello from a");
     assert_eq!(first.ask("1").await, "a: 1");
 
-    client.switch(&b.backend("b")).await.unwrap();
+    client.serve(&[b.backend("b")]).await.unwrap();
     let mut second = Client::dial(status.listen).await;
     assert_eq!(second.line().await, "hello from b");
     assert_eq!(
@@ -253,7 +253,7 @@ async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
     assert_eq!(second.ask("3").await, "b: 3");
 
     let status = client.status().await.unwrap();
-    assert_eq!(status.backend, Some(b.backend("b")));
+    assert_eq!(status.backends, vec![b.backend("b")]);
     assert_eq!((status.connections["a"].open, status.connections["a"].total), (1, 1));
     assert_eq!((status.connections["b"].open, status.connections["b"].total), (1, 1));
 
@@ -268,11 +268,67 @@ async fn new_connections_follow_a_switch_while_open_ones_stay_pinned() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serving_set_spreads_new_connections_and_a_slot_left_out_keeps_its_own() {
+    let f = Fixture::new();
+    let a = EchoBackend::start("a").await;
+    let b = EchoBackend::start("b").await;
+    let c = EchoBackend::start("c").await;
+    let (client, status) = f.start().await;
+    client
+        .serve(&[a.backend("a"), b.backend("b"), c.backend("c")])
+        .await
+        .unwrap();
+    // Held open, so that each new one goes to the slot with the fewest.
+    let mut held = Vec::new();
+    let mut given = BTreeMap::<String, u32>::new();
+    for _ in 0..6 {
+        let mut conn = Client::dial(status.listen).await;
+        let slot = conn.line().await.trim_start_matches("hello from ").to_string();
+        *given.entry(slot).or_default() += 1;
+        held.push(conn);
+    }
+    assert_eq!(given.values().copied().collect::<Vec<_>>(), vec![2, 2, 2], "{given:?}");
+
+    // c leaves the set: its connections stay (counted as retired, not judged: no TLS here).
+    client.serve(&[a.backend("a"), b.backend("b")]).await.unwrap();
+    let status_now = client.status().await.unwrap();
+    assert_eq!(status_now.backends, vec![a.backend("a"), b.backend("b")]);
+    assert_eq!(status_now.connections["c"].open, 2);
+    assert_eq!(status_now.connections["c"].retired_unjudged, 2);
+    assert_eq!(status_now.connections["a"].retired_unjudged, 0);
+    for conn in held.iter_mut() {
+        let answer = conn.ask("still").await;
+        assert!(answer.ends_with(": still"), "{answer}");
+    }
+    for _ in 0..4 {
+        let mut conn = Client::dial(status.listen).await;
+        assert_ne!(
+            conn.line().await,
+            "hello from c",
+            "no new connection goes to a slot out of the set"
+        );
+    }
+    // The set persists: a restarted front serves the same two.
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join(front::BACKEND_FILE)).unwrap()).unwrap();
+    assert_eq!(file["backends"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        file["backend"]["slot"], "a",
+        "and its first, for a front of the single-backend protocol"
+    );
+
+    // An empty set: new connections are held for the connect window, then closed.
+    client.serve(&[]).await.unwrap();
+    let mut waiting = Client::dial(status.listen).await;
+    assert!(waiting.closed_within(Duration::from_secs(5)).await >= Duration::from_millis(1500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_is_dialled_before_the_client_sends_a_byte_and_half_closes_pass_through() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, status) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut c = Client::dial(status.listen).await;
     // A server-speaks-first greeting arrives although the client has sent nothing.
     assert_eq!(c.line().await, "hello from a");
@@ -288,10 +344,10 @@ async fn a_backend_that_refuses_for_a_moment_still_gets_the_connection() {
     let (client, status) = f.start().await;
     let late = free_port();
     client
-        .switch(&Backend {
+        .serve(&[Backend {
             slot: "late".into(),
             address: late,
-        })
+        }])
         .await
         .unwrap();
     let started = Instant::now();
@@ -312,10 +368,10 @@ async fn a_backend_that_never_accepts_gets_the_client_closed_after_the_retry_win
     let f = Fixture::new();
     let (client, status) = f.start().await;
     client
-        .switch(&Backend {
+        .serve(&[Backend {
             slot: "gone".into(),
             address: free_port(),
-        })
+        }])
         .await
         .unwrap();
     let mut c = Client::dial(status.listen).await;
@@ -340,7 +396,7 @@ async fn without_a_backend_a_connection_waits_briefly_for_one_then_is_closed() {
 
     let mut lucky = Client::dial(status.listen).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     assert_eq!(lucky.line().await, "hello from a");
 }
 
@@ -352,7 +408,7 @@ async fn a_restarted_front_comes_back_on_the_persisted_backend() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, first) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let persisted: serde_json::Value =
         serde_json::from_slice(&std::fs::read(f.dir.join(front::BACKEND_FILE)).unwrap()).unwrap();
     assert_eq!(persisted["backend"]["slot"], "a");
@@ -364,7 +420,7 @@ async fn a_restarted_front_comes_back_on_the_persisted_backend() {
 
     let (_client, second) = f.start().await;
     assert_ne!(second.pid, first.pid);
-    assert_eq!(second.backend, Some(a.backend("a")));
+    assert_eq!(second.backends, vec![a.backend("a")]);
     let mut c = Client::dial(second.listen).await;
     assert_eq!(c.line().await, "hello from a");
 }
@@ -415,7 +471,7 @@ async fn the_control_socket_and_state_files_are_private() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, _) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&f.dir), 0o700);
     assert_eq!(mode(&f.dir.join(front::CONTROL_SOCKET)), 0o600);
@@ -460,7 +516,7 @@ async fn sigterm_stops_accepting_and_lets_open_connections_finish() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, status) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut open = Client::dial(status.listen).await;
     assert_eq!(open.line().await, "hello from a");
 
@@ -510,7 +566,7 @@ async fn metrics_count_connections_per_slot() {
     })
     .await;
     let client = client.unwrap();
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let status = client.status().await.unwrap();
     let mut c = Client::dial(status.listen).await;
     assert_eq!(c.line().await, "hello from a");
@@ -545,10 +601,10 @@ fn helper_starts_a_front_and_waits() {
     runtime.block_on(async {
         let client = front::ensure_running(bin(), Path::new(&dir), any_port()).await.unwrap();
         client
-            .switch(&Backend {
+            .serve(&[Backend {
                 slot: "a".into(),
                 address: backend,
-            })
+            }])
             .await
             .unwrap();
         let status = client.status().await.unwrap();
@@ -619,7 +675,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, old) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut pinned = Client::dial(old.listen).await;
     assert_eq!(pinned.line().await, "hello from a");
 
@@ -650,7 +706,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     f.track(new.pid);
     assert_ne!(new.pid, old.pid);
     assert_eq!(new.listen, old.listen);
-    assert_eq!(new.backend, Some(a.backend("a")));
+    assert_eq!(new.backends, vec![a.backend("a")]);
     assert_eq!(recorded_pid(&f.dir), Some(new.pid));
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
@@ -674,7 +730,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
 
     // The successor is fully in charge: switches and connections work, the socket path is its own.
     let b = EchoBackend::start("b").await;
-    upgraded.switch(&b.backend("b")).await.unwrap();
+    upgraded.serve(&[b.backend("b")]).await.unwrap();
     let mut c = Client::dial(new.listen).await;
     assert_eq!(c.line().await, "hello from b");
 }
@@ -684,7 +740,7 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let (client, old) = f.start().await;
-    client.switch(&a.backend("a")).await.unwrap();
+    client.serve(&[a.backend("a")]).await.unwrap();
     let mut pinned = Client::dial(old.listen).await;
     assert_eq!(pinned.line().await, "hello from a");
 
@@ -695,7 +751,7 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     let new = upgraded.status().await.unwrap();
     f.track(new.pid);
     assert_ne!(new.pid, old.pid, "the front was replaced");
-    assert_eq!((new.listen, new.backend.clone()), (old.listen, Some(a.backend("a"))));
+    assert_eq!((new.listen, new.backends.clone()), (old.listen, vec![a.backend("a")]));
     assert_eq!(std::fs::read_link(format!("/proc/{}/exe", new.pid)).unwrap(), release);
     assert_eq!(
         pinned.ask("across").await,

@@ -9,8 +9,12 @@
 # controller gap, the controller time beyond kcp's own (docs/benchmarks.md, "Rolls under load",
 # defines it), the requests and failures by kind, and whether each target is met.
 #
+# With --clients, kept-alive loops of the clients users run join the load (hack/bench/clients/run.sh:
+# Go's net/http Transport, Python's requests and http.client, curl; /readyz and the workspace list
+# at 0, 1, 5, 20 and 100 ms between requests), and the report counts their ok, retried (asked again
+# after the front closed a reused connection before any byte of an answer) and failed requests.
 # Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--rolls N] [--pause SECONDS]
-#                           [--shutdown-delay DURATION] [--kcp-arg ARG]...
+#                           [--shutdown-delay DURATION] [--kcp-arg ARG]... [--clients]
 #   defaults: both, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
 #   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
 #   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/operations.md, "A kcp that never gets
@@ -26,6 +30,7 @@ rolls=10
 pause=5
 shutdown_delay=""
 kcp_args=""   # spec.kcp.extraArgs, as YAML flow items
+clients=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --store) stores=$2; shift 2 ;;
@@ -33,7 +38,8 @@ while [ $# -gt 0 ]; do
     --pause) pause=$2; shift 2 ;;
     --shutdown-delay) shutdown_delay=$2; shift 2 ;;
     --kcp-arg) kcp_args+="\"$2\", "; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --clients) clients=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -68,12 +74,15 @@ now() { date +%s.%N; }
 state=""
 serve=""
 load=""
+client_loops=""
 keep_state=""
 # Stops what one store's run started: the load, the shard (its finalizer stops the slots, kines,
 # the front and a managed PostgreSQL), serve, then anything still naming the state dir in its argv.
 stop_run() {
   [ -n "$load" ] && { kill -TERM "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; }
   load=""
+  [ -n "$client_loops" ] && { kill -TERM "$client_loops" 2>/dev/null || true; wait "$client_loops" 2>/dev/null || true; }
+  client_loops=""
   if [ -n "$state" ] && [ -s "$state/kubeconfig" ] && [ -n "$serve" ] && kill -0 "$serve" 2>/dev/null; then
     "$kubectl" --kubeconfig "$state/kubeconfig" delete ks bench --timeout=120s >/dev/null 2>&1 || true
   fi
@@ -296,6 +305,31 @@ if known:
 PY
 }
 
+client_report() { # clients.json
+  python3 - "$1" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+print("\nkept-alive clients (ok / retried / failed):")
+print(f"{'client':20} {'path':10} " + " ".join(f"{str(c) + ' ms':>18}" for c in (0, 1, 5, 20, 100)))
+cells = {}
+for r in rows:
+    if "error" in r:
+        print(f"{r['client']}: no result ({r['error']})")
+        continue
+    path = "readyz" if r["path"] == "/readyz" else "list"
+    cells[(r["client"], path, r["cadenceMs"])] = r
+for client in sorted({k[0] for k in cells}):
+    for path in ("readyz", "list"):
+        row = [cells.get((client, path, c)) for c in (0, 1, 5, 20, 100)]
+        print(f"{client:20} {path:10} " + " ".join(
+            f"{r['ok']:>8}/{r['retried']:>3}/{r['failed']:>3}" if r else f"{'-':>18}" for r in row))
+failed = [r for r in cells.values() if r["failed"]]
+print(f"failed: {sum(r['failed'] for r in failed)}, retried: {sum(r['retried'] for r in cells.values())}")
+for r in failed:
+    print(f"  {r['client']} {r['path']} {r['cadenceMs']} ms: {r['failures']}")
+PY
+}
+
 run_store() { # sqlite|postgres
   local store=$1
   state=$(mktemp -d /tmp/kcpshard-roll-XXXXXX)
@@ -343,6 +377,11 @@ EOF
   "$bins/roll_load" --kubeconfig "$state/shards/bench/admin.kubeconfig" --front "127.0.0.1:$front_port" \
     --json "$state/load.json" >"$state/load.txt" 2>"$state/load.err" &
   load=$!
+  if [ -n "$clients" ]; then
+    hack/bench/clients/run.sh --front "127.0.0.1:$front_port" --kubeconfig "$state/shards/bench/admin.kubeconfig" \
+      --out "$state/clients" >"$state/clients.log" 2>&1 &
+    client_loops=$!
+  fi
   sleep 5
   kill -0 "$load" 2>/dev/null || { echo "roll.sh: the load generator exited:" >&2; cat "$state/load.err" >&2; exit 1; }
   : >"$state/rolls.jsonl"
@@ -370,6 +409,12 @@ EOF
   done
   kill -TERM "$load"; wait "$load" || true
   load=""
+  if [ -n "$clients" ]; then
+    kill -TERM "$client_loops"; wait "$client_loops" || true
+    client_loops=""
+    client_report "$state/clients/clients.json" >>"$state/clients.txt"
+    cat "$state/clients.txt" >&2
+  fi
   echo "ended: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')" >>"$state/about.txt"
   cat "$state/load.txt" >&2
   report "$store"

@@ -27,9 +27,10 @@ pub struct Args {
     /// The CA that verifies the slots (default: --cert, which holds kcp's CA).
     #[arg(long)]
     ca: Option<PathBuf>,
-    /// The active slot's address, if known; kcpshard switches the upstream itself either way.
+    /// A serving slot's address, if known (repeat for each); kcpshard sets the upstreams itself
+    /// either way.
     #[arg(long)]
-    upstream: Option<SocketAddr>,
+    upstream: Vec<SocketAddr>,
     /// caddy's storage directory (locks, and a local CA that is never installed).
     #[arg(long)]
     storage: PathBuf,
@@ -44,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         cert_file: absolute(&args.cert)?,
         key_file: absolute(&args.key)?,
         ca_file: absolute(ca)?,
-        upstream: args.upstream,
+        upstreams: args.upstream,
         storage_dir: absolute(&args.storage)?,
     };
     let rendered = caddy::render_config(&config)?;

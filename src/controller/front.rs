@@ -1,13 +1,15 @@
 //! The front as the controller drives it: kcpshard's own TCP front (a process it starts, adopts
 //! and stops) or a caddy the user runs (only its reverse_proxy's upstreams are changed, through
-//! the admin API; docs/background.md section 9, mechanism A). Both answer the same questions: is it up,
-//! where does it listen, which address do new connections go to.
+//! the admin API; docs/background.md section 9). Both answer the same questions: is it up, where
+//! does it listen, which serving set new connections are spread over, and (kcpshard's front only)
+//! how many connections each slot has, retired ones included.
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::api::{FrontSpec, FrontType};
 use crate::front::caddy::CaddyAdmin;
-use crate::front::{self, Backend, FrontClient};
+use crate::front::{self, Backend, FrontClient, SlotConnections};
 
 /// The front of one shard.
 pub enum Front {
@@ -27,13 +29,13 @@ pub enum Front {
 pub struct FrontSeen {
     /// Where it listens (kcpshard's front says; a caddy's is the spec's).
     pub listen: SocketAddr,
-    /// Where new connections go. A caddy names no slot: the slot is `""`; match by address.
+    /// The serving set, where new connections go. A caddy names no slot: each slot is `""` until
+    /// matched by port.
     pub backends: Vec<Backend>,
-    /// Per slot name: client connections pinned to it now.
-    pub open: Vec<(String, u64)>,
-    /// Per slot name that left the serving set: kept-alive connections the front still closes
-    /// between requests.
-    pub retiring: Vec<(String, u64)>,
+    /// Per slot name: open, total and failed connections, and of a retired slot's open ones those
+    /// that may still carry a request to it (`retired_pending`: wait for 0 before stopping the
+    /// slot) and those the front leaves to the slot (`retired_unjudged`). Empty for a caddy.
+    pub connections: BTreeMap<String, SlotConnections>,
     /// kcpshard's front runs another binary than this `serve`'s: it hands its listening socket
     /// over to a successor of this binary (docs/front.md, Upgrades).
     pub outdated: bool,
@@ -82,13 +84,8 @@ impl Front {
                     .map_err(down)?;
                 Ok(FrontSeen {
                     listen: status.listen,
-                    backends: status.backend.into_iter().collect(),
-                    open: status
-                        .connections
-                        .iter()
-                        .map(|(slot, c)| (slot.clone(), c.open))
-                        .collect(),
-                    retiring: vec![],
+                    backends: status.backends,
+                    connections: status.connections,
                     outdated: front::runs_other_binary(binary, dir, status.pid),
                     pid: Some(status.pid),
                 })
@@ -105,14 +102,13 @@ impl Front {
                     listen: *listen,
                     backends: upstreams
                         .iter()
-                        .filter_map(|u| u.parse().ok())
+                        .filter_map(|dial| dial.parse().ok())
                         .map(|address| Backend {
                             slot: String::new(),
                             address,
                         })
                         .collect(),
-                    open: vec![],
-                    retiring: vec![],
+                    connections: BTreeMap::new(),
                 })
             }
         }
@@ -147,57 +143,18 @@ impl Front {
         }
     }
 
-    /// Sends new connections to `backends` (open connections stay on their slots).
-    pub async fn serve(&self, backends: &[Backend]) -> anyhow::Result<()> {
-        let [to] = backends else {
-            anyhow::bail!(
-                "this front forwards to one slot at a time, not {}: set spec.slots to 1",
-                backends.len()
-            );
-        };
+    /// Makes `to` the serving set: new connections go to one of them (kcpshard's front: the one
+    /// with the fewest open connections; caddy: its load balancing, over the upstreams that pass
+    /// its active `/readyz` checks). A slot left out is retired: its open connections stay.
+    pub async fn serve(&self, to: &[Backend]) -> anyhow::Result<()> {
         match self {
-            Front::Tcp { dir, .. } => FrontClient::connect(dir).await?.switch(to).await?,
+            Front::Tcp { dir, .. } => FrontClient::connect(dir).await?.serve(to).await?,
             Front::Caddy { admin, upstream_id, .. } => {
-                admin.switch(upstream_id, to.address).await?;
+                let addresses: Vec<SocketAddr> = to.iter().map(|b| b.address).collect();
+                admin.serve(upstream_id, &addresses).await?;
             }
         }
         Ok(())
-    }
-
-    /// kcpshard's front process, by its recorded pid, still runs (whether or not it answers).
-    pub fn recorded_pid_alive(&self) -> bool {
-        match self {
-            Front::Tcp { dir, .. } => front::recorded_pid(dir).is_some(),
-            Front::Caddy { .. } => false,
-        }
-    }
-
-    /// SIGTERM for kcpshard's front by its recorded pid (deleting the shard); it closes its
-    /// listener and drains. A second SIGTERM makes it exit at once.
-    pub fn terminate(&self) {
-        if let Front::Tcp { dir, .. } = self
-            && let Some(pid) = front::recorded_pid(dir)
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-    }
-
-    /// SIGKILL for kcpshard's front by its recorded pid (it does not answer on its control socket);
-    /// the pid, if one was killed.
-    pub fn kill(&self) -> Option<u32> {
-        let Front::Tcp { dir, .. } = self else {
-            return None;
-        };
-        let pid = front::recorded_pid(dir)?;
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .ok()?;
-        Some(pid)
     }
 
     /// Ends the front's connections to `address` (a slot past its shutdown delay), so watches
@@ -221,6 +178,35 @@ impl Front {
             front::stop(dir).await?;
         }
         Ok(())
+    }
+
+    /// kcpshard's front process, by its recorded pid, still runs (whether or not it answers).
+    pub fn recorded_pid_alive(&self) -> bool {
+        match self {
+            Front::Tcp { dir, .. } => front::recorded_pid(dir).is_some(),
+            Front::Caddy { .. } => false,
+        }
+    }
+
+    /// SIGTERM for kcpshard's front by its recorded pid (deleting the shard); it closes its
+    /// listener and drains. A second SIGTERM makes it exit at once.
+    pub fn terminate(&self) {
+        if let Front::Tcp { dir, .. } = self
+            && let Some(pid) = front::recorded_pid(dir)
+        {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+    }
+
+    /// SIGKILL for kcpshard's front by its recorded pid (it does not answer on its control socket);
+    /// the pid, if one was killed.
+    pub fn kill(&self) -> Option<u32> {
+        let Front::Tcp { dir, .. } = self else {
+            return None;
+        };
+        let pid = front::recorded_pid(dir)?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).ok()?;
+        Some(pid)
     }
 
     /// Whether kcpshard runs this front's process (deleting the shard stops it).

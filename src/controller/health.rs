@@ -140,7 +140,13 @@ impl HealthChecks {
                     wakes.wake((shard.clone(), super::Wake::Health))
                 })
                 .await;
-                checks.lock().expect("health checks lock").remove(&target_);
+                *running.ended.lock().expect("health check lock") = Some(std::time::Instant::now());
+                checks.lock().expect("health checks lock").retain(|_, c| {
+                    c.ended
+                        .lock()
+                        .expect("health check lock")
+                        .is_none_or(|at| at.elapsed() < KEEP_ENDED)
+                });
             });
             let mut rx = check.seen.subscribe();
             let _ = tokio::time::timeout(FIRST_LOOK, rx.wait_for(|s| s.looked)).await;

@@ -261,10 +261,17 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                     .find(|s| s.address() == address)
                     .map(|s| s.name().to_string())
             };
+            let counts = |count: fn(&crate::front::SlotConnections) -> u64| {
+                seen.connections
+                    .iter()
+                    .map(|(slot, c)| (slot.clone(), count(c)))
+                    .filter(|(_, n)| *n > 0)
+                    .collect::<Vec<_>>()
+            };
             let observation = FrontObservation::Up {
                 backends: seen.backends.iter().filter_map(|b| name_of(b.address)).collect(),
-                open: seen.open.clone(),
-                retiring: seen.retiring.clone(),
+                open: counts(|c| c.open),
+                retiring: counts(|c| c.retired_pending),
             };
             let elsewhere = seen.listen != front.listen();
             (observation, seen.backends, None, seen.outdated, elsewhere)

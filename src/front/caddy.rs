@@ -1,8 +1,8 @@
 //! Caddy as the front (`spec.front.type: Caddy`): a caddy the user runs, whose `reverse_proxy`
-//! handler, marked `"@id": <upstreamId>`, forwards to the active slot. kcpshard only talks to
-//! caddy's admin API (docs/background.md section 9, mechanism A): [`CaddyAdmin::upstreams`] reads the
+//! handler, marked `"@id": <upstreamId>`, spreads requests over the serving slots. kcpshard only talks to
+//! caddy's admin API (docs/background.md section 9; its active health checks on `/readyz` take a dead slot out of rotation, mechanism B): [`CaddyAdmin::upstreams`] reads the
 //! handler's upstreams (and so checks that caddy answers and that the @id names a reverse_proxy
-//! handler), and [`CaddyAdmin::switch`] replaces them with the new slot's address
+//! handler), and [`CaddyAdmin::serve`] replaces them with the serving slots' addresses
 //! (`PATCH /id/<id>/upstreams`) and reads them back. [`render_config`] is the caddy JSON config
 //! kcpshard recommends (`kcpshard front caddy-config` prints it; docs/operations.md (Fronts, Caddy) says why
 //! each setting is there).
@@ -10,7 +10,7 @@
 //! What Debian's caddy (2.6.2) does, as `tests/caddy_front.rs` measures:
 //! - Every change through the admin API reloads the whole config: every server, the admin
 //!   endpoint included, is replaced; the listening sockets are kept, so no dial is refused. A
-//!   PATCH that changes nothing does not reload, and [`CaddyAdmin::switch`] does not even send one
+//!   PATCH that changes nothing does not reload, and [`CaddyAdmin::serve`] does not even send one
 //!   when the upstream is already right: a reload cuts every upgraded stream (`kubectl exec`,
 //!   `attach`, `port-forward`) on every site of that caddy.
 //! - A reload closes the idle keep-alive connections of clients; requests already in flight
@@ -19,7 +19,7 @@
 //!   flight at a reload (a 502, or a watch cut short), so the rendered config leaves it unset:
 //!   caddy flushes a response of unknown length (a watch) at once anyway.
 //! - Caddy accepts any `dial` string in a PATCH; a wrong one only fails the requests. Hence
-//!   [`CaddyAdmin::switch`] takes a `SocketAddr`.
+//!   [`CaddyAdmin::serve`] takes `SocketAddr`s.
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -40,6 +40,9 @@ pub const DEFAULT_UPSTREAM_ID: &str = "kcp-proxy";
 pub const SLOT_SERVER_NAME: &str = "127.0.0.1";
 /// The tag that ties the server's TLS policy to kcp's certificate among the certificates caddy has.
 const CERTIFICATE_TAG: &str = "kcpshard";
+/// How often caddy asks each upstream's `/readyz`, and how long it waits for the answer.
+const HEALTH_INTERVAL: &str = "1s";
+const HEALTH_TIMEOUT: &str = "1s";
 /// Connecting to the admin API; it answers at once or not at all.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// One admin request, including a reload (milliseconds when measured).
@@ -83,7 +86,7 @@ pub enum CaddyError {
     },
 
     #[error(
-        "caddy's admin API at {admin} accepted the switch of @id {id} to {want}, but its upstreams \
+        "caddy's admin API at {admin} accepted the upstreams {want} for @id {id}, but its upstreams \
          read back as {got:?}; is another program changing caddy's config?"
     )]
     NotApplied {
@@ -107,7 +110,7 @@ pub enum CaddyError {
     NonUtf8Path { what: &'static str, path: PathBuf },
 }
 
-/// What [`CaddyAdmin::switch`] did.
+/// What [`CaddyAdmin::serve`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Switch {
     /// The handler already sent everything to that address; caddy was not touched (no reload).
@@ -174,17 +177,19 @@ impl CaddyAdmin {
         }
     }
 
-    /// Makes the handler with @id `id` send every request to `to`, and reads it back. Does nothing
-    /// when that is already so: each change reloads caddy, which cuts upgraded streams (`exec`).
-    /// Callers check the new slot's `/readyz` on its own port first (docs/background.md section 5).
-    pub async fn switch(&self, id: &str, to: SocketAddr) -> Result<Switch, CaddyError> {
-        let want = to.to_string();
+    /// Makes the handler with @id `id` spread requests over `to` (its serving set; caddy's
+    /// active health checks take a slot that fails `/readyz` out of rotation, see
+    /// [`render_config`]), and reads it back. Does nothing when that is already so: each change
+    /// reloads caddy, which cuts upgraded streams (`exec`). Callers check each new slot's `/readyz`
+    /// on its own port first (docs/background.md section 5).
+    pub async fn serve(&self, id: &str, to: &[SocketAddr]) -> Result<Switch, CaddyError> {
+        let want: Vec<String> = to.iter().map(SocketAddr::to_string).collect();
         let before = self.upstreams(id).await?;
-        if before == [want.as_str()] {
+        if before == want {
             return Ok(Switch::Unchanged);
         }
         let what = format!("PATCH /id/{id}/upstreams");
-        let body = json!([{ "dial": want }]).to_string();
+        let body = Value::Array(want.iter().map(|dial| json!({ "dial": dial })).collect()).to_string();
         let (status, answer) = self
             .call(Method::PATCH, &format!("/id/{id}/upstreams"), Some(body))
             .await?;
@@ -192,11 +197,11 @@ impl CaddyAdmin {
             return Err(self.refusal(id, &what, status, &answer));
         }
         let after = self.upstreams(id).await?;
-        if after != [want.as_str()] {
+        if after != want {
             return Err(CaddyError::NotApplied {
                 admin: self.address.clone(),
                 id: id.to_string(),
-                want,
+                want: want.join(", "),
                 got: after,
             });
         }
@@ -327,9 +332,9 @@ pub struct CaddyConfig {
     pub key_file: PathBuf,
     /// The CA caddy verifies the slots with (kcp's `apiserver.crt` holds its CA).
     pub ca_file: PathBuf,
-    /// The active slot, if one is known; without it the upstreams start empty (caddy answers 502)
-    /// until the controller's first switch.
-    pub upstream: Option<SocketAddr>,
+    /// The serving slots, if known; without them the upstreams start empty (caddy answers 502)
+    /// until the controller's first change.
+    pub upstreams: Vec<SocketAddr>,
     /// caddy's storage root (locks, and the local CA its pki app makes, never installed).
     pub storage_dir: PathBuf,
 }
@@ -352,7 +357,7 @@ pub fn render_config(config: &CaddyConfig) -> Result<Value, CaddyError> {
     let ca = path("the CA file", &config.ca_file)?;
     let storage = path("the storage directory", &config.storage_dir)?;
     let upstreams: Vec<Value> = config
-        .upstream
+        .upstreams
         .iter()
         .map(|address| json!({ "dial": address.to_string() }))
         .collect();
@@ -394,8 +399,24 @@ pub fn render_config(config: &CaddyConfig) -> Result<Value, CaddyError> {
                                     }
                                 },
                                 // A slot restarting its listener costs latency, not an error (the
-                                // same window as kcpshard's TCP front).
-                                "load_balancing": { "try_duration": "2s", "try_interval": "50ms" },
+                                // same window as kcpshard's TCP front); least_conn, as that front.
+                                "load_balancing": {
+                                    "selection_policy": { "policy": "least_conn" },
+                                    "try_duration": "2s",
+                                    "try_interval": "50ms"
+                                },
+                                // Every serving slot's /readyz, through the transport above: a slot
+                                // that fails it (stopping, hung, dead) leaves the rotation at the
+                                // next check, without a config change, and rejoins once it passes.
+                                // kcp answers /readyz without credentials (AlwaysAllowPaths).
+                                "health_checks": {
+                                    "active": {
+                                        "uri": "/readyz",
+                                        "interval": HEALTH_INTERVAL,
+                                        "timeout": HEALTH_TIMEOUT,
+                                        "expect_status": 200
+                                    }
+                                },
                                 "upstreams": upstreams
                             }]
                         }]
@@ -418,7 +439,7 @@ mod tests {
             cert_file: "/state/shards/dev/shared/apiserver.crt".into(),
             key_file: "/state/shards/dev/shared/apiserver.key".into(),
             ca_file: "/state/shards/dev/shared/apiserver.crt".into(),
-            upstream: Some("127.0.0.1:7001".parse().unwrap()),
+            upstreams: vec!["127.0.0.1:7001".parse().unwrap(), "127.0.0.1:7002".parse().unwrap()],
             storage_dir: "/var/lib/caddy/kcpshard".into(),
         }
     }
@@ -452,7 +473,12 @@ mod tests {
         let proxy = proxy(&rendered);
         assert_eq!(proxy["handler"], "reverse_proxy");
         assert_eq!(proxy["@id"], "kcp-proxy");
-        assert_eq!(proxy["upstreams"], json!([{ "dial": "127.0.0.1:7001" }]));
+        assert_eq!(
+            proxy["upstreams"],
+            json!([{ "dial": "127.0.0.1:7001" }, { "dial": "127.0.0.1:7002" }])
+        );
+        assert_eq!(proxy["health_checks"]["active"]["uri"], "/readyz");
+        assert_eq!(proxy["load_balancing"]["selection_policy"]["policy"], "least_conn");
         assert_eq!(proxy["transport"]["versions"], json!(["1.1"]));
         assert_eq!(
             proxy["transport"]["tls"]["root_ca_pem_files"],
@@ -466,7 +492,7 @@ mod tests {
     #[test]
     fn without_a_known_slot_the_upstreams_start_empty_but_present() {
         let mut config = config();
-        config.upstream = None;
+        config.upstreams = Vec::new();
         let rendered = render_config(&config).unwrap();
         // PATCH replaces an existing value only: the key must be there for the first switch.
         assert_eq!(proxy(&rendered)["upstreams"], json!([]));

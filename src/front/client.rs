@@ -47,13 +47,16 @@ impl FrontClient {
         self.request(&Request::Status).await
     }
 
-    /// Points new connections at `backend`. Returns once the front has persisted the backend to
-    /// `backend.json` and applied it.
-    pub async fn switch(&self, backend: &Backend) -> Result<(), FrontError> {
-        protocol::validate_backend(backend).map_err(FrontError::InvalidBackend)?;
-        let status = self.request(&Request::Switch(backend.clone())).await?;
-        if status.backend.as_ref() != Some(backend) {
-            return Err(self.protocol(format!("switch answered with backend {:?}", status.backend)));
+    /// Makes `backends` the serving set: new connections go to the one with the fewest open
+    /// connections. Returns once the front has persisted the set to `backend.json` and applied it.
+    pub async fn serve(&self, backends: &[Backend]) -> Result<(), FrontError> {
+        protocol::validate_backends(backends).map_err(FrontError::InvalidBackend)?;
+        let request = Request::Serve {
+            backends: backends.to_vec(),
+        };
+        let status = self.request(&request).await?;
+        if status.backends != backends {
+            return Err(self.protocol(format!("serve answered with backends {:?}", status.backends)));
         }
         Ok(())
     }

@@ -27,6 +27,8 @@ pub fn render(status: &FrontStatus) -> String {
     let open = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let total = Family::<SlotLabels, Counter>::default();
     let failed = Family::<SlotLabels, Counter>::default();
+    let retired_pending = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
+    let retired_unjudged = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let backend = Family::<BackendLabels, Gauge>::default();
     registry.register(
         "connections_open",
@@ -39,14 +41,30 @@ pub fn render(status: &FrontStatus) -> String {
         "Client connections closed because their slot did not accept within the retry window",
         failed.clone(),
     );
-    registry.register("backend", "The slot new connections go to (value 1)", backend.clone());
+    registry.register(
+        "connections_retired_pending",
+        "Open kept-alive connections to a slot out of the serving set that may still carry a request to it",
+        retired_pending.clone(),
+    );
+    registry.register(
+        "connections_retired_unjudged",
+        "Open connections to a slot out of the serving set that the front leaves to the slot (HTTP/2, not TLS)",
+        retired_unjudged.clone(),
+    );
+    registry.register(
+        "backend",
+        "A slot of the serving set, which new connections go to (value 1)",
+        backend.clone(),
+    );
     for (slot, counts) in &status.connections {
         let labels = SlotLabels { slot: slot.clone() };
         open.get_or_create(&labels).set(counts.open);
         total.get_or_create(&labels).inc_by(counts.total);
         failed.get_or_create(&labels).inc_by(counts.failed);
+        retired_pending.get_or_create(&labels).set(counts.retired_pending);
+        retired_unjudged.get_or_create(&labels).set(counts.retired_unjudged);
     }
-    if let Some(b) = &status.backend {
+    for b in &status.backends {
         backend
             .get_or_create(&BackendLabels {
                 slot: b.slot.clone(),
@@ -71,10 +89,16 @@ mod tests {
         let status = FrontStatus {
             pid: 1,
             listen: "127.0.0.1:6443".parse().unwrap(),
-            backend: Some(Backend {
-                slot: "green".into(),
-                address: "127.0.0.1:7002".parse().unwrap(),
-            }),
+            backends: vec![
+                Backend {
+                    slot: "green".into(),
+                    address: "127.0.0.1:7002".parse().unwrap(),
+                },
+                Backend {
+                    slot: "red".into(),
+                    address: "127.0.0.1:7003".parse().unwrap(),
+                },
+            ],
             connections: BTreeMap::from([
                 (
                     "blue".to_string(),
@@ -82,6 +106,8 @@ mod tests {
                         open: 1,
                         total: 7,
                         failed: 2,
+                        retired_pending: 1,
+                        ..SlotConnections::default()
                     },
                 ),
                 (
@@ -89,7 +115,7 @@ mod tests {
                     SlotConnections {
                         open: 3,
                         total: 4,
-                        failed: 0,
+                        ..SlotConnections::default()
                     },
                 ),
             ]),
@@ -100,7 +126,10 @@ mod tests {
             "kcpshard_front_connections_open{slot=\"green\"} 3",
             "kcpshard_front_connections_total{slot=\"blue\"} 7",
             "kcpshard_front_connections_failed_total{slot=\"blue\"} 2",
+            "kcpshard_front_connections_retired_pending{slot=\"blue\"} 1",
+            "kcpshard_front_connections_retired_unjudged{slot=\"blue\"} 0",
             "kcpshard_front_backend{slot=\"green\",address=\"127.0.0.1:7002\"} 1",
+            "kcpshard_front_backend{slot=\"red\",address=\"127.0.0.1:7003\"} 1",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
         }

@@ -3,12 +3,13 @@
 //!
 //! It runs as its own long-lived process, `kcpshard front --listen ADDR --dir DIR`, so that the
 //! controller (`kcpshard serve`) can crash, restart or be upgraded without closing a connection.
-//! `serve` starts or adopts it with [`ensure_running`], points it at a slot with
-//! [`FrontClient::switch`], reads its counts with [`FrontClient::status`], replaces its binary
+//! `serve` starts or adopts it with [`ensure_running`], gives it the slots to serve with
+//! [`FrontClient::serve`], reads its counts with [`FrontClient::status`], replaces its binary
 //! without closing the listening socket with [`upgrade`], and ends it with [`stop`].
 //!
 //! Files:
-//! - [`proxy`]: accept, pick the backend at accept time, connect with a bounded retry, copy.
+//! - [`proxy`]: the data path, one file per concern: accept, connect with a bounded retry, the
+//!   copy loop, per-slot accounting, routing and closing.
 //! - [`server`]: the `kcpshard front` process: start order, control socket, shutdown, handover.
 //! - [`protocol`]: the control protocol's messages and the files kept in DIR.
 //! - [`client`], [`lifecycle`]: the controller's side (talk to, start, adopt, stop).

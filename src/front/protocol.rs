@@ -33,6 +33,9 @@ pub struct Backend {
 /// Connections forwarded to one slot since the front started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlotConnections {
+    /// The slot's address (the latest one, if the slot name was given another).
+    #[serde(default)]
+    pub address: Option<SocketAddr>,
     /// Client connections pinned to the slot now.
     pub open: u64,
     /// Client connections ever given to the slot.
@@ -40,21 +43,75 @@ pub struct SlotConnections {
     /// Of those, the ones closed because the slot could not be reached within the retry window.
     #[serde(default)]
     pub failed: u64,
+    /// Open kept-alive HTTP/1.1 connections to the slot while it is out of the serving set that
+    /// may still carry a request to it: a request in flight, or a connection before its first.
+    /// Once a connection's answer is out, the front closes it at its next request instead of
+    /// forwarding that, so it no longer counts: wait for 0 before stopping the slot.
+    #[serde(default)]
+    pub retired_pending: u64,
+    /// Open connections to the slot while it is out of the serving set that the front cannot judge
+    /// (HTTP/2, or no TLS ClientHello it can read): the slot's own shutdown ends them.
+    #[serde(default)]
+    pub retired_unjudged: u64,
 }
 
 /// What `status` answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StatusWire", into = "StatusWire")]
 pub struct FrontStatus {
     pub pid: u32,
     pub listen: SocketAddr,
-    pub backend: Option<Backend>,
+    /// The serving set: where new connections go (the one with the fewest open connections).
+    pub backends: Vec<Backend>,
     pub connections: BTreeMap<String, SlotConnections>,
+}
+
+/// `status` as it is written: `backends`, and `backend` for readers of the single-backend protocol
+/// (a set of one is that backend; a larger set names its first). A status without `backends`
+/// (a front of the single-backend protocol, during an upgrade) reads as the set of its `backend`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct StatusWire {
+    pid: u32,
+    listen: SocketAddr,
+    #[serde(default)]
+    backend: Option<Backend>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backends: Option<Vec<Backend>>,
+    connections: BTreeMap<String, SlotConnections>,
+}
+
+impl From<StatusWire> for FrontStatus {
+    fn from(wire: StatusWire) -> FrontStatus {
+        FrontStatus {
+            pid: wire.pid,
+            listen: wire.listen,
+            backends: wire.backends.unwrap_or_else(|| wire.backend.into_iter().collect()),
+            connections: wire.connections,
+        }
+    }
+}
+
+impl From<FrontStatus> for StatusWire {
+    fn from(status: FrontStatus) -> StatusWire {
+        StatusWire {
+            pid: status.pid,
+            listen: status.listen,
+            backend: status.backends.first().cloned(),
+            backends: Some(status.backends),
+            connections: status.connections,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Request {
     Status,
+    /// Make `backends` the serving set (persisted first).
+    Serve {
+        backends: Vec<Backend>,
+    },
+    /// The single-backend form of `serve`: a serving set of one.
     Switch(Backend),
     /// From a successor front: send me the listening socket (the answer carries it, SCM_RIGHTS).
     Handover {
@@ -148,10 +205,44 @@ pub fn validate_backend(backend: &Backend) -> Result<(), String> {
     Ok(())
 }
 
-/// The contents of `backend.json`.
+/// A serving set, each backend valid, no slot name or address twice.
+pub fn validate_backends(backends: &[Backend]) -> Result<(), String> {
+    for (i, backend) in backends.iter().enumerate() {
+        validate_backend(backend)?;
+        if let Some(twice) = backends[..i]
+            .iter()
+            .find(|b| b.slot == backend.slot || b.address == backend.address)
+        {
+            return Err(format!(
+                "the serving set names slot {} at {} and slot {} at {}: each slot, and each address, at most once",
+                twice.slot, twice.address, backend.slot, backend.address
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The contents of `backend.json`: `backends`, the serving set, and `backend`, its first member,
+/// for a front of the single-backend protocol (a downgrade). A file without `backends` (written by
+/// such a front) reads as the set of its `backend`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct BackendFile {
     pub backend: Option<Backend>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backends: Option<Vec<Backend>>,
+}
+
+impl BackendFile {
+    pub fn new(backends: &[Backend]) -> BackendFile {
+        BackendFile {
+            backend: backends.first().cloned(),
+            backends: Some(backends.to_vec()),
+        }
+    }
+
+    pub fn serving(self) -> Vec<Backend> {
+        self.backends.unwrap_or_else(|| self.backend.into_iter().collect())
+    }
 }
 
 /// The contents of `front.pid.json`. `start_time` is field 22 of `/proc/<pid>/stat` (clock ticks
@@ -230,6 +321,16 @@ mod tests {
         let switch: Request =
             serde_json::from_str(r#"{"op":"switch","slot":"blue","address":"127.0.0.1:7001"}"#).unwrap();
         assert_eq!(switch, Request::Switch(backend("blue", "127.0.0.1:7001")));
+        let serve: Request = serde_json::from_str(
+            r#"{"op":"serve","backends":[{"slot":"a","address":"127.0.0.1:7001"},{"slot":"b","address":"127.0.0.1:7002"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            serve,
+            Request::Serve {
+                backends: vec![backend("a", "127.0.0.1:7001"), backend("b", "127.0.0.1:7002")]
+            }
+        );
         assert_eq!(
             serde_json::from_str::<Request>(r#"{"op":"status"}"#).unwrap(),
             Request::Status
@@ -246,21 +347,28 @@ mod tests {
         let status = FrontStatus {
             pid: 42,
             listen: "127.0.0.1:6443".parse().unwrap(),
-            backend: Some(backend("green", "127.0.0.1:7002")),
+            backends: vec![backend("green", "127.0.0.1:7002"), backend("blue", "127.0.0.1:7001")],
             connections: BTreeMap::from([(
                 "green".to_string(),
                 SlotConnections {
+                    address: Some("127.0.0.1:7002".parse().unwrap()),
                     open: 1,
                     total: 3,
-                    failed: 0,
+                    retired_pending: 1,
+                    ..SlotConnections::default()
                 },
             )]),
         };
         let line = String::from_utf8(Response::ok(status.clone()).to_line()).unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["ok"], true);
-        assert_eq!(value["status"]["backend"]["slot"], "green");
+        assert_eq!(value["status"]["backends"][1]["slot"], "blue");
+        assert_eq!(
+            value["status"]["backend"]["slot"], "green",
+            "the first of the set, for readers of the single-backend protocol"
+        );
         assert_eq!(value["status"]["connections"]["green"]["total"], 3);
+        assert_eq!(value["status"]["connections"]["green"]["retired_pending"], 1);
         assert!(value.get("error").is_none());
         let back: Response = serde_json::from_str(&line).unwrap();
         assert_eq!(back.status, Some(status));
@@ -284,16 +392,49 @@ mod tests {
     }
 
     #[test]
-    fn slot_connections_read_without_failed() {
+    fn slot_connections_read_without_the_later_fields() {
         let c: SlotConnections = serde_json::from_str(r#"{"open":2,"total":5}"#).unwrap();
         assert_eq!(
             c,
             SlotConnections {
                 open: 2,
                 total: 5,
-                failed: 0
+                ..SlotConnections::default()
             }
         );
+    }
+
+    #[test]
+    fn a_status_and_a_backend_file_of_the_single_backend_protocol_read_as_a_set_of_one() {
+        let old = r#"{"pid":1,"listen":"127.0.0.1:6443","backend":{"slot":"a","address":"127.0.0.1:7001"},
+            "connections":{"a":{"open":1,"total":2,"failed":0}}}"#;
+        let status: FrontStatus = serde_json::from_str(old).unwrap();
+        assert_eq!(status.backends, vec![backend("a", "127.0.0.1:7001")]);
+        let none: FrontStatus =
+            serde_json::from_str(r#"{"pid":1,"listen":"127.0.0.1:6443","backend":null,"connections":{}}"#).unwrap();
+        assert!(none.backends.is_empty());
+        let file: BackendFile = serde_json::from_str(r#"{"backend":{"slot":"a","address":"127.0.0.1:7001"}}"#).unwrap();
+        assert_eq!(file.serving(), vec![backend("a", "127.0.0.1:7001")]);
+        // What this front writes, a front of the single-backend protocol reads as the first member.
+        let written = serde_json::to_value(BackendFile::new(&[
+            backend("a", "127.0.0.1:7001"),
+            backend("b", "127.0.0.1:7002"),
+        ]))
+        .unwrap();
+        assert_eq!(written["backend"]["slot"], "a");
+        assert_eq!(written["backends"][1]["slot"], "b");
+        let empty = serde_json::to_value(BackendFile::new(&[])).unwrap();
+        assert_eq!(empty, serde_json::json!({"backend": null, "backends": []}));
+    }
+
+    #[test]
+    fn a_serving_set_names_each_slot_and_address_once() {
+        let a = backend("a", "127.0.0.1:7001");
+        assert!(validate_backends(&[]).is_ok());
+        assert!(validate_backends(&[a.clone(), backend("b", "127.0.0.1:7002")]).is_ok());
+        assert!(validate_backends(&[a.clone(), backend("a", "127.0.0.1:7002")]).is_err());
+        assert!(validate_backends(&[a.clone(), backend("b", "127.0.0.1:7001")]).is_err());
+        assert!(validate_backends(&[backend("", "127.0.0.1:7002")]).is_err());
     }
 
     #[test]

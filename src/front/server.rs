@@ -63,7 +63,7 @@ struct Front {
     router: Arc<Router>,
     /// Taken (and so closed) on shutdown, so that the address is free while connections drain.
     listener: Mutex<Option<Arc<TcpListener>>>,
-    /// Serializes switches with each other and with a handover.
+    /// Serializes changes of the serving set with each other and with a handover.
     switch_lock: tokio::sync::Mutex<()>,
     /// The successor's pid, once a handover is committed.
     handed_over: watch::Sender<Option<u32>>,
@@ -74,13 +74,14 @@ impl Front {
         FrontStatus {
             pid: std::process::id(),
             listen: self.listen,
-            backend: self.router.backend(),
+            backends: self.router.backends(),
             connections: self.router.connections(),
         }
     }
 
-    async fn switch(&self, backend: Backend) -> Response {
-        if let Err(message) = protocol::validate_backend(&backend) {
+    /// Makes `backends` the serving set: persisted first, then applied.
+    async fn serve(&self, backends: Vec<Backend>) -> Response {
+        if let Err(message) = protocol::validate_backends(&backends) {
             return Response::error(message);
         }
         let _serial = self.switch_lock.lock().await;
@@ -88,26 +89,24 @@ impl Front {
         if let Some(pid) = handed_over {
             return Response::retry_later(format!("this front has handed over to pid {pid}; ask again"));
         }
-        // Persist first: a front restarted after this answer must come back on this backend.
+        // Persist first: a front restarted after this answer must come back on this set.
         let path = self.dir.join(BACKEND_FILE);
-        let bytes = serde_json::to_vec_pretty(&BackendFile {
-            backend: Some(backend.clone()),
-        })
-        .expect("a backend always serializes");
+        let bytes = serde_json::to_vec_pretty(&BackendFile::new(&backends)).expect("a backend always serializes");
         let target = path.clone();
         let written = tokio::task::spawn_blocking(move || fsutil::write_atomically(&target, &bytes)).await;
         let written = written.unwrap_or_else(|join| Err(std::io::Error::other(join.to_string())));
         if let Err(err) = written {
-            error!(path = %path.display(), error = %err, "cannot persist the backend; not switching");
+            error!(path = %path.display(), error = %err, "cannot persist the serving set; not changing it");
+            let serving: Vec<String> = self.router.backends().into_iter().map(|b| b.slot).collect();
             return Response::error(format!(
-                "cannot write {}: {err}; the front still forwards to {:?}; free space or fix permissions in {}",
+                "cannot write {}: {err}; the front still serves {serving:?}; free space or fix permissions in {}",
                 path.display(),
-                self.router.backend().map(|b| b.slot),
                 self.dir.display()
             ));
         }
-        self.router.switch(backend.clone());
-        info!(slot = %backend.slot, address = %backend.address, "switched new connections to slot");
+        let slots: Vec<String> = backends.iter().map(|b| format!("{}={}", b.slot, b.address)).collect();
+        self.router.serve(backends);
+        info!(serving = ?slots, "new connections go to this serving set");
         Response::ok(self.status())
     }
 
@@ -165,13 +164,13 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
                     ),
                 });
             }
-            let backend = load_backend(&config.dir);
+            let backends = load_backends(&config.dir);
             let listener = bind(&config)?;
-            (listener, Router::new(backend), None)
+            (listener, Router::new(backends), None)
         }
         Some(from) => {
             let (listener, old, conn) = take_over(from).await?;
-            (listener, Router::new(old.backend), Some((conn, old.pid)))
+            (listener, Router::new(old.backends), Some((conn, old.pid)))
         }
     };
     let listen = listener
@@ -213,10 +212,8 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     if let Some((conn, old_pid)) = successor {
         match commit(conn).await {
             Ok(final_status) => {
-                if let Some(backend) = final_status.backend
-                    && router.backend().as_ref() != Some(&backend)
-                {
-                    router.switch(backend);
+                if router.backends() != final_status.backends {
+                    router.serve(final_status.backends);
                 }
                 info!(old_pid, "took the listening socket over");
             }
@@ -247,7 +244,7 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
         },
     )?;
     let _ = std::fs::remove_file(config.dir.join(ERROR_FILE));
-    info!(%listen, dir = %config.dir.display(), backend = ?router.backend(), "front ready");
+    info!(%listen, dir = %config.dir.display(), backends = ?router.backends(), "front ready");
 
     let control_task = tokio::spawn(serve_control(control, front.clone()));
     let metrics_task = metrics_listener.map(|l| tokio::spawn(serve_metrics(l, front.clone())));
@@ -292,24 +289,27 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     Ok(())
 }
 
-fn load_backend(dir: &Path) -> Option<Backend> {
+/// The persisted serving set; empty (until the controller sends one) when there is none or it
+/// cannot be read. A file of a front of the single-backend protocol reads as a set of one.
+fn load_backends(dir: &Path) -> Vec<Backend> {
     let path = dir.join(BACKEND_FILE);
     match fsutil::read_optional(&path) {
-        Ok(None) => None,
+        Ok(None) => Vec::new(),
         Ok(Some(bytes)) => match serde_json::from_slice::<BackendFile>(&bytes) {
             Ok(file) => {
-                info!(backend = ?file.backend, "loaded the backend from {}", path.display());
-                file.backend
+                let backends = file.serving();
+                info!(?backends, "loaded the serving set from {}", path.display());
+                backends
             }
             Err(err) => {
                 error!(path = %path.display(), error = %err,
-                    "cannot read the persisted backend; starting without one until the controller switches");
-                None
+                    "cannot read the persisted serving set; starting without one until the controller sends one");
+                Vec::new()
             }
         },
         Err(err) => {
-            error!(path = %path.display(), error = %err, "cannot read the persisted backend");
-            None
+            error!(path = %path.display(), error = %err, "cannot read the persisted serving set");
+            Vec::new()
         }
     }
 }
@@ -437,7 +437,8 @@ async fn serve_control_connection(stream: UnixStream, front: Arc<Front>) {
                 "cannot read the request ({err}); send one JSON object per line, e.g. {{\"op\":\"status\"}}"
             )),
             Ok(Request::Status) => Response::ok(front.status()),
-            Ok(Request::Switch(backend)) => front.switch(backend).await,
+            Ok(Request::Serve { backends }) => front.serve(backends).await,
+            Ok(Request::Switch(backend)) => front.serve(vec![backend]).await,
             Ok(Request::Handover { pid }) => {
                 if let Err(err) = front.handover(&mut reader, pid).await {
                     warn!(successor = pid, error = %err, "handover failed; this front keeps serving");

@@ -1,0 +1,70 @@
+//! Connecting a new client connection to its slot, before a byte is read from the client.
+//!
+//! Invariants:
+//! - The front connects to the backend *before* reading a byte from the client, retrying a refused
+//!   connect every [`RETRY_STEP`] for up to [`RETRY_WINDOW`]: a slot restarting its listener or a
+//!   change of the serving set racing a connect costs latency, not a failed request. While no byte
+//!   has flowed, a retry picks again from the serving set, another backend than the one that
+//!   refused if the set has one; after that the connection is pinned.
+//! - With an empty serving set, a connection waits up to [`RETRY_WINDOW`] for a backend, then is
+//!   closed.
+//! - A connection whose slot did not accept within the window counts as `failed` for that slot.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::accounting::Pinned;
+use super::router::{Active, Router};
+
+/// How long a new connection may wait for a backend to accept (or to exist).
+pub const RETRY_WINDOW: Duration = Duration::from_secs(2);
+/// Pause between two connect attempts.
+pub const RETRY_STEP: Duration = Duration::from_millis(50);
+
+/// The slot a new connection is given, its count in that slot, and the connected upstream (with
+/// TCP_NODELAY); `None` when no slot took it within [`RETRY_WINDOW`] (logged and counted).
+pub(super) async fn connect(router: &Router, peer: SocketAddr) -> Option<(Arc<Active>, Pinned, TcpStream)> {
+    let deadline = Instant::now() + RETRY_WINDOW;
+    let mut active = match router.pick(None) {
+        Some(active) => active,
+        None => match router.wait_for_backend(deadline).await {
+            Some(active) => active,
+            None => {
+                warn!(%peer, "closing a client connection: the front has no backend yet");
+                return None;
+            }
+        },
+    };
+    let mut pin = Pinned::new(&active.counters);
+    loop {
+        let attempt = tokio::time::timeout_at(deadline, TcpStream::connect(active.backend.address)).await;
+        let err = match attempt {
+            Ok(Ok(upstream)) => {
+                // The slot is a local process: a dead one closes its sockets, so no keepalive is
+                // needed here.
+                let _ = upstream.set_nodelay(true);
+                return Some((active, pin, upstream));
+            }
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => "connect timed out".to_string(),
+        };
+        if Instant::now() + RETRY_STEP >= deadline {
+            warn!(%peer, slot = %active.backend.slot, address = %active.backend.address, error = %err,
+                "closing a client connection: its slot did not accept within {:?}", RETRY_WINDOW);
+            active.counters.count_failed();
+            return None;
+        }
+        tokio::time::sleep(RETRY_STEP).await;
+        // Nothing has flowed yet, so moving to another backend is still safe.
+        if let Some(now) = router.pick(Some(active.backend.address))
+            && now.backend != active.backend
+        {
+            active = now;
+            pin = Pinned::new(&active.counters);
+        }
+    }
+}
