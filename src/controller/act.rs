@@ -20,7 +20,7 @@ use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
 use crate::front::Backend;
-use crate::process::{ProcessSpec, Runtime, free_port};
+use crate::process::{ProcessSpec, free_port};
 use crate::slot;
 use crate::store::StoreBackend;
 
@@ -593,42 +593,14 @@ impl Actor<'_> {
             return Ok(vec![Note::normal("SlotStopped", format!("slot {name} {how}"))]);
         }
         let served = seen.is_some_and(|s| s.health.ever_ready);
+        let last_words = seen.and_then(|s| s.last_words.clone()).unwrap_or_default();
         Ok(vec![Note::warning(
             "SlotCrashed",
             format!(
-                "slot {name}{} exited{}: {}; a replacement starts",
+                "slot {name}{} exited: {last_words}; a replacement starts",
                 if served { ", which served the shard," } else { "" },
-                self.exit_status(slot),
-                self.last_words(slot)
             ),
         )])
-    }
-
-    /// " (exit status 1)" when this serve started the process and saw it end.
-    fn exit_status(&self, slot: &ObservedSlot) -> String {
-        slot.process
-            .as_ref()
-            .and_then(|p| self.ctx.runtime.exit_status(p))
-            .map(|status| format!(" ({status})"))
-            .unwrap_or_default()
-    }
-
-    /// The last error kcp printed and where its log is, for a crash report.
-    fn last_words(&self, slot: &ObservedSlot) -> String {
-        let log = slot.dirs.log();
-        let tail = Runtime::log_tail(&log, 40);
-        let is_error = |line: &&String| {
-            let line = line.trim_start();
-            line.starts_with("Error:")
-                || line.starts_with("error:")
-                || (line.len() > 5
-                    && matches!(line.as_bytes()[0], b'E' | b'F')
-                    && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit))
-        };
-        match tail.iter().rev().find(is_error).or(tail.last()) {
-            Some(line) => format!("it printed {:?} (log: {})", line.trim(), log.display()),
-            None => format!("it printed nothing (log: {})", log.display()),
-        }
     }
 
     /// Stops a new slot that is not ready yet (it serves nobody: SIGKILL); the roll record stays,
@@ -643,7 +615,7 @@ impl Actor<'_> {
                 self.update_roll(|roll| roll.not_ready_restarts += 1)?;
                 format!(
                     "slot {name} did not answer /readyz on its own port within {timeout_seconds}s; a kcp start-up sometimes never finishes, so it is started once more before the roll stops ({}); the serving slots keep serving",
-                    self.last_words(self.slot(name)?)
+                    super::observe::last_words(&self.ctx.runtime, None, &self.slot(name)?.dirs.log())
                 )
             }
         };
@@ -651,14 +623,7 @@ impl Actor<'_> {
     }
 
     fn abort_roll(&self, name: &str, cause: &BlockCause) -> Result<Notes, Error> {
-        let slot = self.slot(name)?;
-        let cause = match cause {
-            BlockCause::SlotCrashed { slot: s, .. } => BlockCause::SlotCrashed {
-                slot: s.clone(),
-                detail: Some(format!("{}{}", self.last_words(slot), self.exit_status(slot))),
-            },
-            other => other.clone(),
-        };
+        let cause = cause.clone();
         if self.world.observed.slot(name).is_some_and(|s| s.running) {
             self.signal_slot(name, StopCause::Abort, Signal::SIGKILL)?;
         }

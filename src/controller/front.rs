@@ -194,7 +194,10 @@ impl Front {
         if let Front::Tcp { dir, .. } = self
             && let Some(pid) = front::recorded_pid(dir)
         {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
         }
     }
 
@@ -205,7 +208,11 @@ impl Front {
             return None;
         };
         let pid = front::recorded_pid(dir)?;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).ok()?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .ok()?;
         Some(pid)
     }
 

@@ -27,7 +27,7 @@ use crate::process::exits::ExitNotices;
 /// How long one look may take before it counts as failed.
 pub const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
 /// Between looks at a slot or kine that answers.
-pub const SERVING_INTERVAL: Duration = Duration::from_millis(500);
+pub const SERVING_INTERVAL: Duration = Duration::from_millis(250);
 /// Between looks at a slot that has not answered yet, and after a failed look that came back at
 /// once (a refused connection), so that a slot that is not up is not hammered.
 pub const STARTING_INTERVAL: Duration = Duration::from_millis(200);

@@ -210,6 +210,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             stop,
             left_front_at: record.left_front_at,
             own_store_running,
+            last_words: (!running).then(|| last_words(&ctx.runtime, process.as_ref(), &slot_dirs.log())),
         });
         slots.push(ObservedSlot {
             record,
@@ -327,6 +328,28 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     };
     observe_lease_and_probe(ctx, &mut world).await;
     Ok(world)
+}
+
+/// How a slot's process ended, for an event: its exit status when this serve saw it, the last
+/// error line it printed (kcp prints `Error: ...` or a klog `E`/`F` line), and where its log is.
+pub fn last_words(runtime: &Runtime, process: Option<&ProcessRecord>, log: &std::path::Path) -> String {
+    let status = process
+        .and_then(|p| runtime.exit_status(p))
+        .map(|status| format!("{status}; "))
+        .unwrap_or_default();
+    let tail = Runtime::log_tail(log, 40);
+    let is_error = |line: &&String| {
+        let line = line.trim_start();
+        line.starts_with("Error:")
+            || line.starts_with("error:")
+            || (line.len() > 5
+                && matches!(line.as_bytes()[0], b'E' | b'F')
+                && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit))
+    };
+    match tail.iter().rev().find(is_error).or(tail.last()) {
+        Some(line) => format!("{status}it printed {:?} (log: {})", line.trim(), log.display()),
+        None => format!("{status}it printed nothing (log: {})", log.display()),
+    }
 }
 
 fn target(shard: &str, name: &str, process: &ProcessRecord) -> Target {

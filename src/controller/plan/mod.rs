@@ -201,7 +201,7 @@ fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
             name: gone.name.clone(),
             cause: BlockCause::SlotCrashed {
                 slot: gone.name.clone(),
-                detail: None,
+                detail: gone.last_words.clone(),
             },
         });
     }

@@ -104,7 +104,7 @@ impl FrontObservation {
 }
 
 /// What the health checks have seen of one slot since its process started (`/readyz` on its own
-/// port, 1 s per look, every 0.5 s; at once again after a failure).
+/// port, 1 s per look, every 0.25 s; at once again after a failure).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Health {
     /// It answered ok at least once: it got ready and may serve.
@@ -179,6 +179,9 @@ pub struct SlotObservation {
     pub left_front_at: Option<DateTime<Utc>>,
     /// What only this slot uses of the store runs (its own kine, on KinePostgres).
     pub own_store_running: bool,
+    /// A slot that is gone: how it ended (exit status, the last error it printed, its log), for
+    /// the events and conditions that report it.
+    pub last_words: Option<String>,
 }
 
 impl SlotObservation {

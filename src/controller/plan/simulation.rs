@@ -202,6 +202,7 @@ impl Model {
                         stop: None,
                         left_front_at: None,
                         own_store_running: false,
+                        last_words: None,
                     },
                     ready_at: now + chrono::Duration::milliseconds(self.start_delay_ms),
                     hung_since: None,

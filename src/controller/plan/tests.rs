@@ -54,6 +54,7 @@ pub(crate) fn slot(name: &str, version: &str, ready: bool) -> SlotObservation {
         stop: None,
         left_front_at: None,
         own_store_running: false,
+        last_words: None,
     }
 }
 
