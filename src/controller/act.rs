@@ -258,6 +258,9 @@ impl Actor<'_> {
         })?;
 
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
+        // The admin identities this slot is to accept, before it starts (controller/credentials.rs
+        // wrote the record they come from).
+        super::credentials::write_token_file(self.dirs, &template.accepted_identities, &slot_dirs.token_file())?;
         // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
         // kine, if any, has long created kine's schema (docs/background.md section 7: two kines racing on a fresh
         // database).
@@ -276,6 +279,7 @@ impl Actor<'_> {
             etcd_tls: store.tls,
             front_url: template.front_url.clone(),
             shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(anyhow::Error::msg)?,
+            token_auth_file: std::path::absolute(slot_dirs.token_file())?,
             extra_args: template.extra_args.clone(),
         };
         let args = slot::args::kcp_args(&launch)?;
@@ -326,10 +330,6 @@ impl Actor<'_> {
                 ));
             }
         }
-        // Users reach kcp through the front with this file. kcp writes it with the shard URL (the
-        // front); its kcp-admin token belongs to the slot that wrote it, so it is renewed per switch.
-        let kubeconfig = std::fs::read(self.dirs.slot(to).admin_kubeconfig())?;
-        crate::fsutil::write_atomically(&self.dirs.front_kubeconfig(), &kubeconfig)?;
         notes.splice(
             0..0,
             [
@@ -520,29 +520,28 @@ impl Actor<'_> {
         ])
     }
 
-    /// A client of the active slot on its own port: the shard admin, or with `kcp_admin` the
-    /// slot's own kcp-admin (a real identity, needed to create workspaces).
-    async fn active_client(&self, kcp_admin: bool) -> anyhow::Result<kube::Client> {
+    /// A client of the active slot on its own port: the shard admin, or kcpshard's admin identity
+    /// (a real user, needed to create workspaces) from the shard's kubeconfig through the front.
+    async fn active_client(&self, identity: Identity) -> anyhow::Result<kube::Client> {
         let super::plan::FrontObservation::Up { backend: Some(active) } = &self.world.observed.front else {
             anyhow::bail!("the front has no backend");
         };
         let slot = self.slot(active)?;
-        let identity = if kcp_admin {
-            Identity::KcpAdmin
-        } else {
-            Identity::ShardAdmin
+        let kubeconfig = match identity {
+            Identity::ShardAdmin => self.dirs.slot(active).admin_kubeconfig(),
+            Identity::Admin => self.dirs.front_kubeconfig(),
         };
         Ok(self
             .ctx
             .slot_clients
-            .get(&self.dirs.slot(active).admin_kubeconfig(), slot.record.port, identity)
+            .get(&kubeconfig, slot.record.port, identity)
             .await?)
     }
 
     async fn release_lease(&self) -> anyhow::Result<Notes> {
         // Only once the old slot has stopped listening or exited: a live leader would take the Lease
         // back (docs/background.md section 3: without this, controllers stop for ~61 s).
-        let deleted = slot::access::release_controllers_lease(&self.active_client(false).await?).await?;
+        let deleted = slot::access::release_controllers_lease(&self.active_client(Identity::ShardAdmin).await?).await?;
         self.update_roll(|roll| roll.lease_released_at = Some(Utc::now()))?;
         let message = if deleted {
             "deleted Lease kube-system/kcp-controllers so the new slot leads at once"
@@ -553,7 +552,7 @@ impl Actor<'_> {
     }
 
     async fn probe(&self) -> anyhow::Result<Notes> {
-        let took = slot::access::probe_workspace(&self.active_client(true).await?, PROBE_TIMEOUT).await?;
+        let took = slot::access::probe_workspace(&self.active_client(Identity::Admin).await?, PROBE_TIMEOUT).await?;
         self.update_roll(|roll| roll.probe_succeeded_at = Some(Utc::now()))?;
         Ok(vec![Note::normal(
             "ProbeSucceeded",

@@ -239,6 +239,7 @@ mod tests {
             shutdown_delay: "2s".into(),
             front_url: "https://127.0.0.1:6443".into(),
             restarted_at: None,
+            accepted_identities: vec!["0a1b2c3d".into()],
         };
         Observed {
             now: Utc.timestamp_opt(1_800_000_000, 0).unwrap(),

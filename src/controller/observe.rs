@@ -119,6 +119,9 @@ fn record_from_argv(name: &str, process: &ProcessRecord) -> Option<SlotRecord> {
             shutdown_delay: flag("shutdown-delay-duration").unwrap_or_default(),
             front_url: flag("shard-base-url").unwrap_or_default(),
             restarted_at: Some(REBUILT.into()),
+            // Not known from the argv (the token file holds secrets, not ids): none, so no
+            // kubeconfig is written for it and the roll away from it gives every slot the identity.
+            accepted_identities: vec![],
         },
         port: flag("secure-port")?.parse().ok()?,
         created_at: process.started_at.parse().unwrap_or_else(|_| Utc::now()),

@@ -33,6 +33,11 @@ pub struct SlotTemplate {
     /// The `kcpshard.io/restartedAt` annotation: a new value asks for a fresh slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarted_at: Option<String>,
+    /// The ids of the shard's admin identities this slot accepts, oldest first (its
+    /// `--token-auth-file`; controller/credentials.rs decides them). A rotation changes them,
+    /// which rolls the shard.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_identities: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -518,6 +523,7 @@ mod tests {
             shutdown_delay: "2s".into(),
             front_url: "https://127.0.0.1:6443".into(),
             restarted_at: None,
+            accepted_identities: vec!["0a1b2c3d".into()],
         }
     }
 

@@ -1,0 +1,161 @@
+//! `kcpshard credentials rotate NAME`: asks for a new admin identity for a shard by setting the
+//! `kcpshard.io/rotateCredentialsAt` annotation to the current time (what `kubectl annotate`
+//! would do, so GitOps and kubectl can ask too), then follows the rotation like `rollout status`:
+//! a line each time the `CredentialsRotating` condition's message changes, success once that
+//! condition is False for this request (every slot accepts only the new identity; the old one is
+//! refused), failure when a roll of the rotation is blocked (Degraded), with the controller's
+//! message. The controller does the work (controller/credentials.rs); `--wait=false` only asks.
+use std::time::Duration;
+
+use anyhow::bail;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::connect::{Conn, QUALIFIED};
+use crate::api::ROTATE_CREDENTIALS_ANNOTATION;
+use crate::controller::credentials::CONDITION;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Issue a new admin identity for the shard's kubeconfig through the front, and retire the old
+    /// one once every slot accepts the new one (two rolls).
+    Rotate(RotateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RotateArgs {
+    /// The KcpShard whose admin identity to rotate.
+    name: String,
+    /// Wait until the old identity is refused. `--wait=false` returns once the rotation is asked for.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    wait: bool,
+    /// Give up waiting after this many seconds (0: wait as long as it takes).
+    #[arg(long, default_value_t = 0)]
+    timeout: u64,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+const POLL: Duration = Duration::from_millis(250);
+
+/// Where the rotation asked for with `request` stands, read from the object.
+#[derive(Debug, PartialEq, Eq)]
+enum Progress {
+    /// The controller has not taken the request up yet.
+    Pending,
+    Moving(String),
+    Blocked(String),
+    Done(String),
+}
+
+fn progress(object: &Value, request: &str) -> Progress {
+    let conditions = object["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let condition = |type_: &str| conditions.iter().find(|c| c["type"] == type_);
+    let message = |c: &Value| c["message"].as_str().unwrap_or_default().to_string();
+    let Some(rotating) = condition(CONDITION) else {
+        return Progress::Pending;
+    };
+    // The condition names the request the newest identity was issued for.
+    let ours = message(rotating).contains(&format!("rotation request {request})"));
+    if let Some(degraded) = condition("Degraded").filter(|c| c["status"] == "True") {
+        return Progress::Blocked(message(degraded));
+    }
+    match (ours, rotating["status"] == "True") {
+        (true, false) => Progress::Done(message(rotating)),
+        (true, true) => Progress::Moving(message(rotating)),
+        // Another rotation is finishing first, or the request is not taken up yet.
+        (false, true) => Progress::Moving(message(rotating)),
+        (false, false) => Progress::Pending,
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let Command::Rotate(args) = args.command;
+    let cluster = args.conn.connect().await?;
+    let api = cluster.kcpshards();
+    let request = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let patch = json!({ "metadata": { "annotations": { ROTATE_CREDENTIALS_ANNOTATION: request } } });
+    api.patch(&args.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| cluster.explain(e))?;
+    println!(
+        "{QUALIFIED} \"{}\" admin identity rotation requested ({request})",
+        args.name
+    );
+    if !args.wait {
+        return Ok(());
+    }
+    let deadline = (args.timeout > 0).then(|| tokio::time::Instant::now() + Duration::from_secs(args.timeout));
+    let mut last = String::new();
+    loop {
+        let object = api.get(&args.name).await.map_err(|e| cluster.explain(e))?;
+        match progress(&serde_json::to_value(&object)?, &request) {
+            Progress::Done(message) => {
+                println!("{QUALIFIED} \"{}\" admin identity rotated: {message}", args.name);
+                return Ok(());
+            }
+            Progress::Blocked(message) => bail!(
+                "kcpshard \"{}\" admin identity rotation is blocked: {message} (the rotation carries on once the roll can)",
+                args.name
+            ),
+            Progress::Moving(message) if message != last => {
+                println!(
+                    "Waiting for kcpshard \"{}\" admin identity rotation: {message}...",
+                    args.name
+                );
+                last = message;
+            }
+            Progress::Moving(_) | Progress::Pending => {}
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            bail!(
+                "timed out after {}s waiting for kcpshard \"{}\" admin identity rotation (last: {last}); it carries on",
+                args.timeout,
+                args.name
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(rotating: &str, message: &str, degraded: &str) -> Value {
+        json!({ "status": { "conditions": [
+            { "type": CONDITION, "status": rotating, "message": message },
+            { "type": "Degraded", "status": degraded, "message": "the roll is blocked" },
+        ] } })
+    }
+
+    #[test]
+    fn a_rotation_is_done_when_the_condition_is_false_for_this_request() {
+        let r = "2026-12-01T10:00:00.000000Z";
+        let issued =
+            |for_: &str| format!("the slots accept admin identity 1a2b (rotation request {for_}), which ... holds");
+        assert_eq!(progress(&json!({ "status": {} }), r), Progress::Pending);
+        assert_eq!(
+            progress(&shard("False", &issued("older"), "False"), r),
+            Progress::Pending
+        );
+        assert!(matches!(
+            progress(&shard("True", &format!("rotating to admin identity 1a2b (rotation request {r}): roll 1 of 2"), "False"), r),
+            Progress::Moving(m) if m.contains("roll 1 of 2")
+        ));
+        assert_eq!(
+            progress(&shard("False", &issued(r), "False"), r),
+            Progress::Done(issued(r))
+        );
+        assert_eq!(
+            progress(&shard("True", &issued(r), "True"), r),
+            Progress::Blocked("the roll is blocked".into())
+        );
+    }
+}
