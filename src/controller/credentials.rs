@@ -177,7 +177,22 @@ pub fn reconcile(
         record.rotation_request = request.clone();
         record.retiring = false;
     }
+    let was_retiring = record.retiring;
     record.retiring = record.identities.len() > 1 && retiring(&record, observed);
+    if record.retiring && !was_retiring {
+        let old: Vec<&str> = record.identities[..record.identities.len() - 1]
+            .iter()
+            .map(|i| i.id.as_str())
+            .collect();
+        notes.push(Note::normal(
+            "CredentialsRetiring",
+            format!(
+                "every slot accepts admin identity {}: the shard rolls to slots that refuse {}; kubeconfigs holding it are refused from that roll's switch on",
+                record.newest().id,
+                old.join(", ")
+            ),
+        ));
+    }
     let accepted = accepted(&record, observed);
     let newest = record.newest().id.clone();
     let still_accepted = |id: &str| {
@@ -584,7 +599,7 @@ mod tests {
         let both = observed("b", vec![slot("b", &[&old, &new])], None);
         let second = reconcile(&dirs, &shard(&request), &both, FRONT, Utc::now()).unwrap();
         assert_eq!(second.accepted, vec![new.clone()]);
-        assert_eq!(reasons(&second), vec!["KubeconfigWritten"]);
+        assert_eq!(reasons(&second), vec!["CredentialsRetiring", "KubeconfigWritten"]);
         assert_eq!(second.verdict.reason, "RetiringOld");
         let record: IdentityRecord = state::read_json(&dirs.identities()).unwrap().unwrap();
         let yaml = std::fs::read_to_string(dirs.front_kubeconfig()).unwrap();
