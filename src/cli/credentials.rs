@@ -63,15 +63,21 @@ fn progress(object: &Value, request: &str) -> Progress {
     };
     // The condition names the request the newest identity was issued for.
     let ours = message(rotating).contains(&format!("rotation request {request})"));
-    if let Some(degraded) = condition("Degraded").filter(|c| c["status"] == "True") {
-        return Progress::Blocked(message(degraded));
+    let under_way = rotating["status"] == "True";
+    if !ours {
+        // Not taken up yet (a Degraded now is not about it), or another rotation finishes first.
+        return if under_way {
+            Progress::Moving(message(rotating))
+        } else {
+            Progress::Pending
+        };
     }
-    match (ours, rotating["status"] == "True") {
-        (true, false) => Progress::Done(message(rotating)),
-        (true, true) => Progress::Moving(message(rotating)),
-        // Another rotation is finishing first, or the request is not taken up yet.
-        (false, true) => Progress::Moving(message(rotating)),
-        (false, false) => Progress::Pending,
+    if !under_way {
+        return Progress::Done(message(rotating));
+    }
+    match condition("Degraded").filter(|c| c["status"] == "True") {
+        Some(degraded) => Progress::Blocked(message(degraded)),
+        None => Progress::Moving(message(rotating)),
     }
 }
 
@@ -156,6 +162,16 @@ mod tests {
         assert_eq!(
             progress(&shard("True", &issued(r), "True"), r),
             Progress::Blocked("the roll is blocked".into())
+        );
+        // A shard that was Degraded before the request: the request is not blocked by it.
+        assert_eq!(
+            progress(&shard("False", &issued("older"), "True"), r),
+            Progress::Pending
+        );
+        // Done is done, whatever else is wrong with the shard (no slot runs at all).
+        assert_eq!(
+            progress(&shard("False", &issued(r), "True"), r),
+            Progress::Done(issued(r))
         );
     }
 }
