@@ -5,13 +5,11 @@
 //! condition is False for this request (every slot accepts only the new identity; the old one is
 //! refused), failure when a roll of the rotation is blocked (Degraded), with the controller's
 //! message. The controller does the work (controller/credentials.rs); `--wait=false` only asks.
-use std::time::Duration;
-
-use anyhow::bail;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::connect::{Conn, QUALIFIED};
+use super::follow::{Progress, Wording, follow};
 use crate::api::ROTATE_CREDENTIALS_ANNOTATION;
 use crate::controller::credentials::CONDITION;
 
@@ -42,24 +40,13 @@ struct RotateArgs {
     conn: Conn,
 }
 
-const POLL: Duration = Duration::from_millis(250);
-
 /// Where the rotation asked for with `request` stands, read from the object.
-#[derive(Debug, PartialEq, Eq)]
-enum Progress {
-    /// The controller has not taken the request up yet.
-    Pending,
-    Moving(String),
-    Blocked(String),
-    Done(String),
-}
-
 fn progress(object: &Value, request: &str) -> Progress {
     let conditions = object["status"]["conditions"].as_array().cloned().unwrap_or_default();
     let condition = |type_: &str| conditions.iter().find(|c| c["type"] == type_);
     let message = |c: &Value| c["message"].as_str().unwrap_or_default().to_string();
     let Some(rotating) = condition(CONDITION) else {
-        return Progress::Pending;
+        return Progress::Stale;
     };
     // The condition names the request the newest identity was issued for.
     let ours = message(rotating).contains(&format!("rotation request {request})"));
@@ -69,7 +56,7 @@ fn progress(object: &Value, request: &str) -> Progress {
         return if under_way {
             Progress::Moving(message(rotating))
         } else {
-            Progress::Pending
+            Progress::Stale
         };
     }
     if !under_way {
@@ -97,37 +84,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !args.wait {
         return Ok(());
     }
-    let deadline = (args.timeout > 0).then(|| tokio::time::Instant::now() + Duration::from_secs(args.timeout));
-    let mut last = String::new();
-    loop {
-        let object = api.get(&args.name).await.map_err(|e| cluster.explain(e))?;
-        match progress(&serde_json::to_value(&object)?, &request) {
-            Progress::Done(message) => {
-                println!("{QUALIFIED} \"{}\" admin identity rotated: {message}", args.name);
-                return Ok(());
-            }
-            Progress::Blocked(message) => bail!(
-                "kcpshard \"{}\" admin identity rotation is blocked: {message} (the rotation carries on once the roll can)",
-                args.name
-            ),
-            Progress::Moving(message) if message != last => {
-                println!(
-                    "Waiting for kcpshard \"{}\" admin identity rotation: {message}...",
-                    args.name
-                );
-                last = message;
-            }
-            Progress::Moving(_) | Progress::Pending => {}
-        }
-        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            bail!(
-                "timed out after {}s waiting for kcpshard \"{}\" admin identity rotation (last: {last}); it carries on",
-                args.timeout,
-                args.name
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let words = Wording {
+        done: "admin identity rotated",
+        blocked: "admin identity rotation is blocked (it carries on once the roll can)",
+        waiting: "admin identity rotation",
+        timed_out: "admin identity rotation (it carries on)",
+    };
+    follow(&cluster, &args.name, args.timeout, &words, |o| progress(o, &request)).await
 }
 
 #[cfg(test)]
@@ -146,11 +109,8 @@ mod tests {
         let r = "2026-12-01T10:00:00.000000Z";
         let issued =
             |for_: &str| format!("the slots accept admin identity 1a2b (rotation request {for_}), which ... holds");
-        assert_eq!(progress(&json!({ "status": {} }), r), Progress::Pending);
-        assert_eq!(
-            progress(&shard("False", &issued("older"), "False"), r),
-            Progress::Pending
-        );
+        assert_eq!(progress(&json!({ "status": {} }), r), Progress::Stale);
+        assert_eq!(progress(&shard("False", &issued("older"), "False"), r), Progress::Stale);
         assert!(matches!(
             progress(&shard("True", &format!("rotating to admin identity 1a2b (rotation request {r}): roll 1 of 2"), "False"), r),
             Progress::Moving(m) if m.contains("roll 1 of 2")
@@ -164,10 +124,7 @@ mod tests {
             Progress::Blocked("the roll is blocked".into())
         );
         // A shard that was Degraded before the request: the request is not blocked by it.
-        assert_eq!(
-            progress(&shard("False", &issued("older"), "True"), r),
-            Progress::Pending
-        );
+        assert_eq!(progress(&shard("False", &issued("older"), "True"), r), Progress::Stale);
         // Done is done, whatever else is wrong with the shard (no slot runs at all).
         assert_eq!(
             progress(&shard("False", &issued(r), "True"), r),

@@ -12,6 +12,7 @@ mod credentials;
 mod delete;
 mod describe;
 mod events;
+mod follow;
 mod front;
 mod get;
 mod rollout;
