@@ -977,26 +977,37 @@ impl PollStats {
 }
 
 /// Polls through the front, each poll on a new connection (as `curl` does): `/readyz` every 50 ms,
-/// or an authenticated GET every 20 ms ([`Poller::get`]).
+/// or an authenticated GET from two clients every 25 ms each ([`Poller::get`]).
 pub struct Poller {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<PollStats>,
+    tasks: Vec<tokio::task::JoinHandle<PollStats>>,
 }
 
 impl Poller {
     pub fn start(config: Config) -> Poller {
-        Poller::run(config, None, Duration::from_millis(50))
+        Poller::run(config, None, Duration::from_millis(50), 1)
     }
 
     /// `GET path` as whoever `config` is, answered 200 (a 401 or 403 is a refused identity).
     pub fn get(config: Config, path: &str) -> Poller {
-        Poller::run(config, Some(path.to_string()), Duration::from_millis(20))
+        Poller::run(config, Some(path.to_string()), Duration::from_millis(25), 2)
     }
 
-    fn run(config: Config, path: Option<String>, every: Duration) -> Poller {
+    fn run(config: Config, path: Option<String>, every: Duration, clients: usize) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
+        let tasks = (0..clients)
+            .map(|_| Poller::client(config.clone(), path.clone(), every, stop.clone()))
+            .collect();
+        Poller { stop, tasks }
+    }
+
+    fn client(
+        config: Config,
+        path: Option<String>,
+        every: Duration,
+        flag: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<PollStats> {
+        tokio::spawn(async move {
             let mut stats = PollStats::default();
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1014,13 +1025,21 @@ impl Poller {
                 }
             }
             stats
-        });
-        Poller { stop, task }
+        })
     }
 
     pub async fn finish(self) -> PollStats {
         self.stop.store(true, Ordering::SeqCst);
-        self.task.await.expect("poller task")
+        let mut all = PollStats::default();
+        for task in self.tasks {
+            let stats = task.await.expect("poller task");
+            all.polls += stats.polls;
+            all.failures.extend(stats.failures);
+            all.succeeded.extend(stats.succeeded);
+        }
+        all.failures.sort_by_key(|(t, _)| *t);
+        all.succeeded.sort();
+        all
     }
 }
 
