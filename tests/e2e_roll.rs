@@ -345,7 +345,7 @@ async fn roll_and_check(
     let both_running = identity.succeeded_between(at("newSlotStartedAt"), at("oldSlotExitedAt"));
     let on_old = identity.succeeded_between(at("newSlotStartedAt"), at("frontSwitchedAt"));
     env.log(&format!(
-        "{label}: the kubeconfig copied before the roll, GET workspaces through the front every 20 ms: {} requests, {} failed; {both_running} while both slots ran ({on_old} before the switch, {} after)",
+        "{label}: the kubeconfig copied before the roll, GET workspaces through the front (two clients, a new connection each time): {} requests, {} failed; {both_running} while both slots ran ({on_old} before the switch, {} after)",
         identity.polls,
         identity.failures.len(),
         both_running - on_old
