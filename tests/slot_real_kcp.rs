@@ -99,16 +99,22 @@ struct Slot {
     started: Instant,
 }
 
+/// What every slot of the test's shard shares: its directory, store and front URL.
+struct Shard<'a> {
+    base: &'a Path,
+    etcd: &'a str,
+    front: &'a str,
+}
+
 fn start_slot(
     runtime: &Runtime,
     reaper: &mut Reaper,
-    base: &Path,
+    shard: &Shard,
     name: &str,
     version: &str,
-    etcd: &str,
-    front: &str,
     accepts: &[&Identity],
 ) -> Slot {
+    let Shard { base, etcd, front } = *shard;
     let kcp = &require(&format!("kcp-{version}"));
     let dir = base.join(format!("slot-{name}"));
     let root = dir.join("root");
@@ -213,16 +219,12 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // half: a slot that still accepts the identity being replaced beside one that does not).
     let admin = Identity::issue(chrono::Utc::now()).unwrap();
     let old = Identity::issue(chrono::Utc::now()).unwrap();
-    let a = start_slot(
-        &runtime,
-        &mut reaper,
+    let shard = Shard {
         base,
-        "a",
-        version_a,
-        &k.endpoint,
-        &front,
-        &[&old, &admin],
-    );
+        etcd: &k.endpoint,
+        front: &front,
+    };
+    let a = start_slot(&runtime, &mut reaper, &shard, "a", version_a, &[&old, &admin]);
     assert_ne!(
         procfs::stat(a.record.pid).unwrap().session,
         procfs::stat(std::process::id()).unwrap().session,
@@ -247,16 +249,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // Slot b: seeded from the shard's material, same store.
     let root_b = base.join("slot-b").join("root");
     assert!(slot::seed_root(&shared, &root_b).unwrap());
-    let b = start_slot(
-        &runtime,
-        &mut reaper,
-        base,
-        "b",
-        version_b,
-        &k.endpoint,
-        &front,
-        &[&admin],
-    );
+    let b = start_slot(&runtime, &mut reaper, &shard, "b", version_b, &[&admin]);
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
 
