@@ -43,8 +43,9 @@ up: kcpshard is serving (pid $pid), state in $state
 up: the shard:      KUBECONFIG=$kubeconfig $root/bin/kubectl get kcpshards
 up: kcp, through the front at https://127.0.0.1:6443 (a kubeconfig whose server is the front):
 up:                 KUBECONFIG=$front_kubeconfig $root/bin/kubectl --context root get workspaces
-up:                 (context root: kcp-admin of the active slot, renewed at each roll;
-up:                  context system:admin: the shard admin, valid across rolls)
+up:                 (contexts root and base: kcp-admin, kcpshard's admin identity, valid on every
+up:                  slot and across rolls; system:admin: the shard admin;
+up:                  a new identity: target/release/kcpshard credentials rotate dev --kubeconfig $kubeconfig)
 up: roll it:        KUBECONFIG=$kubeconfig $root/bin/kubectl annotate ks dev kcpshard.io/restartedAt=\$(date +%s) --overwrite
 EOT
 wait "$pid"

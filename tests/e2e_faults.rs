@@ -305,11 +305,9 @@ async fn replacement(env: &Env, needle: &str, also: &str, old: i32, what: &str) 
     }
 }
 
-/// Creates workspace `name` through the front as the active slot's kcp-admin (201: kcp stored it).
+/// Creates workspace `name` through the front as kcpshard's admin identity (201: kcp stored it).
 async fn create_workspace(env: &Env, shard: &str, front: &str, name: &str) {
-    let object = env.get(shard).await.unwrap();
-    let slot = active_slot(&object).unwrap_or_else(|| env.fail("no active slot"));
-    let config = front_kcp_admin(env, shard, &slot, front).await;
+    let config = front_admin(env, shard, front).await;
     let body = json!({ "apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": { "name": name } });
     match once(&config, http::Method::POST, WORKSPACES, Some(&body)).await {
         Ok((201 | 200, _)) => {}

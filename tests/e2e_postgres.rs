@@ -107,7 +107,7 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
     );
     assert_eq!(slot_kines(&pg, shard).len(), 1, "one kine for the one slot");
     let slot = active_slot(&ready).unwrap();
-    let kcp_admin = front_kcp_admin(&env, shard, &slot, &front).await;
+    let kcp_admin = front_admin(&env, shard, &front).await;
     create_workspace_ready(&kcp_admin, "before-roll", Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| env.fail(&e));
@@ -154,7 +154,7 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
 
     let new_slot = active_slot(&rolled).unwrap();
     assert_ne!(new_slot, slot);
-    let kcp_admin = front_kcp_admin(&env, shard, &new_slot, &front).await;
+    let kcp_admin = front_admin(&env, shard, &front).await;
     let (status, _) = once(
         &kcp_admin,
         http::Method::GET,
@@ -488,8 +488,7 @@ async fn an_etcd_store_serves_a_shard() {
         ready["status"]["store"]["endpoints"],
         json!([format!("http://127.0.0.1:{client_port}")])
     );
-    let slot = active_slot(&ready).unwrap();
-    let kcp_admin = front_kcp_admin(&env, shard, &slot, &front).await;
+    let kcp_admin = front_admin(&env, shard, &front).await;
     create_workspace_ready(&kcp_admin, "on-etcd", Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| env.fail(&e));

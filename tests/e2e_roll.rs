@@ -171,8 +171,8 @@ async fn roll_and_check(
 
     // The time a workspace takes to be Ready on the settled shard, under the machine's load now:
     // the baseline for the check after the old slot's exit.
-    let kcp_admin_before = front_kcp_admin(env, shard, &old_slot, front).await;
-    let baseline = create_workspace_ready(&kcp_admin_before, &unique("e2e-baseline"), Duration::from_secs(60))
+    let kcp_admin = front_admin(env, shard, front).await;
+    let baseline = create_workspace_ready(&kcp_admin, &unique("e2e-baseline"), Duration::from_secs(60))
         .await
         .unwrap_or_else(|e| env.fail(&format!("{label}: baseline workspace: {e}")));
     env.log(&format!(
@@ -184,6 +184,10 @@ async fn roll_and_check(
     let (rv, _) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
     let watch = open_watch(&shard_admin, &rv).await.unwrap_or_else(|e| env.fail(&e));
     let poller = Poller::start(shard_admin.clone());
+    // A copy of the kubeconfig through the front taken before the roll, as a user keeps one, used
+    // all through it: its requests reach the old slot before the switch and the new one after.
+    let copy = copy_front_kubeconfig(env, shard, &label.replace(' ', "-"));
+    let identity_poller = Poller::get(front_admin_of(&copy, front).await, &format!("{WORKSPACES}?limit=1"));
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let requested = Utc::now();
@@ -228,7 +232,6 @@ async fn roll_and_check(
     env.log(&format!(
         "{label}: old slot {old_slot} exited; creating a workspace through the front"
     ));
-    let kcp_admin = front_kcp_admin(env, shard, &new_slot, front).await;
     let ws = unique("e2e-after-exit");
     let took = create_workspace_ready(&kcp_admin, &ws, Duration::from_secs(60))
         .await
@@ -254,6 +257,7 @@ async fn roll_and_check(
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stats = poller.finish().await;
+    let identity = identity_poller.finish().await;
     env.log(&format!(
         "{label}: /readyz through the front every 50 ms: {} polls, {} failures",
         stats.polls,
@@ -335,6 +339,40 @@ async fn roll_and_check(
         "{label}: the re-watch through the front did not stay open: {rewatch_end:?}"
     );
     env.log(&format!("{label}: re-watch through the front established"));
+
+    // The kubeconfig copied before the roll: every request was accepted, on the old slot before the
+    // switch and on the new one after, and the file did not change.
+    let both_running = identity.succeeded_between(at("newSlotStartedAt"), at("oldSlotExitedAt"));
+    let on_old = identity.succeeded_between(at("newSlotStartedAt"), at("frontSwitchedAt"));
+    env.log(&format!(
+        "{label}: the kubeconfig copied before the roll, GET workspaces through the front (two clients, a new connection each time): {} requests, {} failed; {both_running} while both slots ran ({on_old} before the switch, {} after)",
+        identity.polls,
+        identity.failures.len(),
+        both_running - on_old
+    ));
+    assert!(
+        identity.failures.is_empty(),
+        "{label}: requests with the kubeconfig copied before the roll failed {} of {} times:\n{}",
+        identity.failures.len(),
+        identity.polls,
+        describe_failures(&identity)
+    );
+    assert!(
+        both_running >= 200 && on_old > 0 && on_old < both_running,
+        "{label}: want 200 requests with the copied kubeconfig while both slots ran, on both sides of the switch: {both_running} ({on_old} before the switch)"
+    );
+    assert_eq!(
+        std::fs::read(front_kubeconfig(env, shard)).unwrap(),
+        std::fs::read(&copy).unwrap(),
+        "{label}: the kubeconfig through the front changed at a roll"
+    );
+    let by_kubectl = kubectl_works(&copy, &unique("e2e-kubectl"), Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("{label}: with the kubeconfig copied before the roll: {e}")));
+    env.log(&format!(
+        "{label}: the copy taken before the roll: kubectl get workspaces works, a workspace created with kubectl was Ready in {:.2}s",
+        by_kubectl.as_secs_f64()
+    ));
 
     // The poller: 0 failures.
     assert!(stats.polls > 20, "{label}: the poller ran only {} polls", stats.polls);
@@ -552,8 +590,7 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     readyz_ok(&shard_admin)
         .await
         .unwrap_or_else(|e| env.fail(&format!("/readyz through the front after apply: {e}")));
-    let slot = active_slot(&ready).unwrap();
-    let kcp_admin = front_kcp_admin(&env, shard, &slot, &front).await;
+    let kcp_admin = front_admin(&env, shard, &front).await;
     let took = create_workspace_ready(&kcp_admin, &unique("e2e-first"), Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| env.fail(&e));
@@ -633,6 +670,10 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         (exposed - no_leader.num_microseconds().unwrap() as f64 / 1e6).abs() < 1e-3,
         "/metrics says {exposed}s with no leader, status.lastRoll {no_leader}"
     );
+
+    // 2c. Rotation of the admin identity: two rolls; the new kubeconfig works all through, the
+    // old one until the second roll's switch, and is refused after.
+    report.add(rotate_and_check(&env, shard, &front).await);
 
     // 4a. A version with no binary: Degraded with what to fix, no crash loop, the old slot untouched.
     let now = env.get(shard).await.unwrap();
@@ -894,6 +935,160 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         "problems seen along the way:\n{}",
         problems.join("\n")
     );
+}
+
+/// `kcpshard credentials rotate` on a settled shard, with a poller on the kubeconfig copied before
+/// it and one on the new kubeconfig from the moment it is written. The new kubeconfig works from
+/// then on without a failure; the old one works until the second roll's switch (the first
+/// slot that refuses it) and is refused once the rotation is done; the old identity's end is an
+/// event; no token is in status, events, logs or argv. Returns the report line.
+async fn rotate_and_check(env: &Env, shard: &str, front: &str) -> String {
+    let label = "rotation";
+    let kubeconfig = front_kubeconfig(env, shard);
+    let old_copy = copy_front_kubeconfig(env, shard, "before-rotation");
+    let old_bytes = std::fs::read(&old_copy).unwrap();
+    let mut tokens = admin_tokens(env, shard);
+    assert_eq!(tokens.len(), 1, "{label}: one admin identity before the rotation");
+    let path = format!("{WORKSPACES}?limit=1");
+    let old_poller = Poller::get(front_admin_of(&old_copy, front).await, &path);
+    let requested = Utc::now();
+    let started = Instant::now();
+    let cli = std::process::Command::new(kcpshard_bin())
+        .args(["credentials", "rotate", shard, "--timeout", "600", "--kubeconfig"])
+        .arg(env.state.join("kubeconfig"))
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kcpshard credentials rotate");
+    let cli = tokio::task::spawn_blocking(move || cli.wait_with_output());
+    env.log(&format!("{label}: kcpshard credentials rotate {shard}"));
+
+    // The kubeconfig through the front changes once every slot taking connections accepts the
+    // new identity; from then on it is used, on new connections, until the rotation is done.
+    while std::fs::read(&kubeconfig).unwrap_or_default() == old_bytes {
+        if started.elapsed() > ROLL_TIMEOUT {
+            env.fail(&format!(
+                "{label}: {} did not change within {ROLL_TIMEOUT:?}",
+                kubeconfig.display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let written = started.elapsed();
+    let new_copy = copy_front_kubeconfig(env, shard, "after-rotation");
+    let new_poller = Poller::get(front_admin_of(&new_copy, front).await, &path);
+    env.log(&format!(
+        "{label}: the kubeconfig through the front changed {:.2}s after the request",
+        written.as_secs_f64()
+    ));
+    let out = match tokio::time::timeout(2 * ROLL_TIMEOUT, cli).await {
+        Ok(Ok(Ok(out))) => out,
+        other => env.fail(&format!(
+            "{label}: kcpshard credentials rotate did not finish: {other:?}"
+        )),
+    };
+    let done = started.elapsed();
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    env.log(&format!(
+        "{label}: kcpshard credentials rotate said, after {:.2}s:\n{output}",
+        done.as_secs_f64()
+    ));
+    assert!(
+        out.status.success() && output.contains("admin identity rotated"),
+        "{label}: kcpshard credentials rotate failed: {output}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let new_stats = new_poller.finish().await;
+    let old_stats = old_poller.finish().await;
+
+    // Two rolls; the old identity works until the second one's switch (the first slot that refuses it).
+    let object = env.get(shard).await.unwrap();
+    let events = env.events(shard).await;
+    let since = |e: &&k8s_openapi::api::core::v1::Event| {
+        event_time(e)
+            .parse::<DateTime<Utc>>()
+            .is_ok_and(|t| t >= requested - chrono::Duration::seconds(1))
+    };
+    let count = |reason: &str| {
+        events
+            .iter()
+            .filter(since)
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .count()
+    };
+    for reason in [
+        "CredentialsRotating",
+        "KubeconfigWritten",
+        "CredentialsRetiring",
+        "CredentialsRetired",
+    ] {
+        assert_eq!(
+            count(reason),
+            1,
+            "{label}: {reason} events:\n{}",
+            summarize_events(&events)
+        );
+    }
+    assert_eq!(
+        count("RollComplete"),
+        2,
+        "{label}: rolls:\n{}",
+        summarize_events(&events)
+    );
+    let rotating = condition(&object, "CredentialsRotating").cloned().unwrap_or_default();
+    assert_eq!(rotating["status"], "False", "{label}: {rotating}");
+    // Up to the second roll's switch the front forwarded to slots that accept it (2 s of margin
+    // before its new slot was ready: a request sent just before the switch may connect after it).
+    let second_ready = parse_time(&object["status"]["lastRoll"]["newSlotReadyAt"]).unwrap();
+    let old_failed_early: Vec<_> = old_stats
+        .failures
+        .iter()
+        .filter(|(t, _)| *t < second_ready - chrono::Duration::seconds(2))
+        .collect();
+    assert!(
+        old_failed_early.is_empty(),
+        "{label}: the old kubeconfig failed before the second roll's switch (its new slot ready at {second_ready}): {old_failed_early:?}"
+    );
+    assert!(
+        old_stats.succeeded_between(requested, second_ready - chrono::Duration::seconds(2)) > 50,
+        "{label}: the old kubeconfig was hardly used during the rotation"
+    );
+    assert!(
+        new_stats.failures.is_empty() && new_stats.polls > 50,
+        "{label}: requests with the new kubeconfig failed {} of {} times during the rotation:\n{}",
+        new_stats.failures.len(),
+        new_stats.polls,
+        describe_failures(&new_stats)
+    );
+
+    // After it: the new kubeconfig works with kubectl, the old one is refused.
+    let by_kubectl = kubectl_works(&new_copy, &unique("e2e-rotated"), Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("{label}: with the new kubeconfig: {e}")));
+    let (ok, refused) = kubectl(&old_copy, &["--context", "root", "get", "workspaces"], "");
+    assert!(
+        !ok && refused.contains("Unauthorized"),
+        "{label}: the old kubeconfig is not refused after the rotation: {refused}"
+    );
+    tokens.extend(admin_tokens(env, shard));
+    assert_eq!(tokens.len(), 2, "{label}: the new identity alone is kept");
+    assert_ne!(tokens[0], tokens[1]);
+    let searched = assert_no_token_leaked(env, shard, &tokens).await;
+    format!(
+        "rotation: kubeconfig through the front rewritten {:.2}s after the request, rotation done after {:.2}s (two rolls); with the new kubeconfig {} requests, 0 failed; with the old one {} requests accepted until the second roll's switch, refused after ({} refused); a workspace made with kubectl and the new kubeconfig Ready in {:.2}s; neither token in {searched} places (status, events, logs, argv)",
+        written.as_secs_f64(),
+        done.as_secs_f64(),
+        new_stats.polls,
+        old_stats.succeeded.len(),
+        old_stats.failures.len(),
+        by_kubectl.as_secs_f64()
+    )
 }
 
 /// `vX.Y.Z` with Z raised by `by`.

@@ -479,6 +479,8 @@ fn holds_a_secret(path: &Path) -> bool {
         || name.ends_with(".key")
         || name.contains("kubeconfig")
         || name.contains("token-store")
+        || name.contains("admin-tokens")
+        || name.contains("admin-identities")
         || name.contains("password")
         || name == "pgpass"
 }
@@ -536,6 +538,10 @@ async fn keys_tokens_and_kubeconfigs_are_0600_in_0700_directories() {
     blocked_shard(&env, "modes").await;
     let checked = assert_private(&env.state);
     println!("0600 in 0700 directories: {checked:?}");
+    assert!(
+        checked.iter().any(|c| c == "shards/modes/shared/admin-identities.json"),
+        "the shard's admin identities are among what was checked: {checked:?}"
+    );
     // Beyond the secrets by name: nothing under the state dir is open to other users, whoever
     // wrote it (kine's sqlite database holds kcp's Secrets; the lock file, logs, sockets).
     let shard = env.shard_dir("modes");
@@ -817,6 +823,21 @@ fn secrets(state: &Path) -> Vec<Secret> {
     ]
 }
 
+/// The admin identities' tokens of shard `name` (kcpshard's identity for kcp through the front), as
+/// its record holds them now.
+fn admin_identity_secrets(state: &Path, name: &str) -> Vec<Secret> {
+    let path = state.join("shards").join(name).join("shared/admin-identities.json");
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let tokens: Vec<Secret> = record["identities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| Secret::value(&format!("admin identity {}", i["id"]), i["token"].as_str().unwrap()))
+        .collect();
+    assert!(!tokens.is_empty(), "{} holds no identity", path.display());
+    tokens
+}
+
 /// Fails if any haystack holds a needle of any secret, or any PEM private key at all.
 fn assert_no_secret(secrets: &[Secret], haystacks: &[(String, String)]) {
     for (place, text) in haystacks {
@@ -895,6 +916,16 @@ async fn no_secret_reaches_logs_events_objects_metrics_cli_output_or_argv() {
     assert!(applied.contains("quiet"), "kcpshard apply: {applied}");
     outputs.push(("kcpshard apply".into(), applied));
     wait_blocked(&env, "quiet").await;
+    // The shard's admin identity, then a rotation (no slot runs: the old one is retired at once),
+    // so that both identities' tokens are searched for, in the rotation's events and output too.
+    let mut admin_identities = admin_identity_secrets(&state, "quiet");
+    let rotated = kcpshard(&["credentials", "rotate", "quiet", "--timeout", "60"], &kubeconfig);
+    assert!(
+        rotated.contains("admin identity rotated"),
+        "kcpshard credentials rotate: {rotated}"
+    );
+    outputs.push(("kcpshard credentials rotate".into(), rotated));
+    admin_identities.extend(admin_identity_secrets(&state, "quiet"));
     for args in [&["get"][..], &["get", "quiet"], &["describe", "quiet"], &["events"]] {
         outputs.push((format!("kcpshard {}", args.join(" ")), kcpshard(args, &kubeconfig)));
     }
@@ -970,7 +1001,7 @@ async fn no_secret_reaches_logs_events_objects_metrics_cli_output_or_argv() {
         "serve's log is among what is searched"
     );
 
-    let secrets = secrets(&state);
+    let mut secrets = secrets(&state);
     // The search finds what it looks for: each secret is in the file that holds it.
     for (secret, file) in secrets.iter().zip(["kubeconfig", "pki/ca.key", "pki/serving.key"]) {
         let text = std::fs::read_to_string(state.join(file)).unwrap();
@@ -980,6 +1011,24 @@ async fn no_secret_reaches_logs_events_objects_metrics_cli_output_or_argv() {
             secret.what
         );
     }
+    let identities = std::fs::read_to_string(state.join("shards/quiet/shared/admin-identities.json")).unwrap();
+    assert_eq!(admin_identities.len(), 2, "the identity before and after the rotation");
+    assert!(
+        admin_identities[1]
+            .needles
+            .iter()
+            .all(|n| identities.contains(n.as_str()))
+            && !admin_identities[0]
+                .needles
+                .iter()
+                .any(|n| identities.contains(n.as_str())),
+        "after the rotation the record holds the new identity only"
+    );
+    let events = get_text(&client, "/api/v1/events").await;
+    for reason in ["AdminIdentityIssued", "CredentialsRotating", "CredentialsRetired"] {
+        assert!(events.contains(reason), "no {reason} event among what is searched");
+    }
+    secrets.extend(admin_identities);
     assert_no_secret(&secrets, &haystacks);
     println!(
         "searched {} places ({} bytes) for {} secrets: none found",

@@ -1,6 +1,9 @@
 //! Two real kcp slots on one real kine (sqlite), started and stopped by the process runtime: the
 //! slot argv, the shared material, readiness on each slot's own port, the shard-admin token
-//! across slots, the lease hand-over and the workspace probe.
+//! across slots, kcpshard's admin identity on both slots at once (behind a round-robin
+//! forwarder: every request accepted, whichever slot it reaches; kcp sees the same user as its own
+//! kcp-admin; its workspaces reach Ready with it as their owner), the lease hand-over and the
+//! workspace probe.
 //!
 //! Needs `bin/kcp-<version>` for both kcp versions pinned in hack/versions.env and `bin/kine`
 //! (`hack/install-deps.sh`); without them the test fails,
@@ -9,7 +12,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
+use kcpshard::slot::identity::{self, FrontKubeconfig, Identity};
 use kcpshard::slot::{self, SlotLaunch};
 use kcpshard::store;
 
@@ -94,19 +99,28 @@ struct Slot {
     started: Instant,
 }
 
+/// What every slot of the test's shard shares: its directory, store and front URL.
+struct Shard<'a> {
+    base: &'a Path,
+    etcd: &'a str,
+    front: &'a str,
+}
+
 fn start_slot(
     runtime: &Runtime,
     reaper: &mut Reaper,
-    base: &Path,
+    shard: &Shard,
     name: &str,
     version: &str,
-    etcd: &str,
-    front: &str,
+    accepts: &[&Identity],
 ) -> Slot {
+    let Shard { base, etcd, front } = *shard;
     let kcp = &require(&format!("kcp-{version}"));
     let dir = base.join(format!("slot-{name}"));
     let root = dir.join("root");
     let port = free_port().unwrap();
+    let token_auth_file = dir.join("admin-tokens.csv");
+    identity::write_token_file(&token_auth_file, accepts).unwrap();
     let launch = SlotLaunch {
         name: name.to_string(),
         version: version.to_string(),
@@ -118,6 +132,7 @@ fn start_slot(
         etcd_tls: Default::default(),
         front_url: front.to_string(),
         shutdown_delay: Duration::from_secs(1),
+        token_auth_file,
         extra_args: Vec::new(),
     };
     let args = slot::kcp_args(&launch).unwrap();
@@ -200,7 +215,16 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // Slot a: the first slot makes the shard's material.
     let root_a = base.join("slot-a").join("root");
     assert!(!slot::seed_root(&shared, &root_a).unwrap());
-    let a = start_slot(&runtime, &mut reaper, base, "a", version_a, &k.endpoint, &front);
+    // kcpshard's admin identity, which both slots accept; `old` only slot a (a rotation's first
+    // half: a slot that still accepts the identity being replaced beside one that does not).
+    let admin = Identity::issue(chrono::Utc::now()).unwrap();
+    let old = Identity::issue(chrono::Utc::now()).unwrap();
+    let shard = Shard {
+        base,
+        etcd: &k.endpoint,
+        front: &front,
+    };
+    let a = start_slot(&runtime, &mut reaper, &shard, "a", version_a, &[&old, &admin]);
     assert_ne!(
         procfs::stat(a.record.pid).unwrap().session,
         procfs::stat(std::process::id()).unwrap().session,
@@ -225,7 +249,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // Slot b: seeded from the shard's material, same store.
     let root_b = base.join("slot-b").join("root");
     assert!(slot::seed_root(&shared, &root_b).unwrap());
-    let b = start_slot(&runtime, &mut reaper, base, "b", version_b, &k.endpoint, &front);
+    let b = start_slot(&runtime, &mut reaper, &shard, "b", version_b, &[&admin]);
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
 
@@ -244,6 +268,21 @@ async fn hand_over(version_a: &str, version_b: &str) {
     .unwrap();
     let kcp_admin_ok = slot::readyz(&b_kcp_admin_on_a).await.unwrap_or(false);
 
+    // Both slots serve: the admin identity, through a front that sends each connection to the
+    // other slot, is accepted every time; kcp sees it as its own kcp-admin.
+    let front_kubeconfig = base.join("admin.kubeconfig");
+    let shard_admin_token =
+        identity::shard_admin_token(&std::fs::read(shared.join("admin.kubeconfig")).unwrap()).unwrap();
+    let rendered = FrontKubeconfig {
+        front_url: &front,
+        ca_pem: &std::fs::read(shared.join("apiserver.crt")).unwrap(),
+        identity: &admin,
+        shard_admin_token: &shard_admin_token,
+    }
+    .render();
+    std::fs::write(&front_kubeconfig, rendered).unwrap();
+    let both = both_slots_at_once(&front, &front_kubeconfig, &a, &b).await;
+
     let client_b = slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
         .await
         .unwrap();
@@ -259,9 +298,9 @@ async fn hand_over(version_a: &str, version_b: &str) {
         slot::release_controllers_lease(&client_b).await.unwrap(),
         "a's lease was there to delete"
     );
-    // The probe needs a real identity: b's own kcp-admin (the shard admin's workspaces stay in
-    // Initializing: "no createdBy recorded").
-    let kcp_admin_b = slot::kcp_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
+    // The probe needs a real identity: kcpshard's admin identity, as the controller probes (the
+    // shard admin's workspaces stay in Initializing: no owner is recorded).
+    let kcp_admin_b = slot::admin_client(&front_kubeconfig, &slot::slot_url(b.port))
         .await
         .unwrap();
     // While the probe runs, watch for b taking the lease.
@@ -296,9 +335,177 @@ async fn hand_over(version_a: &str, version_b: &str) {
     eprintln!(
         "TIMINGS {version_a}->{version_b}: kine start->accepting {kine_ready:?}; slot a start->ready {a_ready:?} (fresh store); slot b start->ready {b_ready:?} (existing store); \
          a SIGTERM->exit {:?} (shutdown delay 1s); lease release->new leader {release_to_leader:?}, ->probe Ready {release_to_ready:?} (probe create->Ready {probe:?}); \
-         b SIGTERM->exit {:?}; kcp-admin token of b accepted by a: {kcp_admin_ok}; lease holder {holder_before:?} -> {holder_after:?}",
+         b SIGTERM->exit {:?}; kcp-admin token of b accepted by a: {kcp_admin_ok}; lease holder {holder_before:?} -> {holder_after:?}; {both}",
         stop.exited_after, stop_b.exited_after
     );
+}
+
+/// `GET`/`POST path` with `client`: the status and body.
+async fn send(
+    client: &kube::Client,
+    method: http::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, String) {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body.map(|b| serde_json::to_vec(&b).unwrap()).unwrap_or_default())
+        .unwrap();
+    let response = client.send(request.map(kube::client::Body::from)).await.unwrap();
+    let status = response.status().as_u16();
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The user kcp sees for `client` (a SelfSubjectReview): name and groups.
+async fn who(client: &kube::Client) -> (String, Vec<String>) {
+    let (status, body) = send(
+        client,
+        http::Method::POST,
+        "/clusters/root/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        Some(serde_json::json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview" })),
+    )
+    .await;
+    assert_eq!(status, 201, "SelfSubjectReview: {body}");
+    let review: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let user = &review["status"]["userInfo"];
+    let groups = user["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap().to_string())
+        .collect();
+    (user["username"].as_str().unwrap().to_string(), groups)
+}
+
+const WORKSPACES: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
+
+/// With slots a and b both serving, behind a forwarder on the front's address that sends each new
+/// connection to the other slot: 200 requests with kcpshard's admin identity (`kubeconfig`), each
+/// on a new connection, are all accepted; kcp sees the same user and groups as its own kcp-admin;
+/// a workspace it creates reaches Ready with kcp-admin recorded as its owner; an identity that
+/// only slot a accepts is refused by b. Returns a summary for the TIMINGS line.
+async fn both_slots_at_once(front: &str, kubeconfig: &Path, a: &Slot, b: &Slot) -> String {
+    let listen: std::net::SocketAddr = front.trim_start_matches("https://").parse().unwrap();
+    let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
+    let counts = std::sync::Arc::new([
+        std::sync::atomic::AtomicUsize::new(0),
+        std::sync::atomic::AtomicUsize::new(0),
+    ]);
+    let ports = [a.port, b.port];
+    let seen = counts.clone();
+    let forwarder = tokio::spawn(async move {
+        for n in 0usize.. {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            seen[n % 2].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let port = ports[n % 2];
+            tokio::spawn(async move {
+                if let Ok(mut slot) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut slot).await;
+                }
+            });
+        }
+    });
+    let started = Instant::now();
+    // Each on a new client: a new connection, so the forwarder alternates slots; four at a time.
+    let refused: Vec<String> = futures::stream::iter(0..200)
+        .map(|_| async {
+            let client = slot::admin_client(kubeconfig, front).await.unwrap();
+            send(&client, http::Method::GET, &format!("{WORKSPACES}?limit=1"), None).await
+        })
+        .buffer_unordered(4)
+        .filter_map(|(status, body)| async move { (status != 200).then(|| format!("{status}: {body}")) })
+        .collect()
+        .await;
+    let took = started.elapsed();
+    let (to_a, to_b) = (
+        counts[0].load(std::sync::atomic::Ordering::SeqCst),
+        counts[1].load(std::sync::atomic::Ordering::SeqCst),
+    );
+    assert!(
+        refused.is_empty(),
+        "{} of 200 requests with the admin identity refused: {refused:?}",
+        refused.len()
+    );
+    assert!(
+        to_a >= 100 && to_b >= 100,
+        "the requests did not reach both slots: {to_a} to a, {to_b} to b"
+    );
+
+    // kcp's view of the identity: its own kcp-admin's name and groups (the uid differs).
+    let admin = slot::admin_client(kubeconfig, front).await.unwrap();
+    let kcp_admin_a = slot::client_for_context(&a.root.join("admin.kubeconfig"), "base", &slot::slot_url(a.port))
+        .await
+        .unwrap();
+    let (ours, theirs) = (who(&admin).await, who(&kcp_admin_a).await);
+    assert_eq!(ours, theirs, "kcpshard's admin identity and kcp's own kcp-admin differ");
+    assert_eq!(ours.0, identity::USER);
+    assert!(ours.1.iter().any(|g| g == identity::GROUP), "{ours:?}");
+
+    // A real user: its workspace reaches Ready, with kcp-admin recorded as the owner.
+    let name = format!("identity-{}", std::process::id());
+    let body = serde_json::json!({ "apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": { "name": name } });
+    let (status, created) = send(&admin, http::Method::POST, WORKSPACES, Some(body)).await;
+    assert_eq!(status, 201, "create workspace: {created}");
+    let ready = Instant::now();
+    let workspace = loop {
+        let (_, body) = send(&admin, http::Method::GET, &format!("{WORKSPACES}/{name}"), None).await;
+        let ws: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if ws["status"]["phase"] == "Ready" {
+            break ws;
+        }
+        assert!(
+            ready.elapsed() < Duration::from_secs(60),
+            "workspace {name} not Ready: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let owner = workspace["metadata"]["annotations"]["experimental.tenancy.kcp.io/owner"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        owner.contains("\"username\":\"kcp-admin\""),
+        "owner of {name}: {owner:?}"
+    );
+
+    // Each slot accepts what its own token file names, and nothing else.
+    let mut old_kubeconfig = std::fs::read_to_string(kubeconfig).unwrap();
+    let a_only = std::fs::read_to_string(a.root.parent().unwrap().join("admin-tokens.csv")).unwrap();
+    let old_token = a_only.lines().next().unwrap().split(',').next().unwrap().to_string();
+    let admin_token = a_only.lines().nth(1).unwrap().split(',').next().unwrap().to_string();
+    old_kubeconfig = old_kubeconfig.replace(&admin_token, &old_token);
+    let old_path = kubeconfig.with_file_name("old.kubeconfig");
+    std::fs::write(&old_path, old_kubeconfig).unwrap();
+    let old_on = |port| {
+        let path = old_path.clone();
+        async move {
+            let client = slot::admin_client(&path, &slot::slot_url(port)).await.unwrap();
+            send(&client, http::Method::GET, &format!("{WORKSPACES}?limit=1"), None)
+                .await
+                .0
+        }
+    };
+    assert_eq!(
+        old_on(a.port).await,
+        200,
+        "slot a accepts the identity its token file names first"
+    );
+    assert_eq!(
+        old_on(b.port).await,
+        401,
+        "slot b refuses an identity its token file does not name"
+    );
+    forwarder.abort();
+    format!(
+        "both slots serving: 200 requests with the admin identity through a round-robin forwarder ({to_a} connections to a, {to_b} to b) in {took:?}, 0 refused; kcp sees {ours:?} as for its own kcp-admin; workspace owner {owner}"
+    )
 }
 
 #[tokio::test]

@@ -30,6 +30,10 @@ pub const SHORT_NAME: &str = "ks";
 /// Setting this annotation to a new value (a timestamp, by convention) asks for a roll to a fresh
 /// slot with the same version, like `kubectl rollout restart`.
 pub const RESTARTED_AT_ANNOTATION: &str = "kcpshard.io/restartedAt";
+/// Setting this annotation to a new value (a timestamp, by convention; `kcpshard credentials
+/// rotate` sets it) asks for a new admin identity: the shard rolls so that every slot accepts the
+/// new one beside the old, then again so that they refuse the old one.
+pub const ROTATE_CREDENTIALS_ANNOTATION: &str = "kcpshard.io/rotateCredentialsAt";
 /// The finalizer the controller puts on every KcpShard so it can stop slots and fronts on delete.
 pub const FINALIZER: &str = "kcpshard.io/cleanup";
 

@@ -8,9 +8,11 @@ mod apply;
 mod caddy_config;
 mod connect;
 mod crd;
+mod credentials;
 mod delete;
 mod describe;
 mod events;
+mod follow;
 mod front;
 mod get;
 mod rollout;
@@ -49,6 +51,8 @@ enum Command {
     Events(events::Args),
     /// Follow a roll to its end, like `kubectl rollout status`.
     Rollout(rollout::Args),
+    /// Rotate a shard's admin identity (the kubeconfig through the front), and follow it to its end.
+    Credentials(credentials::Args),
     /// Run the TCP front (started and adopted by `serve`; see docs/front.md), or print a caddy front's config.
     Front(front::Args),
 }
@@ -82,6 +86,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Delete(args) => delete::run(args).await,
         Command::Events(args) => events::run(args).await,
         Command::Rollout(args) => rollout::run(args).await,
+        Command::Credentials(args) => credentials::run(args).await,
         Command::Front(args) => front::run(args).await,
     }
 }

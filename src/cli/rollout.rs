@@ -3,12 +3,10 @@
 //! and no longer Progressing at its current generation, with the active slot started for the
 //! current restart request, and fails when the roll is blocked (Degraded), with the controller's
 //! message saying what to fix.
-use std::time::Duration;
-
-use anyhow::bail;
 use serde_json::Value;
 
 use super::connect::Conn;
+use super::follow::{Progress, Wording, follow};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -33,18 +31,7 @@ struct StatusArgs {
     conn: Conn,
 }
 
-const POLL: Duration = Duration::from_millis(250);
-
 /// Where a roll stands, read from the object.
-#[derive(Debug, PartialEq, Eq)]
-enum Progress {
-    /// The status does not describe the current generation yet.
-    Stale,
-    Moving(String),
-    Blocked(String),
-    Done(String),
-}
-
 fn progress(object: &Value) -> Progress {
     let generation = object["metadata"]["generation"].as_i64();
     let conditions = object["status"]["conditions"].as_array().cloned().unwrap_or_default();
@@ -97,33 +84,13 @@ fn restart_not_taken_up(object: &Value) -> Option<String> {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let Command::Status(args) = args.command;
     let cluster = args.conn.connect().await?;
-    let api = cluster.kcpshards();
-    let deadline = (args.timeout > 0).then(|| tokio::time::Instant::now() + Duration::from_secs(args.timeout));
-    let mut last = String::new();
-    loop {
-        let object = api.get(&args.name).await.map_err(|e| cluster.explain(e))?;
-        let object = serde_json::to_value(&object)?;
-        match progress(&object) {
-            Progress::Done(message) => {
-                println!("kcpshard \"{}\" successfully rolled out: {message}", args.name);
-                return Ok(());
-            }
-            Progress::Blocked(message) => bail!("kcpshard \"{}\" roll is blocked: {message}", args.name),
-            Progress::Moving(message) if message != last => {
-                println!("Waiting for kcpshard \"{}\" roll to finish: {message}...", args.name);
-                last = message;
-            }
-            Progress::Moving(_) | Progress::Stale => {}
-        }
-        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            bail!(
-                "timed out after {}s waiting for kcpshard \"{}\" to roll out (last: {last})",
-                args.timeout,
-                args.name
-            );
-        }
-        tokio::time::sleep(POLL).await;
-    }
+    let words = Wording {
+        done: "successfully rolled out",
+        blocked: "roll is blocked",
+        waiting: "roll to finish",
+        timed_out: "to roll out",
+    };
+    follow(&cluster, &args.name, args.timeout, &words, progress).await
 }
 
 #[cfg(test)]

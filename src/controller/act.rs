@@ -314,6 +314,9 @@ impl Actor<'_> {
             stop: None,
         })?;
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
+        // The admin identities this slot is to accept, before it starts (controller/credentials.rs
+        // wrote the record they come from).
+        super::credentials::write_token_file(self.dirs, &template.accepted_identities, &slot_dirs.token_file())?;
         // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
         // kine, if any, has long created kine's schema (docs/background.md section 7).
         let store = self
@@ -331,6 +334,7 @@ impl Actor<'_> {
             etcd_tls: store.tls,
             front_url: template.front_url.clone(),
             shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(Error::Spec)?,
+            token_auth_file: std::path::absolute(slot_dirs.token_file())?,
             extra_args: template.extra_args.clone(),
         };
         let spec = ProcessSpec {
@@ -466,11 +470,6 @@ impl Actor<'_> {
                 "FrontCheckFailed",
                 format!("the front was changed, but {e}: check caddy's config (kcpshard front caddy-config) and log"),
             ));
-        }
-        // Users reach kcp through the front with this file; it is renewed from a slot that joined.
-        if let Some(first) = change.joined.first() {
-            let kubeconfig = std::fs::read(self.dirs.slot(first).admin_kubeconfig())?;
-            crate::fsutil::write_atomically(&self.dirs.front_kubeconfig(), &kubeconfig)?;
         }
         Ok(notes)
     }
@@ -675,7 +674,7 @@ impl Actor<'_> {
     async fn probe(&self) -> Result<Notes, Error> {
         let (_, client) = self
             .world
-            .serving_client(self.ctx, Identity::KcpAdmin)
+            .serving_client(self.ctx, Identity::Admin)
             .await
             .map_err(Error::Front)?;
         let stale = self.world.state.roll.as_ref().and_then(|r| r.probe.clone());
@@ -706,7 +705,7 @@ impl Actor<'_> {
         };
         let now = Utc::now();
         self.update_roll(|roll| roll.probe_succeeded_at = Some(now))?;
-        if let Ok((_, client)) = self.world.serving_client(self.ctx, Identity::KcpAdmin).await
+        if let Ok((_, client)) = self.world.serving_client(self.ctx, Identity::Admin).await
             && let Err(e) = slot::access::delete_workspace(&client, &probe.workspace).await
         {
             tracing::warn!(workspace = %probe.workspace, error = %e, "could not delete the probe workspace");
@@ -812,6 +811,9 @@ fn record_from_argv(name: &str, process: &crate::process::ProcessRecord) -> Opti
             shutdown_delay: flag("shutdown-delay-duration").unwrap_or_default(),
             front_url: flag("shard-base-url").unwrap_or_default(),
             restarted_at: Some(REBUILT.into()),
+            // Not known from the argv (the token file holds secrets, not ids): none, so no
+            // kubeconfig is written for it and the roll away from it gives every slot the identity.
+            accepted_identities: vec![],
         },
         port: flag("secure-port")?.parse().ok()?,
         created_at,

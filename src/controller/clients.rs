@@ -12,14 +12,16 @@ use crate::slot::{SlotError, access};
 /// Which identity a client carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Identity {
-    /// Persistent across slots (kcp's `.admin-token-store`): readiness and the Lease.
+    /// Persistent across slots (kcp's `.admin-token-store`), from a slot's own `admin.kubeconfig`:
+    /// readiness and the Lease.
     ShardAdmin,
-    /// The kcp-admin of the process that wrote the kubeconfig: creating workspaces.
-    KcpAdmin,
+    /// kcpshard's admin identity, a real user every slot accepts, from the shard's kubeconfig
+    /// through the front (`base` context): creating workspaces.
+    Admin,
 }
 
-/// A client is reused while the slot's port and kubeconfig stay the same (kcp rewrites the
-/// kubeconfig, with a new kcp-admin token, on every start).
+/// A client is reused while the slot's port and kubeconfig stay the same (kcp rewrites a slot's
+/// kubeconfig on every start; the shard's is rewritten when its identity is rotated).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     kubeconfig: PathBuf,
@@ -48,7 +50,7 @@ impl SlotClients {
         let url = access::slot_url(port);
         let client = match identity {
             Identity::ShardAdmin => access::shard_admin_client(kubeconfig, &url).await?,
-            Identity::KcpAdmin => access::kcp_admin_client(kubeconfig, &url).await?,
+            Identity::Admin => access::admin_client(kubeconfig, &url).await?,
         };
         let mut clients = self.lock();
         // Forget clients of slots that have since restarted or gone (a different mtime or port).

@@ -37,6 +37,11 @@ pub enum Error {
         "slot {slot}'s kcp (pid {pid}) runs without a slot record and its command line has no --secure-port to rebuild one from: stop it (kill {pid}) and the slot is started anew"
     )]
     Unadoptable { slot: String, pid: u32 },
+    #[error(
+        "admin identity {id}, which the slot is to accept, is not in {}: the controller makes it on its next look",
+        record.display()
+    )]
+    UnknownIdentity { id: String, record: std::path::PathBuf },
     #[error("this store takes no snapshots")]
     NoSnapshots,
     #[error("cannot write the status of KcpShard {name}: {source}")]
@@ -58,7 +63,9 @@ impl Error {
             Error::Slot(_) => "kcp",
             Error::Args(_) | Error::Spec(_) => "spec",
             Error::Front(_) | Error::FrontAddress { .. } => "front",
-            Error::NoSuchSlot(_) | Error::Unadoptable { .. } | Error::Unreadable(_) => "state",
+            Error::NoSuchSlot(_) | Error::Unadoptable { .. } | Error::Unreadable(_) | Error::UnknownIdentity { .. } => {
+                "state"
+            }
             Error::Status { .. } | Error::Finalizer(_) => "api",
         }
     }

@@ -9,6 +9,7 @@
 pub mod act;
 pub mod clients;
 pub mod conditions;
+pub mod credentials;
 pub mod error;
 pub mod front;
 pub mod health;
@@ -167,7 +168,8 @@ impl Context {
     }
 }
 
-/// The desired state from the spec: the template every current slot must have.
+/// The desired state from the spec: the template every current slot must have (but for the admin
+/// identities it accepts, which `step` adds from [`credentials::reconcile`]).
 pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
     let spec = &shard.spec;
     let binary = working_dir.join(spec.kcp.binary_for(&spec.version));
@@ -178,6 +180,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         shutdown_delay: spec.kcp.shutdown_delay.clone(),
         front_url: format!("https://{}", spec.front.listen),
         restarted_at: shard.annotations().get(RESTARTED_AT_ANNOTATION).cloned(),
+        // From the shard's identity record and what runs: `credentials::reconcile`, in `step`.
+        accepted_identities: vec![],
     };
     Ok(Desired {
         binary_present: binary.is_file(),
@@ -256,6 +260,28 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     if let Some(from) = from {
         desired.version_refused = shard.spec.rollout.version_change(&from, &shard.spec.version).err();
     }
+    // The admin identities every slot must accept are part of the template: a rotation rolls.
+    let credentials = if desired.deleting {
+        None
+    } else {
+        let credentials = credentials::reconcile(
+            &dirs,
+            shard,
+            &world.observed,
+            &desired.template.front_url,
+            chrono::Utc::now(),
+        );
+        match credentials {
+            Ok(credentials) => Some(credentials),
+            Err(e) => match state::corrupt_file(&e) {
+                Some(path) => return report_unreadable(ctx, shard, &path, &e).await,
+                None => return Err(e),
+            },
+        }
+    };
+    if let Some(credentials) = &credentials {
+        desired.template.accepted_identities = credentials.accepted.clone();
+    }
     let next = plan::plan(&desired, &world.observed);
     tracing::debug!(shard = %name, step = ?next, "planned");
     let actor = act::Actor {
@@ -288,7 +314,8 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             .iter()
             .find(|c| c.type_ == "Degraded" && c.status == "True")
     });
-    for note in notes {
+    let credential_notes = credentials.iter().flat_map(|c| c.notes.iter().cloned());
+    for note in credential_notes.chain(notes) {
         // A blocked roll or a failing step is reported when it starts, not on every look.
         let repeat = match (&next, note.reason) {
             (Step::Blocked { cause }, "RollBlocked") => degraded.is_some_and(|c| c.reason == cause.reason()),
@@ -306,7 +333,16 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         observe::observe(ctx, shard, &dirs).await?
     };
     let upcoming = plan::plan(&desired, &world.observed);
-    let status = status::build(shard, stored.as_ref(), &desired, &world, &upcoming, failure.as_deref());
+    let mut status = status::build(shard, stored.as_ref(), &desired, &world, &upcoming, failure.as_deref());
+    if let Some(credentials) = &credentials {
+        let previous = stored.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        status.conditions.extend(conditions::merge(
+            previous,
+            std::slice::from_ref(&credentials.verdict),
+            shard.metadata.generation,
+            world.observed.now,
+        ));
+    }
     write_status(&api, &name, stored.as_ref(), &status).await?;
     let failing_for = degraded
         .filter(|c| c.reason == "StepFailed")

@@ -37,6 +37,8 @@ pub struct World {
     pub store_endpoints: Vec<String>,
     /// The kines kcpshard runs that do not answer a read, with what the last look saw.
     pub unresponsive_kines: Vec<(Kine, String)>,
+    /// The shard's kubeconfig through the front (kcpshard's admin identity).
+    pub front_kubeconfig: std::path::PathBuf,
 }
 
 impl World {
@@ -72,9 +74,15 @@ impl World {
             })
             .ok_or_else(|| anyhow::anyhow!("no slot answers /readyz"))?;
         let recorded = self.slot(&slot.name).expect("observed slots have records");
+        // The shard admin is in the slot's own kubeconfig; kcpshard's admin identity, which every
+        // slot accepts, in the shard's kubeconfig through the front.
+        let kubeconfig = match identity {
+            Identity::ShardAdmin => recorded.dirs.admin_kubeconfig(),
+            Identity::Admin => self.front_kubeconfig.clone(),
+        };
         let client = ctx
             .slot_clients
-            .get(&recorded.dirs.admin_kubeconfig(), recorded.record.port, identity)
+            .get(&kubeconfig, recorded.record.port, identity)
             .await?;
         Ok((slot.name.clone(), client))
     }
@@ -325,6 +333,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         front_backends,
         store_endpoints: store_status.map(|seen| seen.endpoints).unwrap_or_default(),
         unresponsive_kines,
+        front_kubeconfig: dirs.front_kubeconfig(),
     };
     observe_lease_and_probe(ctx, &mut world).await;
     Ok(world)
@@ -422,7 +431,7 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
         .filter(|r| r.probe_succeeded_at.is_none())
         .and_then(|r| r.probe.clone());
     if let Some(probe) = probe
-        && let Ok((_, client)) = world.serving_client(ctx, Identity::KcpAdmin).await
+        && let Ok((_, client)) = world.serving_client(ctx, Identity::Admin).await
         && let Ok(Ok(phase)) =
             tokio::time::timeout(LOOK_TIMEOUT, access::workspace_phase(&client, &probe.workspace)).await
     {

@@ -2,12 +2,14 @@
 //!
 //! ```text
 //! controller.json        the roll in progress, a blocked spec, the last completed roll
-//! admin.kubeconfig       kcp through the front: contexts root (kcp-admin of the active slot,
-//!                        renewed at each switch) and system:admin (shard-admin, persistent)
-//! shared/                key material every slot must share (docs/background.md 2), 0700
+//! admin.kubeconfig       kcp through the front: contexts root and base (kcpshard's admin
+//!                        identity, every slot accepts it) and system:admin (shard-admin)
+//! shared/                key material every slot must share (docs/background.md 2), 0700, and
+//!                        admin-identities.json: kcpshard's admin identities (credentials.rs)
 //! slots/<a-d>/slot.json  the slot's template and port, written before its process starts; when
 //!                        it joined and left the front, and what kcpshard sent it
 //! slots/<a-d>/process.json, kcp.log, root/   its process record, log and kcp root directory
+//! slots/<a-d>/admin-tokens.csv  the admin identities the slot accepts (--token-auth-file)
 //! slots/<a-d>/store/     the slot's own kine (KinePostgres): record and log
 //! store/                 the store's processes and data (kine and sqlite, or a managed PostgreSQL)
 //! snapshots/             pg_dump files taken before version changes (KinePostgres)
@@ -58,9 +60,14 @@ impl ShardDirs {
         self.root.join("snapshots")
     }
 
-    /// The kubeconfig users reach kcp with through the front (the active slot's admin.kubeconfig).
+    /// The kubeconfig users reach kcp with through the front, as kcpshard's admin identity.
     pub fn front_kubeconfig(&self) -> PathBuf {
         self.root.join("admin.kubeconfig")
+    }
+
+    /// kcpshard's admin identities of this shard (secret: 0600, with the shared material).
+    pub fn identities(&self) -> PathBuf {
+        self.shared().join("admin-identities.json")
     }
 
     pub fn slot(&self, name: &str) -> SlotDirs {
@@ -123,6 +130,11 @@ impl SlotDirs {
         self.dir.join("store")
     }
 
+    /// The slot's `--token-auth-file`: the admin identities it accepts, written before it starts.
+    pub fn token_file(&self) -> PathBuf {
+        self.dir.join("admin-tokens.csv")
+    }
+
     /// The kubeconfig kcp writes into its root on every start.
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.root().join("admin.kubeconfig")
@@ -140,9 +152,10 @@ impl SlotDirs {
         self.save(&record)
     }
 
-    /// Drops the slot's records; its root directory and log stay for inspection.
+    /// Drops the slot's records and its token file (no process reads it any more); its root
+    /// directory and log stay for inspection.
     pub fn forget(&self) -> io::Result<()> {
-        for file in [self.record(), self.process()] {
+        for file in [self.record(), self.process(), self.token_file()] {
             match std::fs::remove_file(&file) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
@@ -227,7 +240,7 @@ pub fn corrupt_file(error: &super::Error) -> Option<PathBuf> {
     }
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
+pub(super) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T>> {
     match fsutil::read_optional(path)? {
         None => Ok(None),
         Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
@@ -242,7 +255,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> io::Result<Option<T
     }
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+pub(super) fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
     let mut bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     bytes.push(b'\n');
     fsutil::write_atomically(path, &bytes)

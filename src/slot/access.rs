@@ -3,9 +3,12 @@
 //! - The client always dials the slot's OWN port, never the front and never the server URL in the
 //!   kubeconfig (which names the front, or an older slot): checking readiness through a copied
 //!   kubeconfig reaches the old slot and switches too early (docs/background.md section 5).
-//! - It authenticates as the shard admin (`shard-admin` user of the `shard-base` context): that
-//!   token is persistent through `.admin-token-store`, so it works on every slot of the shard. The
-//!   `root`/`base` contexts carry a kcp-admin token that is new in every process (docs/background.md section 2).
+//! - Readiness and the Lease: as the shard admin (`shard-admin` user of the `shard-base` context):
+//!   that token is persistent through `.admin-token-store`, so it works on every slot of the shard.
+//!   The `root`/`base` contexts of a slot's own `admin.kubeconfig` carry a kcp-admin token that is
+//!   new in every process (docs/background.md section 2).
+//! - The workspace probe: as kcpshard's admin identity ([`super::identity`]), from the `base`
+//!   context of the shard's kubeconfig through the front, which every slot accepts.
 //! - TLS is verified with the CA data in the kubeconfig (the shard's shared `apiserver.crt`).
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -22,8 +25,9 @@ use super::SlotError;
 pub const SHARD_ADMIN_CONTEXT: &str = "shard-base";
 /// The user kcp names the shard admin in `admin.kubeconfig`.
 pub const SHARD_ADMIN_USER: &str = "shard-admin";
-/// The context with the per-process kcp-admin token on the base URL. Valid only for the process
-/// that wrote the kubeconfig, i.e. use a slot's own `admin.kubeconfig` against that slot.
+/// The context on the base URL whose user is the kcp admin: in a slot's own `admin.kubeconfig`
+/// kcp's per-process kcp-admin (valid only on the process that wrote it); in the shard's
+/// kubeconfig through the front kcpshard's admin identity (valid on every slot).
 pub const KCP_ADMIN_CONTEXT: &str = "base";
 
 /// The Lease that kcp's controllers elect a leader with, in the `system:admin` logical cluster.
@@ -44,12 +48,11 @@ pub async fn shard_admin_client(kubeconfig: &Path, server: &str) -> Result<kube:
     client_for_context(kubeconfig, SHARD_ADMIN_CONTEXT, server).await
 }
 
-/// A client for the kcp admin (`base` context) of the slot that wrote `kubeconfig` (its own root's
-/// `admin.kubeconfig`), dialing that slot's own URL. The workspace probe needs it: a workspace
-/// created by the shard admin never leaves Initializing (kcp records no `createdBy` for the
-/// privileged shard admin: "LogicalCluster ... had no createdBy recorded"; seen on v0.32.3;
-/// docs/background.md section 10).
-pub async fn kcp_admin_client(kubeconfig: &Path, server: &str) -> Result<kube::Client, SlotError> {
+/// A client for the kcp admin (`base` context) of `kubeconfig`, dialing `server`: with the shard's
+/// kubeconfig through the front, kcpshard's admin identity, which every slot accepts. The
+/// workspace probe needs a real user: a workspace created by the shard admin never leaves
+/// Initializing (kcp records no owner for `system:masters`; docs/background.md section 10).
+pub async fn admin_client(kubeconfig: &Path, server: &str) -> Result<kube::Client, SlotError> {
     client_for_context(kubeconfig, KCP_ADMIN_CONTEXT, server).await
 }
 
@@ -222,8 +225,8 @@ pub async fn controllers_lease_holder(client: &kube::Client) -> Result<Option<St
 /// Creates a throwaway workspace `kcpshard-probe-<random>` in `root` and returns its name. Only the
 /// leader's controllers get it to phase `Ready`, so it proves that some slot leads them.
 ///
-/// `client` must be a real identity, not the shard admin, whose workspaces stay in Initializing
-/// (docs/background.md section 10).
+/// `client` must be a real identity, i.e. [`admin_client`], not the shard admin, whose workspaces
+/// stay in Initializing (docs/background.md section 10).
 pub async fn create_probe_workspace(client: &kube::Client) -> Result<String, SlotError> {
     let mut random = [0u8; 4];
     getrandom::fill(&mut random).map_err(|e| SlotError::Client(format!("random name: {e}")))?;

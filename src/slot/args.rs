@@ -9,6 +9,10 @@
 //!   clients and be cut by the next roll.
 //! - its own `--root-directory`, `--secure-port` on `--bind-address=127.0.0.1`, and
 //!   `--shutdown-delay-duration` so that in-flight requests finish after the front has moved on.
+//! - `--token-auth-file` = the slot's own token file: the shard's admin identities this slot
+//!   accepts (`super::identity`), written before it starts. kcp takes one such file, so a user's
+//!   own static tokens cannot be added beside it; client certificates (`--client-ca-file`), OIDC
+//!   (`--oidc-*`) and `--authentication-config` are free for the user's identities.
 //!
 //! Extra arguments from the slot template may add flags but never replace one of these: a
 //! template that tries is refused with the flag named.
@@ -44,12 +48,14 @@ pub struct SlotLaunch {
     /// `--shutdown-delay-duration`: after SIGTERM, /readyz fails but requests are still served
     /// for this long.
     pub shutdown_delay: Duration,
+    /// `--token-auth-file`: the admin identities this slot accepts (absolute, 0600).
+    pub token_auth_file: PathBuf,
     /// More flags from the slot template, appended after the safety flags.
     pub extra_args: Vec<String>,
 }
 
 /// Flags that kcpshard sets for every slot and that extra arguments may not set again.
-pub const SAFETY_FLAGS: [&str; 15] = [
+pub const SAFETY_FLAGS: [&str; 16] = [
     "root-directory",
     "bind-address",
     "secure-port",
@@ -68,6 +74,8 @@ pub const SAFETY_FLAGS: [&str; 15] = [
     // shared material is seeded and captured.
     "kubeconfig-path",
     "authentication-admin-token-path",
+    // The shard's admin identity, which the kubeconfig through the front carries.
+    "token-auth-file",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -124,6 +132,12 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
     if !launch.front_url.starts_with("https://") {
         return Err(invalid(format!("front URL {:?} is not https://", launch.front_url)));
     }
+    if !launch.token_auth_file.is_absolute() {
+        return Err(invalid(format!(
+            "token file {} is not absolute",
+            launch.token_auth_file.display()
+        )));
+    }
     check_extra_args(&launch.extra_args)?;
 
     let mut args = vec![
@@ -136,6 +150,7 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         format!("--shard-base-url={}", launch.front_url),
         format!("--shard-external-url={}", launch.front_url),
         format!("--shutdown-delay-duration={}", go_duration(launch.shutdown_delay)),
+        format!("--token-auth-file={}", launch.token_auth_file.display()),
     ];
     let tls = &launch.etcd_tls;
     for (flag, file) in [
@@ -209,6 +224,7 @@ mod tests {
             etcd_tls: Default::default(),
             front_url: "https://127.0.0.1:6443".into(),
             shutdown_delay: Duration::from_secs(2),
+            token_auth_file: "/state/shards/dev/slots/b/admin-tokens.csv".into(),
             extra_args: vec!["--feature-gates=WorkspaceMounts=true".into()],
         }
     }
@@ -272,6 +288,32 @@ mod tests {
         assert!(has(&args, "--root-directory=/state/shards/dev/slot-b"), "{args:?}");
         assert!(has(&args, "--secure-port=16444"), "{args:?}");
         assert!(has(&args, "--bind-address=127.0.0.1"), "{args:?}");
+    }
+
+    #[test]
+    fn every_slot_accepts_the_admin_identities_of_its_token_file_by_path_never_by_value() {
+        let args = kcp_args(&launch()).unwrap();
+        assert!(
+            has(&args, "--token-auth-file=/state/shards/dev/slots/b/admin-tokens.csv"),
+            "{args:?}"
+        );
+        // kcp takes one token file: extra args may not replace kcpshard's.
+        let mut l = launch();
+        l.extra_args = vec!["--token-auth-file=/tmp/mine.csv".into()];
+        assert!(matches!(
+            kcp_args(&l),
+            Err(ArgsError::SafetyFlagOverridden { flag, .. }) if flag == "token-auth-file"
+        ));
+        // The user's own identities go beside it.
+        l.extra_args = vec![
+            "--client-ca-file=/etc/kcp/users-ca.crt".into(),
+            "--oidc-issuer-url=https://idp.example".into(),
+        ];
+        let args = kcp_args(&l).unwrap();
+        assert!(has(&args, "--client-ca-file=/etc/kcp/users-ca.crt"));
+        assert!(args.iter().filter(|a| a.starts_with("--token-auth-file")).count() == 1);
+        l.token_auth_file = "relative.csv".into();
+        assert!(matches!(kcp_args(&l), Err(ArgsError::Invalid { .. })));
     }
 
     #[test]

@@ -3,18 +3,21 @@
 //!
 //! - [`args`]: the kcp command line, with the flags that make two slots safe side by side.
 //! - [`material`]: the shared key material every slot root is seeded with before it starts.
+//! - [`identity`]: kcpshard's admin identity, the token file every slot accepts it from, and the
+//!   kubeconfig through the front that carries it.
 //! - [`access`]: readiness on a slot's own port, the controllers lease and the workspace probe.
 //!
 //! Processes themselves are started, recorded and stopped by [`crate::process::Runtime`].
 pub mod access;
 pub mod args;
+pub mod identity;
 pub mod material;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use access::{
-    client_for_context, config_for_context, controllers_lease_holder, kcp_admin_client, probe_workspace, readyz,
+    admin_client, client_for_context, config_for_context, controllers_lease_holder, probe_workspace, readyz,
     release_controllers_lease, shard_admin_client, slot_ready, slot_url,
 };
 pub use args::{ArgsError, SlotLaunch, kcp_args};

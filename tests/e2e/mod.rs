@@ -715,14 +715,95 @@ pub async fn front_shard_admin(env: &Env, shard: &str, front: &str) -> Config {
     .await
 }
 
-/// kcp-admin of the ACTIVE slot (its token is per process) dialing the front.
-pub async fn front_kcp_admin(env: &Env, shard: &str, slot: &str, front: &str) -> Config {
-    let kubeconfig = env
-        .shard_dir(shard)
-        .join("slots")
-        .join(slot)
-        .join("root/admin.kubeconfig");
-    config_for(&kubeconfig, "base", &format!("https://{front}")).await
+/// The kubeconfig users are given for kcp through the front: kcpshard's admin identity (kcp-admin
+/// on every slot) in contexts root and base.
+pub fn front_kubeconfig(env: &Env, shard: &str) -> PathBuf {
+    env.shard_dir(shard).join("admin.kubeconfig")
+}
+
+/// kcpshard's admin identity (the `base` context of the shard's kubeconfig through the front),
+/// from `kubeconfig` (the shard's, or a copy of it), dialing the front.
+pub async fn front_admin_of(kubeconfig: &Path, front: &str) -> Config {
+    config_for(kubeconfig, "base", &format!("https://{front}")).await
+}
+
+/// kcpshard's admin identity from the shard's kubeconfig through the front, dialing the front.
+pub async fn front_admin(env: &Env, shard: &str, front: &str) -> Config {
+    front_admin_of(&front_kubeconfig(env, shard), front).await
+}
+
+/// A copy of the shard's kubeconfig through the front, as a user would take one, under the test's
+/// temp dir.
+pub fn copy_front_kubeconfig(env: &Env, shard: &str, label: &str) -> PathBuf {
+    let copy = env.dir().join(format!("{shard}-{label}.kubeconfig"));
+    std::fs::copy(front_kubeconfig(env, shard), &copy)
+        .unwrap_or_else(|e| env.fail(&format!("copy the front kubeconfig of {shard}: {e}")));
+    copy
+}
+
+/// `kubectl --kubeconfig KUBECONFIG ARGS...` (bin/kubectl), with `stdin`: its exit status and
+/// output.
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(require("kubectl"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// With `kubeconfig`, as a user would: `kubectl --context root get workspaces` works, and a
+/// workspace created with `kubectl --context root create` reaches Ready. Err says which failed.
+pub async fn kubectl_works(kubeconfig: &Path, name: &str, timeout: Duration) -> Result<Duration, String> {
+    let (ok, out) = kubectl(kubeconfig, &["--context", "root", "get", "workspaces"], "");
+    if !ok {
+        return Err(format!("kubectl --context root get workspaces: {out}"));
+    }
+    let manifest = format!("apiVersion: tenancy.kcp.io/v1alpha1\nkind: Workspace\nmetadata:\n  name: {name}\n");
+    let started = Instant::now();
+    let (ok, out) = kubectl(kubeconfig, &["--context", "root", "create", "-f", "-"], &manifest);
+    if !ok {
+        return Err(format!("kubectl --context root create workspace {name}: {out}"));
+    }
+    let mut phase = String::new();
+    while started.elapsed() < timeout {
+        let (ok, out) = kubectl(
+            kubeconfig,
+            &[
+                "--context",
+                "root",
+                "get",
+                "workspace",
+                name,
+                "-o",
+                "jsonpath={.status.phase}",
+            ],
+            "",
+        );
+        if ok && out.trim() == "Ready" {
+            return Ok(started.elapsed());
+        }
+        phase = out.trim().to_string();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!(
+        "workspace {name} (created with kubectl) not Ready within {timeout:?}: {phase:?}"
+    ))
 }
 
 /// One request on a NEW connection (a fresh client): status and body, or the transport error.
@@ -780,6 +861,76 @@ pub async fn readyz_ok(config: &Config) -> Result<(), String> {
 
 pub const WORKSPACES: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
 
+/// The tokens of the shard's admin identities (`shared/admin-identities.json`), to search for.
+pub fn admin_tokens(env: &Env, shard: &str) -> Vec<String> {
+    let path = env.shard_dir(shard).join("shared/admin-identities.json");
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
+        .unwrap_or_else(|e| env.fail(&format!("{}: {e}", path.display())));
+    record["identities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["token"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// No admin token (nor a 16-character part of one) in the shard's status and events, serve's log,
+/// any log under the state dir, or the argv of any process that names the state dir. Returns how
+/// many places were searched.
+pub async fn assert_no_token_leaked(env: &Env, shard: &str, tokens: &[String]) -> usize {
+    let mut places: Vec<(String, String)> = vec![
+        (
+            "the KcpShard".into(),
+            env.get(shard).await.map(|o| o.to_string()).unwrap_or_default(),
+        ),
+        ("its events".into(), summarize_events(&env.events(shard).await)),
+        (
+            "serve's log".into(),
+            std::fs::read_to_string(env.serve_log()).unwrap_or_default(),
+        ),
+    ];
+    let mut dirs = vec![env.state.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                places.push((
+                    path.display().to_string(),
+                    std::fs::read_to_string(&path).unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    for (pid, argv) in processes_with(&env.state.display().to_string()) {
+        places.push((format!("argv of pid {pid}"), argv));
+    }
+    for token in tokens {
+        let chars: Vec<char> = token.chars().collect();
+        for part in chars.windows(16.min(chars.len())).map(|w| w.iter().collect::<String>()) {
+            for (place, text) in &places {
+                assert!(
+                    !text.contains(&part),
+                    "{place} holds a part of an admin token ({part:?})"
+                );
+            }
+        }
+    }
+    places.len()
+}
+
+/// `GET path` on a new connection answers 200 (kube's retries off, as in [`readyz_ok`]).
+pub async fn get_ok(config: &Config, path: &str) -> Result<(), String> {
+    let mut config = config.clone();
+    config.default_retry = false;
+    match once(&config, http::Method::GET, path, None).await {
+        Ok((200, _)) => Ok(()),
+        Ok((status, body)) => Err(format!("{status}: {}", body.trim())),
+        Err(e) => Err(e),
+    }
+}
+
 /// Creates workspace `name` in root (as whoever `config` is) and waits for phase Ready; returns
 /// the time from the create to Ready, or Err with the last phase seen.
 pub async fn create_workspace_ready(config: &Config, name: &str, timeout: Duration) -> Result<Duration, String> {
@@ -814,42 +965,86 @@ pub async fn create_workspace_ready(config: &Config, name: &str, timeout: Durati
 pub struct PollStats {
     pub polls: u64,
     pub failures: Vec<(DateTime<Utc>, String)>,
+    /// When each poll that succeeded was sent.
+    pub succeeded: Vec<DateTime<Utc>>,
 }
 
-/// Polls `/readyz` through the front every 50 ms (or as given), each poll on a new connection (as
-/// `curl` does).
+impl PollStats {
+    /// Polls sent in `[from, to]` that succeeded.
+    pub fn succeeded_between(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> usize {
+        self.succeeded.iter().filter(|t| (from..=to).contains(*t)).count()
+    }
+}
+
+/// Polls through the front, each poll on a new connection (as `curl` does): `/readyz` every 50 ms (or as given),
+/// or an authenticated GET from two clients every 25 ms each ([`Poller::get`]).
 pub struct Poller {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<PollStats>,
+    tasks: Vec<tokio::task::JoinHandle<PollStats>>,
 }
 
 impl Poller {
     pub fn start(config: Config) -> Poller {
-        Poller::start_every(config, Duration::from_millis(50))
+        Poller::run(config, None, Duration::from_millis(50), 1)
     }
 
+    /// `/readyz` every `every`.
     pub fn start_every(config: Config, every: Duration) -> Poller {
+        Poller::run(config, None, every, 1)
+    }
+
+    /// `GET path` as whoever `config` is, answered 200 (a 401 or 403 is a refused identity).
+    pub fn get(config: Config, path: &str) -> Poller {
+        Poller::run(config, Some(path.to_string()), Duration::from_millis(25), 2)
+    }
+
+    fn run(config: Config, path: Option<String>, every: Duration, clients: usize) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
+        let tasks = (0..clients)
+            .map(|_| Poller::client(config.clone(), path.clone(), every, stop.clone()))
+            .collect();
+        Poller { stop, tasks }
+    }
+
+    fn client(
+        config: Config,
+        path: Option<String>,
+        every: Duration,
+        flag: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<PollStats> {
+        tokio::spawn(async move {
             let mut stats = PollStats::default();
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !flag.load(Ordering::SeqCst) {
                 tick.tick().await;
                 stats.polls += 1;
-                if let Err(e) = readyz_ok(&config).await {
-                    stats.failures.push((Utc::now(), e));
+                let sent = Utc::now();
+                let outcome = match &path {
+                    None => readyz_ok(&config).await,
+                    Some(path) => get_ok(&config, path).await,
+                };
+                match outcome {
+                    Ok(()) => stats.succeeded.push(sent),
+                    Err(e) => stats.failures.push((sent, e)),
                 }
             }
             stats
-        });
-        Poller { stop, task }
+        })
     }
 
     pub async fn finish(self) -> PollStats {
         self.stop.store(true, Ordering::SeqCst);
-        self.task.await.expect("poller task")
+        let mut all = PollStats::default();
+        for task in self.tasks {
+            let stats = task.await.expect("poller task");
+            all.polls += stats.polls;
+            all.failures.extend(stats.failures);
+            all.succeeded.extend(stats.succeeded);
+        }
+        all.failures.sort_by_key(|(t, _)| *t);
+        all.succeeded.sort();
+        all
     }
 }
 

@@ -19,6 +19,11 @@ pub struct SlotTemplate {
     /// The `kcpshard.io/restartedAt` annotation: a new value asks for a fresh slot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarted_at: Option<String>,
+    /// The ids of the shard's admin identities this slot accepts, oldest first (its
+    /// `--token-auth-file`; controller/credentials.rs decides them). A rotation changes them,
+    /// which rolls the shard.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accepted_identities: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

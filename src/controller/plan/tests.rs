@@ -10,6 +10,7 @@ pub(crate) fn template(version: &str) -> SlotTemplate {
         shutdown_delay: "0s".into(),
         front_url: "https://127.0.0.1:6443".into(),
         restarted_at: None,
+        accepted_identities: vec![],
     }
 }
 
