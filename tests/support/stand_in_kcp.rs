@@ -3,6 +3,7 @@
 //! and behaves, on the surface the controller uses, as kcp does:
 //! - it writes the shared material into its root (or keeps what was seeded there) and an
 //!   `admin.kubeconfig` whose `shard-base`, `base` and `root` contexts reach it;
+//! - it accepts the shard admin's token and those of `--token-auth-file`, as kcp does;
 //! - it serves HTTPS on its port: `/readyz` (500 for `STANDIN_READY_AFTER_MS`, default 300, after
 //!   its start, and from SIGTERM on), the controllers Lease in `system:admin`, and workspaces in
 //!   `root`, which are Ready while some stand-in holds the Lease;
@@ -166,6 +167,13 @@ async fn main() {
     );
     std::fs::create_dir_all(&root).unwrap();
     let (chain, key, ca, token) = material(&root);
+    // As kcp's --token-auth-file: `token,user,uid,groups` lines, read once at start.
+    let mut tokens = vec![token.clone()];
+    if let Some(file) = flag(&args, "token-auth-file") {
+        let text = std::fs::read_to_string(&file).expect("the token file");
+        tokens.extend(text.lines().filter_map(|l| l.split(',').next()).map(str::to_string));
+    }
+    let tokens = Arc::new(tokens);
     std::fs::write(root.join("admin.kubeconfig"), kubeconfig(&ca, &token, &front)).unwrap();
 
     let me = format!("stand-in_{}", std::process::id());
@@ -203,17 +211,19 @@ async fn main() {
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let (acceptor, lease, terminating, token) =
-                (acceptor.clone(), lease.clone(), terminating.clone(), token.clone());
+            let (acceptor, lease, terminating, tokens) =
+                (acceptor.clone(), lease.clone(), terminating.clone(), tokens.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
                 let service = hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-                    let (lease, terminating, token) = (lease.clone(), terminating.clone(), token.clone());
+                    let (lease, terminating, tokens) = (lease.clone(), terminating.clone(), tokens.clone());
                     async move {
                         let authorized = request
                             .headers()
                             .get("authorization")
-                            .is_some_and(|v| v.as_bytes() == format!("Bearer {token}").as_bytes());
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.strip_prefix("Bearer "))
+                            .is_some_and(|t| tokens.iter().any(|known| known == t));
                         let path = request.uri().path().to_string();
                         let ready = !terminating.load(Ordering::SeqCst) && started.elapsed() >= ready_after;
                         let answer = match (request.method().clone(), path.as_str()) {
