@@ -14,6 +14,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${KCPSHARD_CACHE:-$HOME/.cache/kcpshard}
 bin=$root/bin
 mkdir -p "$bin" "$cache/bin" "$cache/logs"
+# One install at a time per cache: two checkouts building the same pin would write the same files.
+exec 9>"$cache/.install.lock"
+flock 9
 
 say() { echo "install-deps: $*" >&2; }
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }
