@@ -110,17 +110,22 @@ done
 [ "$(readlink "$bin/kcp" 2>/dev/null)" = "kcp-$KCP_VERSION_NEWER" ] || ln -sfn "kcp-$KCP_VERSION_NEWER" "$bin/kcp"
 
 # ---------------------------------------------------------------- kine
+# Built from a Go module (hack/kine): the pinned release needs a dependency replaced (see its go.mod).
+moddir=$root/hack/kine
+grep -qF "github.com/k3s-io/kine $KINE_VERSION" "$moddir/go.mod" \
+  || die "hack/kine/go.mod does not require github.com/k3s-io/kine $KINE_VERSION (hack/versions.env): change both together"
+want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
 out=$cache/bin/kine-$KINE_VERSION
-if [ ! -x "$out" ] || ! "$out" --version 2>/dev/null | grep -qF "$KINE_VERSION"; then
+if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
   need_go
   say "building kine $KINE_VERSION (log: $cache/logs/build-kine-$KINE_VERSION.log)"
-  gobin=$cache/gobin-kine-$KINE_VERSION
-  (cd "$cache" && GOBIN=$gobin GOFLAGS= go install -trimpath \
-      -ldflags "-X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION -X github.com/k3s-io/kine/pkg/version.GitCommit=go-install" \
-      "github.com/k3s-io/kine@$KINE_VERSION") \
+  (cd "$moddir" && GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" \
+      -ldflags "-X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION -X github.com/k3s-io/kine/pkg/version.GitCommit=go-build" \
+      github.com/k3s-io/kine) \
     >"$cache/logs/build-kine-$KINE_VERSION.log" 2>&1 \
-    || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "go install github.com/k3s-io/kine@$KINE_VERSION failed"; }
-  cp -f "$gobin/kine" "$out.tmp" && mv -f "$out.tmp" "$out"
+    || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "building kine $KINE_VERSION (hack/kine) failed"; }
+  mv -f "$out.tmp" "$out"
+  echo "$want" >"$out.stamp"
 fi
 place "$out" "$bin/kine-$KINE_VERSION"
 [ "$(readlink "$bin/kine" 2>/dev/null)" = "kine-$KINE_VERSION" ] || ln -sfn "kine-$KINE_VERSION" "$bin/kine"

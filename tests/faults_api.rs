@@ -21,6 +21,7 @@
 //!
 //! The tmpfs needs root (CAP_SYS_ADMIN): without it the test fails and says so; it never skips.
 mod common;
+mod tmpfs;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,6 +30,7 @@ use std::time::Instant;
 use common::{Serve, Sweep, kcpshard_names, kcpshards};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tmpfs::{Tmpfs, fill};
 
 fn shard(name: &str, version: &str) -> DynamicObject {
     serde_json::from_value(json!({
@@ -42,54 +44,6 @@ fn shard(name: &str, version: &str) -> DynamicObject {
         },
     }))
     .unwrap()
-}
-
-/// A tmpfs mounted over a directory, unmounted (lazily: `serve` may still hold a file open) on drop.
-struct Tmpfs {
-    at: PathBuf,
-}
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(at).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
-            .arg(at)
-            .output()
-            .expect("run mount");
-        assert!(
-            out.status.success(),
-            "cannot mount a {size} tmpfs on {} for the full-disk test ({}): it needs root (CAP_SYS_ADMIN); run the tests as root or in a container allowed to mount",
-            at.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Tmpfs { at: at.to_path_buf() }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
-    }
-}
-
-/// Fills the filesystem of `dir` with one file until the kernel says ENOSPC; returns the file.
-fn fill(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("filler");
-    let mut file = std::fs::File::create(&path).unwrap();
-    let chunk = vec![0xa5u8; 64 * 1024];
-    loop {
-        match file.write(&chunk) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-            Err(e) => panic!("filling {}: {e}", path.display()),
-        }
-    }
-    // Whatever is left is less than a page: no new file fits.
-    while let Ok(1) = file.write(&[0xa5]) {}
-    path
 }
 
 fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
@@ -151,7 +105,7 @@ async fn a_full_state_dir_refuses_writes_with_507_and_loses_nothing() {
     serve.restart().await;
     let api = kcpshards(&serve.client().await);
 
-    let filler = fill(&state);
+    let filler = fill(&state, 0);
     let started = Instant::now();
     println!(
         "filled {} with {} bytes",

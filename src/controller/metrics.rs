@@ -1,6 +1,6 @@
 //! The controller's Prometheus metrics, served with the API's at `/metrics`: the steps it takes, by
 //! shard, step and result; the rolls it completes; the phases of each shard's last roll; the exits
-//! of the shard's processes it was woken by.
+//! of the shard's processes it was woken by; the free space under each shard's store.
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 
 use super::plan::Step;
 use super::state::CompletedRoll;
+use crate::store::disk::DiskSpace;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StepLabels {
@@ -22,6 +23,13 @@ struct StepLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ShardLabels {
     shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DiskLabels {
+    shard: String,
+    /// The filesystem's mount point.
+    path: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,6 +45,8 @@ pub struct ControllerMetrics {
     rolls: Family<ShardLabels, Counter>,
     last_roll: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
     process_exits: Family<ShardLabels, Counter>,
+    store_free: Family<DiskLabels, Gauge>,
+    store_size: Family<DiskLabels, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -61,6 +71,29 @@ impl ControllerMetrics {
             "Exits of the shard's processes (slots, kines, the front, a managed PostgreSQL) that woke the controller, the ones it stopped itself included",
             self.process_exits.clone(),
         );
+        registry.register(
+            "store_free_bytes",
+            "Free bytes on each filesystem that holds the shard's store or the state dir, by mount point (statvfs f_bavail)",
+            self.store_free.clone(),
+        );
+        registry.register(
+            "store_size_bytes",
+            "Size of each filesystem that holds the shard's store or the state dir, by mount point",
+            self.store_size.clone(),
+        );
+    }
+
+    /// The free space [`crate::store::disk::free_space`] found under the shard's store.
+    pub fn store_disk_seen(&self, shard: &str, spaces: &[DiskSpace]) {
+        for space in spaces {
+            let labels = DiskLabels {
+                shard: shard.to_string(),
+                path: space.mount_point.display().to_string(),
+            };
+            let bytes = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+            self.store_free.get_or_create(&labels).set(bytes(space.available));
+            self.store_size.get_or_create(&labels).set(bytes(space.total));
+        }
     }
 
     pub fn process_exited(&self, shard: &str) {
@@ -151,12 +184,21 @@ mod tests {
     }
 
     #[test]
-    fn steps_and_the_last_roll_are_exposed_per_shard() {
+    fn steps_rolls_and_the_free_space_under_the_store_are_exposed_per_shard() {
         let metrics = ControllerMetrics::default();
         metrics.step_taken("dev", &Step::Probe, None);
         metrics.step_taken("dev", &Step::Probe, None);
         metrics.step_taken("dev", &Step::EnsureStore, Some("store"));
         metrics.process_exited("dev");
+        metrics.store_disk_seen(
+            "dev",
+            &[DiskSpace {
+                mount_point: "/state".into(),
+                paths: vec!["/state/shards/dev/store".into()],
+                available: 12 << 20,
+                total: 150 << 20,
+            }],
+        );
         let at = |ms: i64| chrono::Utc.timestamp_millis_opt(1_800_000_000_000 + ms).unwrap();
         let roll = RollRecord {
             from_version: Some("v1".into()),
@@ -181,6 +223,8 @@ mod tests {
             r#"kcpshard_controller_steps_total{shard="dev",step="EnsureStore",result="store"} 1"#,
             r#"kcpshard_controller_rolls_total{shard="dev"} 1"#,
             r#"kcpshard_controller_process_exits_total{shard="dev"} 1"#,
+            r#"kcpshard_controller_store_free_bytes{shard="dev",path="/state"} 12582912"#,
+            r#"kcpshard_controller_store_size_bytes{shard="dev",path="/state"} 157286400"#,
             r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="total"} 11.3"#,
             r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="kcp_start_up"} 8.0"#,
             r#"kcpshard_controller_last_roll_seconds{shard="dev",phase="no_leader"} 2.5"#,

@@ -22,7 +22,7 @@ pub const RECORD_FILE: &str = "kine.json";
 pub const LOG_FILE: &str = "kine.log";
 pub const DB_FILE: &str = "state.db";
 
-/// kine's own defaults for sqlite (`pkg/drivers/sqlite/sqlite.go` DefaultParams of v0.17.5, minus
+/// kine's own defaults for sqlite (`pkg/drivers/sqlite/sqlite.go` DefaultParams of v0.17.2, minus
 /// the statement cache size): WAL, a 30 s busy timeout, immediate write locks.
 pub const SQLITE_PARAMS: &str =
     "_journal_mode=WAL&_busy_timeout=30000&_synchronous=NORMAL&_txlock=immediate&cache=shared";

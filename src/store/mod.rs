@@ -12,6 +12,7 @@
 //! The shard-wide part ([`StoreBackend::ensure`], [`StoreBackend::check`]) is separate from each
 //! slot's part ([`StoreBackend::ensure_slot`], [`StoreBackend::stop_slot`]), which is empty for the
 //! stores slots share.
+pub mod disk;
 pub mod etcd;
 pub mod kine;
 pub mod kine_read;
@@ -261,6 +262,17 @@ impl StoreBackend {
             StoreBackend::KineSqlite { .. } => true,
             StoreBackend::KinePostgres { managed, .. } => managed.is_some(),
             StoreBackend::Etcd(_) => false,
+        }
+    }
+
+    /// The local directory that holds the store's data (the sqlite database, a managed
+    /// PostgreSQL's cluster), whose filesystem [`disk::free_space`] watches; None when the data
+    /// lives on a server kcpshard does not run.
+    pub fn data_dir(&self) -> Option<&Path> {
+        match self {
+            StoreBackend::KineSqlite { kine } => Some(&kine.dir),
+            StoreBackend::KinePostgres { managed, .. } => managed.as_ref().map(|m| m.dir.as_path()),
+            StoreBackend::Etcd(_) => None,
         }
     }
 

@@ -313,10 +313,23 @@ impl Drop for Proc {
 }
 
 /// Run a short command to completion, with a timeout (its group is killed past it).
-pub fn run(mut cmd: Command, timeout: Duration) -> Output {
+pub fn run(cmd: Command, timeout: Duration) -> Output {
+    run_with_input(cmd, None, timeout)
+}
+
+/// [`run`], with `input` on the command's stdin (none: /dev/null).
+pub fn run_with_input(mut cmd: Command, input: Option<&[u8]>, timeout: Duration) -> Output {
     let tmp = tempfile::tempdir().unwrap();
     let (out_path, err_path) = (tmp.path().join("out"), tmp.path().join("err"));
-    cmd.stdin(Stdio::null())
+    let stdin = match input {
+        Some(bytes) => {
+            let in_path = tmp.path().join("in");
+            fs::write(&in_path, bytes).unwrap();
+            Stdio::from(File::open(&in_path).unwrap())
+        }
+        None => Stdio::null(),
+    };
+    cmd.stdin(stdin)
         .stdout(File::create(&out_path).unwrap())
         .stderr(File::create(&err_path).unwrap())
         .process_group(0);
@@ -587,7 +600,7 @@ impl Kine {
             "sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000",
             db.display()
         );
-        let mut k = Kine::spawn_in(dir, &endpoint);
+        let mut k = Kine::spawn_in(dir, &endpoint, free_port());
         k.wait_ready(Duration::from_secs(60))
             .unwrap_or_else(|e| k.proc.fail(&e));
         k
@@ -604,17 +617,24 @@ impl Kine {
     /// Start kine without waiting.
     pub fn spawn(endpoint: &str) -> Kine {
         let dir = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
-        Kine::spawn_in(dir, endpoint)
+        Kine::spawn_in(dir, endpoint, free_port())
     }
 
-    fn spawn_in(dir: TempDir, endpoint: &str) -> Kine {
+    /// kine as kcpshard runs a KineSqlite shard's: its DSN over `<store>/state.db`, on `port` (a
+    /// restart keeps the address); waits until ready. The log is kept outside `store`.
+    pub fn kcpshard_sqlite(store: &Path, port: u16) -> Kine {
+        let dir = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
+        let mut k = Kine::spawn_in(dir, &kcpshard::store::kine::sqlite_endpoint(store), port);
+        k.wait_ready(Duration::from_secs(60))
+            .unwrap_or_else(|e| k.proc.fail(&e));
+        k
+    }
+
+    /// kine with the arguments kcpshard gives it (`kcpshard::store::kine::kine_args`).
+    fn spawn_in(dir: TempDir, endpoint: &str, port: u16) -> Kine {
         let kine = require("kine");
-        let port = free_port();
         let mut cmd = Command::new(kine);
-        cmd.arg(format!("--endpoint={endpoint}"))
-            .arg(format!("--listen-address=127.0.0.1:{port}"))
-            .arg("--metrics-bind-address=0")
-            .arg("--compact-interval=0")
+        cmd.args(kcpshard::store::kine::kine_args(endpoint, port, None))
             .current_dir(dir.path());
         let proc = Proc::spawn("kine", cmd, &dir.path().join("kine.log"));
         Kine {
@@ -655,13 +675,18 @@ impl Kine {
 
     /// Run `bin/etcdctl --endpoints <this kine> <args>`.
     pub fn etcdctl(&self, args: &[&str]) -> Output {
+        self.etcdctl_with_input(args, None)
+    }
+
+    /// [`Kine::etcdctl`] with `input` on its stdin (`etcdctl txn` reads its request there).
+    pub fn etcdctl_with_input(&self, args: &[&str], input: Option<&[u8]>) -> Output {
         let mut cmd = Command::new(require("etcdctl"));
         cmd.arg(format!("--endpoints={}", self.url()))
             .arg("--dial-timeout=2s")
             .arg("--command-timeout=5s")
             .args(args)
             .env("ETCDCTL_API", "3");
-        run(cmd, Duration::from_secs(20))
+        run_with_input(cmd, input, Duration::from_secs(20))
     }
 
     pub fn put(&self, key: &str, value: &str) {
