@@ -1,13 +1,22 @@
-//! Two real kcp slots on one real kine (sqlite), started and stopped by the process runtime: the
-//! slot argv, the shared material, readiness on each slot's own port, the shard-admin token
-//! across slots, kcpshard's admin identity on both slots at once (behind a round-robin
-//! forwarder: every request accepted, whichever slot it reaches; kcp sees the same user as its own
-//! kcp-admin; its workspaces reach Ready with it as their owner), the lease hand-over and the
-//! workspace probe.
+//! Two real kcp slots on one real kine, started and stopped by the process runtime: the slot
+//! argv, the shared material, readiness on each slot's own port, the shard-admin token across
+//! slots, whether a slot serves kcp's own APIs, kcpshard's admin identity on both slots at once
+//! (behind a round-robin forwarder: every request accepted, whichever slot it reaches; kcp sees the
+//! same user as its own kcp-admin; its workspaces reach Ready with it as their owner), the lease
+//! hand-over and the workspace probe.
 //!
-//! Needs `bin/kcp-<version>` for both kcp versions pinned in hack/versions.env and `bin/kine`
-//! (`hack/install-deps.sh`); without them the test fails,
-//! it never skips. Every process it starts is SIGKILLed at the end, pass or fail.
+//! The first test's kine is over PostgreSQL, and slot b's first start loses the store at root
+//! phase 0 of kcp's bootstrap (PostgreSQL stopped the moment kcp logs it, back 3 s later; kine
+//! stays up and answers with PostgreSQL's errors): that kcp answers `/readyz` ok and 404 for
+//! tenancy.kcp.io, which `serves_kcp_apis` must call broken (docs/reliability.md, "A slot that
+//! answers /readyz but not kcp's APIs"); slot b started again must serve. The second test's kine
+//! is over sqlite.
+//!
+//! Needs `bin/kcp-<version>` for both kcp versions pinned in hack/versions.env, `bin/kine` and
+//! PostgreSQL (`hack/install-deps.sh`); without them the test fails, it never skips. Every process
+//! it starts is SIGKILLed at the end, pass or fail.
+mod support;
+
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,42 +24,16 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
 use kcpshard::slot::identity::{self, FrontKubeconfig, Identity};
-use kcpshard::slot::{self, SlotLaunch};
-use kcpshard::store;
+use kcpshard::slot::{self, NotServingKind, SlotLaunch};
+use kcpshard::store::{self, kine::KineSpec};
+use support::{pin, require};
 
-/// A pin from hack/versions.env (`KCP_VERSION_NEWER`, `KCP_VERSION_OLDER`): the kcp releases
-/// `hack/install-deps.sh` builds into `bin/kcp-<version>`.
-fn pin(key: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/versions.env");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    text.lines()
-        .filter_map(|l| l.trim().split_once('='))
-        .find(|(k, _)| k.trim() == key)
-        .map(|(_, v)| v.trim().trim_matches('"').to_string())
-        .unwrap_or_else(|| panic!("{} has no {key}", path.display()))
-}
-
-fn bin_dir() -> PathBuf {
-    std::env::var_os("KCPSHARD_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("bin"))
-}
-
-fn require(name: &str) -> PathBuf {
-    let p = bin_dir().join(name);
-    if !p.is_file() {
-        panic!(
-            "{} is missing: run hack/install-deps.sh (a missing component fails this test, it never skips{})",
-            p.display(),
-            if std::env::var("CI").as_deref() == Ok("true") {
-                "; CI=true"
-            } else {
-                ""
-            }
-        );
-    }
-    p
-}
+/// What kcp logs when root phase 0 of its bootstrap begins, and how it ends
+/// (`pkg/server/server.go:488`, `:528`, `:531` of v0.31.2).
+const PHASE0_BEGINS: &str = "bootstrapping root workspace phase 0";
+const PHASE0_FAILED: &str = "failed to bootstrap root workspace phase 0";
+const PHASE0_DONE: &str = "bootstrapped root workspace phase 0";
+const SERVING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// SIGKILLs every process it was given (and its group) when dropped, and prints their log tails
 /// when the test is failing.
@@ -174,19 +157,112 @@ async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Durati
     }
 }
 
+/// The log of the process that started at byte `from` of `log` (the runtime appends).
+fn log_since(log: &Path, from: usize) -> Vec<u8> {
+    let mut text = std::fs::read(log).unwrap_or_default();
+    text.drain(..from.min(text.len()));
+    text
+}
+
+/// Waits (polling every 2 ms) until `log` has, after byte `from`, a line with `marker`; the time
+/// it took.
+async fn wait_for_line(log: &Path, from: usize, marker: &str, timeout: Duration) -> Duration {
+    let begun = Instant::now();
+    let mut seen: usize = 0;
+    loop {
+        let text = log_since(log, from);
+        // Search from a little before the last end, so that a line split across reads is found.
+        let start = seen.saturating_sub(marker.len()).min(text.len());
+        if memchr::memmem::find(&text[start..], marker.as_bytes()).is_some() {
+            return begun.elapsed();
+        }
+        seen = text.len();
+        assert!(
+            begun.elapsed() < timeout,
+            "no {marker:?} in {} within {timeout:?}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A client of `slot` as the shard admin, on its own port.
+async fn shard_admin(slot: &Slot) -> kube::Client {
+    slot::shard_admin_client(&slot.root.join("admin.kubeconfig"), &slot::slot_url(slot.port))
+        .await
+        .unwrap()
+}
+
+/// The kine of the shard in a test.
+enum Backend {
+    Sqlite,
+    /// Over a throwaway PostgreSQL; slot b's first start loses it at root phase 0.
+    PostgresLostAtPhase0,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_slots_share_a_store_material_and_the_shard_admin_and_hand_over_the_lease() {
     let newer = pin("KCP_VERSION_NEWER");
-    hand_over(&newer, &newer).await;
+    hand_over(&newer, &newer, Backend::PostgresLostAtPhase0).await;
 }
 
 /// The same hand-over from the older pinned kcp to the newer one (a version roll's slots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_bump_hands_over_from_the_older_kcp_to_the_newer() {
-    hand_over(&pin("KCP_VERSION_OLDER"), &pin("KCP_VERSION_NEWER")).await;
+    hand_over(&pin("KCP_VERSION_OLDER"), &pin("KCP_VERSION_NEWER"), Backend::Sqlite).await;
 }
 
-async fn hand_over(version_a: &str, version_b: &str) {
+/// Starts slot b and stops PostgreSQL (fast shutdown, as an administrator would) the moment b's
+/// kcp begins root phase 0, starts it again 3 s later, and checks what [`slot::serves_kcp_apis`]
+/// says once b's `/readyz` is ok: broken (404 for tenancy.kcp.io) when kcp logged that phase 0
+/// failed, serving when it logged that it finished (the outage came after phase 0 had bound kcp's
+/// APIs, which takes tens of milliseconds: 2 of 9 times in hack/faults/store-outage-during-start.sh;
+/// then b is started again, at most 5 times in all). Returns b, broken, for the caller to stop.
+async fn start_slot_losing_phase0(
+    runtime: &Runtime,
+    reaper: &mut Reaper,
+    shard: &Shard<'_>,
+    pg: &mut support::Postgres,
+    version: &str,
+    accepts: &[&Identity],
+) -> Slot {
+    for attempt in 1..=5 {
+        let from = std::fs::metadata(shard.base.join("slot-b").join("kcp.log")).map_or(0, |m| m.len() as usize);
+        let b = start_slot(runtime, reaper, shard, "b", version, accepts);
+        let waited = wait_for_line(&b.log, from, PHASE0_BEGINS, Duration::from_secs(180)).await;
+        pg.stop_fast();
+        let down = b.started.elapsed();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        pg.restart();
+        let up = b.started.elapsed();
+        let ready = wait_ready(runtime, &b, Duration::from_secs(180)).await;
+        let log = String::from_utf8_lossy(&log_since(&b.log, from)).into_owned();
+        let client = shard_admin(&b).await;
+        let verdict = slot::serves_kcp_apis(&client, SERVING_TIMEOUT).await;
+        eprintln!(
+            "PHASE0 OUTAGE attempt {attempt}: PostgreSQL down {down:?}-{up:?} after b's start (phase 0 began {waited:?} into the wait for it), b ready {ready:?}: {verdict:?}"
+        );
+        if log.contains(PHASE0_FAILED) {
+            let e = verdict.expect_err("phase 0 failed, yet kcp's APIs are served");
+            assert_eq!(e.kind(), NotServingKind::Broken, "{e}");
+            assert_eq!(
+                e.to_string(),
+                "GET /clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces?limit=1: HTTP 404: 404 page not found"
+            );
+            // Nothing in the process redoes phase 0: still broken seconds later.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let again = slot::serves_kcp_apis(&client, SERVING_TIMEOUT).await.unwrap_err();
+            assert_eq!(again.kind(), NotServingKind::Broken, "{again}");
+            return b;
+        }
+        assert!(log.contains(PHASE0_DONE), "kcp logged neither outcome of phase 0");
+        verdict.unwrap_or_else(|e| panic!("phase 0 finished, yet {e}"));
+        runtime.terminate(&b.record, Duration::from_secs(30)).await.unwrap();
+    }
+    panic!("PostgreSQL stopped after kcp's phase 0 had bound its APIs, 5 times");
+}
+
+async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
     require(&format!("kcp-{version_a}"));
     require(&format!("kcp-{version_b}"));
     let kine = require("kine");
@@ -198,17 +274,29 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // The front is not part of this test; its URL only has to be what every slot advertises.
     let front = format!("https://127.0.0.1:{}", free_port().unwrap());
 
+    let mut pg = matches!(backend, Backend::PostgresLostAtPhase0).then(support::Postgres::start);
+    let store_dir = base.join("store");
+    let spec = match &pg {
+        None => KineSpec::sqlite(&kine, &store_dir).unwrap(),
+        Some(pg) => {
+            std::fs::create_dir_all(&store_dir).unwrap();
+            KineSpec {
+                binary: kine.clone(),
+                endpoint: pg.url("kcp"),
+                dir: store_dir.clone(),
+                env: Vec::new(),
+                metrics: false,
+                ready_timeout: Duration::from_secs(60),
+            }
+        }
+    };
     let t = Instant::now();
-    let k = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"))
-        .await
-        .unwrap();
-    reaper.add(&k.record, &base.join("store").join(store::kine::LOG_FILE));
+    let k = store::kine::ensure_kine(&runtime, &spec).await.unwrap();
+    reaper.add(&k.record, &store_dir.join(store::kine::LOG_FILE));
     let kine_ready = t.elapsed();
     assert!(!k.adopted);
-    // A second call adopts the same kine instead of starting another on the sqlite file.
-    let again = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"))
-        .await
-        .unwrap();
+    // A second call adopts the same kine instead of starting another on the same database.
+    let again = store::kine::ensure_kine(&runtime, &spec).await.unwrap();
     assert!(again.adopted);
     assert_eq!(again.record, k.record);
 
@@ -246,12 +334,34 @@ async fn hand_over(version_a: &str, version_b: &str) {
         );
     }
 
+    let client_a = shard_admin(&a).await;
+    slot::serves_kcp_apis(&client_a, SERVING_TIMEOUT).await.unwrap();
+
     // Slot b: seeded from the shard's material, same store.
     let root_b = base.join("slot-b").join("root");
     assert!(slot::seed_root(&shared, &root_b).unwrap());
+    if let Some(pg) = pg.as_mut() {
+        let broken = start_slot_losing_phase0(&runtime, &mut reaper, &shard, pg, version_b, &[&admin]).await;
+        // Restarted (as the controller does with a broken slot), b serves.
+        runtime
+            .terminate(&broken.record, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(slot::seed_root(&shared, &root_b).unwrap());
+        // a lived through the outage: it serves again once its store is back.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while let Err(e) = slot::serves_kcp_apis(&client_a, SERVING_TIMEOUT).await {
+            assert_eq!(e.kind(), NotServingKind::Slow, "{e}");
+            assert!(Instant::now() < deadline, "slot a does not serve after the outage: {e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let b = start_slot(&runtime, &mut reaper, &shard, "b", version_b, &[&admin]);
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
+    slot::serves_kcp_apis(&shard_admin(&b).await, SERVING_TIMEOUT)
+        .await
+        .unwrap();
 
     // b's shard-admin token (and CA) work on a: one identity for the shard.
     let b_on_a = slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(a.port))
@@ -326,7 +436,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     assert!(slot::readyz(&client_b).await.unwrap());
 
     let stop_b = runtime.terminate(&b.record, Duration::from_secs(30)).await.unwrap();
-    let stop_kine = store::stop_kine_sqlite(&runtime, &base.join("store"), Duration::from_secs(10))
+    let stop_kine = store::kine::stop_kine(&runtime, &spec, Duration::from_secs(10))
         .await
         .unwrap();
     assert!(stop_kine.is_some());

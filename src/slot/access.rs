@@ -1,4 +1,5 @@
-//! Talking to one slot directly: readiness, the controllers lease, the workspace probe.
+//! Talking to one slot directly: readiness, the controllers lease, the workspace probe (whether it
+//! serves kcp's own APIs is [`super::serving`]).
 //!
 //! - The client always dials the slot's OWN port, never the front and never the server URL in the
 //!   kubeconfig (which names the front, or an older slot): checking readiness through a copied
@@ -99,7 +100,7 @@ pub async fn config_for_context(kubeconfig: &Path, context: &str, server: &str) 
 }
 
 /// One request; the status and body, whatever the status. Err only when no answer came.
-async fn call(
+pub(super) async fn call(
     client: &kube::Client,
     method: Method,
     path: &str,

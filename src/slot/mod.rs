@@ -6,12 +6,15 @@
 //! - [`identity`]: kcpshard's admin identity, the token file every slot accepts it from, and the
 //!   kubeconfig through the front that carries it.
 //! - [`access`]: readiness on a slot's own port, the controllers lease and the workspace probe.
+//! - [`serving`]: whether a slot that answers `/readyz` also serves kcp's own APIs, and whether a
+//!   slot that does not is broken (restart it) or slow (wait).
 //!
 //! Processes themselves are started, recorded and stopped by [`crate::process::Runtime`].
 pub mod access;
 pub mod args;
 pub mod identity;
 pub mod material;
+pub mod serving;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +25,7 @@ pub use access::{
 };
 pub use args::{ArgsError, SlotLaunch, kcp_args};
 pub use material::{SHARED_FILES, capture_shared, seed_root};
+pub use serving::{NotServingKind, serves_kcp_apis};
 
 /// Failures talking to a slot.
 #[derive(Debug, thiserror::Error)]
@@ -51,4 +55,15 @@ pub enum SlotError {
         phase: String,
         waited: Duration,
     },
+}
+
+/// A slot that does not serve (yet): the request that failed and what answered it, in words a
+/// Warning event can quote (`GET /clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces?limit=1:
+/// HTTP 404: 404 page not found`). [`NotServing::kind`] says whether to restart the slot or wait.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{request}: {answer}")]
+pub struct NotServing {
+    /// The request that failed.
+    pub request: serving::Request,
+    pub answer: serving::Answer,
 }
