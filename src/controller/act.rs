@@ -534,6 +534,17 @@ impl Actor<'_> {
                         .unwrap_or_default()
                 ),
             ),
+            KillCause::Broken => (
+                StopCause::Unresponsive,
+                format!(
+                    "slot {name} answers /readyz but not kcp's own APIs ({}): its start-up lost a bootstrap step, which kcp never redoes; killed it, a replacement starts",
+                    self.world
+                        .observed
+                        .slot(name)
+                        .and_then(|s| s.health.problem.clone())
+                        .unwrap_or_default()
+                ),
+            ),
             KillCause::DrainTimeout { seconds } => (
                 StopCause::DrainTimeout,
                 format!(
@@ -542,6 +553,9 @@ impl Actor<'_> {
             ),
         };
         self.signal_slot(name, stop, Signal::SIGKILL)?;
+        if *cause == KillCause::Broken {
+            self.update_roll(|roll| roll.broken_slots += 1)?;
+        }
         Ok(vec![Note::warning("SlotKilled", message)])
     }
 
@@ -610,6 +624,20 @@ impl Actor<'_> {
             RestartCause::StoreOutage => format!(
                 "slot {name} was starting when the store went down, and a kcp may never get ready after that (its informers do not sync); starting it again"
             ),
+            RestartCause::Broken => {
+                self.update_roll(|roll| {
+                    roll.not_ready_restarts += 1;
+                    roll.broken_slots += 1;
+                })?;
+                format!(
+                    "slot {name} answers /readyz but not kcp's own APIs ({}): its start-up lost a bootstrap step, which kcp never redoes (docs/reliability.md); starting it again",
+                    self.world
+                        .observed
+                        .slot(name)
+                        .and_then(|s| s.health.problem.clone())
+                        .unwrap_or_default()
+                )
+            }
             RestartCause::NotReady { timeout_seconds } => {
                 self.update_roll(|roll| roll.not_ready_restarts += 1)?;
                 format!(

@@ -100,8 +100,24 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
             healthy(),
         ),
     };
+    let broken: Vec<&SlotObservation> = observed
+        .slots
+        .iter()
+        .filter(|s| s.running && s.health.broken())
+        .collect();
     if degraded == healthy() {
-        if hung_alone {
+        if let Some(s) = broken.first() {
+            degraded = verdict(
+                "Degraded",
+                true,
+                "SlotBroken",
+                format!(
+                    "slot {} answers /readyz but not kcp's own APIs ({}); it is replaced",
+                    s.name,
+                    s.health.problem.as_deref().unwrap_or("404")
+                ),
+            );
+        } else if hung_alone {
             degraded = verdict("Degraded", true, "SlotUnresponsive", hung_message());
         } else if !serving.is_empty() && serving.len() < desired.slots && !first_start && !desired.deleting {
             let missing: Vec<String> = observed
@@ -242,12 +258,20 @@ fn progress_message(step: &Step) -> String {
         } => format!("killing slot {name}: it has not answered /readyz for {seconds}s"),
         Step::KillSlot {
             name,
+            cause: KillCause::Broken,
+        } => format!("killing slot {name}: it answers /readyz but not kcp's own APIs"),
+        Step::KillSlot {
+            name,
             cause: KillCause::DrainTimeout { seconds },
         } => format!("killing slot {name}: it did not exit within {seconds}s of SIGTERM"),
         Step::RestartSlot {
             name,
             cause: RestartCause::StoreOutage,
         } => format!("starting slot {name} again: the store went down while it started"),
+        Step::RestartSlot {
+            name,
+            cause: RestartCause::Broken,
+        } => format!("starting slot {name} again: it answers /readyz but not kcp's own APIs"),
         Step::RestartSlot {
             name,
             cause: RestartCause::NotReady { timeout_seconds },

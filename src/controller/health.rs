@@ -37,7 +37,26 @@ pub const LISTEN_POLL: Duration = Duration::from_millis(10);
 const FIRST_LOOK: Duration = Duration::from_millis(1_500);
 
 /// What a look found: Ok, or what failed.
-pub type LookResult = Result<(), String>;
+pub type LookResult = Result<(), Failure>;
+
+/// A failed look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub message: String,
+    /// The answer shows the process broken, not slow: a slot whose `/readyz` is ok and whose kcp
+    /// answers 404 for its own APIs (`slot::serving`).
+    pub broken: bool,
+}
+
+impl Failure {
+    /// A failure that says nothing of brokenness (a timeout, a refused connection).
+    pub fn slow(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            broken: false,
+        }
+    }
+}
 
 /// One health-checked process.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -176,16 +195,16 @@ where
         }
         let outcome = match tokio::time::timeout(LOOK_TIMEOUT, look()).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(format!("no answer within {LOOK_TIMEOUT:?}")),
+            Err(_) => Err(Failure::slow(format!("no answer within {LOOK_TIMEOUT:?}"))),
         };
         let now = Utc::now();
         let mut changed = false;
         check.seen.send_modify(|seen| {
-            let before = (seen.health.ready, seen.health.unresponsive());
+            let before = (seen.health.ready, seen.health.unresponsive(), seen.health.broken());
             record(&mut seen.health, outcome, now);
             seen.looked = true;
-            let after = (seen.health.ready, seen.health.unresponsive());
-            changed = (after.0 && !before.0) || after.1 != before.1;
+            let after = (seen.health.ready, seen.health.unresponsive(), seen.health.broken());
+            changed = (after.0 && !before.0) || after.1 != before.1 || after.2 != before.2;
         });
         if changed {
             wake();
@@ -233,16 +252,18 @@ pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
                 ever_ready: true,
                 ready: true,
                 failures: 0,
+                broken_looks: 0,
                 last_ok_at: Some(now),
                 problem: None,
             }
         }
-        Err(problem) => {
+        Err(failure) => {
             health.ready = false;
             if health.ever_ready {
                 health.failures += 1;
             }
-            health.problem = Some(problem);
+            health.broken_looks = if failure.broken { health.broken_looks + 1 } else { 0 };
+            health.problem = Some(failure.message);
         }
     }
 }
@@ -259,17 +280,28 @@ mod tests {
     fn a_slot_counts_failures_only_once_it_served_and_an_answer_clears_them() {
         let mut h = Health::default();
         let t = Utc::now();
-        record(&mut h, Err("connection refused".into()), t);
+        record(&mut h, Err(Failure::slow("connection refused")), t);
         assert_eq!((h.ever_ready, h.failures), (false, 0), "a starting slot is not failing");
         record(&mut h, Ok(()), t);
         assert!(h.ready && h.ever_ready);
-        record(&mut h, Err("no answer within 1s".into()), t);
-        record(&mut h, Err("no answer within 1s".into()), t);
+        record(&mut h, Err(Failure::slow("no answer within 1s")), t);
+        record(&mut h, Err(Failure::slow("no answer within 1s")), t);
+        assert!(!h.broken(), "slow is not broken");
         assert!(h.unresponsive());
         assert_eq!(h.last_ok_at, Some(t));
         assert_eq!(h.problem.as_deref(), Some("no answer within 1s"));
         record(&mut h, Ok(()), t);
         assert!(!h.unresponsive() && h.problem.is_none());
+        let broken = || {
+            Err(Failure {
+                message: "GET /clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces?limit=1: HTTP 404".into(),
+                broken: true,
+            })
+        };
+        record(&mut h, broken(), t);
+        assert!(!h.broken(), "one broken look is not enough");
+        record(&mut h, broken(), t);
+        assert!(h.broken() && h.unresponsive());
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::clients::Identity;
-use super::health::{LOOK_TIMEOUT, Seen, Target};
+use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
     FrontObservation, Health, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
@@ -239,7 +239,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 shard_ref.clone(),
                 None,
                 false,
-                move || crate::store::kine_read::read_health(port),
+                move || async move { crate::store::kine_read::read_health(port).await.map_err(Failure::slow) },
             )
             .await;
         if seen.health.unresponsive() {
@@ -390,8 +390,13 @@ async fn slot_health(
             let client = clients
                 .get(&kubeconfig, port, Identity::ShardAdmin)
                 .await
-                .map_err(|e| e.to_string())?;
-            access::readyz_ok(&client).await.map_err(|e| e.to_string())
+                .map_err(|e| Failure::slow(e.to_string()))?;
+            crate::slot::serves_kcp_apis(&client, LOOK_TIMEOUT)
+                .await
+                .map_err(|e| Failure {
+                    broken: e.kind() == crate::slot::NotServingKind::Broken,
+                    message: e.to_string(),
+                })
         }
     };
     ctx.health

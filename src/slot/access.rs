@@ -153,30 +153,6 @@ pub async fn readyz(client: &kube::Client) -> Result<bool, SlotError> {
     Ok(status == StatusCode::OK && String::from_utf8_lossy(&body).trim() == "ok")
 }
 
-/// `GET /readyz` answers `ok`; Err says what it answered instead (kcp lists the checks that
-/// failed), or that no answer came.
-pub async fn readyz_ok(client: &kube::Client) -> Result<(), SlotError> {
-    let (status, body) = call(client, Method::GET, "/readyz", None).await?;
-    if status == StatusCode::OK && String::from_utf8_lossy(&body).trim() == "ok" {
-        return Ok(());
-    }
-    let failed: Vec<&str> = std::str::from_utf8(&body)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("[-]"))
-        .collect();
-    Err(SlotError::Unexpected {
-        method: "GET".into(),
-        path: "/readyz".into(),
-        status: status.as_u16(),
-        body: if failed.is_empty() {
-            String::from_utf8_lossy(&body).chars().take(200).collect()
-        } else {
-            failed.join(", ")
-        },
-    })
-}
-
 /// Is the slot with root `root_dir` ready on its own `port`? Uses the shard-admin token of the
 /// root's `admin.kubeconfig` (the seeded copy works before the slot rewrites it: the token and CA
 /// are the shard's). Ok(false) while there is no kubeconfig yet or the slot does not answer;

@@ -227,6 +227,7 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
                 seconds: desired.drain_timeout.as_secs(),
             },
             Some(_) => return None,
+            None if s.health.ever_ready && s.health.broken() => KillCause::Broken,
             None if s.health.ever_ready
                 && s.health.failures > 0
                 && s.health
@@ -405,12 +406,28 @@ fn not_ready_yet(desired: &Desired, observed: &Observed, slot: &SlotObservation)
             cause: RestartCause::StoreOutage,
         };
     }
+    let allowed = NOT_READY_RESTARTS * desired.slots as u32;
+    if slot.health.broken() {
+        // kcp redoes no lost bootstrap step: waiting for readinessTimeout cannot help.
+        if roll.is_some_and(|r| r.not_ready_restarts < allowed) {
+            return Step::RestartSlot {
+                name: slot.name.clone(),
+                cause: RestartCause::Broken,
+            };
+        }
+        return Step::AbortRoll {
+            name: slot.name.clone(),
+            cause: BlockCause::SlotBroken {
+                slot: slot.name.clone(),
+                detail: slot.health.problem.clone(),
+            },
+        };
+    }
     if elapsed(observed.now, slot.started_at) <= desired.readiness_timeout {
         return Step::Wait(Wait::Ready {
             slot: slot.name.clone(),
         });
     }
-    let allowed = NOT_READY_RESTARTS * desired.slots as u32;
     if roll.is_some_and(|r| r.not_ready_restarts < allowed) {
         return Step::RestartSlot {
             name: slot.name.clone(),

@@ -118,6 +118,8 @@ pub struct Health {
     pub ready: bool,
     /// Looks in a row that failed (timed out or not ok) since the last ok.
     pub failures: u32,
+    /// Looks in a row whose answer showed it broken: `/readyz` ok, 404 for kcp's own APIs.
+    pub broken_looks: u32,
     /// When it last answered ok.
     pub last_ok_at: Option<DateTime<Utc>>,
     /// What the last failed look saw.
@@ -131,6 +133,12 @@ impl Health {
     /// A slot that served and has failed [`UNRESPONSIVE_AFTER`] looks in a row.
     pub fn unresponsive(&self) -> bool {
         self.ever_ready && self.failures >= UNRESPONSIVE_AFTER
+    }
+
+    /// [`UNRESPONSIVE_AFTER`] looks in a row showed it broken: it will never serve (kcp redoes no
+    /// lost bootstrap step; docs/reliability.md), so it is replaced at once.
+    pub fn broken(&self) -> bool {
+        self.broken_looks >= UNRESPONSIVE_AFTER
     }
 }
 
@@ -240,6 +248,12 @@ pub enum BlockCause {
     NoBinary { path: String },
     /// The new slot did not answer `/readyz` in time.
     SlotNotReady { slot: String, timeout_seconds: u64 },
+    /// The new slot answered `/readyz` but not kcp's own APIs, also after a restart.
+    SlotBroken {
+        slot: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
     /// The new slot's process exited before it was ready.
     SlotCrashed {
         slot: String,
@@ -257,6 +271,7 @@ impl BlockCause {
         match self {
             BlockCause::NoBinary { .. } => "BinaryMissing",
             BlockCause::SlotNotReady { .. } => "SlotNotReady",
+            BlockCause::SlotBroken { .. } => "SlotBroken",
             BlockCause::SlotCrashed { .. } => "SlotCrashed",
             BlockCause::VersionRefused { .. } => "VersionChangeRefused",
         }
@@ -279,6 +294,10 @@ impl BlockCause {
             ),
             BlockCause::SlotNotReady { slot, timeout_seconds } => format!(
                 "slot {slot} did not answer /readyz on its own port within {timeout_seconds}s and was stopped; the old slots keep serving. See the slot's log under the state dir, then fix spec.version, spec.kcp or raise spec.rollout.readinessTimeout to retry"
+            ),
+            BlockCause::SlotBroken { slot, detail } => format!(
+                "slot {slot} answered /readyz but not kcp's own APIs ({}), also when started again, and was stopped; the old slots keep serving. See the slot's log under the state dir; its store may be failing writes",
+                detail.as_deref().unwrap_or("404")
             ),
             BlockCause::SlotCrashed { slot, detail } => format!(
                 "slot {slot} exited before it was ready{}; the old slots keep serving. Fix spec.version or spec.kcp to retry",
@@ -329,9 +348,12 @@ pub struct RollRecord {
     /// sync: docs/reliability.md), so that slot is started again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_down_at: Option<DateTime<Utc>>,
-    /// How often a new slot was started again after it missed readinessTimeout.
+    /// How often a new slot was started again after it missed readinessTimeout or was broken.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub not_ready_restarts: u32,
+    /// How many slots were found broken (`/readyz` ok, 404 for kcp's own APIs) and replaced.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub broken_slots: u32,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -404,6 +426,8 @@ pub enum LeaveCause {
 pub enum KillCause {
     /// It served, and has not answered `/readyz` for livenessTimeout.
     Unresponsive { seconds: u64 },
+    /// It served, and now answers `/readyz` but not kcp's own APIs.
+    Broken,
     /// Sent SIGTERM, it did not exit within drainTimeout.
     DrainTimeout { seconds: u64 },
 }
@@ -415,6 +439,8 @@ pub enum RestartCause {
     StoreOutage,
     /// It did not answer /readyz within readinessTimeout.
     NotReady { timeout_seconds: u64 },
+    /// It answers `/readyz` but not kcp's own APIs.
+    Broken,
 }
 
 /// What is waited for, when nothing can be done now.
