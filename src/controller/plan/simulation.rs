@@ -89,6 +89,7 @@ impl Model {
                     ever_ready: true,
                     ready: true,
                     failures: 0,
+                    broken_looks: 0,
                     last_ok_at: Some(now),
                     problem: None,
                 };

@@ -47,6 +47,7 @@ pub(crate) fn slot(name: &str, version: &str, ready: bool) -> SlotObservation {
             ever_ready: ready,
             ready,
             failures: 0,
+            broken_looks: 0,
             last_ok_at: ready.then(|| at(9)),
             problem: None,
         },
@@ -301,6 +302,7 @@ fn a_serving_slot_that_stops_answering_leaves_the_front_after_two_looks_and_rejo
         ever_ready: true,
         ready: true,
         failures: 0,
+        broken_looks: 0,
         last_ok_at: Some(at(10)),
         problem: None,
     };
@@ -315,6 +317,7 @@ fn a_slot_that_does_not_answer_for_the_liveness_timeout_is_killed_even_when_it_i
         ever_ready: true,
         ready: false,
         failures: 12,
+        broken_looks: 0,
         last_ok_at: Some(at(2)),
         problem: Some("no answer within 1s".into()),
     };
