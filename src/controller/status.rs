@@ -38,6 +38,11 @@ pub fn build(
             restarted_at: slot.record.template.restarted_at.clone(),
         })
         .collect();
+    let version = world
+        .slots
+        .iter()
+        .find(|slot| active.as_deref() == Some(slot.record.name.as_str()))
+        .map(|slot| slot.record.template.version.clone());
     let last_roll = match (&world.state.roll, &world.state.last_roll) {
         (Some(roll), _) => Some(roll_status(roll, None)),
         (None, Some(done)) => Some(roll_status(&done.roll, Some(done.completed_at))),
@@ -47,6 +52,7 @@ pub fn build(
         observed_generation: generation,
         phase: Some(conditions::phase(&verdicts, desired.deleting)),
         active_slot: active,
+        version,
         slots,
         front: Some(FrontStatus {
             listen: Some(shard.spec.front.listen.clone()),
