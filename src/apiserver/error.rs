@@ -65,6 +65,12 @@ pub enum ApiError {
         name: String,
         message: String,
     },
+    /// A server-side apply that would change fields other managers own: (message, field) pairs.
+    #[error("{message}")]
+    ApplyConflict {
+        message: String,
+        causes: Vec<(String, String)>,
+    },
     #[error("{kind}.{group} \"{name}\" is invalid: {}", causes_text(.causes))]
     Invalid {
         kind: String,
@@ -109,7 +115,7 @@ impl ApiError {
             ApiError::NotFound { .. } | ApiError::NoRoute => 404,
             ApiError::MethodNotAllowed => 405,
             ApiError::NotAcceptable(_) => 406,
-            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => 409,
             ApiError::Expired { .. } => 410,
             ApiError::TooLarge { .. } => 413,
             ApiError::UnsupportedMediaType(_) => 415,
@@ -129,7 +135,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "MethodNotAllowed",
             ApiError::NotAcceptable(_) => "NotAcceptable",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
-            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
             ApiError::Expired { .. } => "Expired",
             ApiError::TooLarge { .. } => "RequestEntityTooLarge",
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
@@ -155,6 +161,11 @@ impl ApiError {
             ApiError::NotFound { resource, name }
             | ApiError::AlreadyExists { resource, name }
             | ApiError::Conflict { resource, name, .. } => Some(json!({"name": name, "kind": resource})),
+            ApiError::ApplyConflict { causes, .. } => Some(json!({
+                "causes": causes.iter().map(|(message, field)| json!({
+                    "reason": "FieldManagerConflict", "message": message, "field": field,
+                })).collect::<Vec<_>>(),
+            })),
             ApiError::Invalid {
                 kind,
                 group,

@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use serde_json::{Value, json};
 
 use super::ApiServer;
-use super::error::{ApiError, ApiResult};
-use super::objects::{Part, PatchType, Written};
+use super::error::{ApiError, ApiResult, FieldCause};
+use super::objects::{DeleteOptions, Part, PatchType, WriteOptions, Written};
 use super::schema::UnknownFields;
 use super::selectors::Selector;
 use super::table::{self, IncludeObject};
@@ -70,6 +70,117 @@ impl ApiRequest {
                 "fieldValidation must be Ignore, Warn or Strict, not {other:?}"
             ))),
         }
+    }
+
+    /// The options of a write (`verb` names them in errors: CreateOptions, PatchOptions...).
+    fn write_options(&self, verb: &str, patch_type: Option<PatchType>) -> ApiResult<WriteOptions> {
+        let options_error = |field: &str, message: String| ApiError::Invalid {
+            kind: format!("{verb}Options"),
+            group: "meta.k8s.io".into(),
+            name: String::new(),
+            causes: vec![FieldCause::invalid(field, message)],
+        };
+        let dry_run = match self.query.get("dryRun").map(String::as_str) {
+            None | Some("") => false,
+            Some("All") => true,
+            Some(other) => {
+                return Err(options_error(
+                    "dryRun",
+                    format!("Unsupported value: []string{{{other:?}}}: supported values: \"All\""),
+                ));
+            }
+        };
+        let explicit = self.param("fieldManager");
+        if let Some(manager) = explicit
+            && manager.len() > 128
+        {
+            return Err(options_error(
+                "fieldManager",
+                "Too long: may not be more than 128 bytes".into(),
+            ));
+        }
+        let apply = patch_type == Some(PatchType::Apply);
+        if apply && explicit.is_none() {
+            return Err(options_error(
+                "fieldManager",
+                "Required value: is required for apply patch".into(),
+            ));
+        }
+        let force = self.flag("force");
+        if force && !apply {
+            return Err(options_error(
+                "force",
+                "Forbidden: may not be specified for non-apply patch".into(),
+            ));
+        }
+        let manager = explicit.map(str::to_string).unwrap_or_else(|| {
+            // The real server's default: the User-Agent's product, `kubectl` of `kubectl/v1.34 (...)`.
+            let agent = self
+                .headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let product = agent.split('/').next().unwrap_or_default();
+            let product: String = product.chars().take(128).collect();
+            if product.is_empty() { "unknown".into() } else { product }
+        });
+        Ok(WriteOptions {
+            dry_run,
+            manager,
+            force,
+            unknown: self.unknown_fields()?,
+        })
+    }
+
+    /// DeleteOptions from the body (kubectl, client-go) and the query (curl, the Python client).
+    fn delete_options(&self) -> ApiResult<DeleteOptions> {
+        let body: Value = if self.body.iter().all(u8::is_ascii_whitespace) {
+            json!({})
+        } else {
+            self.decode()?
+        };
+        let invalid = |field: &str, message: String| ApiError::Invalid {
+            kind: "DeleteOptions".into(),
+            group: "meta.k8s.io".into(),
+            name: String::new(),
+            causes: vec![FieldCause::invalid(field, message)],
+        };
+        let mut dry_run: Vec<String> = body["dryRun"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        dry_run.extend(self.param("dryRun").map(str::to_string));
+        if let Some(other) = dry_run.iter().find(|v| *v != "All") {
+            return Err(invalid(
+                "dryRun",
+                format!("Unsupported value: []string{{{other:?}}}: supported values: \"All\""),
+            ));
+        }
+        let policy = body["propagationPolicy"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| self.param("propagationPolicy").map(str::to_string));
+        let orphan = match policy.as_deref() {
+            None | Some("Background" | "Foreground") => false,
+            Some("Orphan") => true,
+            Some(other) => {
+                return Err(invalid(
+                    "propagationPolicy",
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
+                    ),
+                ));
+            }
+        };
+        // The old orphanDependents flag, still sent by some clients.
+        let orphan = orphan || body["orphanDependents"] == json!(true);
+        let precondition = |field: &str| body["preconditions"][field].as_str().map(str::to_string);
+        Ok(DeleteOptions {
+            dry_run: !dry_run.is_empty(),
+            uid: precondition("uid"),
+            resource_version: precondition("resourceVersion"),
+            orphan,
+        })
     }
 
     fn decode(&self) -> ApiResult<Value> {
@@ -258,33 +369,35 @@ async fn resource_request(
             Ok(Reply::Json(StatusCode::OK, object, Vec::new()))
         }
         (&Method::POST, None) => {
-            written(objects.create(resource, namespace, request.decode()?, request.unknown_fields()?)?)
+            let options = request.write_options("Create", None)?;
+            written(objects.create(resource, namespace, request.decode()?, &options)?)
         }
-        (&Method::PUT, Some(name)) => written(objects.update(
-            resource,
-            namespace,
-            name,
-            part,
-            request.decode()?,
-            request.unknown_fields()?,
-        )?),
+        (&Method::PUT, Some(name)) => {
+            let options = request.write_options("Update", None)?;
+            written(objects.update(resource, namespace, name, part, request.decode()?, &options)?)
+        }
         (&Method::PATCH, Some(name)) => {
             let patch_type = PatchType::from_content_type(request.content_type())?;
-            written(objects.patch(
-                resource,
-                namespace,
-                name,
-                part,
-                patch_type,
-                request.decode()?,
-                request.unknown_fields()?,
-            )?)
+            let options = request.write_options("Patch", Some(patch_type))?;
+            written(objects.patch(resource, namespace, name, part, patch_type, request.decode()?, &options)?)
         }
         (&Method::DELETE, Some(name)) if part == Part::Main => Ok(Reply::Json(
             StatusCode::OK,
-            objects.delete(resource, namespace, name)?,
+            objects.delete(resource, namespace, name, &request.delete_options()?)?,
             Vec::new(),
         )),
+        (&Method::DELETE, None) => {
+            let selector = Selector::parse(request.param("labelSelector"), request.param("fieldSelector"))?;
+            let options = request.delete_options()?;
+            let deleted = objects.delete_collection(resource, namespace, |o| selector.matches(o), &options)?;
+            let items: Vec<Value> = deleted.into_iter().map(|o| with_type(resource, o)).collect();
+            Ok(Reply::Json(
+                StatusCode::OK,
+                json!({"apiVersion": resource.api_version(), "kind": format!("{}List", resource.kind),
+                       "metadata": {"resourceVersion": objects.store.current_resource_version().to_string()}, "items": items}),
+                Vec::new(),
+            ))
+        }
         _ => Err(ApiError::MethodNotAllowed),
     }
 }

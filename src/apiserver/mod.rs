@@ -7,10 +7,11 @@
 //!
 //! - [`store`]: one file per object, atomic writes, the resourceVersion counter, the change feed.
 //! - [`objects`]: what create, update, patch and delete mean (generation, no-op writes, conflicts,
-//!   finalizers).
+//!   finalizers, dry runs); [`apply`]: server-side apply and `managedFields`.
 //! - [`handler`]: routing, content negotiation, Status errors; [`watch`] streams changes.
 //! - [`discovery`], [`openapi`], [`table`]: the documents kubectl needs to work unmodified.
 //! - [`pki`], [`kubeconfig`], [`listener`]: key material, the kubeconfig it writes, TLS serving.
+pub mod apply;
 pub mod discovery;
 pub mod error;
 pub mod events;

@@ -11,6 +11,7 @@
 use chrono::{SecondsFormat, Utc};
 use serde_json::{Value, json};
 
+use super::apply::{self, Managed, Scope, Shape, Writer};
 use super::error::{ApiError, ApiResult, FieldCause};
 use super::resources::{EVENTS, Resource};
 use super::schema::UnknownFields;
@@ -58,6 +59,31 @@ impl PatchType {
     }
 }
 
+/// What every write takes besides its body: the query parameters of create, update, patch and
+/// delete that the handler has checked.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// `dryRun=All`: everything but the store write (and so no resourceVersion, no watch event).
+    pub dry_run: bool,
+    /// Who writes, for `managedFields`: `fieldManager`, else the client's User-Agent product.
+    pub manager: String,
+    /// `force=true` on an apply: take the fields other managers own.
+    pub force: bool,
+    pub unknown: UnknownFields,
+}
+
+/// DeleteOptions, from the body or the query.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub dry_run: bool,
+    /// `preconditions.uid`: delete only that object, not one that replaced it under its name.
+    pub uid: Option<String>,
+    /// `preconditions.resourceVersion`: delete only the version the client read.
+    pub resource_version: Option<String>,
+    /// `propagationPolicy: Orphan`: dependents stay, without the reference to this owner.
+    pub orphan: bool,
+}
+
 /// The result of a write, as the handler answers it.
 #[derive(Debug)]
 pub struct Written {
@@ -86,28 +112,70 @@ impl Objects {
             .ok_or_else(|| not_found(resource, name))
     }
 
+    /// Runs `decide` against the stored object and stores what it says, or (a dry run) only
+    /// says what would be stored.
+    fn write(
+        &self,
+        key: &Key,
+        dry_run: bool,
+        decide: impl FnOnce(Option<&Value>) -> ApiResult<Action>,
+    ) -> ApiResult<Outcome> {
+        if dry_run {
+            self.store.preview(key, decide)
+        } else {
+            self.store.modify(key, decide)
+        }
+    }
+
     pub fn create(
         &self,
         resource: &Resource,
         namespace: Option<&str>,
         body: Value,
-        unknown: UnknownFields,
+        options: &WriteOptions,
     ) -> ApiResult<Written> {
+        self.create_as(resource, namespace, body, options, apply::Operation::Update)
+    }
+
+    fn create_as(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        body: Value,
+        options: &WriteOptions,
+        operation: apply::Operation,
+    ) -> ApiResult<Written> {
+        let config = body.clone();
         let NewObject {
             namespace,
             name,
-            object,
+            mut object,
             warnings,
-        } = new_object(resource, namespace, body, unknown)?;
+        } = new_object(resource, namespace, body, options.unknown)?;
+        if tracks_managed_fields(resource) {
+            let mut managed = Managed::read(&object);
+            let writer = writer(resource, &options.manager, Part::Main);
+            let scope = ownership_scope(resource, Part::Main);
+            match operation {
+                apply::Operation::Update => managed.update(&json!({}), &object, shape(resource), scope, &writer),
+                apply::Operation::Apply => {
+                    let config = resource.from_view(&config);
+                    managed
+                        .apply(&json!({}), &config, shape(resource), scope, &writer, true)
+                        .expect("nothing conflicts with a new object");
+                }
+            }
+            managed.write(&mut object);
+        }
         let key = self.key(resource, namespace.as_deref(), &name);
-        let outcome = self.store.modify(&key, |existing| match existing {
+        let outcome = self.write(&key, options.dry_run, |existing| match existing {
             Some(_) => Err(ApiError::AlreadyExists {
                 resource: resource.qualified_name(),
                 name: name.clone(),
             }),
             None => Ok(Action::Put(object)),
         })?;
-        if resource.storage == EVENTS {
+        if resource.storage == EVENTS && !options.dry_run {
             self.trim_events();
         }
         Ok(Written {
@@ -125,17 +193,18 @@ impl Objects {
         name: &str,
         part: Part,
         body: Value,
-        unknown: UnknownFields,
+        options: &WriteOptions,
     ) -> ApiResult<Written> {
         let (body, expected) = update_body(resource, name, body)?;
         let key = self.key(resource, namespace, name);
         let mut warnings = Vec::new();
-        let outcome = self.store.modify(&key, |existing| {
+        let outcome = self.write(&key, options.dry_run, |existing| {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
             if existing["metadata"]["resourceVersion"].as_str() != Some(expected.as_str()) {
                 return Err(conflict(resource, name));
             }
-            next_state(resource, existing, body, part, unknown, &mut warnings)
+            let next = next_state(resource, existing, body, part, options.unknown, &mut warnings)?;
+            Ok(track_update(resource, existing, next, part, &options.manager))
         })?;
         Ok(Written {
             object: resource.to_view(&written(outcome)),
@@ -154,14 +223,15 @@ impl Objects {
         part: Part,
         patch_type: PatchType,
         patch: Value,
-        unknown: UnknownFields,
+        options: &WriteOptions,
     ) -> ApiResult<Written> {
         let key = self.key(resource, namespace, name);
         if self.store.get(&key).is_none() && patch_type == PatchType::Apply && part == Part::Main {
-            return self.create(resource, namespace, applied_to_nothing(name, patch)?, unknown);
+            let body = applied_to_nothing(name, patch)?;
+            return self.create_as(resource, namespace, body, options, apply::Operation::Apply);
         }
         let mut warnings = Vec::new();
-        let outcome = self.store.modify(&key, |existing| {
+        let outcome = self.write(&key, options.dry_run, |existing| {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
             patched_state(
                 resource,
@@ -170,7 +240,7 @@ impl Objects {
                 part,
                 patch_type,
                 &patch,
-                unknown,
+                options,
                 &mut warnings,
             )
         })?;
@@ -181,11 +251,20 @@ impl Objects {
         })
     }
 
-    /// DELETE: removes the object, or with finalizers marks it for deletion.
-    pub fn delete(&self, resource: &Resource, namespace: Option<&str>, name: &str) -> ApiResult<Value> {
+    /// DELETE: removes the object, or with finalizers marks it for deletion. Once it is gone, its
+    /// dependents (objects whose ownerReferences name its uid) are deleted too, or with
+    /// `propagationPolicy: Orphan` lose that reference.
+    pub fn delete(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        options: &DeleteOptions,
+    ) -> ApiResult<Value> {
         let key = self.key(resource, namespace, name);
-        let outcome = self.store.modify(&key, |existing| -> ApiResult<Action> {
+        let outcome = self.write(&key, options.dry_run, |existing| -> ApiResult<Action> {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
+            check_preconditions(resource, name, existing, options)?;
             if !has_finalizers(existing) {
                 return Ok(Action::Delete);
             }
@@ -199,10 +278,98 @@ impl Objects {
             Ok(Action::Put(marked))
         })?;
         let object = match outcome {
-            Outcome::Written(o) | Outcome::Deleted(o) | Outcome::Unchanged(Some(o)) => o,
+            Outcome::Deleted(o) => {
+                if !options.dry_run {
+                    self.collect_dependents(&o, options.orphan);
+                }
+                o
+            }
+            Outcome::Written(o) | Outcome::Unchanged(Some(o)) => o,
             Outcome::Unchanged(None) => return Err(not_found(resource, name)),
         };
         Ok(resource.to_view(&object))
+    }
+
+    /// DELETE on a collection (deletecollection): deletes every object `selected` says yes to (in
+    /// the served view), as single deletes would; answers the list of what it deleted.
+    pub fn delete_collection(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        selected: impl Fn(&Value) -> bool,
+        options: &DeleteOptions,
+    ) -> ApiResult<Vec<Value>> {
+        let (items, _) = self.store.list(resource.storage, namespace);
+        let mut deleted = Vec::new();
+        for item in items.iter().map(|o| resource.to_view(o)).filter(|o| selected(o)) {
+            let name = item["metadata"]["name"].as_str().unwrap_or_default();
+            let namespace = item["metadata"]["namespace"].as_str();
+            match self.delete(resource, namespace, name, options) {
+                Ok(object) => deleted.push(object),
+                // Gone meanwhile: nothing left to delete.
+                Err(ApiError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Garbage collection of the objects that name `owner` in their ownerReferences.
+    fn collect_dependents(&self, owner: &Value, orphan: bool) {
+        let Some(uid) = owner["metadata"]["uid"].as_str() else {
+            return;
+        };
+        for &storage in super::resources::STORAGE {
+            let (items, _) = self.store.list(storage, None);
+            for item in items {
+                let references = item["metadata"]["ownerReferences"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                if !references.iter().any(|r| r["uid"] == uid) {
+                    continue;
+                }
+                let key = Key {
+                    resource: storage,
+                    namespace: item["metadata"]["namespace"].as_str().map(str::to_string),
+                    name: item["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                };
+                let result = if orphan {
+                    self.store.modify::<StoreError>(&key, |current| {
+                        let Some(current) = current else {
+                            return Ok(Action::Nothing);
+                        };
+                        let mut next = current.clone();
+                        let kept: Vec<Value> = references.iter().filter(|r| r["uid"] != uid).cloned().collect();
+                        next["metadata"]["ownerReferences"] = Value::Array(kept);
+                        if next["metadata"]["ownerReferences"] == json!([]) {
+                            remove(&mut next["metadata"], "ownerReferences");
+                        }
+                        Ok(Action::Put(next))
+                    })
+                } else {
+                    self.store.modify::<StoreError>(&key, |current| {
+                        Ok(match current {
+                            Some(current) if !has_finalizers(current) => Action::Delete,
+                            Some(current) if current["metadata"]["deletionTimestamp"].is_null() => {
+                                let mut marked = current.clone();
+                                marked["metadata"]["deletionTimestamp"] = json!(now());
+                                marked["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+                                Action::Put(marked)
+                            }
+                            _ => Action::Nothing,
+                        })
+                    })
+                };
+                match result {
+                    Ok(Outcome::Deleted(dependent)) => self.collect_dependents(&dependent, false),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, dependent = %key.name, "cannot collect a dependent of a deleted object")
+                    }
+                }
+            }
+        }
     }
 
     /// Keeps the newest [`super::events::RETAINED`] events.
@@ -328,11 +495,14 @@ pub fn patched_state(
     part: Part,
     patch_type: PatchType,
     patch: &Value,
-    unknown: UnknownFields,
+    options: &WriteOptions,
     warnings: &mut Vec<String>,
 ) -> ApiResult<Action> {
     let served = resource.to_view(existing);
-    let patched = apply_patch(resource, name, &served, patch_type, patch)?;
+    let patched = match patch_type {
+        PatchType::Apply => server_side_apply(resource, name, existing, part, patch, options)?,
+        _ => apply_patch(resource, name, &served, patch_type, patch)?,
+    };
     let patched = resource.from_view(&check_type(resource, patched)?);
     check_body_name(&patched, name)?;
     // A patch may pin the version it was computed from (kubectl apply does); if it does, it
@@ -342,7 +512,118 @@ pub fn patched_state(
     {
         return Err(conflict(resource, name));
     }
-    next_state(resource, existing, patched, part, unknown, warnings)
+    let next = next_state(resource, existing, patched, part, options.unknown, warnings)?;
+    Ok(match patch_type {
+        PatchType::Apply => next,
+        _ => track_update(resource, existing, next, part, &options.manager),
+    })
+}
+
+/// The served object after an apply of `patch` by `options.manager`, its `managedFields` updated;
+/// a 409 when it would change fields other managers own (and `force` is not set). An object that
+/// kept kubectl's last-applied annotation gets the applied configuration in it, so that a later
+/// client-side apply computes its patch from what was applied.
+fn server_side_apply(
+    resource: &Resource,
+    name: &str,
+    existing: &Value,
+    part: Part,
+    patch: &Value,
+    options: &WriteOptions,
+) -> ApiResult<Value> {
+    let config = check_type(resource, patch.clone())?;
+    check_body_name(&config, name)?;
+    let mut config = resource.from_view(&config);
+    if !tracks_managed_fields(resource) {
+        let mut merged = existing.clone();
+        json_patch::merge(&mut merged, &config);
+        return Ok(resource.to_view(&merged));
+    }
+    if let Some(metadata) = config["metadata"].as_object_mut() {
+        metadata.remove("managedFields");
+    }
+    let mut managed = Managed::read(existing);
+    let writer = writer(resource, &options.manager, part);
+    let mut merged = managed
+        .apply(
+            existing,
+            &config,
+            shape(resource),
+            ownership_scope(resource, part),
+            &writer,
+            options.force,
+        )
+        .map_err(|conflicts| ApiError::ApplyConflict {
+            message: conflicts.message(),
+            causes: conflicts.causes(),
+        })?;
+    managed.write(&mut merged);
+    if part == Part::Main
+        && let Some(annotations) = merged["metadata"]["annotations"].as_object_mut()
+        && annotations.contains_key(apply::LAST_APPLIED)
+    {
+        annotations.insert(apply::LAST_APPLIED.into(), json!(patch.to_string()));
+    }
+    Ok(resource.to_view(&merged))
+}
+
+/// Whether writes to `resource` record `managedFields` (only resources with a schema: events are
+/// served in two versions, and their field paths would need converting between them).
+fn tracks_managed_fields(resource: &Resource) -> bool {
+    resource.schema.is_some()
+}
+
+fn shape(resource: &Resource) -> Shape<'_> {
+    Shape::root(resource.schema.as_ref().map(|s| s.root()))
+}
+
+fn ownership_scope(resource: &Resource, part: Part) -> Scope {
+    match part {
+        Part::Main => Scope::Main {
+            status_subresource: resource.status_subresource,
+        },
+        Part::Status => Scope::Status,
+    }
+}
+
+fn writer(resource: &Resource, manager: &str, part: Part) -> Writer {
+    Writer {
+        manager: manager.to_string(),
+        subresource: (part == Part::Status).then_some("status"),
+        api_version: resource.api_version(),
+        now: now(),
+    }
+}
+
+/// Records an Update by `manager` from `existing` to the object `next` stores. The managed fields
+/// the client sent (kubectl's upgrade from client-side apply rewrites them) replace the stored
+/// ones, as on the real server; `[{}]` clears them.
+fn track_update(resource: &Resource, existing: &Value, next: Action, part: Part, manager: &str) -> Action {
+    let Action::Put(mut next) = next else {
+        return next;
+    };
+    if !tracks_managed_fields(resource) {
+        return Action::Put(next);
+    }
+    if next["metadata"]["managedFields"] == json!([{}]) {
+        Managed::default().write(&mut next);
+        return Action::Put(next);
+    }
+    let sent = Managed::read(&next);
+    let mut managed = if part == Part::Main && !sent.0.is_empty() {
+        sent
+    } else {
+        Managed::read(existing)
+    };
+    managed.update(
+        existing,
+        &next,
+        shape(resource),
+        ownership_scope(resource, part),
+        &writer(resource, manager, part),
+    );
+    managed.write(&mut next);
+    Action::Put(next)
 }
 
 /// The object an update or patch leads to, from the stored `existing` and the client's `proposed`
@@ -387,6 +668,14 @@ pub fn next_state(
         match existing["metadata"].get(system) {
             Some(v) => next["metadata"][system] = v.clone(),
             None => remove(&mut next["metadata"], system),
+        }
+    }
+    // A client that sends no managedFields leaves them as they are (the real server's rule, so
+    // that clients unaware of them cannot wipe them).
+    if next["metadata"]["managedFields"].as_array().is_none_or(Vec::is_empty) {
+        match existing["metadata"].get("managedFields") {
+            Some(managed) => next["metadata"]["managedFields"] = managed.clone(),
+            None => remove(&mut next["metadata"], "managedFields"),
         }
     }
     *warnings = validate(resource, &mut next, unknown)?;
@@ -603,6 +892,29 @@ pub fn dns1123_subdomain_problem(name: &str) -> Option<&'static str> {
         return Some(RULE);
     }
     None
+}
+
+/// A delete's preconditions must hold for the stored object (a 409 otherwise, worded as by the
+/// real server).
+fn check_preconditions(resource: &Resource, name: &str, existing: &Value, options: &DeleteOptions) -> ApiResult<()> {
+    let failed = |what: &str, wanted: &str, found: &str| ApiError::Conflict {
+        resource: resource.qualified_name(),
+        name: name.to_string(),
+        message: format!("Precondition failed: {what} in precondition: {wanted}, {what} in object meta: {found}"),
+    };
+    if let Some(uid) = &options.uid {
+        let found = existing["metadata"]["uid"].as_str().unwrap_or_default();
+        if uid != found {
+            return Err(failed("UID", uid, found));
+        }
+    }
+    if let Some(rv) = &options.resource_version {
+        let found = existing["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+        if rv != found {
+            return Err(failed("ResourceVersion", rv, found));
+        }
+    }
+    Ok(())
 }
 
 fn written(outcome: Outcome) -> Value {

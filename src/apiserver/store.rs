@@ -252,6 +252,35 @@ impl Store {
         })
     }
 
+    /// What [`Store::modify`] would do, without doing it (a dry run): nothing is written, no
+    /// resourceVersion is used, nobody is notified. A would-be written object keeps the
+    /// resourceVersion it has (none, for a create).
+    pub fn preview<E>(
+        &self,
+        key: &Key,
+        decide: impl FnOnce(Option<&Value>) -> Result<Action, E>,
+    ) -> Result<Outcome, E> {
+        let previous = self.lock().objects.get(key).cloned();
+        Ok(match decide(previous.as_ref())? {
+            Action::Nothing => Outcome::Unchanged(previous),
+            Action::Put(mut object) => {
+                match previous.as_ref().map(|p| p["metadata"]["resourceVersion"].clone()) {
+                    Some(rv) => object["metadata"]["resourceVersion"] = rv,
+                    None => {
+                        if let Some(metadata) = object["metadata"].as_object_mut() {
+                            metadata.remove("resourceVersion");
+                        }
+                    }
+                }
+                Outcome::Written(object)
+            }
+            Action::Delete => match previous {
+                Some(object) => Outcome::Deleted(object),
+                None => Outcome::Unchanged(None),
+            },
+        })
+    }
+
     /// The changes after `resource_version` and a receiver for the ones to come, taken together
     /// so that nothing falls between them. `Err(oldest)` when the history no longer reaches back
     /// that far (the caller answers 410 Expired).
