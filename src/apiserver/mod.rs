@@ -66,7 +66,10 @@ impl ApiServer {
             .with_context(|| format!("cannot load the objects under {}", state_dir.join("objects").display()))?;
         Ok(Arc::new(ApiServer {
             resources: resources::all(),
-            objects: Objects { store },
+            objects: Objects {
+                store,
+                admission: Default::default(),
+            },
             metrics: metrics::ApiMetrics::default(),
         }))
     }

@@ -94,6 +94,9 @@ pub struct Written {
 
 pub struct Objects {
     pub store: Store,
+    /// Held across the check and the write of a KcpShard, so that two writes cannot both take
+    /// one front address.
+    pub admission: std::sync::Mutex<()>,
 }
 
 impl Objects {
@@ -113,13 +116,26 @@ impl Objects {
     }
 
     /// Runs `decide` against the stored object and stores what it says, or (a dry run) only
-    /// says what would be stored.
+    /// says what would be stored. A KcpShard it would store must pass [`Admission`] first.
     fn write(
         &self,
+        resource: &Resource,
         key: &Key,
         dry_run: bool,
         decide: impl FnOnce(Option<&Value>) -> ApiResult<Action>,
     ) -> ApiResult<Outcome> {
+        let admission = Admission::new(self, resource);
+        let decide = |existing: Option<&Value>| {
+            let action = decide(existing)?;
+            // Only a new address is checked: a shard that shares one from before (an older
+            // kcpshard allowed it) must still take its status writes.
+            if let (Some(admission), Action::Put(next)) = (&admission, &action)
+                && existing.map(front_listen) != Some(front_listen(next))
+            {
+                admission.check(resource, next)?;
+            }
+            Ok(action)
+        };
         if dry_run {
             self.store.preview(key, decide)
         } else {
@@ -168,7 +184,7 @@ impl Objects {
             managed.write(&mut object);
         }
         let key = self.key(resource, namespace.as_deref(), &name);
-        let outcome = self.write(&key, options.dry_run, |existing| match existing {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| match existing {
             Some(_) => Err(ApiError::AlreadyExists {
                 resource: resource.qualified_name(),
                 name: name.clone(),
@@ -198,7 +214,7 @@ impl Objects {
         let (body, expected) = update_body(resource, name, body)?;
         let key = self.key(resource, namespace, name);
         let mut warnings = Vec::new();
-        let outcome = self.write(&key, options.dry_run, |existing| {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
             if existing["metadata"]["resourceVersion"].as_str() != Some(expected.as_str()) {
                 return Err(conflict(resource, name));
@@ -231,7 +247,7 @@ impl Objects {
             return self.create_as(resource, namespace, body, options, apply::Operation::Apply);
         }
         let mut warnings = Vec::new();
-        let outcome = self.write(&key, options.dry_run, |existing| {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
             patched_state(
                 resource,
@@ -262,7 +278,7 @@ impl Objects {
         options: &DeleteOptions,
     ) -> ApiResult<Value> {
         let key = self.key(resource, namespace, name);
-        let outcome = self.write(&key, options.dry_run, |existing| -> ApiResult<Action> {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| -> ApiResult<Action> {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
             check_preconditions(resource, name, existing, options)?;
             if !has_finalizers(existing) {
@@ -392,6 +408,59 @@ impl Objects {
     }
 }
 
+/// The checks of a KcpShard against the others (an admission step of the real server's kind): two
+/// shards cannot share a front address, since the second front could never listen. Holds
+/// [`Objects::admission`] from the read of the others to the write.
+struct Admission<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    others: Vec<Value>,
+}
+
+impl<'a> Admission<'a> {
+    fn new(objects: &'a Objects, resource: &Resource) -> Option<Admission<'a>> {
+        if resource.storage != super::resources::KCPSHARDS {
+            return None;
+        }
+        let guard = objects.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let (others, _) = objects.store.list(resource.storage, None);
+        Some(Admission { _guard: guard, others })
+    }
+
+    fn check(&self, resource: &Resource, next: &Value) -> ApiResult<()> {
+        let name = next["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(listen) = front_listen(next) else {
+            return Ok(());
+        };
+        let taken = self.others.iter().find(|other| {
+            other["metadata"]["name"].as_str() != Some(name)
+                && front_listen(other).is_some_and(|theirs| {
+                    theirs.port() == listen.port()
+                        && (theirs.ip() == listen.ip() || theirs.ip().is_unspecified() || listen.ip().is_unspecified())
+                })
+        });
+        match taken {
+            None => Ok(()),
+            Some(other) => Err(invalid(
+                resource,
+                name,
+                vec![FieldCause::invalid(
+                    "spec.front.listen",
+                    format!(
+                        "Invalid value: {:?}: KcpShard {} already uses {} for its front; pick another address",
+                        listen.to_string(),
+                        other["metadata"]["name"].as_str().unwrap_or_default(),
+                        other["spec"]["front"]["listen"].as_str().unwrap_or_default()
+                    ),
+                )],
+            )),
+        }
+    }
+}
+
+fn front_listen(shard: &Value) -> Option<std::net::SocketAddr> {
+    shard["spec"]["front"]["listen"].as_str()?.parse().ok()
+}
+
 /// A create's object, checked and filled in, before the store gives it a resourceVersion.
 #[derive(Debug)]
 pub struct NewObject {
@@ -420,11 +489,25 @@ pub fn new_object(
     };
     check_name(resource, &name)?;
     let namespace = scope(resource, namespace, &object)?;
+    if let Some(ns) = &namespace
+        && let Some(problem) = dns1123_label_problem(ns)
+    {
+        return Err(invalid(
+            resource,
+            &name,
+            vec![FieldCause::invalid(
+                "metadata.namespace",
+                format!("Invalid value: {ns:?}: {problem}"),
+            )],
+        ));
+    }
     let now = now();
     let metadata = &mut object["metadata"];
     metadata["name"] = json!(name);
-    if let Some(ns) = &namespace {
-        metadata["namespace"] = json!(ns);
+    match &namespace {
+        Some(ns) => metadata["namespace"] = json!(ns),
+        // The real server drops a namespace sent for a cluster-scoped object.
+        None => remove(metadata, "namespace"),
     }
     metadata["uid"] = json!(uuid());
     metadata["creationTimestamp"] = json!(now);
@@ -875,6 +958,20 @@ pub fn check_name(resource: &Resource, name: &str) -> ApiResult<()> {
     Ok(())
 }
 
+/// Namespaces are DNS-1123 labels (so `.`, `..` and `_cluster` never name one).
+pub fn dns1123_label_problem(name: &str) -> Option<&'static str> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    (!ok).then_some(
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
+    )
+}
+
 pub fn dns1123_subdomain_problem(name: &str) -> Option<&'static str> {
     const RULE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com')";
     if name.is_empty() || name.len() > 253 {
@@ -1015,6 +1112,14 @@ fn random_suffix() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespaces_are_labels() {
+        assert!(dns1123_label_problem("default").is_none());
+        for bad in [".", "..", "_cluster", "a.b", "A", "-a", &"a".repeat(64)] {
+            assert!(dns1123_label_problem(bad).is_some(), "{bad:?} should be refused");
+        }
+    }
 
     #[test]
     fn names_that_are_not_subdomains_or_try_a_path_are_refused() {
