@@ -23,7 +23,9 @@ fn shard(name: &str) -> DynamicObject {
         "apiVersion": "kcpshard.io/v1alpha1",
         "kind": "KcpShard",
         "metadata": {"name": name},
-        "spec": {"version": "v0.31.2", "store": {"type": "KineSqlite"}},
+        // Each shard its own front address: the API refuses a second shard on one.
+        "spec": {"version": "v0.31.2", "store": {"type": "KineSqlite"},
+                 "front": {"listen": format!("127.0.0.1:{}", 20000 + name.bytes().map(u16::from).sum::<u16>())}},
         "status": {"phase": "Ready"},
     }))
     .unwrap()

@@ -512,6 +512,7 @@ async fn server_dry_runs_answer_what_would_be_stored_and_store_nothing() {
     // create: the answer carries what the server would generate, but nothing is there after.
     let mut other = dev_manifest();
     other["metadata"]["name"] = json!("other");
+    other["spec"]["front"]["listen"] = json!("127.0.0.1:6444");
     let out = kubectl_stdin(&serve, &["create", "--dry-run=server", "-o", "json", "-f", "-"], &other);
     let answered: Value = serde_json::from_str(&out).unwrap();
     assert!(answered["metadata"]["uid"].is_string(), "{answered}");
@@ -721,4 +722,60 @@ async fn server_side_apply_takes_over_from_client_side_apply() {
     manifest["spec"]["version"] = json!(next_patch_version());
     let out = kubectl_stdin(&serve, &["apply", "-f", "-"], &manifest);
     assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev configured");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_can_i_and_whoami_answer_for_the_one_admin_token() {
+    let serve = Serve::start().await;
+    assert_eq!(
+        serve.kubectl_ok(&["auth", "can-i", "create", "kcpshards"]).trim(),
+        "yes"
+    );
+    assert_eq!(
+        serve
+            .kubectl_ok(&["auth", "can-i", "delete", "events", "-n", "default"])
+            .trim(),
+        "yes"
+    );
+    let list = serve.kubectl_ok(&["auth", "can-i", "--list"]);
+    assert!(list.contains("*.*"), "{list}");
+    let whoami = serve.kubectl_ok(&["auth", "whoami", "-o", "json"]);
+    let review: Value = serde_json::from_str(&whoami).unwrap();
+    assert_eq!(review["status"]["userInfo"]["username"], "kcpshard-admin", "{whoami}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lists_come_in_pages_and_deletecollection_deletes_what_it_selects() {
+    let serve = Serve::start().await;
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let mut shard = dev_manifest();
+        shard["metadata"]["name"] = json!(name);
+        shard["metadata"]["labels"] = json!({"batch": if i < 2 { "one" } else { "two" }});
+        shard["spec"]["front"]["listen"] = json!(format!("127.0.0.1:{}", 16500 + i));
+        kubectl_stdin(&serve, &["create", "-f", "-"], &shard);
+    }
+    // kubectl get --chunk-size pages through limit/continue; -v=6 shows each request.
+    let output = serve.kubectl_with(&["get", "ks", "--chunk-size=1", "-o", "name", "-v=6"], None, &[]);
+    let out = serve.expect_ok(&["get", "ks", "--chunk-size=1"], output.clone());
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(log.matches("continue=").count(), 2, "two follow-up pages:\n{log}");
+    let err = serve.kubectl_err(&["get", "ks", "-l", "batch in (one two"]);
+    assert!(err.contains("unable to parse") || err.contains("BadRequest"), "{err}");
+    let err = serve.kubectl_err(&["get", "ks", "--field-selector", "spec.version=v1"]);
+    assert!(err.contains("not a known field selector"), "{err}");
+    serve.kubectl_ok(&["delete", "ks", "-l", "batch=one", "--dry-run=server"]);
+    assert_eq!(serve.kubectl_ok(&["get", "ks", "-o", "name"]).lines().count(), 3);
+    // kubectl delete -l lists and deletes one by one; the collection DELETE is client-go's.
+    let client = serve.client().await;
+    let deleted = kcpshards(&client)
+        .delete_collection(
+            &Default::default(),
+            &kube::api::ListParams::default().labels("batch=one"),
+        )
+        .await
+        .unwrap();
+    assert!(deleted.is_left(), "a list of what was deleted");
+    let left = serve.kubectl_ok(&["get", "ks", "-o", "name"]);
+    assert_eq!(left.trim(), "kcpshard.kcpshard.io/c", "{left}");
 }

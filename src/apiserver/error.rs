@@ -96,6 +96,9 @@ pub enum ApiError {
     InsufficientStorage(String),
     #[error("the server is shutting down")]
     Unavailable,
+    /// The server cannot answer in time (a resourceVersion ahead of the store's).
+    #[error("{0}")]
+    Timeout(String),
 }
 
 fn causes_text(causes: &[FieldCause]) -> String {
@@ -123,6 +126,7 @@ impl ApiError {
             ApiError::Internal(_) => 500,
             ApiError::InsufficientStorage(_) => 507,
             ApiError::Unavailable => 503,
+            ApiError::Timeout(_) => 504,
         }
     }
 
@@ -143,6 +147,7 @@ impl ApiError {
             ApiError::Internal(_) => "InternalError",
             ApiError::InsufficientStorage(_) => "InsufficientStorage",
             ApiError::Unavailable => "ServiceUnavailable",
+            ApiError::Timeout(_) => "Timeout",
         }
     }
 

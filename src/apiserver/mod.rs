@@ -8,7 +8,9 @@
 //! - [`store`]: one file per object, atomic writes, the resourceVersion counter, the change feed.
 //! - [`objects`]: what create, update, patch and delete mean (generation, no-op writes, conflicts,
 //!   finalizers, dry runs); [`apply`]: server-side apply and `managedFields`.
-//! - [`handler`]: routing, content negotiation, Status errors; [`watch`] streams changes.
+//! - [`handler`]: routing and Status errors; [`negotiation`] (JSON, YAML, Table,
+//!   PartialObjectMetadata; 406), [`paging`] (limit/continue), [`watch`] streams changes.
+//! - [`metadata`]: ObjectMeta validation; [`reviews`]: `kubectl auth can-i` and `whoami`.
 //! - [`discovery`], [`openapi`], [`table`]: the documents kubectl needs to work unmodified.
 //! - [`pki`], [`kubeconfig`], [`listener`]: key material, the kubeconfig it writes, TLS serving.
 pub mod apply;
@@ -18,11 +20,15 @@ pub mod events;
 pub mod handler;
 pub mod kubeconfig;
 pub mod listener;
+pub mod metadata;
 pub mod metrics;
+pub mod negotiation;
 pub mod objects;
 pub mod openapi;
+pub mod paging;
 pub mod pki;
 pub mod resources;
+pub mod reviews;
 pub mod schema;
 pub mod selectors;
 pub mod store;

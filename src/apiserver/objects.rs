@@ -876,7 +876,8 @@ fn validate(resource: &Resource, object: &mut Value, unknown: UnknownFields) -> 
             .check(object, unknown)
             .map_err(|causes| invalid(resource, &name, causes))?;
     }
-    let causes = resource.semantic_check(object);
+    let mut causes = super::metadata::validate(object);
+    causes.extend(resource.semantic_check(object));
     if !causes.is_empty() {
         return Err(invalid(resource, &name, causes));
     }
