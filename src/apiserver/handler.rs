@@ -179,7 +179,7 @@ fn dry_run<'a>(values: impl Iterator<Item = &'a str>, refuse: impl Fn(String) ->
             "All" => dry = true,
             other => {
                 return Err(refuse(format!(
-                    "Unsupported value: []string{{{other:?}}}: supported values: \"All\""
+                    "Unsupported value: [{other:?}]: supported values: \"All\""
                 )));
             }
         }
@@ -425,11 +425,19 @@ async fn resource_request(
             let options = request.write_options("Patch", Some(patch_type))?;
             written(objects.patch(resource, namespace, name, part, patch_type, request.decode()?, &options)?)
         }
-        (&Method::DELETE, Some(name)) if part == Part::Main => Ok(Reply::Json(
-            StatusCode::OK,
-            objects.delete(resource, namespace, name, &request.delete_options()?)?,
-            Vec::new(),
-        )),
+        (&Method::DELETE, Some(name)) if part == Part::Main => {
+            let deleted = objects.delete(resource, namespace, name, &request.delete_options()?)?;
+            // Gone at once: a Status saying so, as the real server answers; kept by finalizers:
+            // the object, marked.
+            let answer = if deleted.gone {
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                       "details": {"name": name, "group": resource.group, "kind": resource.plural,
+                                   "uid": deleted.object["metadata"]["uid"]}})
+            } else {
+                with_type(resource, deleted.object)
+            };
+            Ok(Reply::Json(StatusCode::OK, answer, Vec::new()))
+        }
         (&Method::DELETE, None) => {
             let selector = Selector::parse(request.param("labelSelector"), request.param("fieldSelector"))?;
             let options = request.delete_options()?;

@@ -72,6 +72,14 @@ pub struct WriteOptions {
     pub unknown: UnknownFields,
 }
 
+/// What a delete did: the object as it was deleted (or marked for deletion), and whether it is gone.
+#[derive(Debug)]
+pub struct Deleted {
+    pub object: Value,
+    /// False when finalizers keep it, marked with a deletionTimestamp.
+    pub gone: bool,
+}
+
 /// DeleteOptions, from the body or the query.
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOptions {
@@ -276,7 +284,7 @@ impl Objects {
         namespace: Option<&str>,
         name: &str,
         options: &DeleteOptions,
-    ) -> ApiResult<Value> {
+    ) -> ApiResult<Deleted> {
         let key = self.key(resource, namespace, name);
         let outcome = self.write(resource, &key, options.dry_run, |existing| -> ApiResult<Action> {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
@@ -293,17 +301,20 @@ impl Objects {
             bump_generation(&mut marked);
             Ok(Action::Put(marked))
         })?;
-        let object = match outcome {
+        let (object, gone) = match outcome {
             Outcome::Deleted(o) => {
                 if !options.dry_run {
                     self.collect_dependents(&o, options.orphan);
                 }
-                o
+                (o, true)
             }
-            Outcome::Written(o) | Outcome::Unchanged(Some(o)) => o,
+            Outcome::Written(o) | Outcome::Unchanged(Some(o)) => (o, false),
             Outcome::Unchanged(None) => return Err(not_found(resource, name)),
         };
-        Ok(resource.to_view(&object))
+        Ok(Deleted {
+            object: resource.to_view(&object),
+            gone,
+        })
     }
 
     /// DELETE on a collection (deletecollection): deletes every object `selected` says yes to (in
@@ -321,7 +332,7 @@ impl Objects {
             let name = item["metadata"]["name"].as_str().unwrap_or_default();
             let namespace = item["metadata"]["namespace"].as_str();
             match self.delete(resource, namespace, name, options) {
-                Ok(object) => deleted.push(object),
+                Ok(done) => deleted.push(done.object),
                 // Gone meanwhile: nothing left to delete.
                 Err(ApiError::NotFound { .. }) => {}
                 Err(e) => return Err(e),

@@ -232,6 +232,13 @@ impl Managed {
         let new_fields = scope.fields(new, shape);
         let removed = old_fields.difference(&new_fields);
         let mut changed = new_fields.difference(&old_fields);
+        // A map an update brings into being is owned as well (`.` in fieldsV1), as on the real
+        // server; an apply owns only what it set.
+        for path in structure::objects_added(old, new).iter() {
+            if scope.owns(path) {
+                changed.insert(path.clone());
+            }
+        }
         for path in new_fields.intersection(&old_fields).iter() {
             if is_leaf(path) && structure::get(old, path) != structure::get(new, path) {
                 changed.insert(path.clone());

@@ -155,6 +155,25 @@ fn collect(value: &Value, walk: &Walk<'_>, path: &mut Path, out: &mut FieldSet) 
     }
 }
 
+/// The paths of the non-empty objects (below the root, not list items) that `new` has and `old`
+/// does not.
+pub fn objects_added(old: &Value, new: &Value) -> FieldSet {
+    fn walk(old: Option<&Value>, new: &Value, path: &mut Path, out: &mut FieldSet) {
+        let Value::Object(fields) = new else { return };
+        if old.is_none() && !path.is_empty() && !fields.is_empty() {
+            out.insert(path.clone());
+        }
+        for (name, child) in fields {
+            path.push(Element::Field(name.clone()));
+            walk(old.and_then(|o| o.get(name)), child, path, out);
+            path.pop();
+        }
+    }
+    let mut out = FieldSet::default();
+    walk(Some(old), new, &mut Vec::new(), &mut out);
+    out
+}
+
 /// The value at `path`, if there is one.
 pub fn get<'v>(value: &'v Value, path: &[Element]) -> Option<&'v Value> {
     path.iter().try_fold(value, |value, element| match element {
