@@ -615,8 +615,8 @@ pub fn patched_state(
 
 /// The served object after an apply of `patch` by `options.manager`, its `managedFields` updated;
 /// a 409 when it would change fields other managers own (and `force` is not set). An object that
-/// kept kubectl's last-applied annotation gets the applied configuration in it, so that a later
-/// client-side apply computes its patch from what was applied.
+/// kept kubectl's last-applied annotation gets kubectl's applied configuration in it, so that a
+/// later client-side apply computes its patch from what was applied.
 fn server_side_apply(
     resource: &Resource,
     name: &str,
@@ -652,11 +652,17 @@ fn server_side_apply(
             causes: conflicts.causes(),
         })?;
     managed.write(&mut merged);
+    // As the real server: only kubectl's own apply, and only where the annotation is kept.
     if part == Part::Main
+        && options.manager == "kubectl"
         && let Some(annotations) = merged["metadata"]["annotations"].as_object_mut()
         && annotations.contains_key(apply::LAST_APPLIED)
     {
-        annotations.insert(apply::LAST_APPLIED.into(), json!(patch.to_string()));
+        let mut applied = patch.clone();
+        if let Some(theirs) = applied["metadata"]["annotations"].as_object_mut() {
+            theirs.remove(apply::LAST_APPLIED);
+        }
+        annotations.insert(apply::LAST_APPLIED.into(), json!(applied.to_string()));
     }
     Ok(resource.to_view(&merged))
 }

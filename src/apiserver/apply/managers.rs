@@ -298,11 +298,14 @@ impl Managed {
         }
         let previous = own.map(|at| self.0[at].fields.clone()).unwrap_or_default();
         for path in previous.difference(&config_fields).iter() {
-            let kept = self
-                .0
-                .iter()
-                .enumerate()
-                .any(|(at, e)| Some(at) != own && e.fields.has_at_or_below(path));
+            // A map the applier no longer owns itself stays while anything in it is still set, by
+            // this configuration or by another manager.
+            let kept = config_fields.has_at_or_below(path)
+                || self
+                    .0
+                    .iter()
+                    .enumerate()
+                    .any(|(at, e)| Some(at) != own && e.fields.has_at_or_below(path));
             if !kept {
                 structure::remove(&mut merged, path);
             }
@@ -416,6 +419,28 @@ mod tests {
             assert_eq!(forced["spec"]["version"], "v2");
             assert_eq!(managed.0.len(), 1, "a lost its only field: {managed:?}");
             assert_eq!(managed.0[0].manager, "b");
+        })
+    }
+
+    /// kubectl's upgrade from client-side apply gives its apply the maps an update owned (`.`).
+    #[test]
+    fn a_map_the_applier_owned_stays_while_its_configuration_sets_fields_in_it() {
+        with_shape(|shape| {
+            let mut managed = Managed::default();
+            let old = shard(json!({"version": "v1", "rollout": {"allowMinorVersionChange": true}}));
+            managed.update(&json!({}), &old, shape, MAIN, &writer("kubectl"));
+            managed.0[0].operation = Operation::Apply;
+            let live = managed
+                .apply(
+                    &old,
+                    &shard(json!({"version": "v1"})),
+                    shape,
+                    MAIN,
+                    &writer("kubectl"),
+                    false,
+                )
+                .unwrap();
+            assert_eq!(live["spec"], json!({"version": "v1"}));
         })
     }
 
