@@ -689,6 +689,101 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
     )
     .await;
 
+    // --- the real kubectl against both: dry runs, diff, client-side then server-side apply ------
+    let kcp_server = format!("--server=https://127.0.0.1:{}/clusters/root:{WORKSPACE}", kcp.port);
+    let mut kubectl = |case: &str, args: &[&str], manifest: Option<&Value>| {
+        c.cases += 1;
+        let stdin = manifest.map(Value::to_string);
+        let mut ours_args: Vec<&str> = args.to_vec();
+        if stdin.is_some() {
+            ours_args.extend(["-f", "-"]);
+        }
+        let ours = serve.kubectl_with(&ours_args, stdin.as_deref(), &[]);
+        let mut real_args = vec![kcp_server.as_str()];
+        real_args.extend_from_slice(args);
+        let real = kcp.kubectl_as("shard-base", &real_args, stdin.as_deref());
+        let text = |o: &std::process::Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        if ours.status.code() != real.status.code() || ours.stdout != real.stdout {
+            c.differences.push(format!(
+                "{case}: kubectl {}: kcpshard ({:?}):\n{}\n  kcp ({:?}):\n{}",
+                args.join(" "),
+                ours.status.code(),
+                text(&ours),
+                real.status.code(),
+                text(&real)
+            ));
+        }
+    };
+    let mut gated = shard("csa", 16449);
+    gated["spec"]["rollout"] = json!({"allowMinorVersionChange": true});
+    kubectl("client-side apply", &["apply"], Some(&gated));
+    let mut edited = gated.clone();
+    edited["spec"]["version"] = json!("v0.31.3");
+    kubectl(
+        "client-side apply, dry run",
+        &["apply", "--dry-run=server", "-o", "jsonpath={.spec.version}"],
+        Some(&edited),
+    );
+    kubectl("diff", &["diff"], Some(&edited));
+    kubectl(
+        "patch, dry run",
+        &[
+            "patch",
+            "ks",
+            "csa",
+            "--type=merge",
+            "--dry-run=server",
+            "-o",
+            "jsonpath={.spec.version}",
+            "-p",
+            r#"{"spec":{"version":"v0.31.3"}}"#,
+        ],
+        None,
+    );
+    kubectl("delete, dry run", &["delete", "ks", "csa", "--dry-run=server"], None);
+    kubectl(
+        "server-side apply, dry run: the client-side fields conflict",
+        &["apply", "--server-side", "--dry-run=server"],
+        Some(&edited),
+    );
+    let mut ungated = gated.clone();
+    ungated["spec"].as_object_mut().unwrap().remove("rollout");
+    kubectl(
+        "server-side apply takes over from client-side apply",
+        &["apply", "--server-side"],
+        Some(&ungated),
+    );
+    kubectl(
+        "the gate the file dropped is gone",
+        &[
+            "get",
+            "ks",
+            "csa",
+            "-o",
+            "jsonpath={.spec.rollout.allowMinorVersionChange} {.spec.version}",
+        ],
+        None,
+    );
+    kubectl(
+        "managers after the take-over",
+        &[
+            "get",
+            "ks",
+            "csa",
+            "--show-managed-fields",
+            "-o",
+            "jsonpath={.metadata.managedFields[*].manager}",
+        ],
+        None,
+    );
+    kubectl("client-side apply after it", &["apply"], Some(&edited));
+
     let took = started.elapsed();
     println!(
         "MEASURE api_compare: {} cases in {:.1}s ({:.1}s of it starting kcp, the workspace and serve)",
