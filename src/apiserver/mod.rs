@@ -86,8 +86,17 @@ impl ApiServer {
         let service = tower::service_fn(move |request: Request<kube::client::Body>| {
             let server = server.clone();
             async move {
-                let (parts, body) = request.into_parts();
+                let (mut parts, body) = request.into_parts();
                 let body = body.collect().await?.to_bytes();
+                // Writes without a fieldManager are recorded under the User-Agent's product: the
+                // in-process clients (controller, GitOps) are `kcpshard`.
+                parts
+                    .headers
+                    .entry(http::header::USER_AGENT)
+                    .or_insert(http::HeaderValue::from_static(concat!(
+                        "kcpshard/",
+                        env!("CARGO_PKG_VERSION")
+                    )));
                 let request = ApiRequest {
                     method: parts.method,
                     path: parts.uri.path().to_string(),
