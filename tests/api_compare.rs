@@ -660,9 +660,16 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
         "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z", "count": 1,
         "source": {"component": "test"}});
     c.same(
+        // kcpshard answers it with an eventTime derived from lastTimestamp (docs/api.md).
         "a core/v1 event without eventTime",
         req(Method::POST, "/api/v1/namespaces/default/events").json(legacy),
-        &["/reason", "/eventTime"],
+        &["/reason", "/lastTimestamp"],
+    )
+    .await;
+    c.same(
+        "the event list with it",
+        req(Method::GET, "/api/v1/namespaces/default/events"),
+        &["/items/0/reason"],
     )
     .await;
     c.same(
@@ -691,6 +698,9 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
 
     // --- the real kubectl against both: dry runs, diff, client-side then server-side apply ------
     let kcp_server = format!("--server=https://127.0.0.1:{}/clusters/root:{WORKSPACE}", kcp.port);
+    // kubectl caches discovery by host and port, not path: the workspace needs a cache of its own.
+    let cache = tempfile::tempdir().unwrap();
+    let kcp_cache = format!("--cache-dir={}", cache.path().display());
     let mut kubectl = |case: &str, args: &[&str], manifest: Option<&Value>| {
         c.cases += 1;
         let stdin = manifest.map(Value::to_string);
@@ -699,7 +709,7 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
             ours_args.extend(["-f", "-"]);
         }
         let ours = serve.kubectl_with(&ours_args, stdin.as_deref(), &[]);
-        let mut real_args = vec![kcp_server.as_str()];
+        let mut real_args = vec![kcp_server.as_str(), kcp_cache.as_str()];
         real_args.extend_from_slice(args);
         let real = kcp.kubectl_as("shard-base", &real_args, stdin.as_deref());
         let text = |o: &std::process::Output| {
