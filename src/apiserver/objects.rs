@@ -239,6 +239,7 @@ impl Objects {
 
     /// PATCH: applies a JSON, merge or apply patch to the object (or its status). An apply patch
     /// creates the object when it does not exist.
+    #[allow(clippy::too_many_arguments)]
     pub fn patch(
         &self,
         resource: &Resource,

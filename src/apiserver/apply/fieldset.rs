@@ -161,10 +161,8 @@ impl FieldSet {
     /// Reads a `fieldsV1` object; None when it is not one.
     pub fn from_fields_v1(fields: &Value) -> Option<FieldSet> {
         fn decode(node: &Map<String, Value>, path: &mut Path, out: &mut BTreeSet<Path>) -> Option<()> {
-            if node.is_empty() || node.contains_key(".") {
-                if !path.is_empty() {
-                    out.insert(path.clone());
-                }
+            if (node.is_empty() || node.contains_key(".")) && !path.is_empty() {
+                out.insert(path.clone());
             }
             for (name, child) in node {
                 if name == "." {
