@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the KcpShard API over HTTPS from files in the state dir, and write its kubeconfig.
-    Serve(Box<serve::Args>),
+    Serve(serve::Args),
     /// Print the KcpShard CustomResourceDefinition (the same bytes as crds/kcpshards.kcpshard.io.yaml).
     Crd,
     /// Create or update KcpShard objects from YAML or JSON files, like `kubectl apply -f`.
@@ -74,7 +74,7 @@ pub fn main() -> ExitCode {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve(args) => serve::run(*args).await,
+        Command::Serve(args) => serve::run(args).await,
         Command::Crd => crd::run(),
         Command::Apply(args) => apply::run(args).await,
         Command::Get(args) => get::run(args).await,
