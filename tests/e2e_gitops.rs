@@ -10,7 +10,7 @@
 //! made in the checkout itself are covered, without kcp, by tests/gitops.rs.
 //!
 //! Before that, on the same shard: the real kubectl's server-side dry runs (an apply of the newer
-//! version, a patch, a delete) change nothing: the object keeps its resourceVersion and the slot
+//! version, a patch, a delete) change nothing: the object keeps its spec and generation and the slot
 //! keeps running, with no roll. Then a commit that only drops `kcp.extraArgs` from the file takes
 //! them off the object (server-side apply under `kcpshard-gitops`), and the controller rolls to a
 //! slot whose kcp runs without them.
@@ -150,7 +150,10 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
     );
 
     // Server-side dry runs of an upgrade and of a delete: answered, and nothing happens.
-    let rv = ready["metadata"]["resourceVersion"].clone();
+    // (The controller may still write status meanwhile; what a dry run must not touch is the spec,
+    // its generation and the processes. tests/kubectl.rs checks the resourceVersion, without a
+    // controller.)
+    let (generation, spec) = (ready["metadata"]["generation"].clone(), ready["spec"].clone());
     let upgrade = manifest(&newer, &front, true);
     let out = kubectl(
         &env,
@@ -178,13 +181,14 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = env.get(SHARD).await.expect("the shard is still there");
     assert_eq!(
-        after["metadata"]["resourceVersion"], rv,
+        after["metadata"]["generation"], generation,
         "a dry run was stored: {after}"
     );
+    assert_eq!(after["spec"], spec, "a dry run was stored: {after}");
     assert!(after["metadata"]["deletionTimestamp"].is_null(), "{after}");
     assert_eq!(active_pid(&after), Some(first_pid), "{}", after["status"]);
     assert!(alive(first_pid), "the slot's kcp stopped after the dry runs");
-    env.log("dry runs of apply, patch and delete: same resourceVersion, same slot process, no roll");
+    env.log("dry runs of apply, patch and delete: same spec and generation, same slot process, no roll");
 
     // A commit that only drops the extra arguments: they leave the object, and the shard rolls.
     let clone = repos.path().join("clone");
