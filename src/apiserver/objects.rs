@@ -628,12 +628,13 @@ fn server_side_apply(
 ) -> ApiResult<Value> {
     let config = check_type(resource, patch.clone())?;
     check_body_name(&config, name)?;
-    let mut config = resource.from_view(&config);
     if !tracks_managed_fields(resource) {
-        let mut merged = existing.clone();
+        // Events: a merge into the view the client applies to.
+        let mut merged = resource.to_view(existing);
         json_patch::merge(&mut merged, &config);
-        return Ok(resource.to_view(&merged));
+        return Ok(merged);
     }
+    let mut config = resource.from_view(&config);
     if let Some(metadata) = config["metadata"].as_object_mut() {
         metadata.remove("managedFields");
     }
