@@ -701,6 +701,30 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
     // kubectl caches discovery by host and port, not path: the workspace needs a cache of its own.
     let cache = tempfile::tempdir().unwrap();
     let kcp_cache = format!("--cache-dir={}", cache.path().display());
+    // kcp's discovery lists a new CRD a moment after it serves it: wait, as kubectl needs it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = kcp.kubectl_as(
+            "shard-base",
+            &[
+                &kcp_server,
+                &kcp_cache,
+                "api-resources",
+                "--api-group=kcpshard.io",
+                "-o",
+                "name",
+            ],
+            None,
+        );
+        if String::from_utf8_lossy(&out.stdout).contains("kcpshards") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kcp's discovery did not list kcpshards within 60s: {out:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let mut kubectl = |case: &str, args: &[&str], manifest: Option<&Value>| {
         c.cases += 1;
         let stdin = manifest.map(Value::to_string);
