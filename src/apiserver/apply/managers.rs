@@ -41,6 +41,19 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// How a conflict names the manager: `"kubectl-client-side-apply" using kcpshard.io/v1alpha1`
+    /// for an Update, the name alone for an Apply (k8s.io/apiserver fieldmanager's printManager).
+    fn display(&self) -> String {
+        let mut name = format!("{:?}", self.manager);
+        if let Some(subresource) = &self.subresource {
+            name = format!("{name} with subresource {subresource:?}");
+        }
+        match self.operation {
+            Operation::Update => format!("{name} using {}", self.api_version),
+            Operation::Apply => name,
+        }
+    }
+
     fn to_json(&self) -> Value {
         let mut entry = json!({
             "manager": self.manager,
@@ -141,7 +154,7 @@ impl Conflicts {
     pub fn message(&self) -> String {
         if let [(manager, path)] = self.0.as_slice() {
             return format!(
-                "Apply failed with 1 conflict: conflict with {manager:?}: {}",
+                "Apply failed with 1 conflict: conflict with {manager}: {}",
                 Display(path)
             );
         }
@@ -150,7 +163,7 @@ impl Conflicts {
         managers.dedup();
         let mut lines = Vec::new();
         for manager in managers {
-            lines.push(format!("conflicts with {manager:?}:"));
+            lines.push(format!("conflicts with {manager}:"));
             for (_, path) in self.0.iter().filter(|(m, _)| m == manager) {
                 lines.push(format!("- {}", Display(path)));
             }
@@ -162,7 +175,7 @@ impl Conflicts {
     pub fn causes(&self) -> Vec<(String, String)> {
         self.0
             .iter()
-            .map(|(manager, path)| (format!("conflict with {manager:?}"), Display(path).to_string()))
+            .map(|(manager, path)| (format!("conflict with {manager}"), Display(path).to_string()))
             .collect()
     }
 }
@@ -188,12 +201,22 @@ impl Managed {
         let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
             return;
         };
-        if self.0.is_empty() {
+        // In the real server's order: Apply before Update, then by time, manager, subresource.
+        let mut entries: Vec<&Entry> = self.0.iter().collect();
+        entries.sort_by(|a, b| {
+            (a.operation == Operation::Update, &a.time, &a.manager, &a.subresource).cmp(&(
+                b.operation == Operation::Update,
+                &b.time,
+                &b.manager,
+                &b.subresource,
+            ))
+        });
+        if entries.is_empty() {
             metadata.remove("managedFields");
         } else {
             metadata.insert(
                 "managedFields".into(),
-                Value::Array(self.0.iter().map(Entry::to_json).collect()),
+                Value::Array(entries.into_iter().map(Entry::to_json).collect()),
             );
         }
     }
@@ -288,7 +311,7 @@ impl Managed {
             return Err(Conflicts(
                 conflicts
                     .into_iter()
-                    .map(|(at, path)| (self.0[at].manager.clone(), path))
+                    .map(|(at, path)| (self.0[at].display(), path))
                     .collect(),
             ));
         }
