@@ -23,7 +23,9 @@ fn shard(name: &str) -> DynamicObject {
         "apiVersion": "kcpshard.io/v1alpha1",
         "kind": "KcpShard",
         "metadata": {"name": name},
-        "spec": {"version": "v0.31.2", "store": {"type": "KineSqlite"}},
+        // Each shard its own front address: the API refuses a second shard on one.
+        "spec": {"version": "v0.31.2", "store": {"type": "KineSqlite"},
+                 "front": {"listen": format!("127.0.0.1:{}", 20000 + name.bytes().map(u16::from).sum::<u16>())}},
         "status": {"phase": "Ready"},
     }))
     .unwrap()
@@ -359,4 +361,48 @@ async fn recorder_events_are_readable_as_core_events_of_the_object() {
         .await
         .unwrap();
     assert!(other.items.is_empty());
+}
+
+/// Metadata informers (client-go, controller-runtime) ask for PartialObjectMetadata; big answers
+/// are gzipped for a client that accepts it, as the real server does from 128 KiB.
+#[tokio::test]
+async fn metadata_only_lists_and_gzipped_big_answers() {
+    use http_body_util::BodyExt;
+    let f = fixture();
+    for name in ["a", "b", "c"] {
+        let mut shard = shard(name);
+        shard.metadata.annotations = Some([("bulk".to_string(), "x".repeat(60 * 1024))].into());
+        f.shards.create(&PostParams::default(), &shard).await.unwrap();
+    }
+    let get = |accept: &str, encoding: &str| {
+        http::Request::get("/apis/kcpshard.io/v1alpha1/kcpshards")
+            .header(http::header::ACCEPT, accept)
+            .header(http::header::ACCEPT_ENCODING, encoding)
+            .body(kube::client::Body::empty())
+            .unwrap()
+    };
+    let response = f
+        .client
+        .send(get(
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+            "identity",
+        ))
+        .await
+        .unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let list: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(list["kind"], "PartialObjectMetadataList");
+    assert_eq!(list["items"][0]["kind"], "PartialObjectMetadata");
+    assert!(list["items"][0]["spec"].is_null() && list["items"][0]["metadata"]["name"] == "a");
+
+    let response = f.client.send(get("application/json", "gzip")).await.unwrap();
+    assert_eq!(response.headers()[http::header::CONTENT_ENCODING], "gzip");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut text).unwrap();
+    let list: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(3));
+
+    let response = f.client.send(get("text/html", "identity")).await.unwrap();
+    assert_eq!(response.status(), 406);
 }

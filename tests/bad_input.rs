@@ -358,3 +358,93 @@ async fn put_with_a_stale_resource_version_is_a_conflict() {
     );
     assert_eq!(stored["spec"], current["spec"], "the refused PUT changed nothing");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_shard_on_another_shards_front_address_is_refused_naming_it() {
+    let serve = Serve::start().await;
+    let client = serve.client().await;
+    create_dev(&client).await;
+    let mut second = dev();
+    second["metadata"]["name"] = json!("second");
+    let reply = post_json(&client, COLLECTION, &second).await;
+    assert_invalid(&reply, "spec.front.listen", "a second shard on dev's address");
+    assert!(reply.text.contains("KcpShard dev already uses"), "{}", reply.text);
+    // 0.0.0.0 on the same port takes it too; another port is fine.
+    second["spec"]["front"]["listen"] = json!("0.0.0.0:6443");
+    assert_invalid(
+        &post_json(&client, COLLECTION, &second).await,
+        "spec.front.listen",
+        "0.0.0.0 on dev's port",
+    );
+    second["spec"]["front"]["listen"] = json!("127.0.0.1:6444");
+    let reply = post_json(&client, COLLECTION, &second).await;
+    assert_eq!(reply.code, StatusCode::CREATED, "{}", reply.text);
+    // Moving it onto dev's address later is refused as well.
+    let patch = json!({"spec": {"front": {"listen": "127.0.0.1:6443"}}});
+    let reply = send(
+        &client,
+        Method::PATCH,
+        &format!("{COLLECTION}/second"),
+        "application/merge-patch+json",
+        patch.to_string().into_bytes(),
+    )
+    .await;
+    assert_invalid(&reply, "spec.front.listen", "a patch onto dev's address");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn event_namespaces_must_be_labels() {
+    let serve = Serve::start().await;
+    let client = serve.client().await;
+    for (group, namespace) in [
+        ("api/v1", "_cluster"),
+        ("api/v1", "a.b"),
+        ("apis/events.k8s.io/v1", "_cluster"),
+    ] {
+        let event = if group == "api/v1" {
+            json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e1"},
+                   "involvedObject": {"kind": "KcpShard", "name": "dev"}, "reason": "X", "message": "x", "type": "Normal"})
+        } else {
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e1"},
+                   "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "t", "reportingInstance": "t",
+                   "action": "A", "reason": "X", "type": "Normal"})
+        };
+        let reply = post_json(&client, &format!("/{group}/namespaces/{namespace}/events"), &event).await;
+        assert_invalid(
+            &reply,
+            "metadata.namespace",
+            &format!("{group} events in {namespace:?}"),
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_253_character_name_works_and_survives_a_restart() {
+    let mut serve = Serve::start().await;
+    let client = serve.client().await;
+    let name = format!(
+        "{}.{}.{}.{}",
+        "a".repeat(63),
+        "b".repeat(63),
+        "c".repeat(63),
+        "d".repeat(61)
+    );
+    assert_eq!(name.len(), 253);
+    let mut object = dev();
+    object["metadata"]["name"] = json!(name);
+    let reply = post_json(&client, COLLECTION, &object).await;
+    assert_eq!(reply.code, StatusCode::CREATED, "{}", reply.text);
+    serve.kill();
+    serve.restart().await;
+    let client = serve.client().await;
+    let reply = send(
+        &client,
+        Method::GET,
+        &format!("{COLLECTION}/{name}"),
+        "application/json",
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(reply.code, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.body["metadata"]["name"], name);
+}

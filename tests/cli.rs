@@ -124,11 +124,21 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
     let out = ok(&serve, &["get"]);
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(header, ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"], "{out}");
+    // Without a controller nothing serves: VERSION (status.version) is empty; -o wide adds DESIRED.
+    let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(row.len(), 2, "{out}");
+    let wide = ok(&serve, &["get", "-o", "wide"]);
+    let header: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "AGE"],
+        "{wide}"
+    );
     assert!(
-        out.lines().nth(1).is_some_and(
-            |row| row.starts_with("dev ") && row.contains(dev_manifest()["spec"]["version"].as_str().unwrap())
-        ),
-        "{out}"
+        wide.lines()
+            .nth(1)
+            .is_some_and(|row| row.contains(dev_manifest()["spec"]["version"].as_str().unwrap())),
+        "{wide}"
     );
 
     let yaml: Value = serde_yaml::from_str(&ok(&serve, &["get", "dev", "-o", "yaml"])).unwrap();

@@ -9,8 +9,14 @@
 //! updateInstead`), which is how a commit reaches a checkout that nobody pulls by hand. Commits
 //! made in the checkout itself are covered, without kcp, by tests/gitops.rs.
 //!
-//! One roll only (each start of kcp costs seconds). Components come from bin/
-//! (hack/install-deps.sh); a missing one fails, never skips. Needs the `git` binary.
+//! Before that, on the same shard: the real kubectl's server-side dry runs (an apply of the newer
+//! version, a patch, a delete) change nothing: the object keeps its spec and generation and the slot
+//! keeps running, with no roll. Then a commit that only drops `kcp.extraArgs` from the file takes
+//! them off the object (server-side apply under `kcpshard-gitops`), and the controller rolls to a
+//! slot whose kcp runs without them.
+//!
+//! Two rolls (each start of kcp costs seconds). Components come from bin/ (hack/install-deps.sh);
+//! a missing one fails, never skips. Needs the `git` binary.
 mod e2e;
 mod support;
 
@@ -47,12 +53,56 @@ fn git(dir: &Path, args: &[&str]) {
     );
 }
 
-fn manifest(version: &str, front: &str) -> String {
+/// The log verbosity flag the first commit gives kcp, and the second takes away.
+const EXTRA_ARG: &str = "--v=3";
+
+fn manifest(version: &str, front: &str, extra_args: bool) -> String {
+    let kcp = if extra_args {
+        format!("  kcp:\n    extraArgs: [\"{EXTRA_ARG}\"]\n")
+    } else {
+        String::new()
+    };
     format!(
         "# The shard this host runs; a commit here rolls it.\n\
          apiVersion: kcpshard.io/v1alpha1\nkind: KcpShard\nmetadata:\n  name: {SHARD}\nspec:\n  version: {version}\n  \
-         store:\n    type: KineSqlite\n  front:\n    type: Tcp\n    listen: {front}\n"
+         store:\n    type: KineSqlite\n  front:\n    type: Tcp\n    listen: {front}\n{kcp}"
     )
+}
+
+/// The argv of a process.
+fn cmdline(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// The real kubectl against serve's API, with `stdin`; fails the test unless it succeeds.
+fn kubectl(env: &Env, args: &[&str], stdin: Option<&str>) -> String {
+    let mut command = Command::new(support::require("kubectl"));
+    command
+        .arg(format!("--kubeconfig={}", env.state.join("kubeconfig").display()))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("run kubectl");
+    {
+        use std::io::Write;
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(stdin.unwrap_or_default().as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    if !out.status.success() {
+        env.fail(&format!(
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The version status.slots gives for the active slot.
@@ -78,7 +128,7 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
     git(&checkout, &["init", "-q", "-b", "main"]);
     git(&checkout, &["config", "receive.denyCurrentBranch", "updateInstead"]);
     let front = format!("127.0.0.1:{}", free_port());
-    std::fs::write(checkout.join("shards/gitops.yaml"), manifest(&older, &front)).unwrap();
+    std::fs::write(checkout.join("shards/gitops.yaml"), manifest(&older, &front, true)).unwrap();
     git(&checkout, &["add", "."]);
     git(&checkout, &["commit", "-q", "-m", &format!("{SHARD}: kcp {older}")]);
 
@@ -92,14 +142,95 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
         ready["status"]
     );
     env.log(&format!("{SHARD} Ready on {older} (slot {:?})", active_slot(&ready)));
+    let first_pid = active_pid(&ready).expect("the active slot has a pid");
+    assert!(
+        cmdline(first_pid).iter().any(|a| a == EXTRA_ARG),
+        "{:?}",
+        cmdline(first_pid)
+    );
 
-    // The commit, in a clone, pushed; nothing else.
+    // Server-side dry runs of an upgrade and of a delete: answered, and nothing happens.
+    // (The controller may still write status meanwhile; what a dry run must not touch is the spec,
+    // its generation and the processes. tests/kubectl.rs checks the resourceVersion, without a
+    // controller.)
+    let (generation, spec) = (ready["metadata"]["generation"].clone(), ready["spec"].clone());
+    let upgrade = manifest(&newer, &front, true);
+    let out = kubectl(
+        &env,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=kcpshard-gitops",
+            "--dry-run=server",
+            "-o",
+            "jsonpath={.spec.version}",
+            "-f",
+            "-",
+        ],
+        Some(&upgrade),
+    );
+    assert_eq!(out, newer, "the dry run answers the upgraded object");
+    let patch = format!(r#"{{"spec":{{"version":"{newer}"}}}}"#);
+    kubectl(
+        &env,
+        &["patch", "ks", SHARD, "--type=merge", "--dry-run=server", "-p", &patch],
+        None,
+    );
+    let out = kubectl(&env, &["delete", "ks", SHARD, "--dry-run=server"], None);
+    assert!(out.contains("deleted (server dry run)"), "{out}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = env.get(SHARD).await.expect("the shard is still there");
+    assert_eq!(
+        after["metadata"]["generation"], generation,
+        "a dry run was stored: {after}"
+    );
+    assert_eq!(after["spec"], spec, "a dry run was stored: {after}");
+    assert!(after["metadata"]["deletionTimestamp"].is_null(), "{after}");
+    assert_eq!(active_pid(&after), Some(first_pid), "{}", after["status"]);
+    assert!(alive(first_pid), "the slot's kcp stopped after the dry runs");
+    env.log("dry runs of apply, patch and delete: same spec and generation, same slot process, no roll");
+
+    // A commit that only drops the extra arguments: they leave the object, and the shard rolls.
     let clone = repos.path().join("clone");
     git(
         repos.path(),
         &["clone", "-q", checkout.to_str().unwrap(), clone.to_str().unwrap()],
     );
-    std::fs::write(clone.join("shards/gitops.yaml"), manifest(&newer, &front)).unwrap();
+    std::fs::write(clone.join("shards/gitops.yaml"), manifest(&older, &front, false)).unwrap();
+    git(
+        &clone,
+        &["commit", "-q", "-am", &format!("{SHARD}: no extra kcp arguments")],
+    );
+    let dropped_at = Utc::now();
+    git(&clone, &["push", "-q", "origin", "main"]);
+    let rolled = env
+        .until(
+            SHARD,
+            ROLL_TIMEOUT,
+            "extraArgs gone from the object and a roll to a slot without them",
+            |o| {
+                (o["spec"]["kcp"]["extraArgs"].as_array().is_none_or(Vec::is_empty)
+                    && roll_phase(&o["status"]["lastRoll"], "completedAt", dropped_at).is_some()
+                    && ready_now(o))
+                .then(|| o.clone())
+            },
+        )
+        .await;
+    let second_pid = active_pid(&rolled).expect("the active slot has a pid");
+    assert_ne!(second_pid, first_pid);
+    assert!(
+        !cmdline(second_pid).iter().any(|a| a == EXTRA_ARG),
+        "the new slot still runs with {EXTRA_ARG}: {:?}",
+        cmdline(second_pid)
+    );
+    env.log(&format!(
+        "extraArgs dropped in git: rolled to slot {:?} without {EXTRA_ARG}",
+        active_slot(&rolled)
+    ));
+    let ready = rolled;
+
+    // The version bump, in the clone, pushed; nothing else.
+    std::fs::write(clone.join("shards/gitops.yaml"), manifest(&newer, &front, false)).unwrap();
     git(
         &clone,
         &["commit", "-q", "-am", &format!("{SHARD}: kcp {older} -> {newer}")],

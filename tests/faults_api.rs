@@ -40,7 +40,8 @@ fn shard(name: &str, version: &str) -> DynamicObject {
         "spec": {
             "version": version,
             "store": { "type": "KineSqlite" },
-            "front": { "type": "Tcp", "listen": "127.0.0.1:6443" },
+            // Each shard its own front address: the API refuses a second shard on one.
+            "front": { "type": "Tcp", "listen": format!("127.0.0.1:{}", 20000 + name.bytes().map(u16::from).sum::<u16>()) },
         },
     }))
     .unwrap()

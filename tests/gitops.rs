@@ -9,6 +9,8 @@
 //! - an invalid file (bad YAML; a KcpShard the API would refuse) is logged, gets a Warning event on
 //!   the object it names when that exists, and applies nothing, while other files still apply;
 //! - an unchanged DIR makes no write, whatever touches it;
+//! - a field removed from a file is removed from the object (server-side apply); a removed file
+//!   leaves its object with a Warning event, or with `--manifests-prune` deletes it;
 //! - a missing DIR stops `serve` at start with a message that says so.
 //!
 //! Needs only the `git` binary (and the kcpshard binary cargo builds).
@@ -191,16 +193,78 @@ async fn objects_are_applied_at_start_and_an_edited_file_is_applied_again() {
     write(m, "later/c.yaml", &shard_yaml("c", "v0.31.0", 16448));
     until_version(&serve, &client, "c", "v0.31.0").await;
 
-    // Deleting a file deletes nothing.
+    // Deleting a file deletes nothing, and a Warning event on the object says so.
     std::fs::remove_file(m.join("later/c.yaml")).unwrap();
-    let line = "later/c.yaml is gone from the manifests dir; KcpShard c stays as it is";
-    eventually(Duration::from_secs(10), line, || async {
-        serve.log_text().contains(line).then_some(())
+    let warning = eventually(Duration::from_secs(10), "a ManifestRemoved warning on c", || async {
+        warnings_with_reason(&events_for(&client, "c").await, "ManifestRemoved").pop()
     })
     .await;
     assert!(
+        warning.contains("holds KcpShard c any more; it is left as it is") && warning.contains("--manifests-prune"),
+        "{warning}"
+    );
+    assert!(
         get(&client, "c").await.is_some(),
         "deleting the file deleted the object"
+    );
+}
+
+#[tokio::test]
+async fn a_field_removed_from_a_file_goes_and_a_removed_file_is_pruned_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path();
+    git(repo, &["init", "-q", "-b", "main"]);
+    let gated = format!(
+        "{}  rollout:\n    allowMinorVersionChange: true\n  kcp:\n    extraArgs: [\"--v=4\"]\n",
+        shard_yaml("dev", "v0.31.0", 16443)
+    );
+    write(repo, "dev.yaml", &gated);
+    write(repo, "gone.yaml", &shard_yaml("gone", "v0.31.0", 16444));
+    git(repo, &["add", "."]);
+    git(repo, &["commit", "-q", "-m", "dev with a gate and extra args"]);
+    let serve = start(repo, &["--manifests-prune"]).await;
+    let client = serve.client().await;
+    let dev = until_version(&serve, &client, "dev", "v0.31.0").await;
+    assert_eq!(dev["spec"]["rollout"]["allowMinorVersionChange"], true);
+    assert_eq!(dev["spec"]["kcp"]["extraArgs"], serde_json::json!(["--v=4"]));
+    until_version(&serve, &client, "gone", "v0.31.0").await;
+    // Someone else's KcpShard, not from DIR: never pruned.
+    let mut theirs = dev_manifest();
+    theirs["metadata"]["name"] = "theirs".into();
+    theirs["spec"]["front"]["listen"] = "127.0.0.1:16445".into();
+    let output = serve.kubectl_with(&["create", "-f", "-"], Some(&theirs.to_string()), &[]);
+    assert!(output.status.success(), "{output:?}");
+
+    // A commit that drops the gate and the extra args: both leave the object.
+    write(repo, "dev.yaml", &shard_yaml("dev", "v0.31.0", 16443));
+    git(repo, &["commit", "-q", "-am", "drop the gate and the extra args"]);
+    let dev = eventually(APPLIED_WITHIN, "extraArgs gone from dev", || async {
+        get(&client, "dev")
+            .await
+            .filter(|d| d["spec"]["kcp"]["extraArgs"].is_null())
+    })
+    .await;
+    assert_eq!(
+        dev["spec"]["rollout"]["allowMinorVersionChange"], false,
+        "the gate is back at its default: {dev}"
+    );
+
+    // A commit that removes a file: its object is deleted, with a Warning event first.
+    git(repo, &["rm", "-q", "gone.yaml"]);
+    git(repo, &["commit", "-q", "-m", "retire gone"]);
+    eventually(APPLIED_WITHIN, "gone pruned", || async {
+        get(&client, "gone").await.is_none().then_some(())
+    })
+    .await;
+    let pruned = warnings_with_reason(&events_for(&client, "gone").await, "ManifestPruned");
+    assert!(
+        pruned.iter().any(|m| m.contains("deleting it (--manifests-prune)")),
+        "{pruned:?}"
+    );
+    assert!(get(&client, "dev").await.is_some());
+    assert!(
+        get(&client, "theirs").await.is_some(),
+        "an object kcpshard-gitops did not create was pruned"
     );
 }
 

@@ -718,6 +718,8 @@ async fn the_front_listens_on_loopback_unless_the_spec_says_otherwise() {
     .unwrap();
     let created = shards.create(&Default::default(), &bare).await.unwrap();
     assert_eq!(created.data["spec"]["front"]["listen"], "127.0.0.1:6443");
+    // Two shards cannot share the default address.
+    shards.delete("bare", &Default::default()).await.unwrap();
     let caddy: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "kcpshard.io/v1alpha1", "kind": "KcpShard", "metadata": {"name": "caddy"},
         "spec": {"version": "v0.31.2", "store": {"type": "KineSqlite"},

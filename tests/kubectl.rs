@@ -115,14 +115,32 @@ async fn get_shows_the_printer_columns() {
     let mut lines = out.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(header, ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"], "{out}");
-    let row = lines.next().unwrap_or_else(|| panic!("no row in:\n{out}"));
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_else(|| panic!("no row in:\n{out}"))
+        .split_whitespace()
+        .collect();
     let version = dev_manifest()["spec"]["version"].as_str().unwrap().to_string();
-    assert!(row.starts_with("dev "), "{out}");
-    assert!(row.contains(&version), "the VERSION column shows {version}:\n{out}");
-    let age = row.split_whitespace().last().unwrap();
+    assert_eq!(row[0], "dev", "{out}");
+    // No controller runs here, so nothing serves yet: VERSION is the served version (status), and
+    // it and the other status columns are empty.
+    assert_eq!(row.len(), 2, "VERSION is status.version, not spec.version:\n{out}");
+    let age = row.last().unwrap();
     assert!(
         age.ends_with('s') || age.ends_with('m'),
         "AGE is humanised (like 5s), not a timestamp:\n{out}"
+    );
+    let wide = serve.kubectl_ok(&["get", "ks", "-o", "wide"]);
+    let header: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "AGE"],
+        "{wide}"
+    );
+    let row: Vec<&str> = wide.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+    assert_eq!(
+        row[1], version,
+        "-o wide shows spec.version as DESIRED (VERSION is empty):\n{wide}"
     );
 }
 
@@ -460,4 +478,303 @@ async fn delete_with_a_finalizer_keeps_the_object_until_the_finalizer_is_removed
             .then_some(())
     })
     .await;
+}
+
+/// Runs kubectl with `manifest` on stdin; fails unless it succeeds.
+fn kubectl_stdin(serve: &Serve, args: &[&str], manifest: &Value) -> String {
+    serve.expect_ok(args, serve.kubectl_with(args, Some(&manifest.to_string()), &[]))
+}
+
+/// Runs kubectl with `manifest` on stdin; fails unless it fails, and returns its stderr.
+fn kubectl_stdin_err(serve: &Serve, args: &[&str], manifest: &Value) -> String {
+    let output = serve.kubectl_with(args, Some(&manifest.to_string()), &[]);
+    assert!(
+        !output.status.success(),
+        "kubectl {} should have failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_dry_runs_answer_what_would_be_stored_and_store_nothing() {
+    let serve = Serve::start().await;
+    apply_dev(&serve);
+    let before = get_dev(&serve);
+    let mut edited = dev_manifest();
+    edited["spec"]["version"] = json!(next_patch_version());
+    let unchanged = |what: &str| {
+        let now = get_dev(&serve);
+        assert_eq!(now, before, "{what} changed the stored object");
+    };
+
+    // create: the answer carries what the server would generate, but nothing is there after.
+    let mut other = dev_manifest();
+    other["metadata"]["name"] = json!("other");
+    other["spec"]["front"]["listen"] = json!("127.0.0.1:6444");
+    let out = kubectl_stdin(&serve, &["create", "--dry-run=server", "-o", "json", "-f", "-"], &other);
+    let answered: Value = serde_json::from_str(&out).unwrap();
+    assert!(answered["metadata"]["uid"].is_string(), "{answered}");
+    assert!(answered["metadata"]["creationTimestamp"].is_string(), "{answered}");
+    assert_eq!(
+        answered["spec"]["rollout"]["readinessTimeout"], "120s",
+        "defaults applied: {answered}"
+    );
+    assert!(answered["metadata"]["resourceVersion"].is_null(), "{answered}");
+    let missing = serve.kubectl_err(&["get", "ks", "other"]);
+    assert!(
+        missing.contains("NotFound") || missing.contains("not found"),
+        "{missing}"
+    );
+
+    // client-side apply, server-side apply, patch: the answer shows the change, the store does not.
+    let out = kubectl_stdin(&serve, &["apply", "--dry-run=server", "-f", "-"], &edited);
+    assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev configured (server dry run)");
+    unchanged("apply --dry-run=server");
+    // kubectl moves client-side apply's fields to itself only on a real apply, so a dry run
+    // conflicts with kubectl-client-side-apply's spec.version (as on a real server) until forced.
+    let err = kubectl_stdin_err(
+        &serve,
+        &["apply", "--server-side", "--dry-run=server", "-f", "-"],
+        &edited,
+    );
+    assert!(err.contains("conflict with \"kubectl-client-side-apply\""), "{err}");
+    let out = kubectl_stdin(
+        &serve,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ],
+        &edited,
+    );
+    let answered: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(answered["spec"]["version"], next_patch_version());
+    assert_eq!(answered["metadata"]["generation"], 2, "{answered}");
+    assert_eq!(
+        answered["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"]
+    );
+    unchanged("apply --server-side --dry-run=server");
+    let patch = json!({"spec": {"version": next_patch_version()}}).to_string();
+    let out = serve.kubectl_ok(&[
+        "patch",
+        "ks",
+        "dev",
+        "--type",
+        "merge",
+        "--dry-run=server",
+        "-p",
+        &patch,
+    ]);
+    // (kubectl 1.36 prints no "(server dry run)" after a patch.)
+    assert!(out.starts_with("kcpshard.kcpshard.io/dev patched"), "{out}");
+    unchanged("patch --dry-run=server");
+
+    // diff: a server-side dry run of the apply; exit 1 means "differs".
+    let output = serve.kubectl_with(&["diff", "-f", "-"], Some(&edited.to_string()), &[]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let diff = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        diff.contains(&format!("+  version: {}", next_patch_version())),
+        "{diff}"
+    );
+    unchanged("diff");
+
+    // delete: reported, not done.
+    let out = serve.kubectl_ok(&["delete", "ks", "dev", "--dry-run=server"]);
+    assert_eq!(out.trim(), "kcpshard.kcpshard.io \"dev\" deleted (server dry run)");
+    unchanged("delete --dry-run=server");
+
+    // A value other than All is refused, as by the real server.
+    let err = kubectl_stdin_err(
+        &serve,
+        &[
+            "create",
+            "--raw",
+            "/apis/kcpshard.io/v1alpha1/kcpshards?dryRun=Some",
+            "-f",
+            "-",
+        ],
+        &other,
+    );
+    assert!(err.contains("dryRun") && err.contains("supported values"), "{err}");
+}
+
+fn managers_of(object: &Value, path: &str) -> Vec<String> {
+    object["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|entry| {
+            path.split('.')
+                .try_fold(&entry["fieldsV1"], |node, field| node.get(format!("f:{field}")))
+                .is_some()
+        })
+        .map(|entry| {
+            format!(
+                "{}/{}",
+                entry["manager"].as_str().unwrap(),
+                entry["operation"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_side_apply_tracks_owners_conflicts_and_removes_dropped_fields() {
+    let serve = Serve::start().await;
+    let mut alice = dev_manifest();
+    alice["spec"]["kcp"] = json!({"extraArgs": ["--v=2"]});
+    let apply = |manager: &str, force: bool| {
+        let mut args = vec!["apply", "--server-side", "--field-manager", manager, "-f", "-"];
+        if force {
+            args.push("--force-conflicts");
+        }
+        args.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let args = apply("alice", false);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    kubectl_stdin(&serve, &args, &alice);
+
+    // Plain gets hide managedFields, --show-managed-fields shows them.
+    assert!(get_dev(&serve)["metadata"]["managedFields"].is_null());
+    let shown = |serve: &Serve| -> Value {
+        serde_json::from_str(&serve.kubectl_ok(&["get", "ks", "dev", "-o", "json", "--show-managed-fields"])).unwrap()
+    };
+    let dev = shown(&serve);
+    assert_eq!(managers_of(&dev, "spec.version"), ["alice/Apply"], "{dev}");
+    assert_eq!(managers_of(&dev, "spec.kcp.extraArgs"), ["alice/Apply"], "{dev}");
+    assert!(dev["metadata"]["managedFields"][0]["time"].is_string(), "{dev}");
+
+    // bob changes alice's field: a conflict that names both, until bob forces it.
+    let bob = json!({"apiVersion": "kcpshard.io/v1alpha1", "kind": "KcpShard", "metadata": {"name": "dev"},
+        "spec": {"version": next_patch_version()}});
+    let args = apply("bob", false);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let err = kubectl_stdin_err(&serve, &args, &bob);
+    assert!(
+        err.contains("conflict with \"alice\"") && err.contains(".spec.version"),
+        "{err}"
+    );
+    assert_eq!(get_dev(&serve)["spec"]["version"], dev_manifest()["spec"]["version"]);
+    let args = apply("bob", true);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    kubectl_stdin(&serve, &args, &bob);
+    let dev = shown(&serve);
+    assert_eq!(dev["spec"]["version"], next_patch_version());
+    assert_eq!(managers_of(&dev, "spec.version"), ["bob/Apply"], "{dev}");
+
+    // alice drops extraArgs, which only she owned: it goes. bob drops nothing of his.
+    alice["spec"]["version"] = json!(next_patch_version());
+    alice["spec"].as_object_mut().unwrap().remove("kcp");
+    let args = apply("alice", false);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    kubectl_stdin(&serve, &args, &alice);
+    let dev = shown(&serve);
+    assert!(dev["spec"]["kcp"]["extraArgs"].is_null(), "{dev}");
+    assert_eq!(dev["spec"]["version"], next_patch_version());
+    // An Update (kubectl patch) takes the field it changes.
+    serve.kubectl_ok(&[
+        "patch",
+        "ks",
+        "dev",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"version":"v0.31.9"}}"#,
+    ]);
+    let dev = shown(&serve);
+    assert_eq!(managers_of(&dev, "spec.version"), ["kubectl-patch/Update"], "{dev}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_side_apply_takes_over_from_client_side_apply() {
+    let serve = Serve::start().await;
+    let mut manifest = dev_manifest();
+    manifest["spec"]["rollout"] = json!({"allowMinorVersionChange": true});
+    kubectl_stdin(&serve, &["apply", "-f", "-"], &manifest);
+    let dev: Value =
+        serde_json::from_str(&serve.kubectl_ok(&["get", "ks", "dev", "-o", "json", "--show-managed-fields"])).unwrap();
+    assert_eq!(
+        managers_of(&dev, "spec.rollout.allowMinorVersionChange"),
+        ["kubectl-client-side-apply/Update"],
+        "{dev}"
+    );
+    // The same file without the gate, applied server-side: kubectl moves the client-side apply's
+    // fields to its own apply first, so this is no conflict, and the dropped gate goes.
+    manifest["spec"].as_object_mut().unwrap().remove("rollout");
+    let out = kubectl_stdin(&serve, &["apply", "--server-side", "-f", "-"], &manifest);
+    assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev serverside-applied");
+    let dev = get_dev(&serve);
+    assert_eq!(
+        dev["spec"]["rollout"]["allowMinorVersionChange"], false,
+        "back to its default: {dev}"
+    );
+    // And a client-side apply after it still works from the applied configuration.
+    manifest["spec"]["version"] = json!(next_patch_version());
+    let out = kubectl_stdin(&serve, &["apply", "-f", "-"], &manifest);
+    assert_eq!(out.trim(), "kcpshard.kcpshard.io/dev configured");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn auth_can_i_and_whoami_answer_for_the_one_admin_token() {
+    let serve = Serve::start().await;
+    assert_eq!(
+        serve.kubectl_ok(&["auth", "can-i", "create", "kcpshards"]).trim(),
+        "yes"
+    );
+    assert_eq!(
+        serve
+            .kubectl_ok(&["auth", "can-i", "delete", "events", "-n", "default"])
+            .trim(),
+        "yes"
+    );
+    let list = serve.kubectl_ok(&["auth", "can-i", "--list"]);
+    assert!(list.contains("*.*"), "{list}");
+    let whoami = serve.kubectl_ok(&["auth", "whoami", "-o", "json"]);
+    let review: Value = serde_json::from_str(&whoami).unwrap();
+    assert_eq!(review["status"]["userInfo"]["username"], "kcpshard-admin", "{whoami}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lists_come_in_pages_and_deletecollection_deletes_what_it_selects() {
+    let serve = Serve::start().await;
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let mut shard = dev_manifest();
+        shard["metadata"]["name"] = json!(name);
+        shard["metadata"]["labels"] = json!({"batch": if i < 2 { "one" } else { "two" }});
+        shard["spec"]["front"]["listen"] = json!(format!("127.0.0.1:{}", 16500 + i));
+        kubectl_stdin(&serve, &["create", "-f", "-"], &shard);
+    }
+    // kubectl get --chunk-size pages through limit/continue; -v=6 shows each request.
+    let output = serve.kubectl_with(&["get", "ks", "--chunk-size=1", "-o", "name", "-v=6"], None, &[]);
+    let out = serve.expect_ok(&["get", "ks", "--chunk-size=1"], output.clone());
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(log.matches("continue=").count(), 2, "two follow-up pages:\n{log}");
+    let err = serve.kubectl_err(&["get", "ks", "-l", "batch in (one two"]);
+    assert!(err.contains("unable to parse") || err.contains("BadRequest"), "{err}");
+    let err = serve.kubectl_err(&["get", "ks", "--field-selector", "spec.version=v1"]);
+    assert!(err.contains("not a known field selector"), "{err}");
+    serve.kubectl_ok(&["delete", "ks", "-l", "batch=one", "--dry-run=server"]);
+    assert_eq!(serve.kubectl_ok(&["get", "ks", "-o", "name"]).lines().count(), 3);
+    // kubectl delete -l lists and deletes one by one; the collection DELETE is client-go's.
+    let client = serve.client().await;
+    let deleted = kcpshards(&client)
+        .delete_collection(
+            &Default::default(),
+            &kube::api::ListParams::default().labels("batch=one"),
+        )
+        .await
+        .unwrap();
+    assert!(deleted.is_left(), "a list of what was deleted");
+    let left = serve.kubectl_ok(&["get", "ks", "-o", "name"]);
+    assert_eq!(left.trim(), "kcpshard.kcpshard.io/c", "{left}");
 }

@@ -14,48 +14,6 @@ fn rss(kib: Option<u64>) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// Create workspace `name` in root through kcp and wait for phase Ready; returns how long it took.
-fn workspace_reaches_ready(kcp: &Kcp, name: &str) -> Duration {
-    let t = Instant::now();
-    let body = serde_json::json!({
-        "apiVersion": "tenancy.kcp.io/v1alpha1",
-        "kind": "Workspace",
-        "metadata": { "name": name },
-    })
-    .to_string();
-    let path = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
-    // The tenancy API can lag /readyz by a moment: retry the create briefly.
-    let created = poll(Duration::from_secs(60), Duration::from_millis(500), || {
-        match kcp.create_raw_as("base", path, &body) {
-            Ok(_) => Some(Ok(())),
-            Err(e) if e.contains("AlreadyExists") || e.contains("already exists") => Some(Ok(())),
-            Err(e) if e.contains("NotFound") || e.contains("the server could not find") => None,
-            Err(e) if e.contains("connection refused") || e.contains("ServiceUnavailable") => None,
-            Err(e) => Some(Err(e)),
-        }
-    });
-    match created {
-        Some(Ok(())) => {}
-        Some(Err(e)) => kcp.proc.fail(&format!("creating workspace {name}: {e}")),
-        None => kcp
-            .proc
-            .fail(&format!("creating workspace {name}: tenancy API not served within 60s")),
-    }
-    let mut last = String::new();
-    let ready = poll(Duration::from_secs(180), Duration::from_millis(500), || {
-        let body = kcp.get_raw(&format!("{path}/{name}")).ok()?;
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        let phase = v["status"]["phase"].as_str().unwrap_or("").to_string();
-        last = body;
-        (phase == "Ready").then_some(())
-    });
-    if ready.is_none() {
-        kcp.proc
-            .fail(&format!("workspace {name} not Ready within 180s; last seen:\n{last}"));
-    }
-    t.elapsed()
-}
-
 #[test]
 fn kcp_on_kine_sqlite_serves_readyz_and_a_workspace_reaches_ready() {
     let kine = Kine::sqlite();
@@ -68,7 +26,7 @@ fn kcp_on_kine_sqlite_serves_readyz_and_a_workspace_reaches_ready() {
     );
     assert_eq!(kcp.get_raw("/readyz").expect("/readyz").trim(), "ok");
 
-    let took = workspace_reaches_ready(&kcp, "smoke");
+    let took = kcp.create_workspace("smoke");
     println!(
         "MEASURE kcp {} on kine-sqlite: workspace created -> phase Ready {:.1}s",
         kcp.version,
@@ -276,6 +234,7 @@ fn each_pinned_kcp_takes_the_flags_kcpshard_gives_a_slot() {
         },
         front_url: "https://127.0.0.1:6443".into(),
         shutdown_delay: Duration::from_secs(2),
+        token_auth_file: "/state/slot-a/admin-tokens.csv".into(),
         extra_args: vec![],
     };
     let args = kcpshard::slot::kcp_args(&launch).unwrap();

@@ -224,6 +224,13 @@ fn patch(
     };
     let Ok(decoded) = decode_body(media, body) else { return };
     let mut warnings = Vec::new();
+    // Apply patches run the structured merge and conflict checks against the fixture's managers.
+    let options = objects::WriteOptions {
+        dry_run: false,
+        manager: "fuzz".into(),
+        force: body.first().is_some_and(|b| b & 1 == 1),
+        unknown,
+    };
     if let Ok(action) = objects::patched_state(
         resource,
         name,
@@ -231,7 +238,7 @@ fn patch(
         part,
         patch_type,
         &decoded,
-        unknown,
+        &options,
         &mut warnings,
     ) {
         accepted(resource, existing, action);

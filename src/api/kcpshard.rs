@@ -55,7 +55,8 @@ pub const LISTEN_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+):\d{1,5}$
     status = "KcpShardStatus",
     derive = "PartialEq",
     doc = "A kcp shard run as blue/green slots behind a front, on a shared store. Changing spec.version (or the kcpshard.io/restartedAt annotation) rolls the shard to a new slot without a failed request.",
-    printcolumn = r#"{"name": "Version", "type": "string", "jsonPath": ".spec.version", "description": "The kcp release the shard should run."}"#,
+    printcolumn = r#"{"name": "Version", "type": "string", "jsonPath": ".status.version", "description": "The kcp release the slots behind the front run."}"#,
+    printcolumn = r#"{"name": "Desired", "type": "string", "priority": 1, "jsonPath": ".spec.version", "description": "The kcp release the shard should run (spec.version)."}"#,
     printcolumn = r#"{"name": "Active", "type": "string", "jsonPath": ".status.activeSlot", "description": "The slot the front forwards to."}"#,
     printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the shard is in its life cycle."}"#,
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "Whether the shard serves through its front."}"#,
@@ -102,6 +103,7 @@ pub struct KcpSettings {
     /// Extra command-line flags passed to every slot's kcp, after the ones kcpshard sets, e.g.
     /// ["--v=2"]. Flags kcpshard owns (--root-directory, --secure-port, --etcd-servers, ...) are refused.
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub extra_args: Vec<String>,
     /// How long a slot keeps serving after SIGTERM before closing its listener
     /// (kcp's --shutdown-delay-duration), e.g. "2s". Default 0s: the front moves new connections to
@@ -277,6 +279,7 @@ impl SslMode {
 pub struct EtcdStore {
     /// Client URLs of the etcd members, e.g. ["https://127.0.0.1:2379"].
     #[schemars(length(min = 1))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub endpoints: Vec<String>,
     /// Path of the CA bundle that verifies the etcd members' certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -430,9 +433,14 @@ pub struct KcpShardStatus {
     /// The slots the front forwards new connections to, comma-separated (e.g. "a" or "a,b").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_slot: Option<String>,
+    /// The kcp version the slots behind the front run (the oldest, if they differ): it differs
+    /// from spec.version while a roll runs or when one was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// The slots that exist: those that serve and, during a roll, the new one and the old ones
     /// that drain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub slots: Vec<SlotStatus>,
     /// The front as observed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -530,6 +538,7 @@ pub struct StoreStatus {
     /// The etcd-protocol endpoints slots use (a kine's listen address, or the etcd members).
     /// Never includes a password.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub endpoints: Vec<String>,
     /// Whether the store accepted connections at the last observation.
     pub ready: bool,

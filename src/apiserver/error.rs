@@ -65,6 +65,12 @@ pub enum ApiError {
         name: String,
         message: String,
     },
+    /// A server-side apply that would change fields other managers own: (message, field) pairs.
+    #[error("{message}")]
+    ApplyConflict {
+        message: String,
+        causes: Vec<(String, String)>,
+    },
     #[error("{kind}.{group} \"{name}\" is invalid: {}", causes_text(.causes))]
     Invalid {
         kind: String,
@@ -90,6 +96,9 @@ pub enum ApiError {
     InsufficientStorage(String),
     #[error("the server is shutting down")]
     Unavailable,
+    /// The server cannot answer in time (a resourceVersion ahead of the store's).
+    #[error("{0}")]
+    Timeout(String),
 }
 
 fn causes_text(causes: &[FieldCause]) -> String {
@@ -109,7 +118,7 @@ impl ApiError {
             ApiError::NotFound { .. } | ApiError::NoRoute => 404,
             ApiError::MethodNotAllowed => 405,
             ApiError::NotAcceptable(_) => 406,
-            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => 409,
             ApiError::Expired { .. } => 410,
             ApiError::TooLarge { .. } => 413,
             ApiError::UnsupportedMediaType(_) => 415,
@@ -117,6 +126,7 @@ impl ApiError {
             ApiError::Internal(_) => 500,
             ApiError::InsufficientStorage(_) => 507,
             ApiError::Unavailable => 503,
+            ApiError::Timeout(_) => 504,
         }
     }
 
@@ -129,7 +139,7 @@ impl ApiError {
             ApiError::MethodNotAllowed => "MethodNotAllowed",
             ApiError::NotAcceptable(_) => "NotAcceptable",
             ApiError::AlreadyExists { .. } => "AlreadyExists",
-            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Conflict { .. } | ApiError::ApplyConflict { .. } => "Conflict",
             ApiError::Expired { .. } => "Expired",
             ApiError::TooLarge { .. } => "RequestEntityTooLarge",
             ApiError::UnsupportedMediaType(_) => "UnsupportedMediaType",
@@ -137,6 +147,7 @@ impl ApiError {
             ApiError::Internal(_) => "InternalError",
             ApiError::InsufficientStorage(_) => "InsufficientStorage",
             ApiError::Unavailable => "ServiceUnavailable",
+            ApiError::Timeout(_) => "Timeout",
         }
     }
 
@@ -155,6 +166,11 @@ impl ApiError {
             ApiError::NotFound { resource, name }
             | ApiError::AlreadyExists { resource, name }
             | ApiError::Conflict { resource, name, .. } => Some(json!({"name": name, "kind": resource})),
+            ApiError::ApplyConflict { causes, .. } => Some(json!({
+                "causes": causes.iter().map(|(message, field)| json!({
+                    "reason": "FieldManagerConflict", "message": message, "field": field,
+                })).collect::<Vec<_>>(),
+            })),
             ApiError::Invalid {
                 kind,
                 group,

@@ -39,14 +39,17 @@ pub fn from_core(core: &Value) -> Value {
     }
     // core/v1 carries the series count in `count` and the first observation in `firstTimestamp`;
     // kubectl and client-go's legacy recorder never set eventTime, which events.k8s.io requires.
+    // eventTime is a MicroTime, which clients parse only with its six fractional digits: a
+    // second-precision time copied as it is made kubectl events fail for the whole list.
     if !out.contains_key("eventTime") || out["eventTime"].is_null() {
         let when = core
             .get("lastTimestamp")
             .or_else(|| core.get("firstTimestamp"))
-            .cloned()
+            .map(to_micro)
             .unwrap_or(Value::Null);
         out.insert("eventTime".into(), when);
     }
+    normalise_event_time(&mut out);
     if let Some(source) = core.get("source")
         && out.get("reportingController").is_none_or(Value::is_null)
         && let Some(component) = source.get("component")
@@ -59,6 +62,8 @@ pub fn from_core(core: &Value) -> Value {
 /// The core/v1 view of a stored event.
 pub fn to_core(stored: &Value) -> Value {
     let mut out = copy_shared(stored);
+    // Events stored before eventTime was normalised on the way in.
+    normalise_event_time(&mut out);
     for (events_name, core_name) in RENAMED {
         if let Some(v) = stored.get(*events_name) {
             out.insert(core_name.to_string(), v.clone());
@@ -109,6 +114,24 @@ fn finish(mut out: Map<String, Value>, api_version: &str) -> Value {
     out.insert("apiVersion".into(), json!(api_version));
     out.insert("kind".into(), json!("Event"));
     Value::Object(out)
+}
+
+fn normalise_event_time(event: &mut Map<String, Value>) {
+    if let Some(time) = event.get("eventTime").filter(|t| t.is_string()).map(to_micro) {
+        event.insert("eventTime".into(), time);
+    }
+}
+
+/// `2026-11-29T10:00:00Z` -> `2026-11-29T10:00:00.000000Z`: a metav1.Time as a MicroTime. Anything
+/// that is not an RFC 3339 time is kept as it is (the client sent it).
+fn to_micro(time: &Value) -> Value {
+    match time.as_str().and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok()) {
+        Some(t) => json!(
+            t.with_timezone(&chrono::Utc)
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        ),
+        None => time.clone(),
+    }
 }
 
 /// metav1.Time has second precision; MicroTime has microseconds. `2026-11-29T10:00:00.123456Z` ->
@@ -169,6 +192,17 @@ mod tests {
         assert_eq!(core["lastTimestamp"], event["eventTime"]);
         event["eventTime"] = json!("2026-01-02T03:04:05.123456Z");
         assert_eq!(to_core(&event)["firstTimestamp"], "2026-01-02T03:04:05Z");
+    }
+
+    /// client-go's legacy recorder posts core/v1 events with first/lastTimestamp and no eventTime.
+    #[test]
+    fn a_core_event_without_event_time_gets_one_with_microseconds() {
+        let core = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "x", "namespace": "default"},
+            "involvedObject": {"kind": "KcpShard", "name": "dev"}, "reason": "R", "message": "m",
+            "firstTimestamp": "2026-11-29T10:00:00Z", "lastTimestamp": "2026-11-29T10:00:05Z", "count": 2});
+        let stored = from_core(&core);
+        assert_eq!(stored["eventTime"], "2026-11-29T10:00:05.000000Z");
+        assert_eq!(to_core(&stored)["lastTimestamp"], "2026-11-29T10:00:05Z");
     }
 
     #[test]

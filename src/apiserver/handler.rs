@@ -11,12 +11,12 @@ use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use serde_json::{Value, json};
 
 use super::ApiServer;
-use super::error::{ApiError, ApiResult};
-use super::objects::{Part, PatchType, Written};
+use super::error::{ApiError, ApiResult, FieldCause};
+use super::negotiation::{Encoding, Rendering};
+use super::objects::{DeleteOptions, Part, PatchType, WriteOptions, Written};
 use super::schema::UnknownFields;
 use super::selectors::Selector;
-use super::table::{self, IncludeObject};
-use super::{discovery, openapi, watch};
+use super::{discovery, openapi, paging, reviews, watch};
 
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -48,17 +48,10 @@ impl ApiRequest {
             .unwrap_or("application/json")
     }
 
-    /// `Accept: application/json;as=Table;v=v1;g=meta.k8s.io` (what `kubectl get` sends).
-    fn wants_table(&self) -> Option<IncludeObject> {
-        let accept = self
-            .headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        let table = accept
-            .split(',')
-            .any(|media| media.split(';').any(|p| p.trim() == "as=Table"));
-        table.then(|| IncludeObject::parse(self.param("includeObject")))
+    /// What the answer is rendered as, from `Accept` (a 406 when nothing this server makes fits).
+    fn rendering(&self) -> ApiResult<Rendering> {
+        let accept = self.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+        Rendering::negotiate(accept, self.param("includeObject"))
     }
 
     fn unknown_fields(&self) -> ApiResult<UnknownFields> {
@@ -72,9 +65,126 @@ impl ApiRequest {
         }
     }
 
+    /// The options of a write (`verb` names them in errors: CreateOptions, PatchOptions...).
+    fn write_options(&self, verb: &str, patch_type: Option<PatchType>) -> ApiResult<WriteOptions> {
+        let options_error = |field: &str, message: String| ApiError::Invalid {
+            kind: format!("{verb}Options"),
+            group: "meta.k8s.io".into(),
+            name: String::new(),
+            causes: vec![FieldCause::invalid(field, message)],
+        };
+        let dry_run = dry_run(self.param("dryRun").into_iter(), |message| {
+            options_error("dryRun", message)
+        })?;
+        let explicit = self.param("fieldManager");
+        if let Some(manager) = explicit
+            && manager.len() > 128
+        {
+            return Err(options_error(
+                "fieldManager",
+                "Too long: may not be more than 128 bytes".into(),
+            ));
+        }
+        let apply = patch_type == Some(PatchType::Apply);
+        if apply && explicit.is_none() {
+            return Err(options_error(
+                "fieldManager",
+                "Required value: is required for apply patch".into(),
+            ));
+        }
+        let force = self.flag("force");
+        if force && !apply {
+            return Err(options_error(
+                "force",
+                "Forbidden: may not be specified for non-apply patch".into(),
+            ));
+        }
+        let manager = explicit.map(str::to_string).unwrap_or_else(|| {
+            // The real server's default: the User-Agent's product, `kubectl` of `kubectl/v1.34 (...)`.
+            let agent = self
+                .headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            let product = agent.split('/').next().unwrap_or_default();
+            let product: String = product.chars().take(128).collect();
+            if product.is_empty() { "unknown".into() } else { product }
+        });
+        Ok(WriteOptions {
+            dry_run,
+            manager,
+            force,
+            unknown: self.unknown_fields()?,
+        })
+    }
+
+    /// DeleteOptions from the body (kubectl, client-go) and the query (curl, the Python client).
+    fn delete_options(&self) -> ApiResult<DeleteOptions> {
+        let body: Value = if self.body.iter().all(u8::is_ascii_whitespace) {
+            json!({})
+        } else {
+            self.decode()?
+        };
+        let invalid = |field: &str, message: String| ApiError::Invalid {
+            kind: "DeleteOptions".into(),
+            group: "meta.k8s.io".into(),
+            name: String::new(),
+            causes: vec![FieldCause::invalid(field, message)],
+        };
+        let in_body = body["dryRun"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str);
+        let dry_run = dry_run(in_body.chain(self.param("dryRun")), |message| {
+            invalid("dryRun", message)
+        })?;
+        let policy = body["propagationPolicy"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| self.param("propagationPolicy").map(str::to_string));
+        let orphan = match policy.as_deref() {
+            None | Some("Background" | "Foreground") => false,
+            Some("Orphan") => true,
+            Some(other) => {
+                return Err(invalid(
+                    "propagationPolicy",
+                    format!(
+                        "Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
+                    ),
+                ));
+            }
+        };
+        // The old orphanDependents flag, still sent by some clients.
+        let orphan = orphan || body["orphanDependents"] == json!(true);
+        let precondition = |field: &str| body["preconditions"][field].as_str().map(str::to_string);
+        Ok(DeleteOptions {
+            dry_run,
+            uid: precondition("uid"),
+            resource_version: precondition("resourceVersion"),
+            orphan,
+        })
+    }
+
     fn decode(&self) -> ApiResult<Value> {
         decode_body(self.content_type(), &self.body)
     }
+}
+
+/// `dryRun` values: none (a real write) or `All`; anything else is refused with `refuse`.
+fn dry_run<'a>(values: impl Iterator<Item = &'a str>, refuse: impl Fn(String) -> ApiError) -> ApiResult<bool> {
+    let mut dry = false;
+    for value in values {
+        match value {
+            "All" => dry = true,
+            other => {
+                return Err(refuse(format!(
+                    "Unsupported value: [{other:?}]: supported values: \"All\""
+                )));
+            }
+        }
+    }
+    Ok(dry)
 }
 
 /// A request body as a JSON value; YAML is accepted where its media type says so (apply patches).
@@ -96,8 +206,21 @@ pub enum Reply {
     Text(StatusCode, &'static str, String),
 }
 
+/// Answers above this size are gzipped for a client that accepts it (the real server's threshold).
+const GZIP_FROM: usize = 128 * 1024;
+
 pub async fn handle(server: &Arc<ApiServer>, request: ApiRequest) -> Response<Body> {
     let verb = request.method.clone();
+    // Errors too are encoded as the client asked, where it asked for something this server makes.
+    let encoding = request.rendering().map_or(Encoding::Json, |r| r.encoding);
+    let gzip = request
+        .headers
+        .get(header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|e| e.split(';').next().is_some_and(|e| e.trim() == "gzip"))
+        });
     let reply = route(server, &request).await.unwrap_or_else(|e| {
         let status = StatusCode::from_u16(e.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         Reply::Json(status, e.to_status(), Vec::new())
@@ -106,12 +229,20 @@ pub async fn handle(server: &Arc<ApiServer>, request: ApiRequest) -> Response<Bo
         Reply::Json(status, value, warnings) => {
             let mut builder = Response::builder()
                 .status(status)
-                .header(header::CONTENT_TYPE, "application/json");
+                .header(header::CONTENT_TYPE, encoding.content_type());
             for warning in warnings {
                 // RFC 7234 warning header, as the real server sends for unknown fields.
                 builder = builder.header("Warning", format!("299 - {:?}", warning));
             }
-            builder.body(full(serde_json::to_vec(&value).expect("values serialise")))
+            let body = encoding.encode(&value);
+            if gzip && body.len() >= GZIP_FROM {
+                builder
+                    .header(header::CONTENT_ENCODING, "gzip")
+                    .header(header::VARY, "Accept-Encoding")
+                    .body(full(gzipped(&body)))
+            } else {
+                builder.body(full(body))
+            }
         }
         Reply::Watch(body) => Response::builder()
             .status(StatusCode::OK)
@@ -126,6 +257,13 @@ pub async fn handle(server: &Arc<ApiServer>, request: ApiRequest) -> Response<Bo
     let response = response.expect("responses are well formed");
     server.metrics.observe(&verb, response.status().as_u16());
     response
+}
+
+fn gzipped(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(body).expect("writing to memory");
+    encoder.finish().expect("writing to memory")
 }
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
@@ -175,7 +313,17 @@ async fn route(server: &Arc<ApiServer>, request: &ApiRequest) -> ApiResult<Reply
         (Method::GET, ["apis", group, version]) => {
             discovery::resource_list(resources, group, version).map_or(Err(ApiError::NoRoute), ok)
         }
+        (Method::GET, ["openapi", "v2"]) => ok(openapi::swagger(resources)),
         (Method::GET, ["openapi", "v3"]) => ok(openapi::index(resources)),
+        (
+            Method::POST,
+            [
+                "apis",
+                group @ ("authorization.k8s.io" | "authentication.k8s.io"),
+                version,
+                kind,
+            ],
+        ) => review(request, group, version, kind),
         (Method::GET, ["openapi", "v3", rest @ ..]) => {
             openapi::document(resources, &rest.join("/")).map_or(Err(ApiError::NoRoute), ok)
         }
@@ -183,6 +331,20 @@ async fn route(server: &Arc<ApiServer>, request: &ApiRequest) -> ApiResult<Reply
         (_, ["apis", group, version, rest @ ..]) => resource_request(server, request, group, version, rest).await,
         _ => Err(ApiError::NoRoute),
     }
+}
+
+/// `kubectl auth can-i` and `whoami`. kubectl sends these as protobuf (or CBOR), which this server
+/// does not decode; the answer does not depend on the body, so only a JSON or YAML one is read (for
+/// its spec).
+fn review(request: &ApiRequest, group: &str, version: &str, kind: &str) -> ApiResult<Reply> {
+    let content_type = request.content_type();
+    let body = if content_type.contains("json") || content_type.contains("yaml") {
+        request.decode()?
+    } else {
+        Value::Null
+    };
+    let review = reviews::answer(group, version, kind, &body).ok_or(ApiError::NoRoute)?;
+    Ok(Reply::Json(StatusCode::CREATED, review, Vec::new()))
 }
 
 async fn resource_request(
@@ -225,75 +387,129 @@ async fn resource_request(
     match (&request.method, name) {
         (&Method::GET, None) => {
             let selector = Selector::parse(request.param("labelSelector"), request.param("fieldSelector"))?;
+            selector.check_fields(resource.field_selectors)?;
+            let rendering = request.rendering()?;
             if request.flag("watch") {
-                return watch_request(server, request, index, namespace, selector);
+                return watch_request(server, request, index, namespace, selector, rendering);
             }
             let (items, rv) = objects.store.list(resource.storage, namespace);
+            check_resource_version_match(request, rv)?;
             let items: Vec<Value> = items
                 .iter()
                 .map(|o| resource.to_view(o))
                 .filter(|o| selector.matches(o))
                 .collect();
-            if let Some(include) = request.wants_table() {
-                return Ok(Reply::Json(
-                    StatusCode::OK,
-                    table::table(resource, &items, Some(rv), include),
-                    Vec::new(),
-                ));
+            let page = paging::page(items, rv, request.param("limit"), request.param("continue"))?;
+            let mut metadata = json!({"resourceVersion": page.resource_version.to_string()});
+            if let Some(token) = &page.continue_token {
+                metadata["continue"] = json!(token);
             }
-            let items: Vec<Value> = items.into_iter().map(|o| with_type(resource, o)).collect();
+            if let Some(remaining) = page.remaining {
+                metadata["remainingItemCount"] = json!(remaining);
+            }
+            let items: Vec<Value> = page.items.into_iter().map(|o| with_type(resource, o)).collect();
+            let list = json!({"apiVersion": resource.api_version(), "kind": format!("{}List", resource.kind), "metadata": metadata});
             Ok(Reply::Json(
                 StatusCode::OK,
-                {
-                    // The items go in by move: `json!` would copy every object once more.
-                    let mut list = json!({"apiVersion": resource.api_version(), "kind": format!("{}List", resource.kind), "metadata": {"resourceVersion": rv.to_string()}});
-                    list["items"] = Value::Array(items);
-                    list
-                },
+                rendering.list(resource, list, items, page.resource_version),
                 Vec::new(),
             ))
         }
         (&Method::GET, Some(name)) => {
+            let rendering = request.rendering()?;
             let object = with_type(resource, objects.get(resource, namespace, name)?);
-            if let Some(include) = request.wants_table() {
-                let rv = super::store::resource_version_of(&object);
-                return Ok(Reply::Json(
-                    StatusCode::OK,
-                    table::table(resource, &[object], Some(rv), include),
-                    Vec::new(),
-                ));
-            }
-            Ok(Reply::Json(StatusCode::OK, object, Vec::new()))
+            Ok(Reply::Json(StatusCode::OK, rendering.one(resource, object), Vec::new()))
         }
         (&Method::POST, None) => {
-            written(objects.create(resource, namespace, request.decode()?, request.unknown_fields()?)?)
+            let options = request.write_options("Create", None)?;
+            written(objects.create(resource, namespace, request.decode()?, &options)?)
         }
-        (&Method::PUT, Some(name)) => written(objects.update(
-            resource,
-            namespace,
-            name,
-            part,
-            request.decode()?,
-            request.unknown_fields()?,
-        )?),
+        (&Method::PUT, Some(name)) => {
+            let options = request.write_options("Update", None)?;
+            written(objects.update(resource, namespace, name, part, request.decode()?, &options)?)
+        }
         (&Method::PATCH, Some(name)) => {
             let patch_type = PatchType::from_content_type(request.content_type())?;
-            written(objects.patch(
-                resource,
-                namespace,
-                name,
-                part,
-                patch_type,
-                request.decode()?,
-                request.unknown_fields()?,
-            )?)
+            let options = request.write_options("Patch", Some(patch_type))?;
+            written(objects.patch(resource, namespace, name, part, patch_type, request.decode()?, &options)?)
         }
-        (&Method::DELETE, Some(name)) if part == Part::Main => Ok(Reply::Json(
-            StatusCode::OK,
-            objects.delete(resource, namespace, name)?,
-            Vec::new(),
-        )),
+        (&Method::DELETE, Some(name)) if part == Part::Main => {
+            let deleted = objects.delete(resource, namespace, name, &request.delete_options()?)?;
+            // Gone at once: a Status saying so, as the real server answers; kept by finalizers:
+            // the object, marked.
+            let answer = if deleted.gone {
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                       "details": {"name": name, "group": resource.group, "kind": resource.plural,
+                                   "uid": deleted.object["metadata"]["uid"]}})
+            } else {
+                with_type(resource, deleted.object)
+            };
+            Ok(Reply::Json(StatusCode::OK, answer, Vec::new()))
+        }
+        (&Method::DELETE, None) => {
+            let selector = Selector::parse(request.param("labelSelector"), request.param("fieldSelector"))?;
+            let options = request.delete_options()?;
+            let deleted = objects.delete_collection(resource, namespace, |o| selector.matches(o), &options)?;
+            let items: Vec<Value> = deleted.into_iter().map(|o| with_type(resource, o)).collect();
+            Ok(Reply::Json(
+                StatusCode::OK,
+                json!({"apiVersion": resource.api_version(), "kind": format!("{}List", resource.kind),
+                       "metadata": {"resourceVersion": objects.store.current_resource_version().to_string()}, "items": items}),
+                Vec::new(),
+            ))
+        }
         _ => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+/// `resourceVersionMatch` on a list: NotOlderThan or Exact, with a resourceVersion. This store
+/// serves the current state only, so Exact must name it (older ones are 410 Expired) and
+/// NotOlderThan must not be ahead of it.
+fn check_resource_version_match(request: &ApiRequest, current: u64) -> ApiResult<()> {
+    let invalid = |message: String| ApiError::Invalid {
+        kind: "ListOptions".into(),
+        group: "meta.k8s.io".into(),
+        name: String::new(),
+        causes: vec![FieldCause::invalid("resourceVersionMatch", message)],
+    };
+    let rv = request.param("resourceVersion");
+    let Some(matching) = request.param("resourceVersionMatch") else {
+        return Ok(());
+    };
+    let Some(rv) = rv else {
+        return Err(invalid(
+            "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
+        ));
+    };
+    let number = || {
+        rv.parse::<u64>()
+            .map_err(|_| ApiError::BadRequest(format!("invalid resourceVersion {rv:?}: must be a number")))
+    };
+    match matching {
+        "NotOlderThan" => {
+            if number()? > current {
+                return Err(ApiError::Timeout(format!(
+                    "Too large resource version: {rv}, current: {current}"
+                )));
+            }
+            Ok(())
+        }
+        "Exact" if rv == "0" => Err(invalid(
+            "Forbidden: resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into(),
+        )),
+        "Exact" => match number()? {
+            n if n == current => Ok(()),
+            n if n > current => Err(ApiError::Timeout(format!(
+                "Too large resource version: {rv}, current: {current}"
+            ))),
+            n => Err(ApiError::Expired {
+                requested: n,
+                oldest: current,
+            }),
+        },
+        other => Err(invalid(format!(
+            "Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+        ))),
     }
 }
 
@@ -303,6 +519,7 @@ fn watch_request(
     index: usize,
     namespace: Option<&str>,
     selector: Selector,
+    rendering: Rendering,
 ) -> ApiResult<Reply> {
     let send_initial_events = request.flag("sendInitialEvents");
     if send_initial_events && request.param("resourceVersionMatch") != Some("NotOlderThan") {
@@ -331,7 +548,7 @@ fn watch_request(
             send_initial_events,
             bookmarks: request.flag("allowWatchBookmarks"),
             timeout,
-            table: request.wants_table(),
+            rendering,
         },
     )?;
     Ok(Reply::Watch(body))

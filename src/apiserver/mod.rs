@@ -7,21 +7,28 @@
 //!
 //! - [`store`]: one file per object, atomic writes, the resourceVersion counter, the change feed.
 //! - [`objects`]: what create, update, patch and delete mean (generation, no-op writes, conflicts,
-//!   finalizers).
-//! - [`handler`]: routing, content negotiation, Status errors; [`watch`] streams changes.
+//!   finalizers, dry runs); [`apply`]: server-side apply and `managedFields`.
+//! - [`handler`]: routing and Status errors; [`negotiation`] (JSON, YAML, Table,
+//!   PartialObjectMetadata; 406), [`paging`] (limit/continue), [`watch`] streams changes.
+//! - [`metadata`]: ObjectMeta validation; [`reviews`]: `kubectl auth can-i` and `whoami`.
 //! - [`discovery`], [`openapi`], [`table`]: the documents kubectl needs to work unmodified.
 //! - [`pki`], [`kubeconfig`], [`listener`]: key material, the kubeconfig it writes, TLS serving.
+pub mod apply;
 pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod handler;
 pub mod kubeconfig;
 pub mod listener;
+pub mod metadata;
 pub mod metrics;
+pub mod negotiation;
 pub mod objects;
 pub mod openapi;
+pub mod paging;
 pub mod pki;
 pub mod resources;
+pub mod reviews;
 pub mod schema;
 pub mod selectors;
 pub mod store;
@@ -67,7 +74,10 @@ impl ApiServer {
             .with_context(|| format!("cannot load the objects under {}", state_dir.join("objects").display()))?;
         Ok(Arc::new(ApiServer {
             resources: resources::all(),
-            objects: Objects { store },
+            objects: Objects {
+                store,
+                admission: Default::default(),
+            },
             metrics: metrics::ApiMetrics::default(),
             not_ready: Default::default(),
         }))
@@ -89,8 +99,17 @@ impl ApiServer {
         let service = tower::service_fn(move |request: Request<kube::client::Body>| {
             let server = server.clone();
             async move {
-                let (parts, body) = request.into_parts();
+                let (mut parts, body) = request.into_parts();
                 let body = body.collect().await?.to_bytes();
+                // Writes without a fieldManager are recorded under the User-Agent's product: the
+                // in-process clients (controller, GitOps) are `kcpshard`.
+                parts
+                    .headers
+                    .entry(http::header::USER_AGENT)
+                    .or_insert(http::HeaderValue::from_static(concat!(
+                        "kcpshard/",
+                        env!("CARGO_PKG_VERSION")
+                    )));
                 let request = ApiRequest {
                     method: parts.method,
                     path: parts.uri.path().to_string(),

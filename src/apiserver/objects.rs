@@ -11,6 +11,7 @@
 use chrono::{SecondsFormat, Utc};
 use serde_json::{Value, json};
 
+use super::apply::{self, Managed, Scope, Shape, Writer};
 use super::error::{ApiError, ApiResult, FieldCause};
 use super::resources::{EVENTS, Resource};
 use super::schema::UnknownFields;
@@ -58,6 +59,39 @@ impl PatchType {
     }
 }
 
+/// What every write takes besides its body: the query parameters of create, update, patch and
+/// delete that the handler has checked.
+#[derive(Debug, Clone, Default)]
+pub struct WriteOptions {
+    /// `dryRun=All`: everything but the store write (and so no resourceVersion, no watch event).
+    pub dry_run: bool,
+    /// Who writes, for `managedFields`: `fieldManager`, else the client's User-Agent product.
+    pub manager: String,
+    /// `force=true` on an apply: take the fields other managers own.
+    pub force: bool,
+    pub unknown: UnknownFields,
+}
+
+/// What a delete did: the object as it was deleted (or marked for deletion), and whether it is gone.
+#[derive(Debug)]
+pub struct Deleted {
+    pub object: Value,
+    /// False when finalizers keep it, marked with a deletionTimestamp.
+    pub gone: bool,
+}
+
+/// DeleteOptions, from the body or the query.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub dry_run: bool,
+    /// `preconditions.uid`: delete only that object, not one that replaced it under its name.
+    pub uid: Option<String>,
+    /// `preconditions.resourceVersion`: delete only the version the client read.
+    pub resource_version: Option<String>,
+    /// `propagationPolicy: Orphan`: dependents stay, without the reference to this owner.
+    pub orphan: bool,
+}
+
 /// The result of a write, as the handler answers it.
 #[derive(Debug)]
 pub struct Written {
@@ -68,6 +102,9 @@ pub struct Written {
 
 pub struct Objects {
     pub store: Store,
+    /// Held across the check and the write of a KcpShard, so that two writes cannot both take
+    /// one front address.
+    pub admission: std::sync::Mutex<()>,
 }
 
 impl Objects {
@@ -86,28 +123,83 @@ impl Objects {
             .ok_or_else(|| not_found(resource, name))
     }
 
+    /// Runs `decide` against the stored object and stores what it says, or (a dry run) only
+    /// says what would be stored. A KcpShard it would store must pass [`Admission`] first.
+    fn write(
+        &self,
+        resource: &Resource,
+        key: &Key,
+        dry_run: bool,
+        decide: impl FnOnce(Option<&Value>) -> ApiResult<Action>,
+    ) -> ApiResult<Outcome> {
+        let admission = Admission::new(self, resource);
+        let decide = |existing: Option<&Value>| {
+            let action = decide(existing)?;
+            // Only a new address is checked: a shard that shares one from before (an older
+            // kcpshard allowed it) must still take its status writes.
+            if let (Some(admission), Action::Put(next)) = (&admission, &action)
+                && existing.map(front_listen) != Some(front_listen(next))
+            {
+                admission.check(resource, next)?;
+            }
+            Ok(action)
+        };
+        if dry_run {
+            self.store.preview(key, decide)
+        } else {
+            self.store.modify(key, decide)
+        }
+    }
+
     pub fn create(
         &self,
         resource: &Resource,
         namespace: Option<&str>,
         body: Value,
-        unknown: UnknownFields,
+        options: &WriteOptions,
     ) -> ApiResult<Written> {
+        self.create_as(resource, namespace, body, options, apply::Operation::Update)
+    }
+
+    fn create_as(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        body: Value,
+        options: &WriteOptions,
+        operation: apply::Operation,
+    ) -> ApiResult<Written> {
+        let config = body.clone();
         let NewObject {
             namespace,
             name,
-            object,
+            mut object,
             warnings,
-        } = new_object(resource, namespace, body, unknown)?;
+        } = new_object(resource, namespace, body, options.unknown)?;
+        if tracks_managed_fields(resource) {
+            let mut managed = Managed::read(&object);
+            let writer = writer(resource, &options.manager, Part::Main);
+            let scope = ownership_scope(resource, Part::Main);
+            match operation {
+                apply::Operation::Update => managed.update(&json!({}), &object, shape(resource), scope, &writer),
+                apply::Operation::Apply => {
+                    let config = resource.from_view(&config);
+                    managed
+                        .apply(&json!({}), &config, shape(resource), scope, &writer, true)
+                        .expect("nothing conflicts with a new object");
+                }
+            }
+            managed.write(&mut object);
+        }
         let key = self.key(resource, namespace.as_deref(), &name);
-        let outcome = self.store.modify(&key, |existing| match existing {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| match existing {
             Some(_) => Err(ApiError::AlreadyExists {
                 resource: resource.qualified_name(),
                 name: name.clone(),
             }),
             None => Ok(Action::Put(object)),
         })?;
-        if resource.storage == EVENTS {
+        if resource.storage == EVENTS && !options.dry_run {
             self.trim_events();
         }
         Ok(Written {
@@ -125,17 +217,18 @@ impl Objects {
         name: &str,
         part: Part,
         body: Value,
-        unknown: UnknownFields,
+        options: &WriteOptions,
     ) -> ApiResult<Written> {
         let (body, expected) = update_body(resource, name, body)?;
         let key = self.key(resource, namespace, name);
         let mut warnings = Vec::new();
-        let outcome = self.store.modify(&key, |existing| {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
             if existing["metadata"]["resourceVersion"].as_str() != Some(expected.as_str()) {
                 return Err(conflict(resource, name));
             }
-            next_state(resource, existing, body, part, unknown, &mut warnings)
+            let next = next_state(resource, existing, body, part, options.unknown, &mut warnings)?;
+            Ok(track_update(resource, existing, next, part, &options.manager))
         })?;
         Ok(Written {
             object: resource.to_view(&written(outcome)),
@@ -146,6 +239,7 @@ impl Objects {
 
     /// PATCH: applies a JSON, merge or apply patch to the object (or its status). An apply patch
     /// creates the object when it does not exist.
+    #[allow(clippy::too_many_arguments)]
     pub fn patch(
         &self,
         resource: &Resource,
@@ -154,14 +248,15 @@ impl Objects {
         part: Part,
         patch_type: PatchType,
         patch: Value,
-        unknown: UnknownFields,
+        options: &WriteOptions,
     ) -> ApiResult<Written> {
         let key = self.key(resource, namespace, name);
         if self.store.get(&key).is_none() && patch_type == PatchType::Apply && part == Part::Main {
-            return self.create(resource, namespace, applied_to_nothing(name, patch)?, unknown);
+            let body = applied_to_nothing(name, patch)?;
+            return self.create_as(resource, namespace, body, options, apply::Operation::Apply);
         }
         let mut warnings = Vec::new();
-        let outcome = self.store.modify(&key, |existing| {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
             patched_state(
                 resource,
@@ -170,7 +265,7 @@ impl Objects {
                 part,
                 patch_type,
                 &patch,
-                unknown,
+                options,
                 &mut warnings,
             )
         })?;
@@ -181,11 +276,20 @@ impl Objects {
         })
     }
 
-    /// DELETE: removes the object, or with finalizers marks it for deletion.
-    pub fn delete(&self, resource: &Resource, namespace: Option<&str>, name: &str) -> ApiResult<Value> {
+    /// DELETE: removes the object, or with finalizers marks it for deletion. Once it is gone, its
+    /// dependents (objects whose ownerReferences name its uid) are deleted too, or with
+    /// `propagationPolicy: Orphan` lose that reference.
+    pub fn delete(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        name: &str,
+        options: &DeleteOptions,
+    ) -> ApiResult<Deleted> {
         let key = self.key(resource, namespace, name);
-        let outcome = self.store.modify(&key, |existing| -> ApiResult<Action> {
+        let outcome = self.write(resource, &key, options.dry_run, |existing| -> ApiResult<Action> {
             let existing = existing.ok_or_else(|| not_found(resource, name))?;
+            check_preconditions(resource, name, existing, options)?;
             if !has_finalizers(existing) {
                 return Ok(Action::Delete);
             }
@@ -198,11 +302,102 @@ impl Objects {
             bump_generation(&mut marked);
             Ok(Action::Put(marked))
         })?;
-        let object = match outcome {
-            Outcome::Written(o) | Outcome::Deleted(o) | Outcome::Unchanged(Some(o)) => o,
+        let (object, gone) = match outcome {
+            Outcome::Deleted(o) => {
+                if !options.dry_run {
+                    self.collect_dependents(&o, options.orphan);
+                }
+                (o, true)
+            }
+            Outcome::Written(o) | Outcome::Unchanged(Some(o)) => (o, false),
             Outcome::Unchanged(None) => return Err(not_found(resource, name)),
         };
-        Ok(resource.to_view(&object))
+        Ok(Deleted {
+            object: resource.to_view(&object),
+            gone,
+        })
+    }
+
+    /// DELETE on a collection (deletecollection): deletes every object `selected` says yes to (in
+    /// the served view), as single deletes would; answers the list of what it deleted.
+    pub fn delete_collection(
+        &self,
+        resource: &Resource,
+        namespace: Option<&str>,
+        selected: impl Fn(&Value) -> bool,
+        options: &DeleteOptions,
+    ) -> ApiResult<Vec<Value>> {
+        let (items, _) = self.store.list(resource.storage, namespace);
+        let mut deleted = Vec::new();
+        for item in items.iter().map(|o| resource.to_view(o)).filter(|o| selected(o)) {
+            let name = item["metadata"]["name"].as_str().unwrap_or_default();
+            let namespace = item["metadata"]["namespace"].as_str();
+            match self.delete(resource, namespace, name, options) {
+                Ok(done) => deleted.push(done.object),
+                // Gone meanwhile: nothing left to delete.
+                Err(ApiError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Garbage collection of the objects that name `owner` in their ownerReferences.
+    fn collect_dependents(&self, owner: &Value, orphan: bool) {
+        let Some(uid) = owner["metadata"]["uid"].as_str() else {
+            return;
+        };
+        for &storage in super::resources::STORAGE {
+            let (items, _) = self.store.list(storage, None);
+            for item in items {
+                let references = item["metadata"]["ownerReferences"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                if !references.iter().any(|r| r["uid"] == uid) {
+                    continue;
+                }
+                let key = Key {
+                    resource: storage,
+                    namespace: item["metadata"]["namespace"].as_str().map(str::to_string),
+                    name: item["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                };
+                let result = if orphan {
+                    self.store.modify::<StoreError>(&key, |current| {
+                        let Some(current) = current else {
+                            return Ok(Action::Nothing);
+                        };
+                        let mut next = current.clone();
+                        let kept: Vec<Value> = references.iter().filter(|r| r["uid"] != uid).cloned().collect();
+                        next["metadata"]["ownerReferences"] = Value::Array(kept);
+                        if next["metadata"]["ownerReferences"] == json!([]) {
+                            remove(&mut next["metadata"], "ownerReferences");
+                        }
+                        Ok(Action::Put(next))
+                    })
+                } else {
+                    self.store.modify::<StoreError>(&key, |current| {
+                        Ok(match current {
+                            Some(current) if !has_finalizers(current) => Action::Delete,
+                            Some(current) if current["metadata"]["deletionTimestamp"].is_null() => {
+                                let mut marked = current.clone();
+                                marked["metadata"]["deletionTimestamp"] = json!(now());
+                                marked["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+                                Action::Put(marked)
+                            }
+                            _ => Action::Nothing,
+                        })
+                    })
+                };
+                match result {
+                    Ok(Outcome::Deleted(dependent)) => self.collect_dependents(&dependent, false),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, dependent = %key.name, "cannot collect a dependent of a deleted object")
+                    }
+                }
+            }
+        }
     }
 
     /// Keeps the newest [`super::events::RETAINED`] events.
@@ -223,6 +418,59 @@ impl Objects {
             }
         }
     }
+}
+
+/// The checks of a KcpShard against the others (an admission step of the real server's kind): two
+/// shards cannot share a front address, since the second front could never listen. Holds
+/// [`Objects::admission`] from the read of the others to the write.
+struct Admission<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    others: Vec<Value>,
+}
+
+impl<'a> Admission<'a> {
+    fn new(objects: &'a Objects, resource: &Resource) -> Option<Admission<'a>> {
+        if resource.storage != super::resources::KCPSHARDS {
+            return None;
+        }
+        let guard = objects.admission.lock().unwrap_or_else(|p| p.into_inner());
+        let (others, _) = objects.store.list(resource.storage, None);
+        Some(Admission { _guard: guard, others })
+    }
+
+    fn check(&self, resource: &Resource, next: &Value) -> ApiResult<()> {
+        let name = next["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(listen) = front_listen(next) else {
+            return Ok(());
+        };
+        let taken = self.others.iter().find(|other| {
+            other["metadata"]["name"].as_str() != Some(name)
+                && front_listen(other).is_some_and(|theirs| {
+                    theirs.port() == listen.port()
+                        && (theirs.ip() == listen.ip() || theirs.ip().is_unspecified() || listen.ip().is_unspecified())
+                })
+        });
+        match taken {
+            None => Ok(()),
+            Some(other) => Err(invalid(
+                resource,
+                name,
+                vec![FieldCause::invalid(
+                    "spec.front.listen",
+                    format!(
+                        "Invalid value: {:?}: KcpShard {} already uses {} for its front; pick another address",
+                        listen.to_string(),
+                        other["metadata"]["name"].as_str().unwrap_or_default(),
+                        other["spec"]["front"]["listen"].as_str().unwrap_or_default()
+                    ),
+                )],
+            )),
+        }
+    }
+}
+
+fn front_listen(shard: &Value) -> Option<std::net::SocketAddr> {
+    shard["spec"]["front"]["listen"].as_str()?.parse().ok()
 }
 
 /// A create's object, checked and filled in, before the store gives it a resourceVersion.
@@ -253,11 +501,25 @@ pub fn new_object(
     };
     check_name(resource, &name)?;
     let namespace = scope(resource, namespace, &object)?;
+    if let Some(ns) = &namespace
+        && let Some(problem) = dns1123_label_problem(ns)
+    {
+        return Err(invalid(
+            resource,
+            &name,
+            vec![FieldCause::invalid(
+                "metadata.namespace",
+                format!("Invalid value: {ns:?}: {problem}"),
+            )],
+        ));
+    }
     let now = now();
     let metadata = &mut object["metadata"];
     metadata["name"] = json!(name);
-    if let Some(ns) = &namespace {
-        metadata["namespace"] = json!(ns);
+    match &namespace {
+        Some(ns) => metadata["namespace"] = json!(ns),
+        // The real server drops a namespace sent for a cluster-scoped object.
+        None => remove(metadata, "namespace"),
     }
     metadata["uid"] = json!(uuid());
     metadata["creationTimestamp"] = json!(now);
@@ -328,11 +590,14 @@ pub fn patched_state(
     part: Part,
     patch_type: PatchType,
     patch: &Value,
-    unknown: UnknownFields,
+    options: &WriteOptions,
     warnings: &mut Vec<String>,
 ) -> ApiResult<Action> {
     let served = resource.to_view(existing);
-    let patched = apply_patch(resource, name, &served, patch_type, patch)?;
+    let patched = match patch_type {
+        PatchType::Apply => server_side_apply(resource, name, existing, part, patch, options)?,
+        _ => apply_patch(resource, name, &served, patch_type, patch)?,
+    };
     let patched = resource.from_view(&check_type(resource, patched)?);
     check_body_name(&patched, name)?;
     // A patch may pin the version it was computed from (kubectl apply does); if it does, it
@@ -342,7 +607,125 @@ pub fn patched_state(
     {
         return Err(conflict(resource, name));
     }
-    next_state(resource, existing, patched, part, unknown, warnings)
+    let next = next_state(resource, existing, patched, part, options.unknown, warnings)?;
+    Ok(match patch_type {
+        PatchType::Apply => next,
+        _ => track_update(resource, existing, next, part, &options.manager),
+    })
+}
+
+/// The served object after an apply of `patch` by `options.manager`, its `managedFields` updated;
+/// a 409 when it would change fields other managers own (and `force` is not set). An object that
+/// kept kubectl's last-applied annotation gets kubectl's applied configuration in it, so that a
+/// later client-side apply computes its patch from what was applied.
+fn server_side_apply(
+    resource: &Resource,
+    name: &str,
+    existing: &Value,
+    part: Part,
+    patch: &Value,
+    options: &WriteOptions,
+) -> ApiResult<Value> {
+    let config = check_type(resource, patch.clone())?;
+    check_body_name(&config, name)?;
+    if !tracks_managed_fields(resource) {
+        // Events: a merge into the view the client applies to.
+        let mut merged = resource.to_view(existing);
+        json_patch::merge(&mut merged, &config);
+        return Ok(merged);
+    }
+    let mut config = resource.from_view(&config);
+    if let Some(metadata) = config["metadata"].as_object_mut() {
+        metadata.remove("managedFields");
+    }
+    let mut managed = Managed::read(existing);
+    let writer = writer(resource, &options.manager, part);
+    let mut merged = managed
+        .apply(
+            existing,
+            &config,
+            shape(resource),
+            ownership_scope(resource, part),
+            &writer,
+            options.force,
+        )
+        .map_err(|conflicts| ApiError::ApplyConflict {
+            message: conflicts.message(),
+            causes: conflicts.causes(),
+        })?;
+    managed.write(&mut merged);
+    // As the real server: only kubectl's own apply, and only where the annotation is kept.
+    if part == Part::Main
+        && options.manager == "kubectl"
+        && let Some(annotations) = merged["metadata"]["annotations"].as_object_mut()
+        && annotations.contains_key(apply::LAST_APPLIED)
+    {
+        let mut applied = patch.clone();
+        if let Some(theirs) = applied["metadata"]["annotations"].as_object_mut() {
+            theirs.remove(apply::LAST_APPLIED);
+        }
+        annotations.insert(apply::LAST_APPLIED.into(), json!(applied.to_string()));
+    }
+    Ok(resource.to_view(&merged))
+}
+
+/// Whether writes to `resource` record `managedFields` (only resources with a schema: events are
+/// served in two versions, and their field paths would need converting between them).
+fn tracks_managed_fields(resource: &Resource) -> bool {
+    resource.schema.is_some()
+}
+
+fn shape(resource: &Resource) -> Shape<'_> {
+    Shape::root(resource.schema.as_ref().map(|s| s.root()))
+}
+
+fn ownership_scope(resource: &Resource, part: Part) -> Scope {
+    match part {
+        Part::Main => Scope::Main {
+            status_subresource: resource.status_subresource,
+        },
+        Part::Status => Scope::Status,
+    }
+}
+
+fn writer(resource: &Resource, manager: &str, part: Part) -> Writer {
+    Writer {
+        manager: manager.to_string(),
+        subresource: (part == Part::Status).then_some("status"),
+        api_version: resource.api_version(),
+        now: now(),
+    }
+}
+
+/// Records an Update by `manager` from `existing` to the object `next` stores. The managed fields
+/// the client sent (kubectl's upgrade from client-side apply rewrites them) replace the stored
+/// ones, as on the real server; `[{}]` clears them.
+fn track_update(resource: &Resource, existing: &Value, next: Action, part: Part, manager: &str) -> Action {
+    let Action::Put(mut next) = next else {
+        return next;
+    };
+    if !tracks_managed_fields(resource) {
+        return Action::Put(next);
+    }
+    if next["metadata"]["managedFields"] == json!([{}]) {
+        Managed::default().write(&mut next);
+        return Action::Put(next);
+    }
+    let sent = Managed::read(&next);
+    let mut managed = if part == Part::Main && !sent.0.is_empty() {
+        sent
+    } else {
+        Managed::read(existing)
+    };
+    managed.update(
+        existing,
+        &next,
+        shape(resource),
+        ownership_scope(resource, part),
+        &writer(resource, manager, part),
+    );
+    managed.write(&mut next);
+    Action::Put(next)
 }
 
 /// The object an update or patch leads to, from the stored `existing` and the client's `proposed`
@@ -387,6 +770,14 @@ pub fn next_state(
         match existing["metadata"].get(system) {
             Some(v) => next["metadata"][system] = v.clone(),
             None => remove(&mut next["metadata"], system),
+        }
+    }
+    // A client that sends no managedFields leaves them as they are (the real server's rule, so
+    // that clients unaware of them cannot wipe them).
+    if next["metadata"]["managedFields"].as_array().is_none_or(Vec::is_empty) {
+        match existing["metadata"].get("managedFields") {
+            Some(managed) => next["metadata"]["managedFields"] = managed.clone(),
+            None => remove(&mut next["metadata"], "managedFields"),
         }
     }
     *warnings = validate(resource, &mut next, unknown)?;
@@ -504,7 +895,8 @@ fn validate(resource: &Resource, object: &mut Value, unknown: UnknownFields) -> 
             .check(object, unknown)
             .map_err(|causes| invalid(resource, &name, causes))?;
     }
-    let causes = resource.semantic_check(object);
+    let mut causes = super::metadata::validate(object);
+    causes.extend(resource.semantic_check(object));
     if !causes.is_empty() {
         return Err(invalid(resource, &name, causes));
     }
@@ -586,6 +978,20 @@ pub fn check_name(resource: &Resource, name: &str) -> ApiResult<()> {
     Ok(())
 }
 
+/// Namespaces are DNS-1123 labels (so `.`, `..` and `_cluster` never name one).
+pub fn dns1123_label_problem(name: &str) -> Option<&'static str> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    (!ok).then_some(
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')",
+    )
+}
+
 pub fn dns1123_subdomain_problem(name: &str) -> Option<&'static str> {
     const RULE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com')";
     if name.is_empty() || name.len() > 253 {
@@ -603,6 +1009,29 @@ pub fn dns1123_subdomain_problem(name: &str) -> Option<&'static str> {
         return Some(RULE);
     }
     None
+}
+
+/// A delete's preconditions must hold for the stored object (a 409 otherwise, worded as by the
+/// real server).
+fn check_preconditions(resource: &Resource, name: &str, existing: &Value, options: &DeleteOptions) -> ApiResult<()> {
+    let failed = |what: &str, wanted: &str, found: &str| ApiError::Conflict {
+        resource: resource.qualified_name(),
+        name: name.to_string(),
+        message: format!("Precondition failed: {what} in precondition: {wanted}, {what} in object meta: {found}"),
+    };
+    if let Some(uid) = &options.uid {
+        let found = existing["metadata"]["uid"].as_str().unwrap_or_default();
+        if uid != found {
+            return Err(failed("UID", uid, found));
+        }
+    }
+    if let Some(rv) = &options.resource_version {
+        let found = existing["metadata"]["resourceVersion"].as_str().unwrap_or_default();
+        if rv != found {
+            return Err(failed("ResourceVersion", rv, found));
+        }
+    }
+    Ok(())
 }
 
 fn written(outcome: Outcome) -> Value {
@@ -703,6 +1132,14 @@ fn random_suffix() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn namespaces_are_labels() {
+        assert!(dns1123_label_problem("default").is_none());
+        for bad in [".", "..", "_cluster", "a.b", "A", "-a", &"a".repeat(64)] {
+            assert!(dns1123_label_problem(bad).is_some(), "{bad:?} should be refused");
+        }
+    }
 
     #[test]
     fn names_that_are_not_subdomains_or_try_a_path_are_refused() {

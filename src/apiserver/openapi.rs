@@ -130,3 +130,64 @@ fn hash(r: &Resource) -> String {
     env!("CARGO_PKG_VERSION").hash(&mut h);
     format!("{:016X}", h.finish())
 }
+
+/// `/openapi/v2` as JSON (Swagger 2.0): the definitions, tagged with their group-version-kind,
+/// and a path per resource and verb. The real server serves it as protobuf too; this one does
+/// not (docs/api.md).
+pub fn swagger(resources: &[Resource]) -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut definitions = serde_json::Map::new();
+    for r in resources {
+        let gvk = json!([{"group": r.group, "version": r.version, "kind": r.kind}]);
+        let name = format!("{}.{}.{}", reverse_domain(r.group), r.version, r.kind);
+        let mut schema = v2_schema(r.openapi_schema.clone());
+        schema["x-kubernetes-group-version-kind"] = gvk.clone();
+        definitions.insert(name.clone(), schema);
+        let object_ref = json!({"$ref": format!("#/definitions/{name}")});
+        let op = |action: &str| {
+            json!({"x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk[0],
+                   "consumes": ["application/json"], "produces": ["application/json", "application/yaml"],
+                   "responses": {"200": {"description": "OK", "schema": object_ref}}})
+        };
+        let base = format!(
+            "/{}/{}{}",
+            group_version_path(r),
+            if r.namespaced { "namespaces/{namespace}/" } else { "" },
+            r.plural
+        );
+        paths.insert(
+            base.clone(),
+            json!({"get": op("list"), "post": op("post"), "delete": op("deletecollection")}),
+        );
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
+        );
+    }
+    json!({
+        "swagger": "2.0",
+        "info": {"title": "kcpshard", "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "definitions": definitions,
+    })
+}
+
+/// An OpenAPI v3 schema as Swagger 2.0 has it: without `nullable`, which 2.0 does not know (the
+/// real server drops it the same way).
+fn v2_schema(mut schema: Value) -> Value {
+    match &mut schema {
+        Value::Object(fields) => {
+            fields.remove("nullable");
+            for value in fields.values_mut() {
+                *value = v2_schema(value.take());
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                *item = v2_schema(item.take());
+            }
+        }
+        _ => {}
+    }
+    schema
+}

@@ -44,6 +44,8 @@ pub struct Resource {
     /// The schema as OpenAPI v3 serves it (`kubectl explain` reads its descriptions).
     pub openapi_schema: Value,
     pub columns: Vec<Column>,
+    /// The fields a field selector may name (the real server's selectable fields).
+    pub field_selectors: &'static [&'static str],
 }
 
 impl Resource {
@@ -146,6 +148,7 @@ fn kcpshards() -> Resource {
         schema: Some(StructuralSchema::new(&props)),
         openapi_schema: version["schema"]["openAPIV3Schema"].clone(),
         columns,
+        field_selectors: &["metadata.name", "metadata.namespace"],
     }
 }
 
@@ -167,6 +170,39 @@ fn event_columns() -> Vec<Column> {
     ]
 }
 
+/// What core/v1 events can be selected by (k8s.io/kubernetes pkg/registry/core/event/strategy.go).
+const CORE_EVENT_FIELDS: &[&str] = &[
+    "metadata.name",
+    "metadata.namespace",
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+];
+
+/// The same fields under their events.k8s.io/v1 names.
+const EVENT_FIELDS: &[&str] = &[
+    "metadata.name",
+    "metadata.namespace",
+    "regarding.kind",
+    "regarding.namespace",
+    "regarding.name",
+    "regarding.uid",
+    "regarding.apiVersion",
+    "regarding.resourceVersion",
+    "regarding.fieldPath",
+    "reason",
+    "reportingController",
+    "type",
+];
+
 /// Events in one of their two views: core/v1 (what kubectl describe and kubectl events read) and
 /// events.k8s.io/v1 (what kube-runtime's Recorder writes), over one storage directory.
 fn events(group: &'static str, view: View, columns: Vec<Column>) -> Resource {
@@ -184,5 +220,9 @@ fn events(group: &'static str, view: View, columns: Vec<Column>) -> Resource {
         schema: None,
         openapi_schema: json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
         columns,
+        field_selectors: match view {
+            View::CoreEvents => CORE_EVENT_FIELDS,
+            View::Plain => EVENT_FIELDS,
+        },
     }
 }

@@ -164,6 +164,55 @@ impl StructuralSchema {
     }
 }
 
+/// One node of a [`StructuralSchema`], read by server-side apply: which fields it declares and how
+/// its lists merge (`x-kubernetes-list-type`; a list without one is atomic, as in a CRD).
+#[derive(Debug, Clone, Copy)]
+pub struct SchemaNode<'a>(&'a Node);
+
+/// How a list merges in server-side apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListType<'a> {
+    /// Replaced whole by whoever sets it.
+    Atomic,
+    /// Items are scalars, each owned on its own.
+    Set,
+    /// Items are objects, each owned on its own, told apart by these fields.
+    Map(&'a [String]),
+}
+
+impl StructuralSchema {
+    /// The root node, for server-side apply.
+    pub fn root(&self) -> SchemaNode<'_> {
+        SchemaNode(&self.root)
+    }
+}
+
+impl<'a> SchemaNode<'a> {
+    /// The node of field `name` of an object (a declared property, or the map's value schema).
+    pub fn field(self, name: &str) -> Option<SchemaNode<'a>> {
+        self.0
+            .properties
+            .get(name)
+            .or(self.0.additional.as_deref())
+            .map(SchemaNode)
+    }
+
+    /// The node of a list's items.
+    pub fn items(self) -> Option<SchemaNode<'a>> {
+        self.0.items.as_deref().map(SchemaNode)
+    }
+
+    pub fn list_type(self) -> ListType<'a> {
+        if !self.0.list_map_keys.is_empty() {
+            ListType::Map(&self.0.list_map_keys)
+        } else if self.0.list_set {
+            ListType::Set
+        } else {
+            ListType::Atomic
+        }
+    }
+}
+
 /// kube-apiserver's message for a body refused in Strict mode (it answers 400 BadRequest), e.g.
 /// `KcpShard in version "v1alpha1" cannot be handled as a KcpShard: strict decoding error: unknown
 /// field "spec.foo"`.

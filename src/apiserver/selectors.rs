@@ -38,6 +38,24 @@ impl Selector {
         self.labels.iter().all(|r| r.matches(&label)) && self.fields.iter().all(|r| r.matches(&field))
     }
 
+    /// Refuses field selectors on fields the resource cannot be selected by (`allowed`), as the
+    /// real server does with a 400.
+    pub fn check_fields(&self, allowed: &[&str]) -> Result<(), ApiError> {
+        for requirement in &self.fields {
+            let (Requirement::Equals(field, _) | Requirement::NotEquals(field, _)) = requirement else {
+                continue;
+            };
+            if !allowed.contains(&field.as_str()) {
+                let known: Vec<String> = allowed.iter().map(|f| format!("{f:?}")).collect();
+                return Err(ApiError::BadRequest(format!(
+                    "{field:?} is not a known field selector: only {}",
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether it selects everything.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
@@ -85,7 +103,31 @@ fn split_terms(selector: &str) -> Vec<&str> {
 }
 
 fn parse_labels(selector: &str) -> Result<Vec<Requirement>, ApiError> {
-    split_terms(selector).into_iter().map(parse_label_term).collect()
+    split_terms(selector)
+        .into_iter()
+        .map(|term| parse_label_term(term).and_then(|r| checked_label(term, r)))
+        .collect()
+}
+
+/// Label keys and values must be ones a label could have (the real server answers 400 otherwise).
+fn checked_label(term: &str, requirement: Requirement) -> Result<Requirement, ApiError> {
+    let (key, values): (&str, Vec<&str>) = match &requirement {
+        Requirement::Equals(k, v) | Requirement::NotEquals(k, v) => (k, vec![v.as_str()]),
+        Requirement::In(k, vs) | Requirement::NotIn(k, vs) => (k, vs.iter().map(String::as_str).collect()),
+        Requirement::Exists(k) | Requirement::DoesNotExist(k) => (k, Vec::new()),
+    };
+    let bad = |what: &str, problem: &str| {
+        ApiError::BadRequest(format!("unable to parse requirement: {what} in {term:?}: {problem}"))
+    };
+    if let Some(problem) = super::metadata::qualified_name_problem(key) {
+        return Err(bad(&format!("key {key:?}"), problem));
+    }
+    for value in values {
+        if let Some(problem) = super::metadata::label_value_problem(value) {
+            return Err(bad(&format!("value {value:?}"), problem));
+        }
+    }
+    Ok(requirement)
 }
 
 fn parse_label_term(term: &str) -> Result<Requirement, ApiError> {
@@ -181,5 +223,20 @@ mod tests {
             "a missing field reads as empty"
         );
         assert!(Selector::parse(None, Some("metadata.name")).is_err());
+    }
+
+    #[test]
+    fn malformed_label_selectors_are_refused() {
+        for bad in ["a b=c", "=x", "env=bad value", "env in (a b)", "!!x", "a/b/c=d"] {
+            assert!(Selector::parse(Some(bad), None).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_known_fields_are_selectable() {
+        let selector = Selector::parse(None, Some("metadata.name=dev")).unwrap();
+        assert!(selector.check_fields(&["metadata.name"]).is_ok());
+        let selector = Selector::parse(None, Some("spec.version=v1")).unwrap();
+        assert!(selector.check_fields(&["metadata.name", "metadata.namespace"]).is_err());
     }
 }

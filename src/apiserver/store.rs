@@ -145,11 +145,15 @@ impl Store {
                 };
                 for file in read_dir(&scope)? {
                     if let Some(object) = load_object(&file)? {
-                        let name = file
-                            .file_stem()
-                            .and_then(|n| n.to_str())
-                            .unwrap_or_default()
-                            .to_string();
+                        // The object names itself: a long name's file name is shortened.
+                        let name = match object["metadata"]["name"].as_str() {
+                            Some(name) => name.to_string(),
+                            None => file
+                                .file_stem()
+                                .and_then(|n| n.to_str())
+                                .unwrap_or_default()
+                                .to_string(),
+                        };
                         resource_version = resource_version.max(resource_version_of(&object));
                         objects.insert(
                             Key {
@@ -252,6 +256,35 @@ impl Store {
         })
     }
 
+    /// What [`Store::modify`] would do, without doing it (a dry run): nothing is written, no
+    /// resourceVersion is used, nobody is notified. A would-be written object keeps the
+    /// resourceVersion it has (none, for a create).
+    pub fn preview<E>(
+        &self,
+        key: &Key,
+        decide: impl FnOnce(Option<&Value>) -> Result<Action, E>,
+    ) -> Result<Outcome, E> {
+        let previous = self.lock().objects.get(key).cloned();
+        Ok(match decide(previous.as_ref())? {
+            Action::Nothing => Outcome::Unchanged(previous),
+            Action::Put(mut object) => {
+                match previous.as_ref().map(|p| p["metadata"]["resourceVersion"].clone()) {
+                    Some(rv) => object["metadata"]["resourceVersion"] = rv,
+                    None => {
+                        if let Some(metadata) = object["metadata"].as_object_mut() {
+                            metadata.remove("resourceVersion");
+                        }
+                    }
+                }
+                Outcome::Written(object)
+            }
+            Action::Delete => match previous {
+                Some(object) => Outcome::Deleted(object),
+                None => Outcome::Unchanged(None),
+            },
+        })
+    }
+
     /// The changes after `resource_version` and a receiver for the ones to come, taken together
     /// so that nothing falls between them. `Err(oldest)` when the history no longer reaches back
     /// that far (the caller answers 410 Expired).
@@ -304,10 +337,7 @@ impl Store {
 
     fn object_path(&self, key: &Key) -> PathBuf {
         let scope = key.namespace.as_deref().unwrap_or(CLUSTER_SCOPE);
-        self.dir
-            .join(key.resource)
-            .join(scope)
-            .join(format!("{}.json", key.name))
+        self.dir.join(key.resource).join(scope).join(file_name(&key.name))
     }
 }
 
@@ -337,6 +367,23 @@ pub enum Outcome {
     Deleted(Value),
     /// Nothing changed; the current object, if any.
     Unchanged(Option<Value>),
+}
+
+/// Names up to this length are their own file names (with `.json`, within Linux's 255 bytes).
+const LONGEST_PLAIN_NAME: usize = 200;
+
+/// The file an object is stored in: `<name>.json`, or for a long name (a DNS subdomain may have
+/// 253 characters) its first [`LONGEST_PLAIN_NAME`] characters, `~` (which no name holds) and a
+/// 64-bit FNV-1a hash of the whole name. The file's object carries its real name.
+fn file_name(name: &str) -> String {
+    if name.len() <= LONGEST_PLAIN_NAME {
+        return format!("{name}.json");
+    }
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let head: String = name.chars().take(LONGEST_PLAIN_NAME).collect();
+    format!("{head}~{hash:016x}.json")
 }
 
 /// The directory name for cluster-scoped objects (not a valid namespace name, so no clash).
@@ -510,6 +557,22 @@ mod tests {
             Store::open(dir.path(), &["things"]),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn a_253_character_name_is_stored_and_loaded_under_a_shorter_file_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        let long = format!("{}.b", "a".repeat(251));
+        let other = format!("{}.c", "a".repeat(251));
+        for name in [&long, &other] {
+            put(&store, name, json!({"metadata": {"name": name}}));
+        }
+        drop(store);
+        let store = Store::open(dir.path(), &["things"]).unwrap();
+        assert!(store.get(&key(&long)).is_some() && store.get(&key(&other)).is_some());
+        assert_ne!(file_name(&long), file_name(&other));
+        assert!(file_name(&long).len() < 255);
     }
 
     #[test]

@@ -22,9 +22,9 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::ApiServer;
 use super::error::ApiError;
+use super::negotiation::Rendering;
 use super::selectors::Selector;
-use super::store::{Change, ChangeType, resource_version_of};
-use super::table::{self, IncludeObject};
+use super::store::{Change, ChangeType};
 
 const BOOKMARK_EVERY: Duration = Duration::from_secs(15);
 
@@ -38,8 +38,8 @@ pub struct WatchRequest {
     pub send_initial_events: bool,
     pub bookmarks: bool,
     pub timeout: Option<Duration>,
-    /// Render each object as a one-row Table (`kubectl get -w`).
-    pub table: Option<IncludeObject>,
+    /// How each object is rendered: itself, a one-row Table (`kubectl get -w`), or its metadata.
+    pub rendering: Rendering,
 }
 
 pub type WatchBody = StreamBody<ReceiverStream<Result<Frame<Bytes>, Infallible>>>;
@@ -182,14 +182,8 @@ impl Watcher {
     }
 
     async fn send(&self, event_type: &str, object: &Value) -> Result<(), Gone> {
-        match self.request.table {
-            Some(include) => {
-                let rv = resource_version_of(object);
-                let table = table::table(self.resource(), std::slice::from_ref(object), Some(rv), include);
-                self.send_line(event_type, &table).await
-            }
-            None => self.send_line(event_type, object).await,
-        }
+        let rendered = self.request.rendering.one(self.resource(), object.clone());
+        self.send_line(event_type, &rendered).await
     }
 
     async fn bookmark(&self, resource_version: u64, initial_events_end: bool) -> Result<(), Gone> {

@@ -37,7 +37,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if !args.wait {
         return Ok(());
     }
-    let uid = deleted.left().and_then(|o| o.metadata.uid);
+    // The deleted object, or (gone at once) a Status whose details name its uid.
+    let uid = deleted.either(
+        |object| object.metadata.uid,
+        |status| status.details.map(|d| d.uid).filter(|uid| !uid.is_empty()),
+    );
     let started = tokio::time::Instant::now();
     let mut told = Vec::new();
     loop {

@@ -191,6 +191,16 @@ impl Printer {
     }
 
     fn print_object(&self, object: &Value) -> anyhow::Result<()> {
+        // As kubectl without --show-managed-fields: managedFields are the server's bookkeeping.
+        let hide = |item: &mut Value| {
+            if let Some(metadata) = item["metadata"].as_object_mut() {
+                metadata.remove("managedFields");
+            }
+        };
+        let mut object = object.clone();
+        object["items"].as_array_mut().into_iter().flatten().for_each(hide);
+        hide(&mut object);
+        let object = &object;
         match self.output {
             Some(Output::Yaml) => write(&serde_yaml::to_string(object)?),
             Some(Output::Json) => write(&(to_json_4(object)? + "\n")),

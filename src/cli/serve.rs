@@ -28,9 +28,14 @@ pub struct Args {
     controller: bool,
     /// GitOps: apply every KcpShard in the YAML files under DIR (a git checkout, say) at start and
     /// whenever they change, with server-side apply under the field manager `kcpshard-gitops`.
-    /// Deleting a file does not delete its objects. See docs/operations.md.
+    /// A field removed from a file is removed from the object. Deleting a file does not delete its
+    /// objects (see --manifests-prune). See docs/operations.md.
     #[arg(long, value_name = "DIR")]
     manifests: Option<PathBuf>,
+    /// With --manifests: delete the KcpShards that kcpshard-gitops created and that no file in DIR
+    /// holds any more (like Flux's prune). Nothing is pruned in a pass that finds an invalid file.
+    #[arg(long, requires = "manifests")]
+    manifests_prune: bool,
     /// With --manifests: how often DIR is read again in case a change was not seen (`30s`, `2m`).
     /// Only files whose bytes changed are applied.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::api::parse_duration, requires = "manifests")]
@@ -79,6 +84,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             gitops_client,
             dir,
             args.manifests_interval,
+            args.manifests_prune,
             until_stopped(stopped.clone()),
         ))
     });

@@ -47,6 +47,7 @@ pub fn build(
         observed_generation: generation,
         phase: Some(conditions::phase(&verdicts, desired.deleting)),
         active_slot: (!backends.is_empty()).then(|| backends.join(",")),
+        version: world.serving_version(),
         slots,
         front: Some(FrontStatus {
             listen: Some(shard.spec.front.listen.clone()),

@@ -11,8 +11,11 @@
 //! waited out until DIR is quiet for 300 ms: git writes a checkout as renames and replacements,
 //! many events per commit), and every `interval` in case the watch missed something (DIR replaced
 //! wholesale, an inotify limit reached). Only files whose
-//! bytes changed are applied, so an unchanged DIR writes nothing. A file that disappears leaves its
-//! objects alone: deleting is a decision for a person, not a side effect of a rename.
+//! bytes changed are applied, so an unchanged DIR writes nothing. Applies are server-side applies
+//! (the API's own, src/apiserver/apply), so a field removed from a file is removed from the object.
+//! A file that disappears leaves its objects alone by default (deleting is a decision for a
+//! person, not a side effect of a rename), with a Warning event saying so; with `prune`, the
+//! objects kcpshard-gitops created (annotated [`CREATED_BY`]) that no file holds are deleted.
 pub mod manifests;
 pub mod sync;
 
@@ -25,6 +28,10 @@ use tokio::sync::Notify;
 
 /// The field manager of every apply from the manifests dir.
 pub const FIELD_MANAGER: &str = "kcpshard-gitops";
+
+/// The annotation on the objects kcpshard-gitops created (value [`FIELD_MANAGER`]): the ones
+/// `--manifests-prune` may delete.
+pub const CREATED_BY: &str = "kcpshard.io/created-by";
 
 /// How long DIR must be quiet before a burst of changes is acted on.
 const DEBOUNCE: Duration = Duration::from_millis(300);
@@ -52,11 +59,17 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<()> {
 
 /// Applies the manifests in `dir` through `client` at start, after every burst of changes and
 /// every `interval`, until `shutdown` resolves.
-pub async fn run(client: kube::Client, dir: PathBuf, interval: Duration, shutdown: impl Future<Output = ()>) {
+pub async fn run(
+    client: kube::Client,
+    dir: PathBuf,
+    interval: Duration,
+    prune: bool,
+    shutdown: impl Future<Output = ()>,
+) {
     let changed = Arc::new(Notify::new());
     // Kept alive for as long as the loop runs; dropping it stops the watch.
     let _watcher = watch(&dir, changed.clone(), interval);
-    let mut syncer = sync::Syncer::new(client, dir.clone());
+    let mut syncer = sync::Syncer::new(client, dir.clone(), prune);
     tracing::info!(dir = %dir.display(), "applying the manifests in {} (field manager {FIELD_MANAGER})", dir.display());
     syncer.pass().await;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);

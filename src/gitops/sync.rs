@@ -5,15 +5,19 @@
 //! unchanged dir sends nothing. A refused file is reported once per content (a log line, and a
 //! Warning event on each KcpShard it names that exists); the same bytes are not reported again.
 //! An object defined by two files is refused in the file that brought the second definition.
-use std::collections::{BTreeMap, HashMap};
+//!
+//! After the applies, [`Syncer::sweep`] looks for KcpShards kcpshard-gitops applied that no file
+//! holds any more: each gets a Warning event once, and with prune the ones it created are deleted
+//! (never in a pass that found an invalid file, whose objects cannot be told).
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use kube::Resource as _;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-use super::FIELD_MANAGER;
 use super::manifests::{Checker, ManifestFile, Object, list_files};
+use super::{CREATED_BY, FIELD_MANAGER};
 use crate::api::KcpShard;
 
 /// Kubernetes refuses event notes above 1 kB.
@@ -113,10 +117,14 @@ pub struct Syncer {
     reporter: Reporter,
     /// The last error listing the dir, so a dir that stays unreadable is reported once.
     list_error: Option<String>,
+    /// Delete the objects kcpshard-gitops created once no file holds them.
+    prune: bool,
+    /// Objects no file holds that were reported, and why: each is reported once.
+    reported: HashMap<String, &'static str>,
 }
 
 impl Syncer {
-    pub fn new(client: kube::Client, dir: PathBuf) -> Syncer {
+    pub fn new(client: kube::Client, dir: PathBuf, prune: bool) -> Syncer {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .ok();
@@ -130,6 +138,8 @@ impl Syncer {
                 instance: host,
             },
             list_error: None,
+            prune,
+            reported: HashMap::new(),
         }
     }
 
@@ -154,23 +164,8 @@ impl Syncer {
             }
         };
         let files: Vec<ManifestFile> = paths.iter().map(|p| self.checker.read(&self.dir, p)).collect();
-        for gone in self
-            .records
-            .keys()
-            .filter(|p| !paths.contains(p))
-            .cloned()
-            .collect::<Vec<_>>()
-        {
-            let record = self.records.remove(&gone).expect("listed from the records");
-            if record.applied && !record.names.is_empty() {
-                tracing::info!(
-                    file = %gone.display(),
-                    "{} is gone from the manifests dir; KcpShard {} stays as it is (delete it with kubectl delete)",
-                    gone.display(),
-                    record.names.join(", ")
-                );
-            }
-        }
+        // A file that is gone holds nothing any more: the sweep below reports its objects.
+        self.records.retain(|path, _| paths.contains(path));
         let decisions = decide(&files, &self.records);
         let unchanged = decisions.iter().filter(|d| **d == Decision::Unchanged).count();
         tracing::debug!(files = files.len(), unchanged, "manifests pass");
@@ -231,6 +226,89 @@ impl Syncer {
                 }
             }
         }
+        self.sweep(&files).await;
+    }
+
+    /// Reports (and with prune, deletes) the KcpShards kcpshard-gitops applied that no file in DIR
+    /// holds any more.
+    async fn sweep(&mut self, files: &[ManifestFile]) {
+        let mut held = BTreeSet::new();
+        // A file that does not parse may hold anything: its objects cannot be told from orphans.
+        let mut unsure = self.records.values().any(|r| !r.applied);
+        for file in files {
+            match &file.content {
+                Ok(objects) => held.extend(objects.iter().map(|o| o.name.clone())),
+                Err(_) => {
+                    unsure = true;
+                    held.extend(file.mentions.iter().cloned());
+                }
+            }
+        }
+        self.reported.retain(|name, _| !held.contains(name));
+        let objects = match self.api().list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(e) => {
+                tracing::warn!("cannot list the KcpShards to find those no manifest holds: {e}");
+                return;
+            }
+        };
+        let dir = self.dir.display().to_string();
+        for object in objects {
+            let name = object.metadata.name.clone().unwrap_or_default();
+            let created = object
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(CREATED_BY))
+                .is_some_and(|v| v == FIELD_MANAGER);
+            let applied = created
+                || object
+                    .metadata
+                    .managed_fields
+                    .iter()
+                    .flatten()
+                    .any(|e| e.manager.as_deref() == Some(FIELD_MANAGER));
+            if held.contains(&name) || !applied || object.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            // Why it stays (a key of `reported`), and the note that says so.
+            let (why, note) = match (self.prune, created, unsure) {
+                (true, true, false) => {
+                    let note =
+                        format!("No file in {dir} holds KcpShard {name} any more: deleting it (--manifests-prune)");
+                    tracing::warn!("{note}");
+                    self.publish(&object, EventType::Warning, "ManifestPruned", note).await;
+                    if let Err(e) = self.api().delete(&name, &DeleteParams::default()).await {
+                        tracing::warn!("cannot prune KcpShard {name}: {e}");
+                    }
+                    continue;
+                }
+                (true, true, true) => (
+                    "unsure",
+                    format!(
+                        "No file in {dir} holds KcpShard {name} any more; it is not pruned while a file in {dir} is invalid"
+                    ),
+                ),
+                (true, false, _) => (
+                    "not-created",
+                    format!(
+                        "No file in {dir} holds KcpShard {name} any more; it is left as it is, because kcpshard-gitops did not create it"
+                    ),
+                ),
+                (false, _, _) => (
+                    "kept",
+                    format!(
+                        "No file in {dir} holds KcpShard {name} any more; it is left as it is: delete it with kubectl delete, or serve with --manifests-prune"
+                    ),
+                ),
+            };
+            if self.reported.get(&name) == Some(&why) {
+                continue;
+            }
+            tracing::warn!("{note}");
+            self.publish(&object, EventType::Warning, "ManifestRemoved", note).await;
+            self.reported.insert(name, why);
+        }
     }
 
     /// Server-side apply of one object under [`FIELD_MANAGER`], logging the resourceVersion change.
@@ -241,7 +319,22 @@ impl Syncer {
             Err(e) => return classify(e),
         };
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let after = match api.patch(&object.name, &params, &Patch::Apply(&object.manifest)).await {
+        // What kcpshard-gitops creates it marks as its own, and keeps marked in every apply (the
+        // apply owns the annotation, so leaving it out would remove it).
+        let ours = match &before {
+            None => true,
+            Some(before) => before
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(CREATED_BY))
+                .is_some_and(|v| v == FIELD_MANAGER),
+        };
+        let mut manifest = object.manifest.clone();
+        if ours {
+            manifest["metadata"]["annotations"][CREATED_BY] = serde_json::json!(FIELD_MANAGER);
+        }
+        let after = match api.patch(&object.name, &params, &Patch::Apply(&manifest)).await {
             Ok(after) => after,
             Err(e) => return classify(e),
         };

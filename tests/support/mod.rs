@@ -833,6 +833,49 @@ impl Kcp {
         }
     }
 
+    /// Create workspace `name` in root through kcp and wait for phase Ready; returns how long it took.
+    pub fn create_workspace(&self, name: &str) -> Duration {
+        let kcp = self;
+        let t = Instant::now();
+        let body = serde_json::json!({
+            "apiVersion": "tenancy.kcp.io/v1alpha1",
+            "kind": "Workspace",
+            "metadata": { "name": name },
+        })
+        .to_string();
+        let path = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
+        // The tenancy API can lag /readyz by a moment: retry the create briefly.
+        let created = poll(Duration::from_secs(60), Duration::from_millis(500), || {
+            match kcp.create_raw_as("base", path, &body) {
+                Ok(_) => Some(Ok(())),
+                Err(e) if e.contains("AlreadyExists") || e.contains("already exists") => Some(Ok(())),
+                Err(e) if e.contains("NotFound") || e.contains("the server could not find") => None,
+                Err(e) if e.contains("connection refused") || e.contains("ServiceUnavailable") => None,
+                Err(e) => Some(Err(e)),
+            }
+        });
+        match created {
+            Some(Ok(())) => {}
+            Some(Err(e)) => kcp.proc.fail(&format!("creating workspace {name}: {e}")),
+            None => kcp
+                .proc
+                .fail(&format!("creating workspace {name}: tenancy API not served within 60s")),
+        }
+        let mut last = String::new();
+        let ready = poll(Duration::from_secs(180), Duration::from_millis(500), || {
+            let body = kcp.get_raw(&format!("{path}/{name}")).ok()?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let phase = v["status"]["phase"].as_str().unwrap_or("").to_string();
+            last = body;
+            (phase == "Ready").then_some(())
+        });
+        if ready.is_none() {
+            kcp.proc
+                .fail(&format!("workspace {name} not Ready within 180s; last seen:\n{last}"));
+        }
+        t.elapsed()
+    }
+
     /// `kubectl create --raw <path> -f <body>` as the shard admin.
     pub fn create_raw(&self, path: &str, body: &str) -> Result<String, String> {
         self.create_raw_as("shard-base", path, body)
