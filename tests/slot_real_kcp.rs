@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
+use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, UnitName, free_port, procfs};
 use kcpshard::slot::{self, SlotLaunch};
 use kcpshard::store;
 
@@ -94,7 +94,7 @@ struct Slot {
     started: Instant,
 }
 
-fn start_slot(
+async fn start_slot(
     runtime: &Runtime,
     reaper: &mut Reaper,
     base: &Path,
@@ -103,14 +103,14 @@ fn start_slot(
     etcd: &str,
     front: &str,
 ) -> Slot {
-    let kcp = &require(&format!("kcp-{version}"));
+    let kcp = require(&format!("kcp-{version}"));
     let dir = base.join(format!("slot-{name}"));
     let root = dir.join("root");
     let port = free_port().unwrap();
     let launch = SlotLaunch {
         name: name.to_string(),
         version: version.to_string(),
-        binary: kcp.to_path_buf(),
+        binary: kcp.clone(),
         root_dir: root.clone(),
         bind_address: IpAddr::from([127, 0, 0, 1]),
         port,
@@ -121,16 +121,16 @@ fn start_slot(
         extra_args: Vec::new(),
     };
     let args = slot::kcp_args(&launch).unwrap();
-    let spec = ProcessSpec {
-        name: format!("slot-{name}"),
-        program: kcp.to_path_buf(),
+    let spec = ProcessSpec::new(
+        format!("slot-{name}"),
+        UnitName::slot("real", name),
+        kcp.clone(),
         args,
-        env: Vec::new(),
-        log: dir.join("kcp.log"),
-        record: dir.join("process.json"),
-    };
+        dir.join("kcp.log"),
+        dir.join("process.json"),
+    );
     let started = Instant::now();
-    let record = runtime.start(&spec).unwrap();
+    let record = runtime.start(&spec).await.unwrap();
     reaper.add(&record, &spec.log);
     assert_eq!(Runtime::load(&spec.record).unwrap().as_ref(), Some(&record));
     Slot {
@@ -184,14 +184,14 @@ async fn hand_over(version_a: &str, version_b: &str) {
     let front = format!("https://127.0.0.1:{}", free_port().unwrap());
 
     let t = Instant::now();
-    let k = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"))
+    let k = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"), "real")
         .await
         .unwrap();
     reaper.add(&k.record, &base.join("store").join(store::kine::LOG_FILE));
     let kine_ready = t.elapsed();
     assert!(!k.adopted);
     // A second call adopts the same kine instead of starting another on the sqlite file.
-    let again = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"))
+    let again = store::ensure_kine_sqlite(&runtime, &kine, &base.join("store"), "real")
         .await
         .unwrap();
     assert!(again.adopted);
@@ -200,7 +200,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // Slot a: the first slot makes the shard's material.
     let root_a = base.join("slot-a").join("root");
     assert!(!slot::seed_root(&shared, &root_a).unwrap());
-    let a = start_slot(&runtime, &mut reaper, base, "a", version_a, &k.endpoint, &front);
+    let a = start_slot(&runtime, &mut reaper, base, "a", version_a, &k.endpoint, &front).await;
     assert_ne!(
         procfs::stat(a.record.pid).unwrap().session,
         procfs::stat(std::process::id()).unwrap().session,
@@ -225,7 +225,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     // Slot b: seeded from the shard's material, same store.
     let root_b = base.join("slot-b").join("root");
     assert!(slot::seed_root(&shared, &root_b).unwrap());
-    let b = start_slot(&runtime, &mut reaper, base, "b", version_b, &k.endpoint, &front);
+    let b = start_slot(&runtime, &mut reaper, base, "b", version_b, &k.endpoint, &front).await;
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
 
@@ -287,7 +287,7 @@ async fn hand_over(version_a: &str, version_b: &str) {
     assert!(slot::readyz(&client_b).await.unwrap());
 
     let stop_b = runtime.terminate(&b.record, Duration::from_secs(30)).await.unwrap();
-    let stop_kine = store::stop_kine_sqlite(&runtime, &base.join("store"), Duration::from_secs(10))
+    let stop_kine = store::stop_kine_sqlite(&runtime, &base.join("store"), "real", Duration::from_secs(10))
         .await
         .unwrap();
     assert!(stop_kine.is_some());
@@ -310,7 +310,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     let mut reaper = Reaper { procs: Vec::new() };
     let runtime = Runtime::new();
 
-    let first = store::ensure_kine_sqlite(&runtime, &kine, &dir).await.unwrap();
+    let first = store::ensure_kine_sqlite(&runtime, &kine, &dir, "real").await.unwrap();
     reaper.add(&first.record, &log);
     assert!(!first.adopted);
     assert!(store::kine::port_accepts(first.port).await);
@@ -318,14 +318,18 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
 
     // A restarted serve (a new runtime) adopts it from its record.
     let restarted = Runtime::new();
-    let adopted = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let adopted = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     assert!(adopted.adopted);
     assert_eq!(adopted.record, first.record);
     assert_eq!(adopted.endpoint, first.endpoint);
 
     // The record was lost (serve died between the spawn and the write): found by its argv.
     std::fs::remove_file(dir.join(store::kine::RECORD_FILE)).unwrap();
-    let found = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let found = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     assert!(found.adopted);
     assert_eq!(
         (found.record.pid, found.record.start_time),
@@ -339,21 +343,24 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     // A second kine on the same sqlite file (never ours to keep): stopped, the first stays.
     let extra_port = free_port().unwrap();
     let extra = runtime
-        .start(&ProcessSpec {
-            name: "extra-kine".into(),
-            program: kine.clone(),
-            args: store::kine::kine_args(
+        .start(&ProcessSpec::new(
+            "extra-kine",
+            UnitName::other("extra-kine"),
+            kine.clone(),
+            store::kine::kine_args(
                 &store::kine::sqlite_endpoint(&std::path::absolute(&dir).unwrap()),
                 extra_port,
                 None,
             ),
-            env: Vec::new(),
-            log: tmp.path().join("extra.log"),
-            record: tmp.path().join("extra.json"),
-        })
+            tmp.path().join("extra.log"),
+            tmp.path().join("extra.json"),
+        ))
+        .await
         .unwrap();
     reaper.add(&extra, &tmp.path().join("extra.log"));
-    let one = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let one = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     assert_eq!(one.record.pid, first.record.pid);
     assert!(
         !runtime.is_running(&extra),
@@ -371,12 +378,14 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let second = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let second = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     reaper.add(&second.record, &log);
     assert!(!second.adopted);
     assert_ne!(second.record.pid, first.record.pid);
 
-    let stopped = store::stop_kine_sqlite(&restarted, &dir, Duration::from_secs(10))
+    let stopped = store::stop_kine_sqlite(&restarted, &dir, "real", Duration::from_secs(10))
         .await
         .unwrap();
     assert!(stopped.is_some_and(|t| !t.killed));
@@ -385,7 +394,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     assert!(Runtime::find_by_argument(&store::kine::endpoint_arg(&endpoint)).is_empty());
     // Stopping again is a no-op.
     assert!(
-        store::stop_kine_sqlite(&restarted, &dir, Duration::from_secs(1))
+        store::stop_kine_sqlite(&restarted, &dir, "real", Duration::from_secs(1))
             .await
             .unwrap()
             .is_none()

@@ -15,7 +15,7 @@ use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
 use crate::front::Backend;
-use crate::process::{ProcessSpec, free_port};
+use crate::process::{ProcessSpec, UnitName, free_port};
 use crate::slot;
 use crate::store::StoreBackend;
 
@@ -95,14 +95,15 @@ impl Actor<'_> {
             Step::RestartSlot { name, cause } => self.restart_slot(name, cause).await,
             Step::ForgetSlot { name, was_active } => {
                 self.stop_slot_store(name).await?;
+                let log = self
+                    .slot(name)
+                    .map(|slot| crate::process::Runtime::log_location(&slot.process))
+                    .unwrap_or_else(|_| self.dirs.slot(name).log().display().to_string());
                 self.dirs.slot(name).forget()?;
                 if *was_active {
                     return Ok(vec![Note::warning(
                         "SlotCrashed",
-                        format!(
-                            "slot {name}, which served the shard, exited; starting a replacement (see {})",
-                            self.dirs.slot(name).log().display()
-                        ),
+                        format!("slot {name}, which served the shard, exited; starting a replacement (see {log})"),
                     )]);
                 }
                 Ok(vec![Note::warning("SlotCrashed", format!("slot {name} exited"))])
@@ -279,15 +280,15 @@ impl Actor<'_> {
             extra_args: template.extra_args.clone(),
         };
         let args = slot::args::kcp_args(&launch)?;
-        let spec = ProcessSpec {
-            name: format!("slot-{name}"),
-            program: launch.binary.clone(),
+        let spec = ProcessSpec::new(
+            format!("slot-{name}"),
+            UnitName::slot(&self.shard.name_any(), name),
+            launch.binary.clone(),
             args,
-            env: vec![],
-            log: slot_dirs.log(),
-            record: slot_dirs.process(),
-        };
-        let process = self.ctx.runtime.start(&spec)?;
+            slot_dirs.log(),
+            slot_dirs.process(),
+        );
+        let process = self.ctx.runtime.start(&spec).await?;
         self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
         Ok(vec![Note::normal(
             "SlotStarting",

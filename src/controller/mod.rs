@@ -10,6 +10,7 @@ pub mod act;
 pub mod clients;
 pub mod conditions;
 pub mod front;
+pub mod heartbeat;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
@@ -74,6 +75,8 @@ pub struct Context {
     pub metrics: metrics::ControllerMetrics,
     /// Wakes the controller for a shard when one of its processes exits.
     pub exits: ExitNotices<ObjectRef<KcpShard>>,
+    /// Beaten at the end of every reconcile: serve's watchdog pings systemd only while it beats.
+    pub heartbeat: heartbeat::Heartbeat,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +92,13 @@ pub enum Error {
 impl Context {
     /// The front the spec asks for.
     pub fn front(&self, shard: &KcpShard, dirs: &ShardDirs) -> anyhow::Result<front::Front> {
-        front::Front::from_spec(&shard.spec.front, self.front_binary.clone(), dirs.front())
+        front::Front::from_spec(
+            &shard.spec.front,
+            self.front_binary.clone(),
+            dirs.front(),
+            &shard.name_any(),
+            &self.runtime,
+        )
     }
 
     /// The store the spec asks for (a password is read now).
@@ -127,7 +136,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> anyhow::Result<Desired> 
 
 async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Error> {
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
-    finalizer(&api, FINALIZER, shard, |event| async {
+    let name = shard.name_any();
+    let result = finalizer(&api, FINALIZER, shard, |event| async {
         match event {
             Finalizer::Apply(shard) => step(&shard, &ctx).await,
             Finalizer::Cleanup(shard) => {
@@ -141,8 +151,9 @@ async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Er
             }
         }
     })
-    .await
-    .map_err(|e| match e {
+    .await;
+    ctx.heartbeat.beat(&name);
+    result.map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Finalizer(other.to_string()),
     })

@@ -268,6 +268,9 @@ mod tests {
             .map(String::from)
             .to_vec(),
             started_at: "2026-05-01T10:00:00Z".into(),
+            unit: None,
+            log: None,
+            stop_signal: None,
         };
         let record = record_from_argv("b", &process).unwrap();
         assert_eq!((record.name.as_str(), record.port), ("b", 40123));

@@ -15,7 +15,7 @@
 //! once. After a handover the old front does the same, except that the listening socket lives on in
 //! the successor and the files are the successor's.
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::front::error::FrontError;
+use crate::front::fdstore;
 use crate::front::handover;
 use crate::front::lifecycle;
 use crate::front::metrics;
@@ -166,7 +167,10 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
                 });
             }
             let backend = load_backend(&config.dir);
-            let listener = bind(&config)?;
+            let listener = match fdstore::inherited_listener() {
+                Some(inherited) => adopt_listener(inherited)?,
+                None => bind(&config)?,
+            };
             (listener, Router::new(backend), None)
         }
         Some(from) => {
@@ -190,6 +194,7 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     };
     proxy::tune_listener(&listener);
     let listener = Arc::new(listener);
+    let announced = listener.clone();
     let front = Arc::new(Front {
         dir: config.dir.clone(),
         listen,
@@ -248,6 +253,8 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     )?;
     let _ = std::fs::remove_file(config.dir.join(ERROR_FILE));
     info!(%listen, dir = %config.dir.display(), backend = ?router.backend(), "front ready");
+    fdstore::announce(announced.as_fd()).await;
+    drop(announced);
 
     let control_task = tokio::spawn(serve_control(control, front.clone()));
     let metrics_task = metrics_listener.map(|l| tokio::spawn(serve_metrics(l, front.clone())));
@@ -312,6 +319,14 @@ fn load_backend(dir: &Path) -> Option<Backend> {
             None
         }
     }
+}
+
+/// The listening socket systemd handed over, made ready for tokio.
+fn adopt_listener(listener: std::net::TcpListener) -> Result<TcpListener, FrontError> {
+    listener
+        .set_nonblocking(true)
+        .and_then(|()| TcpListener::from_std(listener))
+        .map_err(|e| FrontError::io("cannot use the listening socket systemd handed over", e))
 }
 
 fn bind(config: &FrontConfig) -> Result<TcpListener, FrontError> {
