@@ -12,9 +12,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${KCPSHARD_CACHE:-$HOME/.cache/kcpshard}
 suite=bookworm
 # What the booted machine needs: systemd and logind (which starts the user manager of a user
-# with lingering on, where kcpshard's units run), D-Bus for logind, procps for the tests' checks.
-# kcp is static; kine and kcpshard need only the libc of the base system.
-packages=systemd,systemd-sysv,dbus,libpam-systemd,procps
+# with lingering on, where kcpshard's units run), D-Bus (the system bus for logind, the user bus
+# through which serve talks to its user manager), procps for the tests' checks. kcp is static;
+# kine and kcpshard need only the libc of the base system.
+packages=systemd,systemd-sysv,dbus,dbus-user-session,libpam-systemd,procps
 
 key=$(sha256sum "$0" | cut -c1-12)
 dir=$cache/rootfs-$suite-$key

@@ -251,7 +251,7 @@ pub enum ProcessError {
     #[error("pid {pid} still runs {waited:?} after SIGKILL")]
     Unkillable { pid: u32, waited: Duration },
     #[error(
-        "cannot reach the systemd manager at {socket}: {message}; run serve as a systemd service of a user with `loginctl enable-linger` (docs/operations.md, Install as a service), or pass --runtime process"
+        "cannot reach the systemd manager through the bus at {socket}: {message}; for a user other than root, turn lingering on (`loginctl enable-linger USER`) and install dbus-user-session (docs/operations.md, Install as a service), or pass --runtime process"
     )]
     Manager { socket: PathBuf, message: String },
     #[error("systemd refused {what} of {unit}: {message}")]
@@ -285,6 +285,8 @@ impl Default for Runtime {
 /// How long [`Runtime::terminate`] waits for the kernel after SIGKILL.
 const AFTER_SIGKILL: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(20);
+/// How long `serve` waits for the systemd manager to answer at its start.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Runtime {
     /// The detached runtime.
@@ -299,7 +301,19 @@ impl Runtime {
     pub async fn of_kind(kind: RuntimeKind) -> Result<Runtime, ProcessError> {
         let mut runtime = Runtime::new();
         if kind == RuntimeKind::Systemd {
-            runtime.systemd = Some(systemd::Systemd::connect().await?);
+            // At boot, a user's manager (and its bus) may come up a moment after serve.
+            let deadline = Instant::now() + CONNECT_TIMEOUT;
+            let systemd = loop {
+                match systemd::Systemd::connect().await {
+                    Ok(systemd) => break systemd,
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::info!(error = %e, "waiting for the systemd manager");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            runtime.systemd = Some(systemd);
         }
         Ok(runtime)
     }

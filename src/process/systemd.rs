@@ -6,8 +6,10 @@
 //! at boot by `loginctl enable-linger`. systemd 252 asks polkit whether a non-root caller may start
 //! a transient unit on the system manager without saying which unit, so a rule that lets `serve`
 //! start its own units would let every process of that user (every kcp) start any unit as root;
-//! the user's own manager can only run processes as that user. Both are reached on their private
-//! socket (`/run/systemd/private`, `$XDG_RUNTIME_DIR/systemd/private`): no D-Bus daemon needed.
+//! the user's own manager can only run processes as that user. The system manager is reached on
+//! the system bus, a user's on that user's bus (`$XDG_RUNTIME_DIR/bus`, Debian's package
+//! dbus-user-session): their private sockets speak a D-Bus dialect (a well-known name as the
+//! sender) that zbus refuses.
 //!
 //! Units are transient (gone once stopped), not bound to `serve` (not in its cgroup, so
 //! `systemctl restart kcpshard` leaves them running), and named by [`super::units`]. A failed unit
@@ -51,24 +53,26 @@ pub struct Systemd {
 }
 
 impl Systemd {
-    /// Connects to this user's manager on its private socket.
+    /// Connects to this user's manager through the system bus (root) or this user's bus.
     pub async fn connect() -> Result<Systemd, ProcessError> {
-        let (scope, dir) = if nix::unistd::geteuid().is_root() {
-            (Scope::System, PathBuf::from("/run/systemd"))
+        let (scope, dir, socket) = if nix::unistd::geteuid().is_root() {
+            (
+                Scope::System,
+                PathBuf::from("/run/systemd"),
+                PathBuf::from("/run/dbus/system_bus_socket"),
+            )
         } else {
             let runtime_dir = std::env::var_os("XDG_RUNTIME_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", nix::unistd::geteuid())));
-            (Scope::User, runtime_dir.join("systemd"))
+            (Scope::User, runtime_dir.join("systemd"), runtime_dir.join("bus"))
         };
-        let socket = dir.join("private");
         let failed = |message: String| ProcessError::Manager {
             socket: socket.clone(),
             message,
         };
-        let stream = std::os::unix::net::UnixStream::connect(&socket).map_err(|e| failed(e.to_string()))?;
-        let connection = zbus::connection::Builder::unix_stream(stream)
-            .p2p()
+        let address = format!("unix:path={}", socket.display());
+        let connection = zbus::connection::Builder::address(address.as_str())
             .build()
             .await
             .map_err(|e| failed(e.to_string()))?;

@@ -13,6 +13,8 @@
 //! Use with `mod e2e;` from a tests/e2e_*.rs file.
 #![allow(dead_code)]
 
+pub mod machine;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -529,7 +531,7 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-async fn api_client(kubeconfig: &Path) -> anyhow::Result<Client> {
+pub async fn api_client(kubeconfig: &Path) -> anyhow::Result<Client> {
     let config =
         Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
@@ -816,6 +818,17 @@ pub struct PollStats {
     pub failures: Vec<(DateTime<Utc>, String)>,
 }
 
+impl PollStats {
+    /// Failures whose connection was refused (nothing accepted it), as opposed to ones cut or
+    /// answered with an error.
+    pub fn refused(&self) -> usize {
+        self.failures
+            .iter()
+            .filter(|(_, e)| e.to_lowercase().contains("connection refused"))
+            .count()
+    }
+}
+
 /// Polls `/readyz` through the front every 50 ms, each poll on a new connection (as `curl` does).
 pub struct Poller {
     stop: Arc<AtomicBool>,
@@ -824,11 +837,16 @@ pub struct Poller {
 
 impl Poller {
     pub fn start(config: Config) -> Poller {
+        Poller::start_every(config, Duration::from_millis(50))
+    }
+
+    /// Polls every `every` instead.
+    pub fn start_every(config: Config, every: Duration) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
             let mut stats = PollStats::default();
-            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !flag.load(Ordering::SeqCst) {
                 tick.tick().await;
