@@ -17,7 +17,7 @@
 //!    0 failed.
 //! 8. Deleting the KcpShard stops and removes its units.
 //!
-//! Runs under the real-kcp lock (docs: HELPERS), about 4 minutes. A missing component fails,
+//! About 4 minutes. A missing component fails,
 //! never skips.
 mod e2e;
 mod support;

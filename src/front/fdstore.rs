@@ -6,7 +6,8 @@
 //! (`FDSTORE=1`, `FDNAME=listen`); when the front dies, systemd starts it again with the stored
 //! socket (`LISTEN_FDS`, `LISTEN_FDNAMES`), and the kernel queues connections on it meanwhile, so
 //! no client is refused. A successor (an upgrade, `--inherit-from`) receives the same socket from
-//! its predecessor, joins the unit, and announces itself as its main process (`MAINPID=`).
+//! its predecessor and joins the unit; the predecessor names it the unit's main process
+//! (`MAINPID=`) before it exits, and the successor says so too once it is up.
 //! Outside systemd none of this applies: the front binds the address itself.
 use std::net::TcpListener;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -107,6 +108,31 @@ pub async fn announce(listener: BorrowedFd<'_>) {
     match sd_notify::notify_with_fds(&state, &[listener]) {
         Ok(()) => info!("told systemd: ready, main process, listening socket stored"),
         Err(e) => warn!(error = %e, "cannot notify systemd; a restart of this front binds its address anew"),
+    }
+}
+
+/// Old side of a handover under systemd: makes the successor the unit's main process before this
+/// front exits, which the unit would otherwise take for its own end (and restart it, killing the
+/// successor). `serve` moves the successor into this front's unit; this waits for that first
+/// (systemd refuses a main process outside the unit). Without a notify socket it does nothing.
+pub async fn hand_main_to(successor: u32) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let Some(unit) = procfs::unit(std::process::id()) else {
+        return;
+    };
+    let deadline = Instant::now() + JOIN_TIMEOUT;
+    while procfs::unit(successor).as_ref() != Some(&unit) {
+        if Instant::now() >= deadline {
+            warn!(successor, %unit, "the successor is not in this front's unit; it stays the main process");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    match sd_notify::notify(&[NotifyState::MainPid(successor)]) {
+        Ok(()) => info!(successor, %unit, "the successor is the unit's main process now"),
+        Err(e) => warn!(successor, error = %e, "cannot tell systemd about the successor"),
     }
 }
 

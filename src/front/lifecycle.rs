@@ -72,6 +72,19 @@ pub async fn ensure_running(launch: FrontLaunch<'_>, listen: SocketAddr) -> Resu
         info!(dir = %dir.display(), running = %status.listen, wanted = %listen,
             "the front listens on another address; replacing it");
         stop(launch.runtime, launch.shard, dir).await?;
+    } else if launch.runtime.unit_active(&UnitName::front(launch.shard)).await {
+        // Its unit restarts it (a crash a moment ago), on the socket it keeps: wait for it.
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some((client, status)) = answering(dir).await {
+                if listen_matches(listen, status.listen) {
+                    return Ok(client);
+                }
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        stop(launch.runtime, launch.shard, dir).await?;
     } else if let Some(record) = read_pid_record(dir).filter(is_alive) {
         // Alive but silent: still starting (another caller just spawned it), or stuck.
         let deadline = Instant::now() + START_TIMEOUT;

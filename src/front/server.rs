@@ -132,6 +132,8 @@ impl Front {
         let commit = tokio::time::timeout(HANDOVER_TIMEOUT, protocol::read_line(reader)).await;
         match commit {
             Ok(Ok(Some(line))) if serde_json::from_str::<Request>(&line).ok() == Some(Request::Commit) => {
+                // Under systemd, before this front can exit: its exit must not count as the unit's.
+                fdstore::hand_main_to(successor).await;
                 self.handed_over.send_replace(Some(successor));
                 info!(successor, "handover committed; no longer accepting");
                 reader.get_mut().write_all(&Response::ok(self.status()).to_line()).await

@@ -490,6 +490,15 @@ impl Runtime {
         Ok(Termination { exited_after, killed })
     }
 
+    /// Under systemd, whether unit `unit` runs or is about to (a unit that restarts its process
+    /// is `activating` between a crash and the restart). Always false for the detached runtime.
+    pub async fn unit_active(&self, unit: &UnitName) -> bool {
+        match &self.systemd {
+            Some(systemd) => systemd.is_active(unit).await,
+            None => false,
+        }
+    }
+
     /// Under systemd, stops unit `unit` if it is loaded, and drops its failed state: a unit
     /// that restarts its process has none between a crash and the restart, and would come back.
     /// Nothing for the detached runtime.

@@ -318,6 +318,20 @@ impl Systemd {
         self.forget(unit).await;
     }
 
+    /// The unit runs, or is starting (or restarting) its process.
+    pub async fn is_active(&self, unit: &UnitName) -> bool {
+        let Some(path) = self.unit_path(unit).await else {
+            return false;
+        };
+        let Ok(proxy) = self.unit(&path).await else {
+            return false;
+        };
+        matches!(
+            proxy.active_state().await.as_deref(),
+            Ok("active" | "activating" | "reloading")
+        )
+    }
+
     /// Stops the unit if it is loaded and not inactive; errors are only logged.
     pub async fn stop_if_loaded(&self, unit: &UnitName) {
         let Some(path) = self.unit_path(unit).await else {
