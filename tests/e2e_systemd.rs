@@ -9,8 +9,9 @@
 //! 2. 10 `systemctl restart kcpshard`: 0 failed polls, nothing restarted but serve.
 //! 3. `systemctl stop kcpshard`: the shard serves 30 s on (0 failed); start: adopted, no roll.
 //! 4. A version roll: 0 failed; each slot's output is in the journal under its unit.
-//! 5. SIGKILL of the front: systemd restarts it on the stored socket; 0 polls refused (those in
-//!    flight through the killed front are cut: counted apart).
+//! 5. SIGKILL of the kine: the controller starts its unit again; 0 failed. SIGKILL of the front:
+//!    systemd restarts it on the stored socket; 0 polls refused (those in flight through the
+//!    killed front are cut: counted apart).
 //! 6. SIGSTOP of serve: its watchdog restarts it; 0 failed.
 //! 7. A new kcpshard binary and a restart: the front hands its socket to a front of the new
 //!    binary, which becomes the unit's main process (a SIGKILL of it is restarted by systemd too);
@@ -258,7 +259,10 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         front_pid.to_string()
     );
     let cgroup = h.serve("ControlGroup");
-    let in_serve = m.sh_ok(&format!("cat /sys/fs/cgroup{cgroup}/cgroup.procs"));
+    // The unified hierarchy, or systemd's own on a host with the hybrid one.
+    let in_serve = m.sh_ok(&format!(
+        "for d in /sys/fs/cgroup /sys/fs/cgroup/unified /sys/fs/cgroup/systemd; do if [ -f $d{cgroup}/cgroup.procs ]; then cat $d{cgroup}/cgroup.procs; break; fi; done"
+    ));
     assert_eq!(
         in_serve.split_whitespace().collect::<Vec<_>>(),
         [h.serve("MainPID").as_str()],
@@ -356,6 +360,32 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         !units.iter().any(|u| u.starts_with("kcpshard-dev-slot-a.service")),
         "the stopped slot's unit is still listed: {units:?}"
     );
+
+    // 5a. SIGKILL of the kine: the controller starts its unit again, on the same port.
+    let kine_record: Value =
+        serde_json::from_slice(&std::fs::read(m.path(&format!("{STATE}/shards/{SHARD}/store/kine.json"))).unwrap())
+            .unwrap();
+    let kine_pid = kine_record["pid"].as_u64().unwrap().to_string();
+    assert_eq!(kine_record["unit"], "kcpshard-dev-kine.service");
+    let poller = h.poller().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = Instant::now();
+    m.sh_ok(&format!("kill -KILL {kine_pid}"));
+    support::poll(Duration::from_secs(30), Duration::from_millis(20), || {
+        let pid = h.user_unit("kcpshard-dev-kine.service", "MainPID");
+        (pid != kine_pid && pid != "0").then_some(())
+    })
+    .unwrap_or_else(|| panic!("the kine's unit was not started again: {:?}", h.units()));
+    let kine_back = killed.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    h.settled("the shard after the kine's SIGKILL").await;
+    let stats = poller.finish().await;
+    assert_no_failures("SIGKILL of the kine", &stats);
+    report.add(format!(
+        "SIGKILL of the kine: its unit started again by the controller {:.2} s later; 0 failed of {} polls",
+        kine_back.as_secs_f64(),
+        stats.polls
+    ));
 
     // 5. SIGKILL of the front.
     let front_pid = h.front_pid().unwrap();

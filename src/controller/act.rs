@@ -56,8 +56,10 @@ impl Actor<'_> {
                 // the running one keeps serving while the spec names a taken address.
                 let starts = self.world.observed.front_elsewhere
                     || self.world.observed.front == super::plan::FrontObservation::Down;
+                // A front that systemd restarts holds the address in its unit's descriptor store.
                 if front.is_ours()
                     && starts
+                    && !front.restarting().await
                     && let Err(e) = std::net::TcpListener::bind(listen)
                 {
                     anyhow::bail!(

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::api::{FrontSpec, FrontType};
 use crate::front::caddy::CaddyAdmin;
 use crate::front::{self, Backend, FrontClient, FrontLaunch};
-use crate::process::Runtime;
+use crate::process::{Runtime, UnitName};
 
 /// The front of one shard.
 pub enum Front {
@@ -196,6 +196,15 @@ impl Front {
             front::stop(runtime, shard, dir).await?;
         }
         Ok(())
+    }
+
+    /// kcpshard's front is a unit that systemd is restarting (or has just restarted): its
+    /// address is its own, kept in the unit's descriptor store.
+    pub async fn restarting(&self) -> bool {
+        match self {
+            Front::Tcp { shard, runtime, .. } => runtime.unit_active(&UnitName::front(shard)).await,
+            Front::Caddy { .. } => false,
+        }
     }
 
     /// Whether kcpshard runs this front's process (deleting the shard stops it).

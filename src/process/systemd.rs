@@ -205,8 +205,10 @@ impl Systemd {
             ));
         }
         if spec.notify {
-            // A successor started beside the main process (a front's upgrade) reports as it.
+            // A successor started beside the main process (a front's upgrade) reports as it;
+            // a user's manager moves a process into a unit only when the unit is delegated.
             properties.push(("NotifyAccess", Variant::new("all")));
+            properties.push(("Delegate", Variant::new(true)));
             properties.push(("FileDescriptorStoreMax", Variant::new(FD_STORE_MAX)));
         }
         if let Some(listener) = &spec.stdin {
