@@ -4,6 +4,8 @@
 //! a transient unit of that user's manager. One machine, one shard (manifests/dev.yaml), the steps
 //! in sequence, each under a `/readyz` poller through the front on a new connection every 20 ms:
 //!
+//! 0. Before, for the record: a plain unit (serve with detached processes, systemd's defaults)
+//!    restarted once takes the shard down with it.
 //! 1. `systemctl start kcpshard`, apply dev.yaml: Ready; the slot, kine and front are units, and
 //!    serve's own cgroup holds serve alone.
 //! 2. 10 `systemctl restart kcpshard`: 0 failed polls, nothing restarted but serve.
@@ -38,9 +40,20 @@ const STATE: &str = "/var/lib/kcpshard";
 const READY_TIMEOUT: Duration = Duration::from_secs(240);
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
-/// The install of docs/operations.md ("Install as a service"), binaries already in /opt/kcpshard.
-const INSTALL: &str = "set -e
+/// A plain unit, as a new user would write one: serve with the detached runtime (what it ran before
+/// it knew systemd), every other setting systemd's default.
+const PLAIN_UNIT: &str = "set -e
 useradd --system --user-group --home-dir /var/lib/kcpshard --no-create-home --shell /usr/sbin/nologin kcpshard
+printf '%s\\n' '[Service]' 'User=kcpshard' 'StateDirectory=kcpshard-plain' 'WorkingDirectory=/opt/kcpshard' \
+  'ExecStart=/opt/kcpshard/bin/kcpshard serve --runtime process --state-dir /var/lib/kcpshard-plain --kine-binary /opt/kcpshard/bin/kine' \
+  > /etc/systemd/system/kcpshard-plain.service
+systemctl daemon-reload
+systemctl start kcpshard-plain";
+const PLAIN_STATE: &str = "/var/lib/kcpshard-plain";
+
+/// The install of docs/operations.md ("Install as a service"), binaries already in /opt/kcpshard
+/// and the user made (by [`PLAIN_UNIT`]).
+const INSTALL: &str = "set -e
 loginctl enable-linger kcpshard
 install -m 0644 /opt/kcpshard/manifests/systemd/kcpshard.service /etc/systemd/system/
 systemd-analyze verify /etc/systemd/system/kcpshard.service
@@ -162,6 +175,24 @@ impl Host<'_> {
     }
 }
 
+/// The plain unit's shard, once Ready and settled.
+async fn plain_ready(m: &Machine) -> Value {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok(client) = api_client(&m.path(&format!("{PLAIN_STATE}/kubeconfig"))).await {
+            let api: Api<DynamicObject> = Api::all_with(client, &kcpshard_resource());
+            if let Ok(Some(o)) = api.get_opt(SHARD).await {
+                let o = serde_json::to_value(o).unwrap();
+                if ready_now(&o) && condition_is(&o, "Progressing", "False") {
+                    return o;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "the plain unit's shard did not get Ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn assert_no_failures(what: &str, stats: &PollStats) {
     assert!(
         stats.failures.is_empty(),
@@ -224,6 +255,43 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         "booted systemd {}",
         m.sh_ok("systemctl --version | head -1").trim()
     ));
+
+    // 0. Before: a plain unit (serve with detached processes, everything else default), restarted
+    // once. systemd stops every process of the unit's cgroup, the shard's with serve.
+    m.sh_ok(PLAIN_UNIT);
+    m.sh_ok(&format!(
+        "cd /opt/kcpshard && runuser -u kcpshard -- env KCPSHARD_STATE_DIR={PLAIN_STATE} /opt/kcpshard/bin/kcpshard apply -f /opt/kcpshard/manifests/dev.yaml"
+    ));
+    let before = plain_ready(&m).await;
+    let poller = Poller::start_every(
+        config_for(
+            &m.path(&format!("{PLAIN_STATE}/shards/{SHARD}/shared/admin.kubeconfig")),
+            "shard-base",
+            &format!("https://{FRONT}"),
+        )
+        .await,
+        POLL_EVERY,
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    m.sh_ok("systemctl restart kcpshard-plain");
+    let after_plain = plain_ready(&m).await;
+    let stats = poller.finish().await;
+    assert_ne!(
+        active_pid(&after_plain),
+        active_pid(&before),
+        "a plain unit's restart kept the slot: then it is not the failure the units avoid"
+    );
+    let outage = match (stats.failures.first(), stats.failures.last()) {
+        (Some((first, _)), Some((last, _))) => (*last - *first).num_milliseconds() as f64 / 1000.0,
+        _ => 0.0,
+    };
+    report.add(format!(
+        "before, a plain unit (serve --runtime process, systemd's defaults): 1 x systemctl restart: {} failed of {} polls over {outage:.1} s ({} refused), the slot killed and started again",
+        stats.failures.len(),
+        stats.polls,
+        stats.refused()
+    ));
+    m.sh_ok("systemctl disable --now kcpshard-plain && rm /etc/systemd/system/kcpshard-plain.service && systemctl daemon-reload");
 
     // 1. Install, start, apply dev.yaml.
     let install = m.sh(INSTALL);
