@@ -155,7 +155,7 @@ impl Systemd {
             true => None,
             false => Some(write_env_file(spec)?),
         };
-        let properties = self.properties(spec, &program, env_file.as_deref())?;
+        let properties = unit_properties(spec, &program, env_file.as_deref(), self.scope)?;
         manager
             .start_transient_unit(name.clone(), "fail".into(), properties, vec![])
             .await
@@ -167,77 +167,6 @@ impl Systemd {
             pid,
         })?;
         Ok(ProcessRecord::for_spec(spec, pid, stat.start_time, Some(&spec.unit)))
-    }
-
-    fn properties(
-        &self,
-        spec: &ProcessSpec,
-        program: &Path,
-        env_file: Option<&Path>,
-    ) -> Result<Vec<(String, OwnedVariant)>, ProcessError> {
-        let mut argv = vec![program.display().to_string()];
-        argv.extend(spec.args.iter().cloned());
-        let mut properties: Vec<(&str, Variant<'static>)> = vec![
-            (
-                "Description",
-                Variant::new(format!("kcpshard {} ({})", spec.name, program.display())),
-            ),
-            (
-                "ExecStart",
-                Variant::new(vec![(program.display().to_string(), argv, false)]),
-            ),
-            ("WorkingDirectory", Variant::new(spec.work_dir().display().to_string())),
-            ("Type", Variant::new(if spec.notify { "notify" } else { "exec" })),
-            ("KillSignal", Variant::new(spec.stop_signal as i32)),
-            ("TimeoutStopUSec", Variant::new(STOP_TIMEOUT_USEC)),
-            (
-                "Restart",
-                Variant::new(match spec.restart {
-                    Restart::Never => "no",
-                    Restart::Always => "always",
-                }),
-            ),
-        ];
-        if let Some(file) = env_file {
-            properties.push((
-                "EnvironmentFiles",
-                Variant::new(vec![(file.display().to_string(), false)]),
-            ));
-        }
-        if spec.notify {
-            // A successor started beside the main process (a front's upgrade) reports as it;
-            // a user's manager moves a process into a unit only when the unit is delegated.
-            properties.push(("NotifyAccess", Variant::new("all")));
-            properties.push(("Delegate", Variant::new(true)));
-            properties.push(("FileDescriptorStoreMax", Variant::new(FD_STORE_MAX)));
-        }
-        if let Some(listener) = &spec.stdin {
-            let fd: OwnedFd = super::dup_listener(listener).map_err(|source| ProcessError::Spawn {
-                name: spec.name.clone(),
-                program: spec.program.clone(),
-                source,
-            })?;
-            properties.push(("StandardInputFileDescriptor", Variant::Fd(zbus::Fd::from(fd))));
-            properties.push(("StandardOutput", Variant::new("journal")));
-            properties.push(("StandardError", Variant::new("journal")));
-        }
-        if let Some(user) = &spec.run_as
-            && self.scope == Scope::System
-        {
-            properties.push(("User", Variant::new(user.user.clone())));
-        }
-        properties
-            .into_iter()
-            .map(|(key, value)| {
-                OwnedVariant::try_from(value)
-                    .map(|v| (key.to_string(), v))
-                    .map_err(|e| ProcessError::Unit {
-                        what: "a start",
-                        unit: spec.unit.to_string(),
-                        message: e.to_string(),
-                    })
-            })
-            .collect()
     }
 
     /// The main pid once the unit has one (and, for `Type=exec`, has run its program).
@@ -378,6 +307,79 @@ impl Systemd {
     }
 }
 
+/// The transient unit's properties for `spec` (`program` resolved), as `StartTransientUnit` takes
+/// them.
+fn unit_properties(
+    spec: &ProcessSpec,
+    program: &Path,
+    env_file: Option<&Path>,
+    scope: Scope,
+) -> Result<Vec<(String, OwnedVariant)>, ProcessError> {
+    let mut argv = vec![program.display().to_string()];
+    argv.extend(spec.args.iter().cloned());
+    let mut properties: Vec<(&str, Variant<'static>)> = vec![
+        (
+            "Description",
+            Variant::new(format!("kcpshard {} ({})", spec.name, program.display())),
+        ),
+        (
+            "ExecStart",
+            Variant::new(vec![(program.display().to_string(), argv, false)]),
+        ),
+        ("WorkingDirectory", Variant::new(spec.work_dir().display().to_string())),
+        ("Type", Variant::new(if spec.notify { "notify" } else { "exec" })),
+        ("KillSignal", Variant::new(spec.stop_signal as i32)),
+        ("TimeoutStopUSec", Variant::new(STOP_TIMEOUT_USEC)),
+        (
+            "Restart",
+            Variant::new(match spec.restart {
+                Restart::Never => "no",
+                Restart::Always => "always",
+            }),
+        ),
+    ];
+    if let Some(file) = env_file {
+        properties.push((
+            "EnvironmentFiles",
+            Variant::new(vec![(file.display().to_string(), false)]),
+        ));
+    }
+    if spec.notify {
+        // A successor started beside the main process (a front's upgrade) reports as it;
+        // a user's manager moves a process into a unit only when the unit is delegated.
+        properties.push(("NotifyAccess", Variant::new("all")));
+        properties.push(("Delegate", Variant::new(true)));
+        properties.push(("FileDescriptorStoreMax", Variant::new(FD_STORE_MAX)));
+    }
+    if let Some(listener) = &spec.stdin {
+        let fd: OwnedFd = super::dup_listener(listener).map_err(|source| ProcessError::Spawn {
+            name: spec.name.clone(),
+            program: spec.program.clone(),
+            source,
+        })?;
+        properties.push(("StandardInputFileDescriptor", Variant::Fd(zbus::Fd::from(fd))));
+        properties.push(("StandardOutput", Variant::new("journal")));
+        properties.push(("StandardError", Variant::new("journal")));
+    }
+    if let Some(user) = &spec.run_as
+        && scope == Scope::System
+    {
+        properties.push(("User", Variant::new(user.user.clone())));
+    }
+    properties
+        .into_iter()
+        .map(|(key, value)| {
+            OwnedVariant::try_from(value)
+                .map(|v| (key.to_string(), v))
+                .map_err(|e| ProcessError::Unit {
+                    what: "a start",
+                    unit: spec.unit.to_string(),
+                    message: e.to_string(),
+                })
+        })
+        .collect()
+}
+
 /// Names the unit a successor joins (see [`Systemd::join_env`]).
 pub const JOINING_UNIT_ENV: &str = "KCPSHARD_JOINING_UNIT";
 
@@ -491,6 +493,76 @@ mod tests {
         assert!(resolve(Path::new("/no/such/kcp")).is_err());
         let plain = tempfile::NamedTempFile::new().unwrap();
         assert!(resolve(plain.path()).is_err(), "not executable");
+    }
+
+    fn property<'a>(properties: &'a [(String, OwnedVariant)], key: &str) -> Option<&'a Variant<'static>> {
+        properties.iter().find(|(k, _)| k == key).map(|(_, v)| &**v)
+    }
+
+    #[test]
+    fn a_slot_is_left_to_the_controller_and_a_front_is_restarted_with_its_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let kcp = ProcessSpec::new(
+            "slot-a",
+            UnitName::slot("dev", "a"),
+            "/opt/kcp",
+            vec!["start".into()],
+            dir.path().join("kcp.log"),
+            dir.path().join("process.json"),
+        );
+        let slot = unit_properties(&kcp, Path::new("/opt/kcp"), None, Scope::User).unwrap();
+        assert_eq!(property(&slot, "Restart"), Some(&Variant::new("no")));
+        assert_eq!(property(&slot, "Type"), Some(&Variant::new("exec")));
+        assert_eq!(property(&slot, "KillSignal"), Some(&Variant::new(libc::SIGTERM)));
+        assert!(property(&slot, "FileDescriptorStoreMax").is_none());
+        assert!(property(&slot, "StandardInputFileDescriptor").is_none());
+
+        let mut front = kcp.clone();
+        front.restart = Restart::Always;
+        front.notify = true;
+        front.stdin = Some(std::sync::Arc::new(std::net::TcpListener::bind("127.0.0.1:0").unwrap()));
+        let front = unit_properties(&front, Path::new("/opt/kcpshard"), None, Scope::User).unwrap();
+        assert_eq!(property(&front, "Restart"), Some(&Variant::new("always")));
+        assert_eq!(property(&front, "Type"), Some(&Variant::new("notify")));
+        assert_eq!(property(&front, "NotifyAccess"), Some(&Variant::new("all")));
+        assert_eq!(property(&front, "Delegate"), Some(&Variant::new(true)));
+        assert_eq!(
+            property(&front, "FileDescriptorStoreMax"),
+            Some(&Variant::new(FD_STORE_MAX))
+        );
+        assert!(matches!(
+            property(&front, "StandardInputFileDescriptor"),
+            Some(Variant::Fd(_))
+        ));
+        assert_eq!(property(&front, "StandardOutput"), Some(&Variant::new("journal")));
+    }
+
+    #[test]
+    fn postgres_stops_on_sigint_and_runs_as_its_user_only_under_the_system_manager() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = ProcessSpec::new(
+            "postgres",
+            UnitName::postgres("dev"),
+            "/usr/lib/postgresql/15/bin/postgres",
+            vec![],
+            dir.path().join("postgres.log"),
+            dir.path().join("postgres.json"),
+        );
+        spec.stop_signal = Signal::SIGINT;
+        spec.run_as = Some(crate::process::RunAs {
+            user: "postgres".into(),
+            uid: 100,
+            gid: 100,
+        });
+        let program = spec.program.clone();
+        let system = unit_properties(&spec, &program, None, Scope::System).unwrap();
+        assert_eq!(property(&system, "KillSignal"), Some(&Variant::new(libc::SIGINT)));
+        assert_eq!(property(&system, "User"), Some(&Variant::new("postgres")));
+        let user = unit_properties(&spec, &program, None, Scope::User).unwrap();
+        assert!(
+            property(&user, "User").is_none(),
+            "a user's manager runs everything as that user"
+        );
     }
 
     #[test]
