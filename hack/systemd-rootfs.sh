@@ -13,9 +13,10 @@ cache=${KCPSHARD_CACHE:-$HOME/.cache/kcpshard}
 suite=bookworm
 # What the booted machine needs: systemd and logind (which starts the user manager of a user
 # with lingering on, where kcpshard's units run), D-Bus (the system bus for logind, the user bus
-# through which serve talks to its user manager), procps for the tests' checks. kcp is static;
-# kine and kcpshard need only the libc of the base system.
-packages=systemd,systemd-sysv,dbus,dbus-user-session,libpam-systemd,procps
+# through which serve talks to its user manager), procps for the tests' checks, the PostgreSQL
+# server for a managed PostgreSQL. kcp is static; kine and kcpshard need only the libc of the
+# base system.
+packages=systemd,systemd-sysv,dbus,dbus-user-session,libpam-systemd,procps,postgresql-15
 
 key=$(sha256sum "$0" | cut -c1-12)
 dir=$cache/rootfs-$suite-$key
@@ -52,6 +53,9 @@ for unit in getty@tty1.service console-getty.service systemd-networkd.service sy
             systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer; do
   ln -sf /dev/null "$tmp/etc/systemd/system/$unit"
 done
+# The package's own cluster is not kcpshard's (a managed PostgreSQL makes its own): never start it.
+rm -rf "$tmp/etc/postgresql/15/main" "$tmp/var/lib/postgresql/15/main"
+ln -sf /dev/null "$tmp/etc/systemd/system/postgresql.service"
 touch "$tmp/.kcpshard-ready"
 
 rm -rf "$dir"

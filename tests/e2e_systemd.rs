@@ -567,3 +567,118 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         started.elapsed().as_secs_f64()
     ));
 }
+
+/// A managed PostgreSQL under systemd: `postgres` itself is the main process of
+/// `kcpshard-<shard>-postgres.service` (no pg_ctl), its output in the journal; a postmaster that
+/// dies is started again as that unit; deleting the shard stops it. No kcp runs (the shard's
+/// version has no binary: the store comes first, and is all this needs), so no real-kcp lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_systemd_a_managed_postgres_is_a_unit_of_its_own() {
+    let _serial = serial();
+    let tmp = tempfile::Builder::new()
+        .prefix("kcpshard-systemd-pg-")
+        .tempdir()
+        .unwrap();
+    let bin = opt_bin(tmp.path(), &[]);
+    let port = free_port();
+    let front = format!("127.0.0.1:{}", free_port());
+    std::fs::write(
+        bin.join("pg.yaml"),
+        format!(
+            "apiVersion: kcpshard.io/v1alpha1
+kind: KcpShard
+metadata:
+  name: pg
+spec:
+  version: v0.0.1
+  store:
+    type: KinePostgres
+    kinePostgres: {{ host: 127.0.0.1, port: {port}, managed: true }}
+  front:
+    type: Tcp
+    listen: {front}
+"
+        ),
+    )
+    .unwrap();
+    assert!(
+        std::net::TcpListener::bind(API).is_ok(),
+        "{API} is taken on this machine: the systemd test's machine shares the host's network"
+    );
+    let started = Instant::now();
+    let m = Machine::boot(
+        &[
+            Bind {
+                host: &bin,
+                inside: "/opt/kcpshard/bin",
+                writable: true,
+            },
+            Bind {
+                host: &repo_root().join("manifests"),
+                inside: "/opt/kcpshard/manifests",
+                writable: false,
+            },
+        ],
+        &tmp.path().join("machine.log"),
+    );
+    let h = Host { m: &m, started };
+    m.sh_ok("useradd --system --user-group --home-dir /var/lib/kcpshard --no-create-home --shell /usr/sbin/nologin kcpshard");
+    m.sh_ok(INSTALL);
+    h.kcpshard("apply -f /opt/kcpshard/bin/pg.yaml");
+    let object = |h: &Host<'_>| {
+        let path = h.m.path(&format!("{STATE}/kubeconfig"));
+        async move {
+            let api: Api<DynamicObject> = Api::all_with(api_client(&path).await.ok()?, &kcpshard_resource());
+            api.get_opt("pg").await.ok()?.map(|o| serde_json::to_value(o).unwrap())
+        }
+    };
+    let unit = "kcpshard-pg-postgres.service";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !object(&h).await.is_some_and(|o| condition_is(&o, "StoreReady", "True")) {
+        assert!(
+            Instant::now() < deadline,
+            "StoreReady=True did not come: {}\n{}",
+            h.journal("kcpshard.service"),
+            h.journal(unit)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let record: Value = serde_json::from_slice(
+        &std::fs::read(m.path(&format!("{STATE}/shards/pg/store/postgres/postgres.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["unit"], unit);
+    let postmaster = record["pid"].as_u64().unwrap().to_string();
+    assert_eq!(
+        h.user_unit(unit, "MainPID"),
+        postmaster,
+        "postgres is the unit's main process"
+    );
+    assert!(
+        h.journal(unit)
+            .contains("database system is ready to accept connections"),
+        "PostgreSQL's output is not in the journal under {unit}: {}",
+        h.journal(unit)
+    );
+
+    // Its postmaster dies (SIGQUIT: an immediate shutdown): the controller starts the unit again.
+    let killed = Instant::now();
+    m.sh_ok(&format!("kill -QUIT {postmaster}"));
+    let back = support::poll(Duration::from_secs(60), Duration::from_millis(50), || {
+        let pid = h.user_unit(unit, "MainPID");
+        (pid != postmaster && pid != "0" && support::port_accepts(port)).then_some(killed.elapsed())
+    })
+    .unwrap_or_else(|| panic!("the managed PostgreSQL did not come back: {:?}", h.units()));
+    println!(
+        "{} managed PostgreSQL under systemd: SIGQUIT of the postmaster, its unit started again and accepting {:.2} s later",
+        stamp(started),
+        back.as_secs_f64()
+    );
+
+    h.kcpshard("delete pg");
+    support::poll(Duration::from_secs(60), Duration::from_millis(200), || {
+        h.units().is_empty().then_some(())
+    })
+    .unwrap_or_else(|| panic!("units left after the delete: {:?}", h.units()));
+    assert!(!support::port_accepts(port), "deleting the shard stops its PostgreSQL");
+}

@@ -68,16 +68,24 @@ impl Machine {
             leader: 0,
             log: log.to_path_buf(),
         };
+        // nspawn's child becomes the container's PID 1 and execs systemd.
         let leader = support::poll(Duration::from_secs(30), Duration::from_millis(50), || {
-            children_of(nspawn_pid).into_iter().next()
+            children_of(nspawn_pid)
+                .into_iter()
+                .find(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "systemd"))
         });
         machine.leader = leader.unwrap_or_else(|| panic!("systemd-nspawn started no systemd: {}", machine.log_text()));
-        let state = machine.sh("systemctl is-system-running --wait");
-        let state = String::from_utf8_lossy(&state.stdout).trim().to_string();
+        // Until systemd listens, systemctl says nothing; then `--wait` waits for the boot to end.
+        let state = support::poll(Duration::from_secs(60), Duration::from_millis(100), || {
+            let out = machine.sh("systemctl is-system-running --wait");
+            let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (!state.is_empty()).then_some(state)
+        })
+        .unwrap_or_default();
         assert!(
             state == "running" || state == "degraded",
-            "the machine did not boot ({state}): {}\n{}",
-            machine.sh_ok("systemctl --failed --no-legend"),
+            "the machine did not boot ({state:?}): {}\n{}",
+            String::from_utf8_lossy(&machine.sh("systemctl --failed --no-legend").stdout),
             machine.log_text()
         );
         machine
