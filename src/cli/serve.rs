@@ -190,12 +190,18 @@ async fn notify_systemd(client: kube::Client, heartbeat: Heartbeat, controller: 
         let Some(timeout) = watchdog else {
             continue;
         };
-        if controller.as_ref().is_some_and(|c| c.is_finished()) {
-            tracing::error!("the controller has stopped; no longer pinging systemd's watchdog");
-            continue;
-        }
-        let names: Vec<String> = shards.iter().map(|s| s.name_any()).collect();
-        let stale = heartbeat.stale(&names, timeout, Instant::now());
+        let stale = match &controller {
+            // --controller=false: the API answering is all there is to watch.
+            None => Vec::new(),
+            Some(task) if task.is_finished() => {
+                tracing::error!("the controller has stopped; no longer pinging systemd's watchdog");
+                continue;
+            }
+            Some(_) => {
+                let names: Vec<String> = shards.iter().map(|s| s.name_any()).collect();
+                heartbeat.stale(&names, timeout, Instant::now())
+            }
+        };
         if stale.is_empty() {
             let _ = sd_notify::notify(&[NotifyState::Watchdog]);
         } else {
