@@ -272,10 +272,11 @@ impl Systemd {
             Ok(proxy) => proxy.active_state().await.unwrap_or_default(),
             Err(_) => return,
         };
-        if state != "inactive" && state != "failed" {
-            if let Err(e) = self.stop(unit).await {
-                tracing::warn!(%unit, error = %e, "cannot stop the unit");
-            }
+        if state != "inactive"
+            && state != "failed"
+            && let Err(e) = self.stop(unit).await
+        {
+            tracing::warn!(%unit, error = %e, "cannot stop the unit");
         }
         self.forget(unit).await;
     }
