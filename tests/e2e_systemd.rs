@@ -175,6 +175,26 @@ impl Host<'_> {
     }
 }
 
+/// A machine with /opt/kcpshard/bin (writable: a test replaces kcpshard in it) and the repository's
+/// manifests.
+fn boot(dir: &Path, bin: &Path) -> Machine {
+    Machine::boot(
+        &[
+            Bind {
+                host: bin,
+                inside: "/opt/kcpshard/bin",
+                writable: true,
+            },
+            Bind {
+                host: &repo_root().join("manifests"),
+                inside: "/opt/kcpshard/manifests",
+                writable: false,
+            },
+        ],
+        &dir.join("machine.log"),
+    )
+}
+
 /// The plain unit's shard, once Ready and settled (with an active slot other than `not`).
 async fn plain_ready(m: &Machine, not: Option<i32>) -> Value {
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -235,21 +255,7 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
     let tmp = tempfile::Builder::new().prefix("kcpshard-systemd-").tempdir().unwrap();
     let bin = opt_bin(tmp.path(), &[&newer, &older]);
     let started = Instant::now();
-    let m = Machine::boot(
-        &[
-            Bind {
-                host: &bin,
-                inside: "/opt/kcpshard/bin",
-                writable: true,
-            },
-            Bind {
-                host: &repo_root().join("manifests"),
-                inside: "/opt/kcpshard/manifests",
-                writable: false,
-            },
-        ],
-        &tmp.path().join("machine.log"),
-    );
+    let m = boot(tmp.path(), &bin);
     let h = Host { m: &m, started };
     let mut report = Report::default();
     h.log(&format!(
@@ -609,21 +615,7 @@ spec:
         "{API} is taken on this machine: the systemd test's machine shares the host's network"
     );
     let started = Instant::now();
-    let m = Machine::boot(
-        &[
-            Bind {
-                host: &bin,
-                inside: "/opt/kcpshard/bin",
-                writable: true,
-            },
-            Bind {
-                host: &repo_root().join("manifests"),
-                inside: "/opt/kcpshard/manifests",
-                writable: false,
-            },
-        ],
-        &tmp.path().join("machine.log"),
-    );
+    let m = boot(tmp.path(), &bin);
     let h = Host { m: &m, started };
     m.sh_ok("useradd --system --user-group --home-dir /var/lib/kcpshard --no-create-home --shell /usr/sbin/nologin kcpshard");
     m.sh_ok(INSTALL);

@@ -68,7 +68,7 @@ impl Drop for Reaper {
                     rec.program.display(),
                     rec.pid,
                     log.display(),
-                    store::kine::log_tail(log)
+                    kcpshard::process::detached::file_tail(log, 15).join("\n")
                 );
             }
             let same = procfs::stat(rec.pid).is_some_and(|s| s.start_time == rec.start_time);
@@ -149,7 +149,7 @@ async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Durati
         assert!(
             runtime.is_running(&slot.record),
             "slot exited during startup:\n{}",
-            store::kine::log_tail(&slot.log)
+            kcpshard::process::detached::file_tail(&slot.log, 15).join("\n")
         );
         if slot::slot_ready(&slot.root, slot.port).await.unwrap() {
             return slot.started.elapsed();
