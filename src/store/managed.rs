@@ -284,7 +284,7 @@ impl Owner {
 }
 
 /// A PostgreSQL server program: on PATH, else in the newest /usr/lib/postgresql/<version>/bin
-/// (Debian does not put initdb and pg_ctl on PATH).
+/// (Debian does not put initdb and postgres on PATH).
 pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect::<Vec<_>>())
