@@ -32,6 +32,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the manager gives a unit stopped by hand (`systemctl stop`) before SIGKILL;
 /// kcpshard's own stops escalate at their own grace.
 const STOP_TIMEOUT_USEC: u64 = 10 * 60 * 1_000_000;
+/// How long a start waits for an ended unit of the same name to be unloaded.
+const UNLOAD_TIMEOUT: Duration = Duration::from_secs(2);
 /// Up to this many descriptors in a unit's store (the front keeps one: its listening socket).
 const FD_STORE_MAX: u32 = 4;
 
@@ -156,10 +158,21 @@ impl Systemd {
             false => Some(write_env_file(spec)?),
         };
         let properties = unit_properties(spec, &program, env_file.as_deref(), self.scope)?;
-        manager
-            .start_transient_unit(name.clone(), "fail".into(), properties, vec![])
-            .await
-            .map_err(refused("a start"))?;
+        // A unit of this name that just ended (or was reset) is unloaded by the manager a moment
+        // later; until then a transient unit of the same name "already exists".
+        let deadline = Instant::now() + UNLOAD_TIMEOUT;
+        loop {
+            let started = manager
+                .start_transient_unit(name.clone(), "fail".into(), properties.clone(), vec![])
+                .await;
+            match started {
+                Ok(_) => break,
+                Err(e) if e.to_string().contains("already exists") && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(refused("a start")(e)),
+            }
+        }
         let pid = self.wait_for_main_pid(spec).await?;
         // The start time is the fork's, the same before and after exec.
         let stat = procfs::stat(pid).ok_or_else(|| ProcessError::Vanished {
