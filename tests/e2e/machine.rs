@@ -76,15 +76,18 @@ impl Machine {
         });
         machine.leader = leader.unwrap_or_else(|| panic!("systemd-nspawn started no systemd: {}", machine.log_text()));
         // Until systemd listens, systemctl says nothing; then `--wait` waits for the boot to end.
-        let state = support::poll(Duration::from_secs(60), Duration::from_millis(100), || {
+        let mut last_error = String::new();
+        let state = support::poll(Duration::from_secs(90), Duration::from_millis(100), || {
             let out = machine.sh("systemctl is-system-running --wait");
             let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            last_error = String::from_utf8_lossy(&out.stderr).trim().to_string();
             (!state.is_empty()).then_some(state)
         })
         .unwrap_or_default();
         assert!(
             state == "running" || state == "degraded",
-            "the machine did not boot ({state:?}): {}\n{}",
+            "the machine (systemd pid {}) did not boot ({state:?}, last error {last_error:?}): {}\n{}",
+            machine.leader,
             String::from_utf8_lossy(&machine.sh("systemctl --failed --no-legend").stdout),
             machine.log_text()
         );
