@@ -20,7 +20,8 @@
 //!    0 failed.
 //! 8. Deleting the KcpShard stops and removes its units.
 //!
-//! About 4 minutes. A missing component fails,
+//! About 3 minutes (and about 4 more the first time, to build the root file system). A missing
+//! component fails,
 //! never skips.
 mod e2e;
 mod support;
