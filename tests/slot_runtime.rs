@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, procfs};
+use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, UnitName, procfs};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -26,14 +26,16 @@ impl Drop for Reaper {
 }
 
 fn spec(dir: &Path, name: &str, program: &str, args: &[&str]) -> ProcessSpec {
-    ProcessSpec {
-        name: name.to_string(),
-        program: PathBuf::from(program),
-        args: args.iter().map(|s| s.to_string()).collect(),
-        env: vec![("KCPSHARD_TEST_VAR".into(), "from-spec".into())],
-        log: dir.join(name).join("out.log"),
-        record: dir.join(name).join("process.json"),
-    }
+    let mut spec = ProcessSpec::new(
+        name,
+        UnitName::other(name),
+        PathBuf::from(program),
+        args.iter().map(|s| s.to_string()).collect(),
+        dir.join(name).join("out.log"),
+        dir.join(name).join("process.json"),
+    );
+    spec.env = vec![("KCPSHARD_TEST_VAR".into(), "from-spec".into())];
+    spec
 }
 
 /// A `sleep` argument no other process has, to find this test's process by argv.
@@ -71,7 +73,7 @@ async fn a_started_process_is_detached_logged_and_recorded() {
             "echo hello $KCPSHARD_TEST_VAR; echo oops >&2; read x; exec sleep 60",
         ],
     );
-    let rec = rt.start(&s).unwrap();
+    let rec = rt.start(&s).await.unwrap();
     reaper.0.push(rec.clone());
 
     assert_eq!(rec.program, PathBuf::from("/bin/sh"));
@@ -116,26 +118,28 @@ async fn a_started_process_is_detached_logged_and_recorded() {
     );
     assert_eq!(
         rt.exit_status(&rec)
+            .await
             .and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
         Some(15)
     );
 
     // A second start appends to the same log.
-    let rec2 = rt.start(&s).unwrap();
+    let rec2 = rt.start(&s).await.unwrap();
     reaper.0.push(rec2.clone());
     rt.terminate(&rec2, Duration::from_secs(5)).await.unwrap();
     let log = std::fs::read_to_string(&s.log).unwrap();
     assert_eq!(log.matches("--- kcpshard: starting echo").count(), 2, "{log}");
 }
 
-#[test]
-fn a_missing_record_loads_as_none_and_a_missing_program_is_an_error() {
+#[tokio::test]
+async fn a_missing_record_loads_as_none_and_a_missing_program_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     assert_eq!(Runtime::load(&tmp.path().join("nope.json")).unwrap(), None);
     std::fs::write(tmp.path().join("bad.json"), "{").unwrap();
     assert!(Runtime::load(&tmp.path().join("bad.json")).is_err());
     let err = Runtime::new()
         .start(&spec(tmp.path(), "missing", "/nonexistent/kcp", &[]))
+        .await
         .unwrap_err();
     assert!(err.to_string().contains("/nonexistent/kcp"), "{err}");
 }
@@ -145,7 +149,7 @@ async fn a_record_with_the_right_pid_but_another_start_time_is_not_running() {
     let tmp = tempfile::tempdir().unwrap();
     let rt = Runtime::new();
     let mut reaper = Reaper::default();
-    let rec = rt.start(&spec(tmp.path(), "sleeper", "sleep", &["60"])).unwrap();
+    let rec = rt.start(&spec(tmp.path(), "sleeper", "sleep", &["60"])).await.unwrap();
     reaper.0.push(rec.clone());
     assert!(rt.is_running(&rec));
 
@@ -175,10 +179,11 @@ async fn an_exited_child_is_reaped_and_not_running() {
     let rt = Runtime::new();
     let rec = rt
         .start(&spec(tmp.path(), "quick", "/bin/sh", &["-c", "exit 3"]))
+        .await
         .unwrap();
     wait_for("the exit", Duration::from_secs(5), || !rt.is_running(&rec));
     assert!(procfs::stat(rec.pid).is_none(), "no zombie");
-    assert_eq!(rt.exit_status(&rec).and_then(|s| s.code()), Some(3));
+    assert_eq!(rt.exit_status(&rec).await.and_then(|s| s.code()), Some(3));
     let t = rt.terminate(&rec, Duration::from_secs(1)).await.unwrap();
     assert!(!t.killed);
 }
@@ -195,7 +200,7 @@ async fn sigterm_then_sigkill_when_the_grace_period_ends() {
         "/bin/sh",
         &["-c", &format!("trap '' TERM; echo trapped; sleep {marker}; echo done")],
     );
-    let rec = rt.start(&s).unwrap();
+    let rec = rt.start(&s).await.unwrap();
     reaper.0.push(rec.clone());
     wait_for("the trap", Duration::from_secs(5), || log_has(&s, "trapped"));
     wait_for("its sleep", Duration::from_secs(5), || {
@@ -222,7 +227,10 @@ async fn find_by_argument_matches_whole_arguments_only() {
     let rt = Runtime::new();
     let mut reaper = Reaper::default();
     let marker = unique_sleep();
-    let rec = rt.start(&spec(tmp.path(), "findme", "sleep", &[&marker])).unwrap();
+    let rec = rt
+        .start(&spec(tmp.path(), "findme", "sleep", &[&marker]))
+        .await
+        .unwrap();
     reaper.0.push(rec.clone());
     wait_for("exec", Duration::from_secs(5), || {
         procfs::cmdline(rec.pid).is_some_and(|a| a.contains(&marker))
@@ -246,7 +254,7 @@ async fn a_process_whose_record_cannot_be_written_is_not_left_running() {
     let mut s = spec(tmp.path(), "unrecorded", "sleep", &[&marker]);
     std::fs::write(tmp.path().join("a-file"), "").unwrap();
     s.record = tmp.path().join("a-file").join("process.json");
-    assert!(Runtime::new().start(&s).is_err());
+    assert!(Runtime::new().start(&s).await.is_err());
     assert!(Runtime::find_by_argument(&marker).is_empty());
 }
 
@@ -254,17 +262,17 @@ const HELPER_DIR: &str = "KCPSHARD_TEST_HELPER_DIR";
 
 /// Run as a child of the test below (this test binary, `--exact` on that test, with the directory
 /// in `KCPSHARD_TEST_HELPER_DIR`), it is the starter: it starts a process and waits to be killed.
-fn act_as_starter(dir: PathBuf) {
+async fn act_as_starter(dir: PathBuf) {
     let marker = std::fs::read_to_string(dir.join("marker")).unwrap();
     let rt = Runtime::new();
-    rt.start(&spec(&dir, "survivor", "sleep", &[&marker])).unwrap();
+    rt.start(&spec(&dir, "survivor", "sleep", &[&marker])).await.unwrap();
     std::thread::sleep(Duration::from_secs(60));
 }
 
 #[tokio::test]
 async fn a_started_process_survives_the_death_of_its_starter() {
     if let Some(dir) = std::env::var_os(HELPER_DIR) {
-        return act_as_starter(PathBuf::from(dir));
+        return act_as_starter(PathBuf::from(dir)).await;
     }
     let tmp = tempfile::tempdir().unwrap();
     let marker = unique_sleep();

@@ -222,8 +222,8 @@ pub struct KinePostgresStore {
     /// kcpshard verify the chain, as libpq does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<String>,
-    /// When true, kcpshard runs a PostgreSQL cluster for this shard itself (initdb and pg_ctl under
-    /// the shard's directory) on host:port; when false it uses a server someone else runs.
+    /// When true, kcpshard runs a PostgreSQL cluster for this shard itself (initdb, then postgres
+    /// under the shard's directory) on host:port; when false it uses a server someone else runs.
     #[serde(default)]
     pub managed: bool,
 }

@@ -164,6 +164,7 @@ pub async fn serve(
     config: &ServeConfig,
     server: Arc<ApiServer>,
     shutdown: impl std::future::Future<Output = ()>,
+    listening: tokio::sync::oneshot::Sender<SocketAddr>,
 ) -> anyhow::Result<()> {
     let pki = pki::load_or_create(&config.state_dir, config.api_listen.ip())
         .context("cannot prepare the API's certificates and token")?;
@@ -178,5 +179,6 @@ pub async fn serve(
     let address = listener.local_addr()?;
     let kubeconfig = kubeconfig::write(&config.state_dir, address, &pki)?;
     tracing::info!(%address, kubeconfig = %kubeconfig.display(), "serving the kcpshard API");
+    let _ = listening.send(address);
     listener::serve(listener, server, &pki, shutdown).await
 }

@@ -1,12 +1,24 @@
-//! `kcpshard serve`: the API server and the controller in one process. The fronts it starts are
-//! processes of their own and outlive it.
+//! `kcpshard serve`: the API server and the controller in one process. The processes it starts
+//! (slots, stores, fronts) are processes of their own, or systemd units (`--runtime`), and
+//! outlive it.
+//!
+//! Under systemd (`Type=notify`, manifests/systemd/kcpshard.service) it speaks the notify
+//! protocol: `READY=1` once the API listens and the controller runs; `STATUS=` with each shard's
+//! phase; `WATCHDOG=1` while the controller makes progress (its heartbeat,
+//! controller/heartbeat.rs), so a wedged or dead controller is restarted; `STOPPING=1`.
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use kube::ResourceExt;
+use sd_notify::NotifyState;
 use tokio::sync::watch;
 
+use crate::api::KcpShard;
 use crate::apiserver::{self, ApiServer, ServeConfig, StateLock};
+use crate::controller::heartbeat::Heartbeat;
+use crate::process::{Runtime, RuntimeKind};
 use crate::{controller, gitops};
 
 #[derive(Debug, clap::Args)]
@@ -40,6 +52,11 @@ pub struct Args {
     /// Only files whose bytes changed are applied.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::api::parse_duration, requires = "manifests")]
     manifests_interval: std::time::Duration,
+    /// How the processes serve starts run: `systemd`, a transient unit each (of this user's
+    /// manager; root's is the system manager); `process`, detached processes with log files.
+    /// Default: systemd when serve itself runs as a systemd service, else process.
+    #[arg(long, value_enum, env = "KCPSHARD_RUNTIME")]
+    runtime: Option<RuntimeKind>,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -63,22 +80,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .metrics
         .register("controller", |registry| controller_metrics.register(registry));
     let (exits, woken) = crate::process::exits::ExitNotices::new();
+    let kind = args.runtime.unwrap_or_else(RuntimeKind::from_environment);
+    let runtime = Runtime::of_kind(kind).await?;
+    tracing::info!(runtime = ?runtime.kind(), "the processes serve starts run as {}", match runtime.kind() {
+        RuntimeKind::Systemd => "systemd units",
+        RuntimeKind::Process => "detached processes",
+    });
+    let heartbeat = Heartbeat::default();
+    let status_client = server.client();
     let ctx = controller::Context::new(
         server.client(),
         controller::reporter(),
-        crate::process::Runtime::new(),
+        runtime,
         working_dir.join(&config.state_dir),
         working_dir.join(&args.kine_binary),
         std::env::current_exe().context("cannot find this binary to run the front")?,
         controller_metrics,
         exits,
+        heartbeat.clone(),
     );
     let readiness = server.clone();
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
-    let api = apiserver::serve(&config, server, until_stopped(stopped.clone()));
+    let (listening, api_listens) = tokio::sync::oneshot::channel();
+    let api = apiserver::serve(&config, server, until_stopped(stopped.clone()), listening);
     let gitops = manifests.map(|dir| {
         tokio::spawn(gitops::run(
             gitops_client,
@@ -91,6 +118,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut controller = args
         .controller
         .then(|| tokio::spawn(controller::run(ctx, woken, until_stopped(stopped))));
+    let watched = controller.as_ref().map(|c| c.abort_handle());
     let controller_ended = async {
         match controller.as_mut() {
             Some(task) => task.await,
@@ -98,6 +126,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     tokio::pin!(api);
+    tokio::select! {
+        result = &mut api => return result,
+        _ = api_listens => {}
+    }
+    let notifier = tokio::spawn(notify_systemd(status_client, heartbeat, watched));
     let failure = tokio::select! {
         result = &mut api => return result,
         _ = shutdown_signal() => None,
@@ -111,6 +144,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Some(reason)
         }
     };
+    notifier.abort();
+    let _ = sd_notify::notify(&[NotifyState::Stopping]);
     let _ = stop.send(true);
     api.await?;
     if let Some(controller) = controller {
@@ -196,4 +231,88 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down; slots, stores and fronts keep running");
+}
+
+/// How often serve tells systemd its status without a watchdog.
+const STATUS_EVERY: Duration = Duration::from_secs(5);
+/// How long one look at the shards may take.
+const LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `READY=1` (the API listens and the controller runs), then `STATUS=` when it changes and
+/// `WATCHDOG=1` while the controller makes progress: every shard reconciled within the watchdog's
+/// timeout, the controller task alive, the local API answering. Nothing without a notify socket.
+async fn notify_systemd(client: kube::Client, heartbeat: Heartbeat, controller: Option<tokio::task::AbortHandle>) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    let watchdog = sd_notify::watchdog_enabled();
+    let _ = sd_notify::notify(&[NotifyState::Ready]);
+    let every = watchdog.map_or(STATUS_EVERY, |timeout| (timeout / 4).min(STATUS_EVERY));
+    let api: kube::Api<KcpShard> = kube::Api::all(client);
+    let mut last_status = String::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let listed = tokio::time::timeout(LIST_TIMEOUT, api.list(&Default::default())).await;
+        let shards = match listed {
+            Ok(Ok(list)) => list.items,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot list the shards for systemd's status");
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!("the local API did not list the shards within {LIST_TIMEOUT:?}");
+                continue;
+            }
+        };
+        let status = status_line(&shards);
+        if status != last_status {
+            let _ = sd_notify::notify(&[NotifyState::Status(&status)]);
+            last_status = status;
+        }
+        let Some(timeout) = watchdog else {
+            continue;
+        };
+        let stale = match &controller {
+            // --controller=false: the API answering is all there is to watch.
+            None => Vec::new(),
+            Some(task) if task.is_finished() => {
+                tracing::error!("the controller has stopped; no longer pinging systemd's watchdog");
+                continue;
+            }
+            Some(_) => {
+                let names: Vec<String> = shards.iter().map(|s| s.name_any()).collect();
+                heartbeat.stale(&names, timeout, Instant::now())
+            }
+        };
+        if stale.is_empty() {
+            let _ = sd_notify::notify(&[NotifyState::Watchdog]);
+        } else {
+            tracing::error!(
+                ?stale,
+                ?timeout,
+                "the controller has not reconciled these shards in time; no longer pinging systemd's watchdog"
+            );
+        }
+    }
+}
+
+/// `dev: Ready, big: Progressing`, or that there is no shard.
+fn status_line(shards: &[KcpShard]) -> String {
+    if shards.is_empty() {
+        return "no KcpShard".to_string();
+    }
+    shards
+        .iter()
+        .map(|s| {
+            let phase = s
+                .status
+                .as_ref()
+                .and_then(|st| st.phase)
+                .map_or("Pending", |p| p.as_str());
+            format!("{}: {phase}", s.name_any())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

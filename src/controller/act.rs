@@ -20,7 +20,7 @@ use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
 use crate::front::Backend;
-use crate::process::{ProcessSpec, free_port};
+use crate::process::{ProcessSpec, UnitName, free_port};
 use crate::slot;
 use crate::store::StoreBackend;
 
@@ -62,7 +62,7 @@ impl Actor<'_> {
                 Ok(vec![])
             }
             Step::RemoveSlot { name, crashed } => self.remove_slot(name, *crashed),
-            Step::RestartSlot { name, cause } => self.restart_slot(name, cause),
+            Step::RestartSlot { name, cause } => self.restart_slot(name, cause).await,
             Step::AbortRoll { name, cause } => self.abort_roll(name, cause),
             Step::ReleaseLease { holder } => self.release_lease(holder.as_deref()).await,
             Step::Probe => self.probe().await,
@@ -73,7 +73,11 @@ impl Actor<'_> {
                 Ok(vec![])
             }
             Step::StopFront => {
-                self.ctx.front(self.shard, self.dirs)?.terminate();
+                self.ctx
+                    .front(self.shard, self.dirs)?
+                    .stop()
+                    .await
+                    .map_err(Error::Front)?;
                 Ok(vec![Note::normal(
                     "Stopped",
                     format!(
@@ -188,7 +192,7 @@ impl Actor<'_> {
     fn kill_store(&self) -> Result<Notes, Error> {
         let mut notes = Vec::new();
         for (kine, problem) in &self.world.unresponsive_kines {
-            self.ctx.runtime.send(&kine.record, Signal::SIGKILL)?;
+            self.ctx.runtime.signal(&kine.record, Signal::SIGKILL)?;
             notes.push(Note::warning(
                 "StoreUnresponsive",
                 format!(
@@ -236,8 +240,10 @@ impl Actor<'_> {
         // running one keeps serving while the spec names a taken address.
         let starts =
             self.world.observed.front_elsewhere || self.world.observed.front == super::plan::FrontObservation::Down;
+        // A front that systemd restarts holds the address in its unit's descriptor store.
         if front.is_ours()
             && starts
+            && !front.restarting().await
             && let Err(source) = std::net::TcpListener::bind(listen)
         {
             return Err(Error::FrontAddress {
@@ -337,15 +343,15 @@ impl Actor<'_> {
             token_auth_file: std::path::absolute(slot_dirs.token_file())?,
             extra_args: template.extra_args.clone(),
         };
-        let spec = ProcessSpec {
-            name: format!("slot-{name}"),
-            program: launch.binary.clone(),
-            args: slot::args::kcp_args(&launch)?,
-            env: vec![],
-            log: slot_dirs.log(),
-            record: slot_dirs.process(),
-        };
-        let process = self.ctx.runtime.start(&spec)?;
+        let spec = ProcessSpec::new(
+            format!("slot-{name}"),
+            UnitName::slot(&self.shard.name_any(), name),
+            launch.binary.clone(),
+            slot::args::kcp_args(&launch)?,
+            slot_dirs.log(),
+            slot_dirs.process(),
+        );
+        let process = self.ctx.runtime.start(&spec).await?;
         self.update_roll(|roll| {
             roll.new_slot_started_at.get_or_insert(Utc::now());
         })?;
@@ -492,17 +498,17 @@ impl Actor<'_> {
     }
 
     /// Records why and when, then sends the signal.
-    fn signal_slot(&self, name: &str, cause: StopCause, signal: Signal) -> Result<bool, Error> {
+    fn signal_slot(&self, name: &str, cause: StopCause, signal: Signal) -> Result<(), Error> {
         let slot = self.slot(name)?;
         let killed = signal == Signal::SIGKILL;
         slot.dirs.update(|r| {
             let at = r.stop.map_or_else(Utc::now, |s| s.at);
             r.stop = Some(StopRecord { cause, at, killed });
         })?;
-        match &slot.process {
-            Some(process) => Ok(self.ctx.runtime.send(process, signal)?),
-            None => Ok(false),
+        if let Some(process) = &slot.process {
+            self.ctx.runtime.signal(process, signal)?;
         }
+        Ok(())
     }
 
     fn terminate_slot(&self, name: &str) -> Result<Notes, Error> {
@@ -618,7 +624,7 @@ impl Actor<'_> {
 
     /// Stops a new slot that is not ready yet (it serves nobody: SIGKILL); the roll record stays,
     /// so a slot is started again for the same roll once it is gone.
-    fn restart_slot(&self, name: &str, cause: &RestartCause) -> Result<Notes, Error> {
+    async fn restart_slot(&self, name: &str, cause: &RestartCause) -> Result<Notes, Error> {
         self.signal_slot(name, StopCause::Restart, Signal::SIGKILL)?;
         let message = match cause {
             RestartCause::StoreOutage => format!(
@@ -642,7 +648,10 @@ impl Actor<'_> {
                 self.update_roll(|roll| roll.not_ready_restarts += 1)?;
                 format!(
                     "slot {name} did not answer /readyz on its own port within {timeout_seconds}s; a kcp start-up sometimes never finishes, so it is started once more before the roll stops ({}); the serving slots keep serving",
-                    super::observe::last_words(&self.ctx.runtime, None, &self.slot(name)?.dirs.log())
+                    match &self.slot(name)?.process {
+                        Some(process) => super::observe::last_words(&self.ctx.runtime, process, false).await,
+                        None => "it has no process record".into(),
+                    }
                 )
             }
         };
@@ -892,6 +901,9 @@ mod tests {
             .map(String::from)
             .to_vec(),
             started_at: "2026-05-01T10:00:00Z".into(),
+            unit: None,
+            log: None,
+            stop_signal: None,
         };
         let record = record_from_argv("b", &process).unwrap();
         assert_eq!((record.name.as_str(), record.port), ("b", 40123));

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 use crate::api::{FrontSpec, FrontType};
 use crate::front::caddy::CaddyAdmin;
-use crate::front::{self, Backend, FrontClient, SlotConnections};
+use crate::front::{self, Backend, FrontClient, FrontLaunch, SlotConnections};
+use crate::process::{Runtime, UnitName};
 
 /// The front of one shard.
 pub enum Front {
@@ -17,6 +18,9 @@ pub enum Front {
         binary: PathBuf,
         dir: PathBuf,
         listen: SocketAddr,
+        /// The shard (names the front's unit) and the runtime that starts it.
+        shard: String,
+        runtime: Runtime,
     },
     Caddy {
         admin: CaddyAdmin,
@@ -44,13 +48,25 @@ pub struct FrontSeen {
 }
 
 impl Front {
-    pub fn from_spec(spec: &FrontSpec, binary: PathBuf, dir: PathBuf) -> anyhow::Result<Front> {
+    pub fn from_spec(
+        spec: &FrontSpec,
+        binary: PathBuf,
+        dir: PathBuf,
+        shard: &str,
+        runtime: &Runtime,
+    ) -> anyhow::Result<Front> {
         let listen: SocketAddr = spec
             .listen
             .parse()
             .map_err(|e| anyhow::anyhow!("spec.front.listen {:?} is not an IP address and port: {e}", spec.listen))?;
         Ok(match spec.type_ {
-            FrontType::Tcp => Front::Tcp { binary, dir, listen },
+            FrontType::Tcp => Front::Tcp {
+                binary,
+                dir,
+                listen,
+                shard: shard.to_string(),
+                runtime: runtime.clone(),
+            },
             FrontType::Caddy => {
                 let caddy = spec
                     .caddy
@@ -119,12 +135,24 @@ impl Front {
     /// Returns what happened, for an event.
     pub async fn ensure(&self) -> anyhow::Result<String> {
         match self {
-            Front::Tcp { binary, dir, listen } => {
+            Front::Tcp {
+                binary,
+                dir,
+                listen,
+                shard,
+                runtime,
+            } => {
                 let before = match FrontClient::connect(dir).await {
                     Ok(client) => client.status().await.ok().map(|s| s.pid),
                     Err(_) => None,
                 };
-                let after = front::ensure_running(binary, dir, *listen).await?.status().await?.pid;
+                let launch = FrontLaunch {
+                    runtime,
+                    shard,
+                    binary,
+                    dir,
+                };
+                let after = front::ensure_running(launch, *listen).await?.status().await?.pid;
                 Ok(match before {
                     Some(old) if old != after => format!(
                         "the front on {listen} runs {} now (pid {after}, was {old}); its listening socket was handed over",
@@ -174,8 +202,11 @@ impl Front {
 
     /// Stops kcpshard's front; a caddy is the user's and stays.
     pub async fn stop(&self) -> anyhow::Result<()> {
-        if let Front::Tcp { dir, .. } = self {
-            front::stop(dir).await?;
+        if let Front::Tcp {
+            dir, shard, runtime, ..
+        } = self
+        {
+            front::stop(runtime, shard, dir).await?;
         }
         Ok(())
     }
@@ -188,16 +219,12 @@ impl Front {
         }
     }
 
-    /// SIGTERM for kcpshard's front by its recorded pid (deleting the shard); it closes its
-    /// listener and drains. A second SIGTERM makes it exit at once.
-    pub fn terminate(&self) {
-        if let Front::Tcp { dir, .. } = self
-            && let Some(pid) = front::recorded_pid(dir)
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
+    /// kcpshard's front is a unit that systemd is restarting (or has just restarted): its
+    /// address is its own, kept in the unit's descriptor store.
+    pub async fn restarting(&self) -> bool {
+        match self {
+            Front::Tcp { shard, runtime, .. } => runtime.unit_active(&UnitName::front(shard)).await,
+            Front::Caddy { .. } => false,
         }
     }
 

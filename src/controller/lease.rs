@@ -7,21 +7,14 @@
 //! ok, so every slot that ever answered `/readyz` has logged its identity. Matching the Lease's
 //! `spec.holderIdentity` against those lines says which slot leads. A holder that is no slot's,
 //! while every running slot's identity is known, is a process that is gone: nothing can renew it.
-use std::path::Path;
-
 use super::plan::LeaseHolder;
 
 /// The line kcp's election loop logs first, with its identity.
 const ELECTION_STARTS: &str = "(re-)starting leader election";
-/// What the process runtime writes to a log before each start.
-const START_MARKER: &str = "--- kcpshard: starting ";
 
-/// The identity the latest kcp started with this log logged, if it has yet.
-pub fn identity_in_log(log: &Path) -> Option<String> {
-    let text = std::fs::read(log).ok()?;
-    let text = String::from_utf8_lossy(&text);
-    let latest = text.rfind(START_MARKER).map_or(&text[..], |at| &text[at..]);
-    latest
+/// The identity in what one kcp process printed since it started, if it has logged it yet.
+pub fn identity_in_log(since_start: &str) -> Option<String> {
+    since_start
         .lines()
         .find(|line| line.contains(ELECTION_STARTS))
         .and_then(|line| line.split_once("identity=\""))
@@ -50,29 +43,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_identity_is_the_one_the_latest_start_logged() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("kcp.log");
-        std::fs::write(
-            &log,
-            concat!(
-                "--- kcpshard: starting slot-a at 2026-12-01T10:00:00Z: bin/kcp start\n",
-                "I1201 10:00:03.1 1 server.go:767] \"(re-)starting leader election\" postStartHook=\"kcp-start-controllers\" identity=\"host_1111\" namespace=\"kube-system\" name=\"kcp-controllers\"\n",
-                "--- kcpshard: starting slot-a at 2026-12-01T11:00:00Z: bin/kcp start\n",
-                "I1201 11:00:01.0 2 server.go:100] \"starting\"\n",
-            ),
-        )
-        .unwrap();
-        assert_eq!(
-            identity_in_log(&log),
-            None,
-            "the process running now has not logged yet"
-        );
-        let mut text = std::fs::read_to_string(&log).unwrap();
-        text.push_str("I1201 11:00:03.2 2 server.go:767] \"(re-)starting leader election\" identity=\"host_2222\" name=\"kcp-controllers\"\n");
-        std::fs::write(&log, text).unwrap();
+    fn the_identity_is_the_one_kcp_logged_when_its_election_started() {
+        let mut log = String::from("--- kcpshard: starting slot-a at 2026-12-01T11:00:00Z: bin/kcp start\n");
+        log.push_str("I1201 11:00:01.0 2 server.go:100] \"starting\"\n");
+        assert_eq!(identity_in_log(&log), None, "not logged yet");
+        log.push_str(concat!(
+            "I1201 11:00:03.2 2 server.go:767] \"(re-)starting leader election\" postStartHook=\"kcp-start-controllers\" ",
+            "identity=\"host_2222\" namespace=\"kube-system\" name=\"kcp-controllers\"\n"
+        ));
         assert_eq!(identity_in_log(&log).as_deref(), Some("host_2222"));
-        assert_eq!(identity_in_log(&dir.path().join("missing.log")), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod credentials;
 pub mod error;
 pub mod front;
 pub mod health;
+pub mod heartbeat;
 pub mod lease;
 pub mod metrics;
 pub mod observe;
@@ -98,6 +99,8 @@ pub struct Context {
     identities: Mutex<HashMap<(u32, u64), String>>,
     /// Reconciles that failed in a row, per shard, for the retry's backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Beaten at the end of every reconcile: serve's watchdog pings systemd only while it beats.
+    pub heartbeat: heartbeat::Heartbeat,
 }
 
 impl Context {
@@ -111,6 +114,7 @@ impl Context {
         front_binary: PathBuf,
         metrics: metrics::ControllerMetrics,
         exits: ExitNotices<(ObjectRef<KcpShard>, Wake)>,
+        heartbeat: heartbeat::Heartbeat,
     ) -> Context {
         let exits = Arc::new(exits);
         Context {
@@ -126,12 +130,20 @@ impl Context {
             exits,
             identities: Default::default(),
             failures: Default::default(),
+            heartbeat,
         }
     }
 
     /// The front the spec asks for.
     pub fn front(&self, shard: &KcpShard, dirs: &ShardDirs) -> Result<front::Front, Error> {
-        front::Front::from_spec(&shard.spec.front, self.front_binary.clone(), dirs.front()).map_err(Error::Front)
+        front::Front::from_spec(
+            &shard.spec.front,
+            self.front_binary.clone(),
+            dirs.front(),
+            &shard.name_any(),
+            &self.runtime,
+        )
+        .map_err(Error::Front)
     }
 
     /// The store the spec asks for (a password is read now).
@@ -144,14 +156,16 @@ impl Context {
     }
 
     /// The leader-election identity of a slot's kcp process, from its log (see [`lease`]).
-    pub fn identity(&self, process: &ProcessRecord, log: &Path) -> Option<String> {
+    pub async fn identity(&self, process: &ProcessRecord) -> Option<String> {
         let key = (process.pid, process.start_time);
-        let mut identities = self.identities.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(known) = identities.get(&key) {
+        if let Some(known) = self.identities.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Some(known.clone());
         }
-        let found = lease::identity_in_log(log)?;
-        identities.insert(key, found.clone());
+        let found = lease::identity_in_log(&self.runtime.log_since_start(process).await)?;
+        self.identities
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, found.clone());
         Some(found)
     }
 
@@ -217,7 +231,9 @@ async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Er
     if deleting && ours.is_none() {
         return Ok(Action::await_change());
     }
-    let (action, done) = step(&shard, &ctx).await?;
+    let stepped = step(&shard, &ctx).await;
+    ctx.heartbeat.beat(&name);
+    let (action, done) = stepped?;
     if done {
         // Nothing of the shard runs any more: let the object go.
         let index = ours.expect("checked above");

@@ -218,7 +218,10 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             stop,
             left_front_at: record.left_front_at,
             own_store_running,
-            last_words: (!running).then(|| last_words(&ctx.runtime, process.as_ref(), &slot_dirs.log())),
+            last_words: match process.as_ref().filter(|_| !running) {
+                Some(process) => Some(last_words(&ctx.runtime, process, true).await),
+                None => None,
+            },
         });
         slots.push(ObservedSlot {
             record,
@@ -339,14 +342,19 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     Ok(world)
 }
 
-/// How a slot's process ended, for an event: its exit status when this serve saw it, the last
-/// error line it printed (kcp prints `Error: ...` or a klog `E`/`F` line), and where its log is.
-pub fn last_words(runtime: &Runtime, process: Option<&ProcessRecord>, log: &std::path::Path) -> String {
-    let status = process
-        .and_then(|p| runtime.exit_status(p))
-        .map(|status| format!("{status}; "))
-        .unwrap_or_default();
-    let tail = Runtime::log_tail(log, 40);
+/// How a slot's process ended (or, with `ended` false, what it is doing), for an event: its exit
+/// status when this serve saw it, the last error line it printed (kcp prints `Error: ...` or a klog
+/// `E`/`F` line), and where its log is.
+pub async fn last_words(runtime: &Runtime, process: &ProcessRecord, ended: bool) -> String {
+    let status = match ended {
+        true => runtime
+            .exit_status(process)
+            .await
+            .map(|s| format!("{s}; "))
+            .unwrap_or_default(),
+        false => String::new(),
+    };
+    let tail = runtime.log_tail(process, 40).await;
     let is_error = |line: &&String| {
         let line = line.trim_start();
         line.starts_with("Error:")
@@ -355,9 +363,10 @@ pub fn last_words(runtime: &Runtime, process: Option<&ProcessRecord>, log: &std:
                 && matches!(line.as_bytes()[0], b'E' | b'F')
                 && line.as_bytes()[1..5].iter().all(u8::is_ascii_digit))
     };
+    let log = Runtime::log_location(process);
     match tail.iter().rev().find(is_error).or(tail.last()) {
-        Some(line) => format!("{status}it printed {:?} (log: {})", line.trim(), log.display()),
-        None => format!("{status}it printed nothing (log: {})", log.display()),
+        Some(line) => format!("{status}it printed {:?} (log: {log})", line.trim()),
+        None => format!("{status}it printed nothing (log: {log})"),
     }
 }
 
@@ -418,15 +427,14 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
     };
     if let Ok(Ok(holder_identity)) = tokio::time::timeout(LOOK_TIMEOUT, access::controllers_lease_holder(&client)).await
     {
-        let identities: Vec<_> = world
-            .slots
-            .iter()
-            .zip(&world.observed.slots)
-            .map(|(slot, seen)| {
-                let identity = slot.process.as_ref().and_then(|p| ctx.identity(p, &slot.dirs.log()));
-                (seen.name.clone(), identity, seen.running)
-            })
-            .collect();
+        let mut identities = Vec::new();
+        for (slot, seen) in world.slots.iter().zip(&world.observed.slots) {
+            let identity = match &slot.process {
+                Some(process) => ctx.identity(process).await,
+                None => None,
+            };
+            identities.push((seen.name.clone(), identity, seen.running));
+        }
         world.observed.lease = super::lease::holder(holder_identity.as_deref(), &identities);
     }
     let probe = world

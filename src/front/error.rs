@@ -43,13 +43,18 @@ pub enum FrontError {
     Spawn { binary: PathBuf, cause: std::io::Error },
 
     #[error("the front exited while starting ({status}); see {log}, which ends with:\n{tail}")]
-    Exited { status: String, log: PathBuf, tail: String },
+    Exited {
+        status: String,
+        /// Where its output is: a file, or the journal command that shows it.
+        log: String,
+        tail: String,
+    },
 
     #[error("the front (pid {pid}) did not answer on {socket} within {seconds} s; it was killed, see {log}")]
     StartTimeout {
         pid: u32,
         socket: PathBuf,
-        log: PathBuf,
+        log: String,
         seconds: u64,
     },
 

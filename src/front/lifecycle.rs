@@ -1,14 +1,20 @@
 //! Starting, adopting, upgrading and stopping a front from the controller's side.
 //!
-//! A front is a process of its own: started in a new session (setsid), stdin from /dev/null,
-//! stdout and stderr appended to `DIR/front.log`, so that neither a SIGKILL of `serve` nor the end
-//! of its terminal session reaches it. `DIR/front.pid.json` records its pid and its start time
-//! (field 22 of `/proc/<pid>/stat`): a pid that now names another process is never signalled.
+//! A front is a process of its own, started through the process runtime like every process
+//! kcpshard runs: detached (its own session, output appended to `DIR/front.log`) or as the unit
+//! `kcpshard-<shard>-front.service`, which systemd restarts at once when it exits and which keeps
+//! the listening socket in its file-descriptor store, so that a crashed front comes back on the
+//! same socket without a connection refused (the kernel queues them meanwhile). Under systemd,
+//! `serve` binds the listening socket and hands it to the unit (its stdin): `serve` may bind
+//! ports below 1024, a unit of an unprivileged user's manager may not.
+//!
+//! `DIR/process.json` is the runtime's record of the last front started; `DIR/front.pid.json`
+//! is the front's own (its pid and start time, field 22 of `/proc/<pid>/stat`): a pid that now
+//! names another process is never signalled.
 use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::os::unix::process::CommandExt as _;
 use std::path::Path;
-use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,6 +24,7 @@ use crate::front::client::FrontClient;
 use crate::front::error::FrontError;
 use crate::front::protocol::{CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, PidRecord, StartError};
 use crate::fsutil;
+use crate::process::{ProcessError, ProcessRecord, ProcessSpec, Restart, Runtime, RuntimeKind, UnitName, procfs};
 
 /// How long a starting front has to answer on its control socket.
 pub const START_TIMEOUT: Duration = Duration::from_secs(5);
@@ -26,8 +33,23 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(40);
 const POLL: Duration = Duration::from_millis(50);
 /// Names the binary (device and inode) whose upgrade failed, so it is not retried on every call.
 pub const UPGRADE_FAILED_FILE: &str = "upgrade.failed";
+/// The runtime's record of the last front started for the dir.
+pub const PROCESS_FILE: &str = "process.json";
+/// How many lines of a failed front's output an error quotes.
+const LOG_TAIL_LINES: usize = 10;
 
-/// Returns a client of the front serving `dir` on `listen`, starting `binary front` if none runs.
+/// One shard's front, as the controller starts it: its binary, its dir and its unit's name.
+#[derive(Clone, Copy)]
+pub struct FrontLaunch<'a> {
+    pub runtime: &'a Runtime,
+    /// The shard, which names the front's unit.
+    pub shard: &'a str,
+    pub binary: &'a Path,
+    pub dir: &'a Path,
+}
+
+/// Returns a client of the front serving `launch.dir` on `listen`, starting `binary front` if
+/// none runs.
 ///
 /// A running front whose control socket answers is adopted when it listens on `listen` (port 0
 /// matches any port on the same IP). One that listens elsewhere is stopped and replaced, but only
@@ -38,25 +60,31 @@ pub const UPGRADE_FAILED_FILE: &str = "upgrade.failed";
 /// rebuilt) is upgraded in place with [`upgrade`], without closing its listening socket. If that
 /// fails, the old front keeps serving, the failure is logged and written to `DIR/upgrade.failed`,
 /// and the same binary is not tried again (a rebuilt or different binary is).
-pub async fn ensure_running(binary: &Path, dir: &Path, listen: SocketAddr) -> Result<FrontClient, FrontError> {
+pub async fn ensure_running(launch: FrontLaunch<'_>, listen: SocketAddr) -> Result<FrontClient, FrontError> {
+    let dir = launch.dir;
     prepare_dir(dir)?;
     if let Some((client, status)) = answering(dir).await {
         if listen_matches(listen, status.listen) {
-            return Ok(adopt(binary, dir, client, &status).await);
+            return Ok(adopt(launch, client, &status).await);
         }
         // Never stop a serving front for an address it could not get.
-        if let Err(err) = std::net::TcpListener::bind(listen) {
-            return Err(match err.kind() {
-                std::io::ErrorKind::AddrInUse => FrontError::AddressInUse { address: listen },
-                _ => FrontError::CannotListen {
-                    address: listen,
-                    message: err.to_string(),
-                },
-            });
-        }
+        drop(bind(listen)?);
         info!(dir = %dir.display(), running = %status.listen, wanted = %listen,
             "the front listens on another address; replacing it");
-        stop(dir).await?;
+        stop(launch.runtime, launch.shard, dir).await?;
+    } else if launch.runtime.unit_active(&UnitName::front(launch.shard)).await {
+        // Its unit restarts it (a crash a moment ago), on the socket it keeps: wait for it.
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some((client, status)) = answering(dir).await {
+                if listen_matches(listen, status.listen) {
+                    return Ok(client);
+                }
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        stop(launch.runtime, launch.shard, dir).await?;
     } else if let Some(record) = read_pid_record(dir).filter(is_alive) {
         // Alive but silent: still starting (another caller just spawned it), or stuck.
         let deadline = Instant::now() + START_TIMEOUT;
@@ -65,21 +93,24 @@ pub async fn ensure_running(binary: &Path, dir: &Path, listen: SocketAddr) -> Re
                 if listen_matches(listen, status.listen) {
                     return Ok(client);
                 }
-                stop(dir).await?;
-                return start(binary, dir, listen, None).await;
+                stop(launch.runtime, launch.shard, dir).await?;
+                return start(launch, listen, None).await;
             }
             tokio::time::sleep(POLL).await;
         }
-        if is_alive(&record) {
+        if let Some(stuck) = Runtime::observe(record.pid).filter(|r| r.start_time == record.start_time) {
             warn!(
                 pid = record.pid,
                 "the recorded front does not answer on its control socket; killing it"
             );
-            kill(record.pid, libc::SIGKILL);
-            wait_gone(&record, Duration::from_secs(5)).await;
+            launch
+                .runtime
+                .terminate(&stuck, Duration::ZERO)
+                .await
+                .map_err(process_error)?;
         }
     }
-    start(binary, dir, listen, None).await
+    start(launch, listen, None).await
 }
 
 /// Whether the front `pid` serving `dir` runs another binary than `binary` (another file, or the
@@ -96,17 +127,17 @@ fn upgrade_marker((dev, ino): (u64, u64)) -> String {
 }
 
 /// The adopted front, upgraded first if it runs another binary than `binary`.
-async fn adopt(binary: &Path, dir: &Path, client: FrontClient, status: &FrontStatus) -> FrontClient {
-    if !runs_other_binary(binary, dir, status.pid) {
+async fn adopt(launch: FrontLaunch<'_>, client: FrontClient, status: &FrontStatus) -> FrontClient {
+    if !runs_other_binary(launch.binary, launch.dir, status.pid) {
         return client;
     }
-    let Some(wanted) = file_identity(binary) else {
+    let Some(wanted) = file_identity(launch.binary) else {
         return client;
     };
-    let failed_path = dir.join(UPGRADE_FAILED_FILE);
+    let failed_path = launch.dir.join(UPGRADE_FAILED_FILE);
     let marker = upgrade_marker(wanted);
-    info!(pid = status.pid, binary = %binary.display(), "the front runs another binary; upgrading it");
-    match upgrade(binary, dir).await {
+    info!(pid = status.pid, binary = %launch.binary.display(), "the front runs another binary; upgrading it");
+    match upgrade(launch).await {
         Ok(upgraded) => {
             let _ = std::fs::remove_file(&failed_path);
             upgraded
@@ -132,42 +163,48 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
 
 /// Replaces the running front with `binary` without closing the listening socket: the successor
 /// receives it over the control socket, then the old front stops accepting and drains its open
-/// connections (up to its drain timeout). Returns a client once the successor answers.
-pub async fn upgrade(binary: &Path, dir: &Path) -> Result<FrontClient, FrontError> {
-    let client = FrontClient::connect(dir).await?;
+/// connections (up to its drain timeout). Under systemd the successor joins the front's unit and
+/// becomes its main process, so the unit's restart and descriptor store carry over. Returns a
+/// client once the successor answers.
+pub async fn upgrade(launch: FrontLaunch<'_>) -> Result<FrontClient, FrontError> {
+    let client = FrontClient::connect(launch.dir).await?;
     let status = client.status().await?;
-    let from = dir.join(CONTROL_SOCKET);
-    start(binary, dir, status.listen, Some(&from)).await
+    let old = Runtime::observe(status.pid)
+        .ok_or_else(|| FrontError::Handover(format!("the front (pid {}) exited", status.pid)))?;
+    start(launch, status.listen, Some(&old)).await
 }
 
-/// Stops the front serving `dir`, if any: SIGTERM, then wait (it drains its connections), then
-/// SIGKILL after [`STOP_TIMEOUT`]. The backend file and the log stay.
-pub async fn stop(dir: &Path) -> Result<(), FrontError> {
-    let target = match answering(dir).await {
-        Some((_, status)) => start_time(status.pid).map(|start_time| PidRecord {
-            pid: status.pid,
-            start_time,
-            listen: status.listen,
-            binary: None,
-        }),
-        None => read_pid_record(dir).filter(is_alive),
+/// Stops the front serving `dir`, if any: SIGTERM (under systemd: the unit is stopped, so that it
+/// is not restarted), then wait (it drains its connections), then SIGKILL after
+/// [`STOP_TIMEOUT`]. The backend file and the log stay.
+pub async fn stop(runtime: &Runtime, shard: &str, dir: &Path) -> Result<(), FrontError> {
+    let pid = match answering(dir).await {
+        Some((_, status)) => Some(status.pid),
+        None => read_pid_record(dir).filter(is_alive).map(|r| r.pid),
     };
-    if let Some(record) = target {
+    if let Some(record) = pid.and_then(Runtime::observe) {
         info!(pid = record.pid, dir = %dir.display(), "stopping the front");
-        kill(record.pid, libc::SIGTERM);
-        if !wait_gone(&record, STOP_TIMEOUT).await {
+        let stopped = runtime.terminate(&record, STOP_TIMEOUT).await.map_err(process_error)?;
+        if stopped.killed {
             warn!(
                 pid = record.pid,
-                "the front did not exit within {:?} of SIGTERM; killing it", STOP_TIMEOUT
+                "the front did not exit within {STOP_TIMEOUT:?} of SIGTERM and was killed"
             );
-            kill(record.pid, libc::SIGKILL);
-            wait_gone(&record, Duration::from_secs(5)).await;
         }
     }
+    // A unit between a crash and its restart has no process to stop, and would come back.
+    runtime.stop_unit(&UnitName::front(shard)).await;
     if read_pid_record(dir).is_some_and(|r| !is_alive(&r)) {
         let _ = std::fs::remove_file(dir.join(PID_FILE));
     }
     Ok(())
+}
+
+fn process_error(e: ProcessError) -> FrontError {
+    FrontError::Io {
+        context: "cannot stop the front".into(),
+        cause: std::io::Error::other(e.to_string()),
+    }
 }
 
 /// Creates the front's dir 0700 (and tightens an existing one).
@@ -214,54 +251,17 @@ pub(crate) fn write_pid_record(dir: &Path, record: &PidRecord) -> Result<(), Fro
 
 /// Field 22 of `/proc/<pid>/stat`, or `None` if the process is gone.
 pub(crate) fn start_time(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text).map(|(_, start)| start)
-}
-
-/// Parses the state (field 3) and start time (field 22) of a `/proc/<pid>/stat` line. The command
-/// name (field 2) is in parentheses and may itself hold spaces and parentheses, so fields are
-/// counted from the last `)`.
-pub(crate) fn parse_stat(text: &str) -> Option<(char, u64)> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // After the state (field 3) come fields 4..; field 22 is the 19th after the state.
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
+    procfs::stat(pid).map(|s| s.start_time)
 }
 
 /// The recorded process still runs (not a zombie) and is the one recorded (same start time).
 pub(crate) fn is_alive(record: &PidRecord) -> bool {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{}/stat", record.pid)) else {
-        return false;
-    };
-    match parse_stat(&text) {
-        Some((state, start)) => !matches!(state, 'Z' | 'X' | 'x') && start == record.start_time,
-        None => false,
-    }
+    procfs::stat(record.pid).is_some_and(|s| !s.is_dead() && s.start_time == record.start_time)
 }
 
 /// Does a front on `actual` satisfy a request for `wanted`? Port 0 asks for "any port".
 pub(crate) fn listen_matches(wanted: SocketAddr, actual: SocketAddr) -> bool {
     wanted == actual || (wanted.port() == 0 && wanted.ip() == actual.ip())
-}
-
-fn kill(pid: u32, signal: libc::c_int) {
-    // SAFETY: kill(2) has no memory effects; callers checked the pid names the recorded process.
-    unsafe {
-        libc::kill(pid as libc::pid_t, signal);
-    }
-}
-
-async fn wait_gone(record: &PidRecord, bound: Duration) -> bool {
-    let deadline = Instant::now() + bound;
-    while is_alive(record) {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    true
 }
 
 /// The client and status of the front answering on `dir`'s control socket, if one does.
@@ -271,91 +271,126 @@ async fn answering(dir: &Path) -> Option<(FrontClient, FrontStatus)> {
     Some((client, status))
 }
 
+/// The listening socket for a new front, bound by `serve`.
+fn bind(listen: SocketAddr) -> Result<std::net::TcpListener, FrontError> {
+    std::net::TcpListener::bind(listen).map_err(|err| match err.kind() {
+        std::io::ErrorKind::AddrInUse => FrontError::AddressInUse { address: listen },
+        _ => FrontError::CannotListen {
+            address: listen,
+            message: err.to_string(),
+        },
+    })
+}
+
+/// Starts a front on `listen`, or with `successor_of` a successor that takes the listening socket
+/// over from that front; returns once it answers on the control socket.
 async fn start(
-    binary: &Path,
-    dir: &Path,
+    launch: FrontLaunch<'_>,
     listen: SocketAddr,
-    inherit_from: Option<&Path>,
+    successor_of: Option<&ProcessRecord>,
 ) -> Result<FrontClient, FrontError> {
-    let error_path = dir.join(ERROR_FILE);
-    let log_path = dir.join(LOG_FILE);
-    let _ = std::fs::remove_file(&error_path);
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)
-        .map_err(|e| FrontError::io(format!("cannot open the front log {}", log_path.display()), e))?;
-    let log_err = log
-        .try_clone()
-        .map_err(|e| FrontError::io("cannot duplicate the log fd", e))?;
-    let mut command = tokio::process::Command::new(binary);
-    command
-        .arg("front")
-        .arg("--listen")
-        .arg(listen.to_string())
-        .arg("--dir")
-        .arg(dir)
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err);
-    if let Some(from) = inherit_from {
-        command.arg("--inherit-from").arg(from);
-    }
-    // SAFETY: setsid(2) is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        command.as_std_mut().pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().map_err(|cause| FrontError::Spawn {
-        binary: binary.to_path_buf(),
-        cause,
-    })?;
-    let pid = child.id().expect("a child that was just spawned has a pid");
-    let record = PidRecord {
-        pid,
-        start_time: start_time(pid).unwrap_or(0),
-        listen,
-        binary: Some(binary.to_path_buf()),
+    let FrontLaunch {
+        runtime,
+        shard,
+        binary,
+        dir,
+    } = launch;
+    let _ = std::fs::remove_file(dir.join(ERROR_FILE));
+    let unit = UnitName::front(shard);
+    // The unit's stdin is the listening socket; a detached front binds its own (with the
+    // capabilities serve has, which it inherits).
+    let listener = match (successor_of, runtime.kind()) {
+        (None, RuntimeKind::Systemd) => Some(bind(listen)?),
+        _ => None,
     };
+    let listen = match &listener {
+        Some(l) => l
+            .local_addr()
+            .map_err(|e| FrontError::io("cannot read the bound address", e))?,
+        None => listen,
+    };
+    let mut args = vec![
+        "front".to_string(),
+        "--listen".into(),
+        listen.to_string(),
+        "--dir".into(),
+        dir.display().to_string(),
+    ];
+    if successor_of.is_some() {
+        args.extend(["--inherit-from".into(), dir.join(CONTROL_SOCKET).display().to_string()]);
+    }
+    let mut spec = ProcessSpec::new(
+        "front",
+        unit.clone(),
+        binary,
+        args,
+        dir.join(LOG_FILE),
+        dir.join(PROCESS_FILE),
+    );
+    spec.env = vec![("NO_COLOR".into(), "1".into())];
+    spec.restart = Restart::Always;
+    spec.notify = true;
+    spec.stdin = listener.map(Arc::new);
+    let started = match successor_of {
+        Some(old) => runtime.start_successor(old, &spec).await,
+        None => runtime.start(&spec).await,
+    };
+    let record = started.map_err(|e| match e {
+        ProcessError::Spawn { source, .. } => FrontError::Spawn {
+            binary: binary.to_path_buf(),
+            cause: source,
+        },
+        other => FrontError::io("cannot start the front", std::io::Error::other(other.to_string())),
+    })?;
+    drop(spec);
     // Recorded at once, so that a front that hangs before writing its own record can be stopped.
     // A successor writes its own record once it owns the dir; until then the old front's stays.
-    if inherit_from.is_none() {
-        write_pid_record(dir, &record)?;
+    if successor_of.is_none() {
+        write_pid_record(
+            dir,
+            &PidRecord {
+                pid: record.pid,
+                start_time: record.start_time,
+                listen,
+                binary: Some(binary.to_path_buf()),
+            },
+        )?;
     }
-    info!(pid, binary = %binary.display(), %listen, dir = %dir.display(), "started a front");
+    info!(pid = record.pid, binary = %binary.display(), %listen, dir = %dir.display(), unit = ?record.unit, "started a front");
 
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        if let Ok(Some(exit)) = child.try_wait() {
+        if !runtime.is_running(&record) {
+            // Not restarted over and over by its unit: it failed at its start.
+            if successor_of.is_none() {
+                runtime.stop_unit(&unit).await;
+            }
             if let Some(error) = read_start_error(dir) {
                 return Err(error.into_error());
             }
             return Err(FrontError::Exited {
-                status: exit.to_string(),
-                tail: log_tail(&log_path),
-                log: log_path,
+                status: runtime
+                    .exit_status(&record)
+                    .await
+                    .map_or_else(|| "status unknown".to_string(), |s| s.to_string()),
+                tail: runtime.log_tail(&record, LOG_TAIL_LINES).await.join("\n"),
+                log: Runtime::log_location(&record),
             });
         }
         if let Some((client, status)) = answering(dir).await
-            && status.pid == pid
+            && status.pid == record.pid
         {
-            // Dropping the handle leaves the front running; tokio reaps it if it exits while we live.
-            drop(child);
             return Ok(client);
         }
         if Instant::now() >= deadline {
-            kill(pid, libc::SIGKILL);
-            let _ = child.wait().await;
+            let _ = runtime.terminate(&record, Duration::ZERO).await;
+            if successor_of.is_none() {
+                runtime.stop_unit(&unit).await;
+            }
             return Err(FrontError::StartTimeout {
-                pid,
+                pid: record.pid,
                 socket: dir.join(CONTROL_SOCKET),
-                log: log_path,
+                log: Runtime::log_location(&record),
                 seconds: START_TIMEOUT.as_secs(),
             });
         }
@@ -368,24 +403,9 @@ fn read_start_error(dir: &Path) -> Option<StartError> {
     serde_json::from_slice(&bytes).ok()
 }
 
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text[text.len().saturating_sub(4096)..]).into_owned();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(10)..].join("\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_start_time_is_field_22_even_with_parentheses_in_the_name() {
-        let line = "1234 (kcp (shard) x) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 8 0 987654 1000 200";
-        assert_eq!(parse_stat(line), Some(('S', 987654)));
-        assert_eq!(parse_stat("1 (init) Z 0 1"), None);
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn this_process_is_alive_and_a_different_start_time_is_not() {

@@ -14,6 +14,8 @@
 //! - [`protocol`]: the control protocol's messages and the files kept in DIR.
 //! - [`client`], [`lifecycle`]: the controller's side (talk to, start, adopt, stop).
 //! - [`handover`]: SCM_RIGHTS passing of the listening socket to a successor.
+//! - [`fdstore`]: the listening socket from and into systemd (its descriptor store, or the
+//!   unit's stdin), and the front's readiness notice.
 //! - [`metrics`]: Prometheus text from a status snapshot.
 //! - [`caddy`]: the other front type, a caddy the user runs, driven through its admin API.
 //!
@@ -21,6 +23,7 @@
 pub mod caddy;
 mod client;
 mod error;
+mod fdstore;
 mod handover;
 mod keepalive;
 mod lifecycle;
@@ -32,7 +35,8 @@ mod server;
 pub use client::FrontClient;
 pub use error::FrontError;
 pub use lifecycle::{
-    START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, ensure_running, recorded_pid, runs_other_binary, stop, upgrade,
+    FrontLaunch, PROCESS_FILE, START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, ensure_running, recorded_pid,
+    runs_other_binary, stop, upgrade,
 };
 pub use protocol::{
     BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,

@@ -15,7 +15,7 @@
 //! once. After a handover the old front does the same, except that the listening socket lives on in
 //! the successor and the files are the successor's.
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::front::error::FrontError;
+use crate::front::fdstore;
 use crate::front::handover;
 use crate::front::lifecycle;
 use crate::front::metrics;
@@ -130,6 +131,8 @@ impl Front {
         let commit = tokio::time::timeout(HANDOVER_TIMEOUT, protocol::read_line(reader)).await;
         match commit {
             Ok(Ok(Some(line))) if serde_json::from_str::<Request>(&line).ok() == Some(Request::Commit) => {
+                // Under systemd, before this front can exit: its exit must not count as the unit's.
+                fdstore::hand_main_to(successor).await;
                 self.handed_over.send_replace(Some(successor));
                 info!(successor, "handover committed; no longer accepting");
                 reader.get_mut().write_all(&Response::ok(self.status()).to_line()).await
@@ -165,7 +168,10 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
                 });
             }
             let backends = load_backends(&config.dir);
-            let listener = bind(&config)?;
+            let listener = match fdstore::inherited_listener() {
+                Some(inherited) => adopt_listener(inherited)?,
+                None => bind(&config)?,
+            };
             (listener, Router::new(backends), None)
         }
         Some(from) => {
@@ -189,6 +195,7 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     };
     proxy::tune_listener(&listener);
     let listener = Arc::new(listener);
+    let announced = listener.clone();
     let front = Arc::new(Front {
         dir: config.dir.clone(),
         listen,
@@ -245,6 +252,8 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
     )?;
     let _ = std::fs::remove_file(config.dir.join(ERROR_FILE));
     info!(%listen, dir = %config.dir.display(), backends = ?router.backends(), "front ready");
+    fdstore::announce(announced.as_fd()).await;
+    drop(announced);
 
     let control_task = tokio::spawn(serve_control(control, front.clone()));
     let metrics_task = metrics_listener.map(|l| tokio::spawn(serve_metrics(l, front.clone())));
@@ -312,6 +321,14 @@ fn load_backends(dir: &Path) -> Vec<Backend> {
             Vec::new()
         }
     }
+}
+
+/// The listening socket systemd handed over, made ready for tokio.
+fn adopt_listener(listener: std::net::TcpListener) -> Result<TcpListener, FrontError> {
+    listener
+        .set_nonblocking(true)
+        .and_then(|()| TcpListener::from_std(listener))
+        .map_err(|e| FrontError::io("cannot use the listening socket systemd handed over", e))
 }
 
 fn bind(config: &FrontConfig) -> Result<TcpListener, FrontError> {

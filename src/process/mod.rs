@@ -1,32 +1,41 @@
-//! The process runtime: starts slot and store processes detached from `serve`, records them, finds
-//! them again after `serve` restarts, and stops them.
+//! The process runtime: starts every long-running process kcpshard runs (slots' kcp, kines, a
+//! managed PostgreSQL, the front), records it, finds it again after `serve` restarts, tells
+//! whether it runs, signals and stops it, and reads what it printed.
 //!
-//! Invariants:
-//! - A started process runs in its own session (`setsid`), so a signal to `serve`'s process group
-//!   or terminal, or `serve`'s death (SIGKILL included), does not reach it. No parent-death
-//!   signal is set: slots outlive the controller by design (docs/architecture.md, "State files": everything
-//!   the controller needs after a crash is observable).
-//! - The record (`pid` + kernel start time) is written atomically (0600) right after the spawn; a
-//!   process whose record cannot be written is killed, so no slot runs unrecorded because of us.
-//!   A process whose record was lost because `serve` died between spawn and write is found again by
-//!   its argv ([`Runtime::find_by_argument`]).
+//! Two back ends, chosen once by `serve` ([`RuntimeKind`]):
+//! - [`detached`]: a process of its own session (`setsid`), output appended to a log file. For a
+//!   shell, CI, containers: anywhere systemd does not supervise `serve`.
+//! - [`systemd`]: a transient unit per process ([`units`] names them), started through systemd's
+//!   D-Bus API, output in the journal. Units are not in `serve`'s cgroup, so `systemctl restart`
+//!   and `systemctl stop` of `serve`'s own unit touch `serve` alone.
+//!
+//! Invariants, for both:
+//! - A process outlives `serve` (SIGKILL included): no parent-death signal, not in `serve`'s
+//!   session or cgroup (docs/architecture.md, "State files": everything the controller needs after
+//!   a crash is observable).
+//! - The record (`pid` + kernel start time, and the unit for a unit) is written atomically (0600)
+//!   right after the start; a process whose record cannot be written is stopped, so none runs
+//!   unrecorded because of us. One whose record was lost because `serve` died in between is found
+//!   again by its argv ([`Runtime::find_by_argument`]), and its unit by its cgroup.
 //! - A pid alone never names a process: the pid with the start time from `/proc/<pid>/stat` (field
 //!   22) does, so a record never matches a later process that reuses the pid.
-//! - The runtime keeps the `Child` of every process it started and reaps it, so no zombie remains
-//!   while `serve` lives. Processes adopted from an earlier `serve` are reaped by init (or whoever
-//!   inherits them); a zombie counts as not running.
+//! - What a record says decides how it is stopped, whatever back end `serve` chose now: a unit
+//!   through its manager (so that a unit with `Restart=always` is not restarted), a detached
+//!   process by signals.
+//! - Nothing kcpshard starts inherits `serve`'s descriptors or its notify socket: a child's
+//!   `READY=1` must never reach `serve`'s unit.
+pub mod detached;
 pub mod exits;
 pub mod procfs;
+pub mod systemd;
+pub mod units;
 
-use std::collections::HashMap;
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::net::TcpListener;
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -34,21 +43,112 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
 use crate::fsutil;
+pub use units::UnitName;
 
-/// What to start.
+/// Which back end starts new processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuntimeKind {
+    /// Transient systemd units.
+    Systemd,
+    /// Detached processes (own session, log files).
+    Process,
+}
+
+impl RuntimeKind {
+    /// What `serve` runs with unless told: systemd when it is itself a systemd service on a host
+    /// booted with systemd (`$INVOCATION_ID` or `$NOTIFY_SOCKET` set, `/run/systemd/system`
+    /// present), else detached. A shell on a systemd host gets detached processes, as before.
+    pub fn from_environment() -> RuntimeKind {
+        let booted = Path::new("/run/systemd/system").is_dir();
+        let a_service = std::env::var_os("INVOCATION_ID").is_some() || std::env::var_os("NOTIFY_SOCKET").is_some();
+        if booted && a_service {
+            RuntimeKind::Systemd
+        } else {
+            RuntimeKind::Process
+        }
+    }
+}
+
+/// Who restarts a process that exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Restart {
+    /// The controller (it decides what a crash means).
+    #[default]
+    Never,
+    /// systemd, at once and with its stored descriptors (`Restart=always`); the detached runtime
+    /// leaves it to the controller.
+    Always,
+}
+
+/// A user to run as (PostgreSQL refuses to run as root).
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub user: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// What to start. [`ProcessSpec::new`] gives the usual defaults.
+#[derive(Debug, Clone)]
 pub struct ProcessSpec {
     /// A name for logs and errors (`slot-a`, `kine`).
     pub name: String,
+    /// Its unit under systemd.
+    pub unit: UnitName,
     pub program: PathBuf,
     pub args: Vec<String>,
-    /// Added to (or overriding) the environment `serve` runs with.
+    /// Added to (or overriding) the environment. A secret goes here, never into argv (where every
+    /// local user can read it); a unit gets it from a 0600 file, not from its D-Bus properties.
     pub env: Vec<(String, String)>,
-    /// stdout and stderr are appended here (0600). The process's working directory is this file's
-    /// directory.
+    /// The detached runtime appends stdout and stderr here (0600); a unit's go to the journal.
+    /// The process's working directory is this file's directory.
     pub log: PathBuf,
     /// Where the [`ProcessRecord`] is written (atomically, 0600).
     pub record: PathBuf,
+    /// What asks it to stop (SIGTERM; PostgreSQL's fast shutdown is SIGINT).
+    pub stop_signal: Signal,
+    pub restart: Restart,
+    /// It speaks the notify protocol (`READY=1`, `FDSTORE=1`, `MAINPID=`): its unit is
+    /// `Type=notify` with a file-descriptor store.
+    pub notify: bool,
+    /// A listening socket passed as its stdin (the front's: `serve` may bind ports that the
+    /// front's unit could not).
+    pub stdin: Option<Arc<TcpListener>>,
+    pub run_as: Option<RunAs>,
+}
+
+impl ProcessSpec {
+    pub fn new(
+        name: impl Into<String>,
+        unit: UnitName,
+        program: impl Into<PathBuf>,
+        args: Vec<String>,
+        log: PathBuf,
+        record: PathBuf,
+    ) -> ProcessSpec {
+        ProcessSpec {
+            name: name.into(),
+            unit,
+            program: program.into(),
+            args,
+            env: Vec::new(),
+            log,
+            record,
+            stop_signal: Signal::SIGTERM,
+            restart: Restart::Never,
+            notify: false,
+            stdin: None,
+            run_as: None,
+        }
+    }
+
+    /// The directory the process works in: its log's.
+    fn work_dir(&self) -> &Path {
+        self.log
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+    }
 }
 
 /// One started process, as recorded on disk.
@@ -63,6 +163,15 @@ pub struct ProcessRecord {
     pub args: Vec<String>,
     /// RFC 3339, UTC.
     pub started_at: String,
+    /// The systemd unit it is the main process of; None for a detached process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    /// The log file of a detached process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<PathBuf>,
+    /// When not SIGTERM: the signal that asks it to stop (`SIGINT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
 }
 
 impl ProcessRecord {
@@ -75,6 +184,31 @@ impl ProcessRecord {
             source,
         })
     }
+
+    /// The unit it runs in, if it is one of kcpshard's units.
+    pub fn unit(&self) -> Option<UnitName> {
+        self.unit.as_deref().and_then(UnitName::parse)
+    }
+
+    fn stop_signal(&self) -> Signal {
+        self.stop_signal
+            .as_deref()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(Signal::SIGTERM)
+    }
+
+    fn for_spec(spec: &ProcessSpec, pid: u32, start_time: u64, unit: Option<&UnitName>) -> ProcessRecord {
+        ProcessRecord {
+            pid,
+            start_time,
+            program: spec.program.clone(),
+            args: spec.args.clone(),
+            started_at: now_rfc3339(),
+            unit: unit.map(|u| u.to_string()),
+            log: unit.is_none().then(|| spec.log.clone()),
+            stop_signal: (spec.stop_signal != Signal::SIGTERM).then(|| spec.stop_signal.as_str().to_string()),
+        }
+    }
 }
 
 /// How a process ended under [`Runtime::terminate`].
@@ -82,7 +216,7 @@ impl ProcessRecord {
 pub struct Termination {
     /// From the first signal (or the call, when it had already exited) to its exit.
     pub exited_after: Duration,
-    /// SIGTERM was not enough within the grace period; SIGKILL was sent.
+    /// The stop signal was not enough within the grace period; SIGKILL was sent.
     pub killed: bool,
 }
 
@@ -116,122 +250,126 @@ pub enum ProcessError {
     },
     #[error("pid {pid} still runs {waited:?} after SIGKILL")]
     Unkillable { pid: u32, waited: Duration },
+    #[error(
+        "cannot reach the systemd manager through the bus at {socket}: {message}; for a user other than root, turn lingering on (`loginctl enable-linger USER`) and install dbus-user-session (docs/operations.md, Install as a service), or pass --runtime process"
+    )]
+    Manager { socket: PathBuf, message: String },
+    #[error("systemd refused {what} of {unit}: {message}")]
+    Unit {
+        what: &'static str,
+        unit: String,
+        message: String,
+    },
+    #[error("{unit} did not start: {message}{}", if log.is_empty() { String::new() } else { format!("; it printed:\n{}", log.join("\n")) })]
+    UnitFailed {
+        unit: String,
+        message: String,
+        log: Vec<String>,
+    },
 }
 
-struct Started {
-    start_time: u64,
-    child: Child,
-}
-
-#[derive(Default)]
-struct Children {
-    running: HashMap<u32, Started>,
-    /// Exit statuses of reaped children, by (pid, start time).
-    exited: HashMap<(u32, u64), ExitStatus>,
-}
-
-/// Starts, observes and stops detached processes. Cheap to clone; clones share the children.
-#[derive(Clone, Default)]
+/// Starts, observes and stops kcpshard's processes. Cheap to clone; clones share their state.
+#[derive(Clone)]
 pub struct Runtime {
-    children: Arc<Mutex<Children>>,
+    detached: detached::Detached,
+    /// Set when new processes start as units.
+    systemd: Option<systemd::Systemd>,
+}
+
+impl Default for Runtime {
+    fn default() -> Runtime {
+        Runtime::new()
+    }
 }
 
 /// How long [`Runtime::terminate`] waits for the kernel after SIGKILL.
 const AFTER_SIGKILL: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(20);
+/// How long `serve` waits for the systemd manager to answer at its start.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Runtime {
+    /// The detached runtime.
     pub fn new() -> Runtime {
-        Runtime::default()
+        Runtime {
+            detached: detached::Detached::default(),
+            systemd: None,
+        }
     }
 
-    /// Starts `spec` in its own session with stdin from /dev/null and stdout and stderr appended to
-    /// `spec.log`, then writes its record to `spec.record`. If the record cannot be written, the
-    /// process is killed and the error returned.
-    pub fn start(&self, spec: &ProcessSpec) -> Result<ProcessRecord, ProcessError> {
-        self.reap();
-        let log_err = |source| ProcessError::Log {
-            name: spec.name.clone(),
-            path: spec.log.clone(),
-            source,
-        };
-        let log_dir = spec
-            .log
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        fsutil::create_private_dir(log_dir).map_err(log_err)?;
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(&spec.log)
-            .map_err(log_err)?;
-        let _ = writeln!(
-            log,
-            "--- kcpshard: starting {} at {}: {} {}",
-            spec.name,
-            now_rfc3339(),
-            spec.program.display(),
-            spec.args.join(" ")
-        );
-
-        let mut cmd = Command::new(&spec.program);
-        cmd.args(&spec.args)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(log_dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(log_err)?)
-            .stderr(log);
-        // SAFETY: setsid(2) and close_range(2) are async-signal-safe and touch no memory of the
-        // parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                // What serve inherited from its parent (a lock file held for its whole run, a
-                // socket) must not stay open in a process that outlives serve: every descriptor
-                // above stderr closes at exec. Marked, not closed: spawn's own error pipe is needed
-                // until then. A kernel without close_range (before 5.11) keeps the old behaviour.
-                libc::close_range(3, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as libc::c_int);
-                Ok(())
-            });
+    /// The runtime of `kind`; systemd's connects to the manager that runs this user's units.
+    pub async fn of_kind(kind: RuntimeKind) -> Result<Runtime, ProcessError> {
+        let mut runtime = Runtime::new();
+        if kind == RuntimeKind::Systemd {
+            // At boot, a user's manager (and its bus) may come up a moment after serve.
+            let deadline = Instant::now() + CONNECT_TIMEOUT;
+            let systemd = loop {
+                match systemd::Systemd::connect().await {
+                    Ok(systemd) => break systemd,
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::info!(error = %e, "waiting for the systemd manager");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            runtime.systemd = Some(systemd);
         }
-        let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
-            name: spec.name.clone(),
-            program: spec.program.clone(),
-            source,
-        })?;
-        let pid = child.id();
-        // Unreaped, the child's /proc entry exists even if it already exited.
-        let Some(stat) = procfs::stat(pid) else {
-            return Err(ProcessError::Vanished {
-                name: spec.name.clone(),
-                pid,
-            });
+        Ok(runtime)
+    }
+
+    pub fn kind(&self) -> RuntimeKind {
+        match self.systemd {
+            Some(_) => RuntimeKind::Systemd,
+            None => RuntimeKind::Process,
+        }
+    }
+
+    /// Starts `spec` and writes its record to `spec.record`. If the record cannot be written, the
+    /// process is stopped and the error returned.
+    pub async fn start(&self, spec: &ProcessSpec) -> Result<ProcessRecord, ProcessError> {
+        let record = match &self.systemd {
+            Some(systemd) => systemd.start(spec).await?,
+            None => self.detached.start(spec)?,
         };
-        let record = ProcessRecord {
-            pid,
-            start_time: stat.start_time,
-            program: spec.program.clone(),
-            args: spec.args.clone(),
-            started_at: now_rfc3339(),
-        };
-        self.lock().running.insert(
-            pid,
-            Started {
-                start_time: stat.start_time,
-                child,
-            },
-        );
         if let Err(e) = record.save(&spec.record) {
             // Not recorded means not findable after a restart except by argv: do not leave it.
-            let _ = kill(Pid::from_raw(-(pid as i32)), Signal::SIGKILL);
-            if let Some(mut started) = self.lock().running.remove(&pid) {
-                let _ = started.child.wait();
+            match &self.systemd {
+                Some(systemd) => systemd.stop_now(&spec.unit).await,
+                None => self.detached.kill_started(record.pid),
             }
             return Err(e);
         }
-        tracing::info!(name = %spec.name, pid, program = %spec.program.display(), "started process");
+        tracing::info!(name = %spec.name, pid = record.pid, unit = ?record.unit, program = %spec.program.display(), "started process");
+        Ok(record)
+    }
+
+    /// Starts `spec` beside the running `main`, to take over from it: a front's successor, which
+    /// receives `main`'s listening socket. Under systemd it joins `main`'s unit (and announces
+    /// itself as its main process once it has taken over), so that the unit's restart policy and
+    /// file-descriptor store carry over.
+    pub async fn start_successor(
+        &self,
+        main: &ProcessRecord,
+        spec: &ProcessSpec,
+    ) -> Result<ProcessRecord, ProcessError> {
+        let Some(unit) = main.unit() else {
+            return self.start(spec).await;
+        };
+        let systemd = self.manager_for(&unit).await?;
+        let mut joining = spec.clone();
+        joining.env.extend(systemd.join_env(&unit));
+        let mut record = self.detached.start(&joining)?;
+        if let Err(e) = systemd.attach(&unit, record.pid).await {
+            self.detached.kill_started(record.pid);
+            return Err(e);
+        }
+        record.unit = Some(unit.to_string());
+        if let Err(e) = record.save(&spec.record) {
+            self.detached.kill_started(record.pid);
+            return Err(e);
+        }
+        tracing::info!(name = %spec.name, pid = record.pid, %unit, "started a successor in the unit");
         Ok(record)
     }
 
@@ -250,88 +388,53 @@ impl Runtime {
             })
     }
 
-    /// The recorded process still runs: same pid, same start time, not a zombie.
+    /// The recorded process still runs: same pid, same start time, not a zombie. Asks the kernel
+    /// only, so it is cheap and never waits.
     pub fn is_running(&self, record: &ProcessRecord) -> bool {
-        self.reap();
+        self.detached.reap();
         match procfs::stat(record.pid) {
             Some(stat) => stat.start_time == record.start_time && !stat.is_dead(),
             None => false,
         }
     }
 
-    /// The exit status of a process this runtime started and reaped (for crash reports). None if it
-    /// runs, was not started by this runtime, or was reaped by someone else.
-    pub fn exit_status(&self, record: &ProcessRecord) -> Option<ExitStatus> {
-        self.reap();
-        self.lock().exited.get(&(record.pid, record.start_time)).copied()
-    }
-
-    /// Reaps every child of this runtime that has exited.
-    pub fn reap(&self) {
-        let mut children = self.lock();
-        let mut done = Vec::new();
-        for (pid, started) in children.running.iter_mut() {
-            match started.child.try_wait() {
-                Ok(Some(status)) => done.push((*pid, started.start_time, Some(status))),
-                Ok(None) => {}
-                // ECHILD: someone else reaped it; nothing left to wait for.
-                Err(_) => done.push((*pid, started.start_time, None)),
-            }
+    /// How the recorded process ended, where known: a detached child this runtime reaped, or a
+    /// unit's main process as its manager saw it end (a failed unit stays loaded until it is
+    /// started again). None while it runs, and when nobody kept the status.
+    pub async fn exit_status(&self, record: &ProcessRecord) -> Option<ExitStatus> {
+        if let Some(status) = self.detached.exit_status(record) {
+            return Some(status);
         }
-        for (pid, start_time, status) in done {
-            children.running.remove(&pid);
-            if let Some(status) = status {
-                tracing::info!(pid, code = ?status.code(), signal = ?status.signal(), "process exited");
-                children.exited.insert((pid, start_time), status);
-            }
-        }
+        let unit = record.unit()?;
+        let systemd = self.manager_for(&unit).await.ok()?;
+        systemd.exit_status(&unit, record.pid).await
     }
 
-    /// Reaps exited children every `every` in a background task, so that a slot that crashes
-    /// while nobody asks about it does not stay a zombie. Needs a tokio runtime; the task ends
-    /// when the handle is aborted.
-    pub fn spawn_reaper(&self, every: Duration) -> tokio::task::JoinHandle<()> {
-        let runtime = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                runtime.reap();
-            }
-        })
-    }
-
-    /// Sends `signal` to the recorded process (its group, when it leads one) and returns at once:
-    /// what follows is observed. Ok(false) when it does not run (any more).
-    pub fn send(&self, record: &ProcessRecord, signal: Signal) -> Result<bool, ProcessError> {
+    /// Sends `signal` to the recorded process (to its process group when it leads one, so helpers
+    /// it forked get it too) and returns at once. Nothing is sent when it no longer runs. A unit
+    /// whose main process a signal ends may be restarted by its manager (the front's is): stop it
+    /// with [`Runtime::terminate`] instead.
+    pub fn signal(&self, record: &ProcessRecord, signal: Signal) -> Result<(), ProcessError> {
         if !self.is_running(record) {
-            return Ok(false);
+            return Ok(());
         }
         let group = procfs::stat(record.pid).is_some_and(|s| s.pgrp == record.pid as i32);
-        self.signal(record, group, signal)?;
-        Ok(true)
+        let target = if group { -(record.pid as i32) } else { record.pid as i32 };
+        match kill(Pid::from_raw(target), signal) {
+            Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+            Err(source) => Err(ProcessError::Signal {
+                pid: record.pid,
+                signal,
+                source,
+            }),
+        }
     }
 
-    /// The last `lines` lines the process printed (its log since its start), for crash reports.
-    pub fn log_tail(log: &Path, lines: usize) -> Vec<String> {
-        let Ok(bytes) = std::fs::read(log) else {
-            return vec![];
-        };
-        let text = String::from_utf8_lossy(&bytes);
-        let since_start = text
-            .rfind("--- kcpshard: starting ")
-            .map_or(&text[..], |at| &text[at..]);
-        let all: Vec<&str> = since_start.lines().skip(1).filter(|l| !l.trim().is_empty()).collect();
-        all[all.len().saturating_sub(lines)..]
-            .iter()
-            .map(|l| l.to_string())
-            .collect()
-    }
-
-    /// Stops the recorded process: SIGTERM, up to `grace` for it to exit, then SIGKILL. Signals go to
-    /// the process group when the process leads one (it does when this runtime started it), so
-    /// helpers it forked go too. A process that is not running (any more) is success at once.
+    /// Stops the recorded process and waits for it: its stop signal (SIGTERM unless recorded
+    /// otherwise), up to `grace` for it to exit, then SIGKILL. The main process of a unit is
+    /// stopped through its manager, which neither restarts it nor keeps a failed unit listed. A
+    /// process that is not running (any more) is success at once. For callers that may wait (the
+    /// CLI, tests, a cleanup); a reconcile sends [`Runtime::signal`] and watches for the exit.
     pub async fn terminate(&self, record: &ProcessRecord, grace: Duration) -> Result<Termination, ProcessError> {
         let begun = Instant::now();
         if !self.is_running(record) {
@@ -340,18 +443,32 @@ impl Runtime {
                 killed: false,
             });
         }
+        let managed = match record.unit() {
+            Some(unit) => match self.manager_for(&unit).await {
+                Ok(systemd) if systemd.main_pid(&unit).await == Some(record.pid) => Some((systemd, unit)),
+                _ => None,
+            },
+            None => None,
+        };
+        match &managed {
+            Some((systemd, unit)) => systemd.stop(unit).await?,
+            None => self.signal(record, record.stop_signal())?,
+        }
         let group = procfs::stat(record.pid).is_some_and(|s| s.pgrp == record.pid as i32);
-        self.signal(record, group, Signal::SIGTERM)?;
         let deadline = begun + grace;
         let mut killed = false;
-        loop {
-            if !self.is_running(record) {
-                break;
-            }
+        while self.is_running(record) {
             let now = Instant::now();
             if !killed && now >= deadline {
-                tracing::warn!(pid = record.pid, ?grace, "process ignored SIGTERM; sending SIGKILL");
-                self.signal(record, group, Signal::SIGKILL)?;
+                tracing::warn!(
+                    pid = record.pid,
+                    ?grace,
+                    "process did not stop in time; sending SIGKILL"
+                );
+                match &managed {
+                    Some((systemd, unit)) => systemd.kill(unit, Signal::SIGKILL).await?,
+                    None => self.signal(record, Signal::SIGKILL)?,
+                }
                 killed = true;
             } else if killed && now >= deadline + AFTER_SIGKILL {
                 return Err(ProcessError::Unkillable {
@@ -362,26 +479,61 @@ impl Runtime {
             tokio::time::sleep(POLL).await;
         }
         let exited_after = begun.elapsed();
-        if group {
+        if group && managed.is_none() {
             // Members of the group that outlived their leader. The group id cannot have been
             // reused: Linux does not hand out a pid while a group still uses it.
             let _ = kill(Pid::from_raw(-(record.pid as i32)), Signal::SIGKILL);
         }
+        if let Some((systemd, unit)) = &managed {
+            systemd.forget(unit).await;
+        }
         Ok(Termination { exited_after, killed })
     }
 
-    fn signal(&self, record: &ProcessRecord, group: bool, signal: Signal) -> Result<(), ProcessError> {
-        if !self.is_running(record) {
-            return Ok(());
+    /// Under systemd, whether unit `unit` runs or is about to (a unit that restarts its process
+    /// is `activating` between a crash and the restart). Always false for the detached runtime.
+    pub async fn unit_active(&self, unit: &UnitName) -> bool {
+        match &self.systemd {
+            Some(systemd) => systemd.is_active(unit).await,
+            None => false,
         }
-        let target = if group { -(record.pid as i32) } else { record.pid as i32 };
-        match kill(Pid::from_raw(target), signal) {
-            Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
-            Err(source) => Err(ProcessError::Signal {
-                pid: record.pid,
-                signal,
-                source,
-            }),
+    }
+
+    /// Under systemd, stops unit `unit` if it is loaded, and drops its failed state: a unit
+    /// that restarts its process has none between a crash and the restart, and would come back.
+    /// Nothing for the detached runtime.
+    pub async fn stop_unit(&self, unit: &UnitName) {
+        if let Some(systemd) = &self.systemd {
+            systemd.stop_if_loaded(unit).await;
+        }
+    }
+
+    /// The last `lines` lines the recorded process printed (its log file, or its unit's journal),
+    /// oldest first; empty when there is nothing to read.
+    pub async fn log_tail(&self, record: &ProcessRecord, lines: usize) -> Vec<String> {
+        match (record.unit(), &record.log) {
+            (Some(unit), _) => systemd::journal_tail(&unit, lines).await,
+            (None, Some(log)) => detached::file_tail(log, lines),
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// What the recorded process has printed since it started (its log file from the runtime's
+    /// start line on, or its unit's journal for its pid).
+    pub async fn log_since_start(&self, record: &ProcessRecord) -> String {
+        match (record.unit(), &record.log) {
+            (Some(unit), _) => systemd::journal_of(&unit, record.pid).await,
+            (None, Some(log)) => detached::file_since_start(log),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// Where the recorded process's output is: a file, or the journal command that shows it.
+    pub fn log_location(record: &ProcessRecord) -> String {
+        match (record.unit(), &record.log) {
+            (Some(unit), _) => systemd::journal_command(&unit),
+            (None, Some(log)) => log.display().to_string(),
+            (None, None) => "its log".to_string(),
         }
     }
 
@@ -400,9 +552,10 @@ impl Runtime {
         found
     }
 
-    /// A record for a running process found by other means ([`Runtime::find_by_argument`]), so that
-    /// it can be adopted or stopped. `program` is argv\[0\]; `started_at` is computed from the boot
-    /// time and the start ticks.
+    /// A record for a running process found by other means ([`Runtime::find_by_argument`], a
+    /// front's own answer), so that it can be adopted or stopped. `program` is argv\[0\];
+    /// `started_at` is computed from the boot time and the start ticks; the unit is the one whose
+    /// cgroup holds it, if it is one of kcpshard's.
     pub fn observe(pid: u32) -> Option<ProcessRecord> {
         let stat = procfs::stat(pid).filter(|s| !s.is_dead())?;
         let mut argv = procfs::cmdline(pid)?;
@@ -426,11 +579,33 @@ impl Runtime {
             program,
             args: argv,
             started_at,
+            unit: procfs::unit(pid).map(|u| u.to_string()),
+            log: None,
+            stop_signal: None,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Children> {
-        self.children.lock().unwrap_or_else(|e| e.into_inner())
+    /// The manager of `unit`'s: the one new processes start under, or (a state dir whose processes
+    /// a `serve` of the other runtime started) this user's.
+    async fn manager_for(&self, unit: &UnitName) -> Result<systemd::Systemd, ProcessError> {
+        match &self.systemd {
+            Some(systemd) => Ok(systemd.clone()),
+            None => {
+                tracing::debug!(%unit, "connecting to systemd for a unit started by an earlier serve");
+                systemd::Systemd::connect().await
+            }
+        }
+    }
+}
+
+/// A wait status (`waitpid(2)`) from what systemd reports for a main process: `code` is CLD_EXITED
+/// (1), CLD_KILLED (2) or CLD_DUMPED (3), `status` the exit code or signal.
+fn wait_status(code: i32, status: i32) -> Option<ExitStatus> {
+    match code {
+        1 => Some(ExitStatus::from_raw((status & 0xff) << 8)),
+        2 => Some(ExitStatus::from_raw(status & 0x7f)),
+        3 => Some(ExitStatus::from_raw((status & 0x7f) | 0x80)),
+        _ => None,
     }
 }
 
@@ -445,6 +620,11 @@ fn now_rfc3339() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
+/// A duplicate of `listener` for a child's stdin.
+fn dup_listener(listener: &TcpListener) -> std::io::Result<OwnedFd> {
+    Ok(listener.try_clone()?.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,11 +637,33 @@ mod tests {
             program: "/bin/kcp".into(),
             args: vec!["start".into()],
             started_at: "2026-11-29T17:00:00.000Z".into(),
+            unit: Some("kcpshard-dev-slot-a.service".into()),
+            log: None,
+            stop_signal: Some("SIGINT".into()),
         };
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["startTime"], 42);
         assert_eq!(json["startedAt"], "2026-11-29T17:00:00.000Z");
+        assert_eq!(json["unit"], "kcpshard-dev-slot-a.service");
         assert_eq!(serde_json::from_value::<ProcessRecord>(json).unwrap(), r);
+        assert_eq!(r.stop_signal(), Signal::SIGINT);
+        assert_eq!(r.unit(), Some(UnitName::slot("dev", "a")));
+    }
+
+    #[test]
+    fn a_record_of_an_earlier_release_reads_as_a_detached_process_stopped_by_sigterm() {
+        let old = r#"{"pid":7,"startTime":42,"program":"/bin/kine","args":[],"startedAt":"2026-11-29T17:00:00.000Z"}"#;
+        let r: ProcessRecord = serde_json::from_str(old).unwrap();
+        assert_eq!((r.unit(), r.stop_signal()), (None, Signal::SIGTERM));
+    }
+
+    #[test]
+    fn systemd_exit_codes_become_wait_statuses() {
+        assert_eq!(wait_status(1, 3).and_then(|s| s.code()), Some(3));
+        assert_eq!(wait_status(2, 9).and_then(|s| s.signal()), Some(9));
+        assert_eq!(wait_status(3, 6).and_then(|s| s.signal()), Some(6));
+        assert!(wait_status(3, 6).is_some_and(|s| s.core_dumped()));
+        assert_eq!(wait_status(0, 0), None);
     }
 
     #[test]
@@ -469,37 +671,6 @@ mod tests {
         let port = free_port().unwrap();
         assert!(port > 0);
         TcpListener::bind(("127.0.0.1", port)).unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_started_process_does_not_inherit_descriptors_of_serve() {
-        use std::os::fd::AsRawFd;
-        let dir = tempfile::tempdir().unwrap();
-        // As `flock FILE kcpshard serve` hands serve its lock: open, and inherited across exec.
-        let held = std::fs::File::create(dir.path().join("held.lock")).unwrap();
-        // SAFETY: fcntl(2) on a descriptor this test owns.
-        unsafe { libc::fcntl(held.as_raw_fd(), libc::F_SETFD, 0) };
-        let runtime = Runtime::new();
-        let record = runtime
-            .start(&ProcessSpec {
-                name: "sleeper".into(),
-                program: "sleep".into(),
-                args: vec!["30".into()],
-                env: vec![],
-                log: dir.path().join("sleep.log"),
-                record: dir.path().join("sleep.json"),
-            })
-            .unwrap();
-        let open: Vec<String> = std::fs::read_dir(format!("/proc/{}/fd", record.pid))
-            .unwrap()
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .map(|p| p.display().to_string())
-            .collect();
-        runtime.terminate(&record, Duration::from_secs(5)).await.unwrap();
-        assert!(
-            !open.iter().any(|p| p.ends_with("held.lock")),
-            "the detached process holds serve's lock file: {open:?}"
-        );
     }
 
     #[test]

@@ -63,6 +63,23 @@ pub fn exe(pid: u32) -> Option<PathBuf> {
     fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
 
+/// The kcpshard unit whose cgroup holds the process (`/proc/<pid>/cgroup`: the unified hierarchy's
+/// `0::/...`, or systemd's own `N:name=systemd:/...` on a hybrid host), if any.
+pub fn unit(pid: u32) -> Option<super::UnitName> {
+    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    unit_in_cgroup(&text)
+}
+
+fn unit_in_cgroup(text: &str) -> Option<super::UnitName> {
+    text.lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (controllers, path) = rest.split_once(':')?;
+            (controllers.is_empty() || controllers == "name=systemd").then_some(path)
+        })
+        .find_map(|path| path.rsplit('/').find_map(super::UnitName::parse))
+}
+
 /// Every pid in `/proc`.
 pub fn pids() -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
@@ -178,6 +195,19 @@ mod tests {
         assert_eq!(s.session, 4242);
         assert_eq!(s.start_time, 987654);
         assert!(!s.is_dead());
+    }
+
+    #[test]
+    fn the_unit_is_read_from_the_cgroup_path() {
+        let user = "0::/user.slice/user-999.slice/user@999.service/app.slice/kcpshard-dev-front.service\n";
+        assert_eq!(unit_in_cgroup(user), Some(crate::process::UnitName::front("dev")));
+        assert_eq!(unit_in_cgroup("0::/system.slice/kcpshard.service\n"), None);
+        let hybrid = "9:name=systemd:/user.slice/user-9.slice/user@9.service/app.slice/kcpshard-dev-kine.service\n8:pids:/\n0::/..\n";
+        assert_eq!(
+            unit_in_cgroup(hybrid),
+            Some(crate::process::UnitName::shard_kine("dev"))
+        );
+        assert_eq!(unit_in_cgroup("0::/\n"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::process::{ProcessRecord, ProcessSpec, Runtime, Termination, free_port};
+use crate::process::{ProcessRecord, ProcessSpec, Runtime, Termination, UnitName, free_port};
 
 use super::StoreError;
 
@@ -99,12 +99,15 @@ pub struct KineSpec {
     /// Serve kine's Prometheus metrics on a port of its own.
     pub metrics: bool,
     pub ready_timeout: Duration,
+    /// Its unit under systemd.
+    pub unit: UnitName,
 }
 
 impl std::fmt::Debug for KineSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KineSpec")
             .field("endpoint", &self.endpoint)
+            .field("unit", &self.unit)
             .field("dir", &self.dir)
             .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
             .finish_non_exhaustive()
@@ -112,8 +115,8 @@ impl std::fmt::Debug for KineSpec {
 }
 
 impl KineSpec {
-    /// The shard-wide kine over `<dir>/state.db`.
-    pub fn sqlite(binary: &Path, dir: &Path) -> Result<KineSpec, StoreError> {
+    /// The kine of shard `shard` over `<dir>/state.db`.
+    pub fn sqlite(binary: &Path, dir: &Path, shard: &str) -> Result<KineSpec, StoreError> {
         let dir = absolute_private_dir(dir)?;
         if dir.to_string_lossy().contains(['?', '#']) {
             return Err(StoreError::Invalid(format!(
@@ -128,6 +131,7 @@ impl KineSpec {
             env: Vec::new(),
             metrics: false,
             ready_timeout: READY_TIMEOUT,
+            unit: UnitName::shard_kine(shard),
         })
     }
 
@@ -140,18 +144,25 @@ impl KineSpec {
     }
 }
 
-/// Makes sure the kine of the sqlite store in `dir` runs and accepts, adopting a running one.
-pub async fn ensure_kine_sqlite(runtime: &Runtime, kine_binary: &Path, dir: &Path) -> Result<Kine, StoreError> {
-    ensure_kine(runtime, &KineSpec::sqlite(kine_binary, dir)?).await
+/// Makes sure the kine of shard `shard`'s sqlite store in `dir` runs and accepts, adopting a
+/// running one.
+pub async fn ensure_kine_sqlite(
+    runtime: &Runtime,
+    kine_binary: &Path,
+    dir: &Path,
+    shard: &str,
+) -> Result<Kine, StoreError> {
+    ensure_kine(runtime, &KineSpec::sqlite(kine_binary, dir, shard)?).await
 }
 
-/// Stops the kine of the sqlite store in `dir`; see [`stop_kine`].
+/// Stops the kine of shard `shard`'s sqlite store in `dir`; see [`stop_kine`].
 pub async fn stop_kine_sqlite(
     runtime: &Runtime,
     dir: &Path,
+    shard: &str,
     grace: Duration,
 ) -> Result<Option<Termination>, StoreError> {
-    stop_kine(runtime, &KineSpec::sqlite(Path::new("kine"), dir)?, grace).await
+    stop_kine(runtime, &KineSpec::sqlite(Path::new("kine"), dir, shard)?, grace).await
 }
 
 /// The recorded kine when it runs and accepts; nothing is started.
@@ -219,15 +230,16 @@ pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, Sto
         } else {
             None
         };
-        let process = ProcessSpec {
-            name: "kine".to_string(),
-            program: spec.binary.clone(),
-            args: kine_args(&spec.endpoint, port, metrics_port),
-            env: spec.env.clone(),
-            log: spec.log_path(),
-            record: record_path.clone(),
-        };
-        let rec = runtime.start(&process)?;
+        let mut process = ProcessSpec::new(
+            "kine",
+            spec.unit.clone(),
+            &spec.binary,
+            kine_args(&spec.endpoint, port, metrics_port),
+            spec.log_path(),
+            record_path.clone(),
+        );
+        process.env = spec.env.clone();
+        let rec = runtime.start(&process).await?;
         let started = Instant::now();
         if wait_accepting(runtime, &rec, port, spec.ready_timeout).await {
             tracing::info!(pid = rec.pid, port, ready_in = ?started.elapsed(), "kine accepts");
@@ -235,19 +247,21 @@ pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, Sto
         }
         let running = runtime.is_running(&rec);
         runtime.terminate(&rec, STOP_GRACE).await?;
+        let log = Runtime::log_location(&rec);
+        let log_tail = runtime.log_tail(&rec, LOG_TAIL_LINES).await.join("\n");
         let error = if running {
             StoreError::NotReady {
                 waited: spec.ready_timeout,
-                log: process.log.clone(),
-                log_tail: log_tail(&process.log),
+                log,
+                log_tail,
             }
         } else {
             // The port was taken between our probe and kine's bind, or two kines raced to create
             // the schema on a fresh PostgreSQL database (docs/background.md section 7): try again.
             StoreError::Exited {
-                status: runtime.exit_status(&rec).map(|s| s.to_string()),
-                log: process.log.clone(),
-                log_tail: log_tail(&process.log),
+                status: runtime.exit_status(&rec).await.map(|s| s.to_string()),
+                log,
+                log_tail,
             }
         };
         tracing::warn!(error = %error, "kine did not come up");
@@ -327,13 +341,8 @@ fn absolute_private_dir(dir: &Path) -> Result<PathBuf, StoreError> {
     std::path::absolute(dir).map_err(io)
 }
 
-/// The last lines of a log, for error messages.
-pub fn log_tail(path: &Path) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let text = String::from_utf8_lossy(&text[text.len().saturating_sub(4096)..]).into_owned();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
-}
+/// How many lines of a kine's output an error quotes.
+const LOG_TAIL_LINES: usize = 15;
 
 #[cfg(test)]
 mod tests {
@@ -342,6 +351,8 @@ mod tests {
     #[test]
     fn the_endpoint_names_the_database_and_kine_defaults() {
         let e = sqlite_endpoint(Path::new("/state/shards/dev/store"));
+        let spec = KineSpec::sqlite(Path::new("kine"), &std::env::temp_dir(), "dev").unwrap();
+        assert_eq!(spec.unit, UnitName::shard_kine("dev"));
         assert_eq!(
             e,
             "sqlite:///state/shards/dev/store/state.db?_journal_mode=WAL&_busy_timeout=30000&_synchronous=NORMAL&_txlock=immediate&cache=shared"

@@ -1,25 +1,33 @@
 //! Managed PostgreSQL (spec.store.kinePostgres.managed: true): a PostgreSQL of the
 //! shard's own, for hosts that run no PostgreSQL. kcpshard creates a cluster with `initdb` under the
-//! shard's store directory and runs it with `pg_ctl`, listening on spec host:port only.
+//! shard's store directory and runs `postgres` itself through the process runtime (under systemd,
+//! as the main process of `kcpshard-<shard>-postgres.service`), listening on spec host:port only.
 //!
-//! Layout of `<store>/postgres/` : `data/` (the cluster), `postgres.log`, `socket/` (the unix
-//! socket; never /var/run/postgresql, which another cluster owns).
+//! Layout of `<store>/postgres/` : `data/` (the cluster), `postgres.json` (its process record),
+//! `postgres.log` (detached runtime), `socket/` (the unix socket; never /var/run/postgresql,
+//! which another cluster owns).
 //!
 //! PostgreSQL refuses to run as root. When kcpshard runs as root, the cluster belongs to the
-//! `postgres` system user (Debian's package creates it) and initdb/pg_ctl run as that user; the
-//! directories above the cluster get search permission for others (never read), so that user can
-//! reach it. Key material stays in its own 0700 directories.
+//! `postgres` system user (Debian's package creates it) and initdb and postgres run as that user;
+//! the directories above the cluster get search permission for others (never read), so that user
+//! can reach it. Key material stays in its own 0700 directories.
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
 
 use super::StoreError;
 use super::postgres::PostgresServer;
+use crate::process::{ProcessRecord, ProcessSpec, RunAs, Runtime, UnitName};
 
-/// How long `pg_ctl start` may wait for the server to accept connections.
+/// How long a starting postmaster may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a fast shutdown may take before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+pub const RECORD_FILE: &str = "postgres.json";
 
 /// A PostgreSQL cluster kcpshard runs for one shard.
 #[derive(Debug, Clone)]
@@ -29,6 +37,8 @@ pub struct ManagedPostgres {
     /// The directory the state dir starts at: the directories from here down to `dir` must be
     /// searchable by the cluster's owner.
     pub state_dir: PathBuf,
+    /// The shard it serves (names its unit).
+    pub shard: String,
 }
 
 impl ManagedPostgres {
@@ -40,27 +50,87 @@ impl ManagedPostgres {
         self.dir.join("postgres.log")
     }
 
+    fn record(&self) -> PathBuf {
+        self.dir.join(RECORD_FILE)
+    }
+
     /// The postmaster's pid, from the first line of `data/postmaster.pid` (written at its start,
     /// removed at a clean stop). It may name a process that died since: callers check.
     pub fn postmaster_pid(&self) -> Option<u32> {
+        self.postmaster_line(0)?.parse().ok()
+    }
+
+    /// Line `n` of `data/postmaster.pid`; line 7 is the status, `ready` once it accepts
+    /// connections (what `pg_ctl start -w` waits for).
+    fn postmaster_line(&self, n: usize) -> Option<String> {
         let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
-        text.lines().next()?.trim().parse().ok()
+        Some(text.lines().nth(n)?.trim().to_string())
     }
 
     fn socket_dir(&self) -> PathBuf {
         self.dir.join("socket")
     }
 
-    /// Creates the cluster if it does not exist, and starts it if it does not run.
-    pub async fn ensure(&self, server: &PostgresServer) -> Result<(), StoreError> {
+    /// Creates the cluster if it does not exist, and starts it if it does not run; returns once it
+    /// accepts connections.
+    pub async fn ensure(&self, runtime: &Runtime, server: &PostgresServer) -> Result<(), StoreError> {
         let this = self.clone();
-        let server = server.clone();
-        tokio::task::spawn_blocking(move || this.ensure_blocking(&server))
+        let for_init = server.clone();
+        let owner = tokio::task::spawn_blocking(move || this.prepare(&for_init))
             .await
-            .map_err(|e| StoreError::Invalid(format!("managed PostgreSQL: {e}")))?
+            .map_err(|e| StoreError::Invalid(format!("managed PostgreSQL: {e}")))??;
+        let record = match self.running(runtime)? {
+            Some(record) => record,
+            None => {
+                let mut spec = ProcessSpec::new(
+                    "postgres",
+                    UnitName::postgres(&self.shard),
+                    binary("postgres")?,
+                    vec![
+                        "-D".into(),
+                        self.data().display().to_string(),
+                        "-c".into(),
+                        format!("listen_addresses={}", server.host),
+                        "-p".into(),
+                        server.port.to_string(),
+                        "-k".into(),
+                        self.socket_dir().display().to_string(),
+                    ],
+                    self.log(),
+                    self.record(),
+                );
+                // Fast shutdown: open sessions (every kine's) are ended; SIGTERM would wait for them.
+                spec.stop_signal = Signal::SIGINT;
+                spec.run_as = owner.run_as;
+                let record = runtime.start(&spec).await?;
+                tracing::info!(data = %self.data().display(), port = server.port, pid = record.pid, "started the managed PostgreSQL");
+                record
+            }
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let pid = self.postmaster_pid();
+            if pid == Some(record.pid) && self.postmaster_line(7).as_deref() == Some("ready") {
+                return Ok(());
+            }
+            if !runtime.is_running(&record) || Instant::now() >= deadline {
+                let tail = runtime.log_tail(&record, 15).await.join("\n");
+                let what = if runtime.is_running(&record) {
+                    format!("does not accept connections within {START_TIMEOUT:?}")
+                } else {
+                    "exited".to_string()
+                };
+                return Err(StoreError::Invalid(format!(
+                    "the managed PostgreSQL {what}; see {}:\n{tail}",
+                    Runtime::log_location(&record)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
-    fn ensure_blocking(&self, server: &PostgresServer) -> Result<(), StoreError> {
+    /// The cluster's directories, made the owner's, and the cluster itself when there is none.
+    fn prepare(&self, server: &PostgresServer) -> Result<Owner, StoreError> {
         let owner = Owner::current()?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
@@ -73,29 +143,33 @@ impl ManagedPostgres {
         if !self.data().join("PG_VERSION").is_file() {
             self.initdb(&owner, server)?;
         }
-        if self.running(&owner)? {
-            return Ok(());
+        Ok(owner)
+    }
+
+    /// The postmaster of this cluster, if it runs: the recorded one, or one an earlier release
+    /// started with pg_ctl (named by `postmaster.pid`, its argv naming this data directory), which
+    /// is recorded and adopted.
+    fn running(&self, runtime: &Runtime) -> Result<Option<ProcessRecord>, StoreError> {
+        if let Some(record) = Runtime::load(&self.record())?
+            && runtime.is_running(&record)
+        {
+            return Ok(Some(record));
         }
-        let options = format!(
-            "-c listen_addresses='{}' -p {} -k {}",
-            server.host,
-            server.port,
-            self.socket_dir().display()
-        );
-        let mut cmd = owner.command(&binary("pg_ctl")?);
-        cmd.arg("start")
-            .arg("-D")
-            .arg(self.data())
-            .arg("-l")
-            .arg(self.log())
-            .arg("-w")
-            .arg("-t")
-            .arg(START_TIMEOUT.as_secs().to_string())
-            .arg("-o")
-            .arg(options);
-        run(cmd, "pg_ctl start", &self.log())?;
-        tracing::info!(data = %self.data().display(), port = server.port, "started the managed PostgreSQL");
-        Ok(())
+        let data = self.data().display().to_string();
+        let Some(found) = self
+            .postmaster_pid()
+            .and_then(Runtime::observe)
+            .filter(|r| r.args.iter().any(|a| a == &data))
+        else {
+            return Ok(None);
+        };
+        tracing::info!(pid = found.pid, "adopting the running managed PostgreSQL");
+        let record = ProcessRecord {
+            stop_signal: Some(Signal::SIGINT.as_str().to_string()),
+            ..found
+        };
+        record.save(&self.record())?;
+        Ok(Some(record))
     }
 
     fn initdb(&self, owner: &Owner, server: &PostgresServer) -> Result<(), StoreError> {
@@ -139,46 +213,24 @@ impl ManagedPostgres {
         Ok(())
     }
 
-    fn running(&self, owner: &Owner) -> Result<bool, StoreError> {
-        let mut cmd = owner.command(&binary("pg_ctl")?);
-        cmd.arg("status").arg("-D").arg(self.data());
-        let out = cmd
-            .output()
-            .map_err(|e| StoreError::Invalid(format!("pg_ctl status: {e}")))?;
-        Ok(out.status.success())
-    }
-
     /// Stops the cluster (fast shutdown: open sessions are ended); the data stays.
-    pub async fn stop(&self) -> Result<(), StoreError> {
-        if !self.data().join("postmaster.pid").exists() {
-            return Ok(());
+    pub async fn stop(&self, runtime: &Runtime) -> Result<(), StoreError> {
+        if let Some(record) = self.running(runtime)? {
+            runtime.terminate(&record, STOP_GRACE).await?;
         }
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let owner = Owner::current()?;
-            let mut cmd = owner.command(&binary("pg_ctl")?);
-            cmd.arg("stop")
-                .arg("-D")
-                .arg(this.data())
-                .arg("-m")
-                .arg("fast")
-                .arg("-w");
-            run(cmd, "pg_ctl stop", &this.log())
-        })
-        .await
-        .map_err(|e| StoreError::Invalid(format!("managed PostgreSQL: {e}")))?
+        Ok(())
     }
 }
 
 /// Who the cluster's processes run as: this process's user, or `postgres` when that is root.
 struct Owner {
-    ids: Option<(u32, u32)>,
+    run_as: Option<RunAs>,
 }
 
 impl Owner {
     fn current() -> Result<Owner, StoreError> {
         if !nix::unistd::geteuid().is_root() {
-            return Ok(Owner { ids: None });
+            return Ok(Owner { run_as: None });
         }
         let user = nix::unistd::User::from_name("postgres").ok().flatten().ok_or_else(|| {
             StoreError::Invalid(
@@ -186,13 +238,17 @@ impl Owner {
             )
         })?;
         Ok(Owner {
-            ids: Some((user.uid.as_raw(), user.gid.as_raw())),
+            run_as: Some(RunAs {
+                user: user.name,
+                uid: user.uid.as_raw(),
+                gid: user.gid.as_raw(),
+            }),
         })
     }
 
     fn command(&self, program: &Path) -> Command {
         let mut cmd = Command::new(program);
-        if let Some((uid, gid)) = self.ids {
+        if let Some(RunAs { uid, gid, .. }) = self.run_as {
             cmd.uid(uid).gid(gid).env_remove("HOME");
         }
         cmd
@@ -200,7 +256,7 @@ impl Owner {
 
     /// Makes `path` the owner's, and every directory from `top` down to it searchable by the owner.
     fn give(&self, path: &Path, top: &Path) -> Result<(), StoreError> {
-        let Some((uid, gid)) = self.ids else {
+        let Some(RunAs { uid, gid, .. }) = self.run_as else {
             return Ok(());
         };
         let io = |p: &Path, source| StoreError::Io {
@@ -228,7 +284,7 @@ impl Owner {
 }
 
 /// A PostgreSQL server program: on PATH, else in the newest /usr/lib/postgresql/<version>/bin
-/// (Debian does not put initdb and pg_ctl on PATH).
+/// (Debian does not put initdb and postgres on PATH).
 pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect::<Vec<_>>())

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::api::{StoreSpec, StoreType};
-use crate::process::{ProcessError, Runtime};
+use crate::process::{ProcessError, Runtime, UnitName};
 
 pub use etcd::{EtcdCluster, EtcdTls};
 pub use kine::{Kine, KineSpec, ensure_kine_sqlite, stop_kine_sqlite};
@@ -98,7 +98,7 @@ impl StoreBackend {
             |what: &str| StoreError::Invalid(format!("spec.store.type is {what} but its settings are missing"));
         match spec.type_ {
             StoreType::KineSqlite => Ok(StoreBackend::KineSqlite {
-                kine: KineSpec::sqlite(kine_binary, &paths.store_dir)?,
+                kine: KineSpec::sqlite(kine_binary, &paths.store_dir, shard)?,
             }),
             StoreType::KinePostgres => {
                 let settings = spec.kine_postgres.as_ref().ok_or_else(|| missing("KinePostgres"))?;
@@ -108,6 +108,7 @@ impl StoreBackend {
                     managed: settings.managed.then(|| ManagedPostgres {
                         dir: paths.store_dir.join("postgres"),
                         state_dir: paths.state_dir.clone(),
+                        shard: shard.to_string(),
                     }),
                     shard: shard.to_string(),
                 })
@@ -155,7 +156,7 @@ impl StoreBackend {
             )),
             StoreBackend::KinePostgres { server, managed, .. } => {
                 if let Some(managed) = managed {
-                    managed.ensure(server).await?;
+                    managed.ensure(runtime, server).await?;
                 }
                 let created = server.ensure_database().await?;
                 server.check().await?;
@@ -180,7 +181,12 @@ impl StoreBackend {
                 kine_binary,
                 shard,
                 ..
-            } => Some(server.slot_kine(kine_binary, slot_dir.to_path_buf(), &format!("kcpshard-{shard}-{slot}"))),
+            } => Some(server.slot_kine(
+                kine_binary,
+                slot_dir.to_path_buf(),
+                &format!("kcpshard-{shard}-{slot}"),
+                UnitName::slot_kine(shard, slot),
+            )),
             _ => None,
         }
     }
@@ -235,7 +241,7 @@ impl StoreBackend {
         match self {
             StoreBackend::KineSqlite { kine } => kine::stop_kine(runtime, kine, grace).await.map(|_| ()),
             StoreBackend::KinePostgres { managed, .. } => match managed {
-                Some(managed) => managed.stop().await,
+                Some(managed) => managed.stop(runtime).await,
                 None => Ok(()),
             },
             StoreBackend::Etcd(_) => Ok(()),
@@ -295,13 +301,14 @@ pub enum StoreError {
     #[error("kine runs but does not accept within {waited:?}; see {log}:\n{log_tail}")]
     NotReady {
         waited: Duration,
-        log: PathBuf,
+        /// Where its output is (a file, or the journal command).
+        log: String,
         log_tail: String,
     },
     #[error("kine exited during startup ({}); see {log}:\n{log_tail}", status.as_deref().unwrap_or("status unknown"))]
     Exited {
         status: Option<String>,
-        log: PathBuf,
+        log: String,
         log_tail: String,
     },
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::api::{KinePostgresStore, PasswordSource, SslMode};
+use crate::process::UnitName;
 
 use super::kine::{KineSpec, READY_TIMEOUT};
 use super::{StoreError, postgres_tls};
@@ -120,8 +121,9 @@ impl PostgresServer {
     }
 
     /// The kine of one slot: its own directory, listen and metrics ports, on the shared database.
-    pub fn slot_kine(&self, binary: &Path, dir: PathBuf, application: &str) -> KineSpec {
+    pub fn slot_kine(&self, binary: &Path, dir: PathBuf, application: &str, unit: UnitName) -> KineSpec {
         KineSpec {
+            unit,
             binary: binary.to_path_buf(),
             endpoint: self.kine_endpoint(application),
             dir,

@@ -13,6 +13,8 @@
 //! Use with `mod e2e;` from a tests/e2e_*.rs file.
 #![allow(dead_code)]
 
+pub mod machine;
+
 use std::collections::BTreeMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -529,7 +531,7 @@ pub fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-async fn api_client(kubeconfig: &Path) -> anyhow::Result<Client> {
+pub async fn api_client(kubeconfig: &Path) -> anyhow::Result<Client> {
     let config =
         Config::from_custom_kubeconfig(Kubeconfig::read_from(kubeconfig)?, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
@@ -970,6 +972,15 @@ pub struct PollStats {
 }
 
 impl PollStats {
+    /// Failures whose connection was refused (nothing accepted it), as opposed to ones cut or
+    /// answered with an error.
+    pub fn refused(&self) -> usize {
+        self.failures
+            .iter()
+            .filter(|(_, e)| e.to_lowercase().contains("connection refused"))
+            .count()
+    }
+
     /// Polls sent in `[from, to]` that succeeded.
     pub fn succeeded_between(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> usize {
         self.succeeded.iter().filter(|t| (from..=to).contains(*t)).count()

@@ -48,6 +48,30 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// A system program (on PATH or in /usr/sbin, /sbin), such as systemd-nspawn; panics with the
+/// install hint when it is missing, never skips.
+pub fn require_system(program: &str) -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join(program))
+        .find(|p| is_executable(p))
+        .unwrap_or_else(|| {
+            panic!(
+                "required program `{program}` is missing. Install it with `hack/install-deps.sh` \
+                 (hack/test.sh runs it first).{}",
+                if in_ci() {
+                    " (CI=true: a missing component is a failure, never a skip)"
+                } else {
+                    ""
+                }
+            )
+        })
+}
+
 /// Path of `bin/<component>`; panics with the install hint when it is missing. Tests that need a
 /// real component fail without it, whether `CI=true` or not: they never skip.
 pub fn require(component: &str) -> PathBuf {
