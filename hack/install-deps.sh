@@ -74,9 +74,12 @@ pgbin=$(pg_bindir) || die "PostgreSQL installed but no initdb/pg_ctl/postgres un
 for t in initdb pg_ctl postgres pg_dump pg_restore; do
   [ "$(readlink "$bin/$t" 2>/dev/null)" = "$pgbin/$t" ] || ln -sfn "$pgbin/$t" "$bin/$t"
 done
-psql_path=$(command -v psql)
+# The system's binaries, not bin/'s links to them (hack/test.sh puts bin/ first on PATH, and a
+# link to itself would loop).
+system_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$bin" | paste -sd: -)
+psql_path=$(PATH=$system_path command -v psql)
 [ "$(readlink "$bin/psql" 2>/dev/null)" = "$psql_path" ] || ln -sfn "$psql_path" "$bin/psql"
-caddy_path=$(command -v caddy)
+caddy_path=$(PATH=$system_path command -v caddy)
 [ "$(readlink "$bin/caddy" 2>/dev/null)" = "$caddy_path" ] || ln -sfn "$caddy_path" "$bin/caddy"
 
 # ---------------------------------------------------------------- Go
