@@ -140,9 +140,10 @@ async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs(
     let poller = Poller::start_every(poll, Duration::from_millis(20));
     signal(pid, libc::SIGKILL);
     let killed = Instant::now();
+    // Another process leads: the survivor, or the replacement (which may take the dead one's name).
     let other = env
         .until("dev", Duration::from_secs(10), "another slot to lead", |o| {
-            leader(o).filter(|(n, _)| *n != name).map(|(n, _)| n)
+            leader(o).filter(|(_, p)| *p != pid).map(|(n, _)| n)
         })
         .await;
     let took = killed.elapsed();

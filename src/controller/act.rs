@@ -45,7 +45,8 @@ impl Actor<'_> {
     pub async fn act(&self, step: &Step) -> Result<Notes, Error> {
         match step {
             Step::Idle | Step::Wait(_) => Ok(vec![]),
-            Step::Blocked { cause } => Ok(vec![Note::warning("RollBlocked", cause.message())]),
+            // Its RollBlocked event goes out once, with the first status that says it (mod.rs).
+            Step::Blocked { .. } => Ok(vec![]),
             Step::AdoptSlot { name } => self.adopt_slot(name),
             Step::EnsureStore => self.ensure_store().await,
             Step::KillStore => self.kill_store(),
@@ -352,9 +353,7 @@ impl Actor<'_> {
             slot_dirs.process(),
         );
         let process = self.ctx.runtime.start(&spec).await?;
-        self.update_roll(|roll| {
-            roll.new_slot_started_at.get_or_insert(Utc::now());
-        })?;
+        self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
         Ok(vec![Note::normal(
             "SlotStarting",
             format!(
@@ -385,13 +384,17 @@ impl Actor<'_> {
                 .is_some_and(|s| s.record.template == self.desired.template)
         });
         if joined_new {
-            self.update_roll(|roll| {
-                roll.new_slot_ready_at.get_or_insert(now);
-            })?;
+            self.update_roll(|roll| roll.new_slot_ready_at = Some(now))?;
         }
         // The first slot made the shard's key material; every later slot gets a copy before it starts.
+        let mut renewed = None;
         if let Some(first) = change.joined.first() {
             slot::material::capture_shared(&self.dirs.slot(first).root(), &self.dirs.shared())?;
+            renewed = super::credentials::renew_kubeconfig(
+                self.dirs,
+                &self.world.observed,
+                &self.desired.template.front_url,
+            )?;
         }
         let backends: Vec<Backend> = change
             .backends
@@ -406,21 +409,16 @@ impl Actor<'_> {
         let front = self.ctx.front(self.shard, self.dirs)?;
         front.serve(&backends).await.map_err(Error::Front)?;
         if joined_new {
-            self.update_roll(|roll| {
-                roll.front_switched_at.get_or_insert(Utc::now());
-            })?;
+            self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
         }
-        let mut notes: Notes = change
-            .joined
-            .iter()
-            .map(|name| {
-                let port = self.world.slot(name).map_or(0, |s| s.record.port);
-                Note::normal(
-                    "SlotReady",
-                    format!("slot {name} answers /readyz on its own port {port}"),
-                )
-            })
-            .collect();
+        let mut notes: Notes = renewed.into_iter().collect();
+        notes.extend(change.joined.iter().map(|name| {
+            let port = self.world.slot(name).map_or(0, |s| s.record.port);
+            Note::normal(
+                "SlotReady",
+                format!("slot {name} answers /readyz on its own port {port}"),
+            )
+        }));
         for (name, cause) in &change.left {
             if *cause == LeaveCause::Unresponsive {
                 let problem = self
@@ -592,7 +590,7 @@ impl Actor<'_> {
             self.update_roll(|roll| {
                 roll.old_slot_exited_at = Some(now);
                 if let Some(at) = stopped_listening {
-                    roll.old_slot_stopped_listening_at.get_or_insert(at);
+                    roll.old_slot_stopped_listening_at = Some(at);
                 }
             })?;
         }

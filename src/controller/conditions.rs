@@ -149,9 +149,18 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
     }
     let degraded = match failure {
         Some(message) => verdict("Degraded", true, "StepFailed", message),
-        None => degraded,
+        None => match observed.disk.as_ref() {
+            Some(low) if degraded == healthy() && low.level == crate::store::disk::Level::Low => {
+                verdict("Degraded", true, low.reason(), low.message.clone())
+            }
+            _ => degraded,
+        },
     };
-    let store = if observed.store_up {
+    let disk = observed.disk.as_ref();
+    let full = disk.filter(|d| d.level == crate::store::disk::Level::Full);
+    let store = if let Some(full) = full {
+        verdict("StoreReady", false, full.reason(), full.message.clone())
+    } else if observed.store_up {
         verdict(
             "StoreReady",
             true,

@@ -229,6 +229,19 @@ pub fn reconcile(
     })
 }
 
+/// Writes the kubeconfig through the front now if what it must hold changed: called when a slot
+/// first joins the front, so that the shard's first Ready already comes with the file (the shard's
+/// CA and shard-admin token exist from then on).
+pub fn renew_kubeconfig(dirs: &ShardDirs, observed: &Observed, front_url: &str) -> Result<Option<Note>, super::Error> {
+    let Some(record) = state::read_json::<IdentityRecord>(&dirs.identities())? else {
+        return Ok(None);
+    };
+    match for_kubeconfig(&record, observed) {
+        Some(identity) => Ok(write_kubeconfig(dirs, front_url, identity)?),
+        None => Ok(None),
+    }
+}
+
 /// Writes the `--token-auth-file` of a slot that is to accept the identities `ids`, from the
 /// shard's record.
 pub fn write_token_file(dirs: &ShardDirs, ids: &[String], path: &Path) -> Result<(), super::Error> {

@@ -46,14 +46,18 @@ pub struct Failure {
     /// The answer shows the process broken, not slow: a slot whose `/readyz` is ok and whose kcp
     /// answers 404 for its own APIs (`slot::serving`).
     pub broken: bool,
+    /// The process answered something (an HTTP status, or its store-free ping): not ready, but not
+    /// wedged either (a kcp whose store is away).
+    pub alive: bool,
 }
 
 impl Failure {
-    /// A failure that says nothing of brokenness (a timeout, a refused connection).
+    /// A failure that says nothing more (a timeout, a refused connection).
     pub fn slow(message: impl Into<String>) -> Failure {
         Failure {
             message: message.into(),
             broken: false,
+            alive: false,
         }
     }
 }
@@ -193,7 +197,9 @@ where
             tokio::time::sleep(SERVING_INTERVAL).await;
             continue;
         }
-        let outcome = match tokio::time::timeout(LOOK_TIMEOUT, look()).await {
+        // A look of a slot asks twice in a row (`/readyz`, then kcp's own API), each bounded by
+        // LOOK_TIMEOUT; this bounds the whole.
+        let outcome = match tokio::time::timeout(2 * LOOK_TIMEOUT, look()).await {
             Ok(outcome) => outcome,
             Err(_) => Err(Failure::slow(format!("no answer within {LOOK_TIMEOUT:?}"))),
         };
@@ -254,6 +260,7 @@ pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
                 failures: 0,
                 broken_looks: 0,
                 last_ok_at: Some(now),
+                last_alive_at: Some(now),
                 problem: None,
             }
         }
@@ -263,6 +270,9 @@ pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
                 health.failures += 1;
             }
             health.broken_looks = if failure.broken { health.broken_looks + 1 } else { 0 };
+            if failure.alive {
+                health.last_alive_at = Some(now);
+            }
             health.problem = Some(failure.message);
         }
     }
@@ -296,6 +306,7 @@ mod tests {
             Err(Failure {
                 message: "GET /clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces?limit=1: HTTP 404".into(),
                 broken: true,
+                alive: true,
             })
         };
         record(&mut h, broken(), t);
@@ -305,7 +316,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_process_that_stops_answering_wakes_the_controller_after_two_looks_of_a_second() {
+    async fn a_process_that_stops_answering_wakes_the_controller_after_two_looks_that_time_out() {
         let (wakes, mut woken) = ExitNotices::new();
         let checks = HealthChecks::new(Arc::new(wakes));
         let answers = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -342,8 +353,8 @@ mod tests {
             .expect("woken once unresponsive");
         let took = hung.elapsed();
         assert!(
-            took >= 2 * LOOK_TIMEOUT - Duration::from_millis(100)
-                && took < 2 * LOOK_TIMEOUT + SERVING_INTERVAL + Duration::from_millis(300),
+            took >= 4 * LOOK_TIMEOUT - Duration::from_millis(100)
+                && took < 4 * LOOK_TIMEOUT + SERVING_INTERVAL + Duration::from_millis(300),
             "{took:?}"
         );
         let seen = checks.seen(target, shard, None, false, look).await;

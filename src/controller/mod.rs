@@ -330,14 +330,24 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             .iter()
             .find(|c| c.type_ == "Degraded" && c.status == "True")
     });
-    let credential_notes = credentials.iter().flat_map(|c| c.notes.iter().cloned());
+    // A filesystem below its watermark is told once, when the shard's status first says so.
+    let disk_note = world.observed.disk.as_ref().and_then(|problem| {
+        let told = stored
+            .as_ref()
+            .is_some_and(|s| s.conditions.iter().any(|c| c.reason == problem.reason()));
+        (!told).then(|| {
+            tracing::warn!(shard = %name, reason = problem.reason(), "{}", problem.message);
+            Note::warning(problem.reason(), problem.message.clone())
+        })
+    });
+    let credential_notes = credentials
+        .iter()
+        .flat_map(|c| c.notes.iter().cloned())
+        .chain(disk_note);
     for note in credential_notes.chain(notes) {
-        // A blocked roll or a failing step is reported when it starts, not on every look.
-        let repeat = match (&next, note.reason) {
-            (Step::Blocked { cause }, "RollBlocked") => degraded.is_some_and(|c| c.reason == cause.reason()),
-            (_, "StepFailed") => degraded.is_some_and(|c| c.reason == "StepFailed" && c.message == note.message),
-            _ => false,
-        };
+        // A failing step is reported when it starts failing, not on every look.
+        let repeat = note.reason == "StepFailed"
+            && degraded.is_some_and(|c| c.reason == "StepFailed" && c.message == note.message);
         if !repeat {
             publish(ctx, shard, note).await;
         }
@@ -360,6 +370,13 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         ));
     }
     write_status(&api, &name, stored.as_ref(), &status).await?;
+    // A blocked roll is told once: with the first status that says Degraded for it.
+    if let Step::Blocked { cause } = &upcoming
+        && failure.is_none()
+        && degraded.is_none_or(|c| c.reason != cause.reason())
+    {
+        publish(ctx, shard, Note::warning("RollBlocked", cause.message())).await;
+    }
     let failing_for = degraded
         .filter(|c| c.reason == "StepFailed")
         .and_then(|c| {

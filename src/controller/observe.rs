@@ -242,7 +242,14 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 shard_ref.clone(),
                 None,
                 false,
-                move || async move { crate::store::kine_read::read_health(port).await.map_err(Failure::slow) },
+                // Whether kine answers: an error it answers with (its database away) is the store
+                // check's to report, and no reason to restart kine.
+                move || async move {
+                    crate::store::kine_read::read_health(port)
+                        .await
+                        .map(|_| ())
+                        .map_err(Failure::slow)
+                },
             )
             .await;
         if seen.health.unresponsive() {
@@ -309,6 +316,20 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     for pid in store_status.iter().flat_map(|seen| &seen.pids) {
         ctx.exits.watch(*pid, (shard_ref.clone(), Wake::Exit));
     }
+    // When the store's processes last started (a restart after an outage).
+    let store_started_at = kines
+        .iter()
+        .map(|(_, k)| k.record.started_at.clone())
+        .chain(
+            store_status
+                .iter()
+                .flat_map(|seen| &seen.pids)
+                .filter_map(|pid| Runtime::observe(*pid))
+                .map(|p| p.started_at),
+        )
+        .filter_map(|at| at.parse::<DateTime<Utc>>().ok())
+        .max();
+    let disk = disk_problem(ctx, shard, store.as_ref().ok());
 
     let observed = Observed {
         now: Utc::now(),
@@ -326,6 +347,8 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         unrecorded,
         lease: LeaseHolder::Unknown,
         probe_ready: false,
+        disk,
+        store_started_at,
         roll: state.roll.clone(),
         blocked: state.blocked.clone(),
     };
@@ -338,7 +361,11 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         unresponsive_kines,
         front_kubeconfig: dirs.front_kubeconfig(),
     };
-    observe_lease_and_probe(ctx, &mut world).await;
+    // With the store away nothing needs the Lease or the probe (the store comes first), and a kcp
+    // without its store may take its time to answer.
+    if world.observed.store_up {
+        observe_lease_and_probe(ctx, &mut world).await;
+    }
     Ok(world)
 }
 
@@ -367,6 +394,29 @@ pub async fn last_words(runtime: &Runtime, process: &ProcessRecord, ended: bool)
     match tail.iter().rev().find(is_error).or(tail.last()) {
         Some(line) => format!("{status}it printed {:?} (log: {log})", line.trim()),
         None => format!("{status}it printed nothing (log: {log})"),
+    }
+}
+
+/// The worst filesystem of the state dir and the store's data, if one is below its watermark; the
+/// free space of each goes to `/metrics`.
+fn disk_problem(
+    ctx: &Context,
+    shard: &crate::api::KcpShard,
+    store: Option<&crate::store::StoreBackend>,
+) -> Option<crate::store::disk::DiskProblem> {
+    use crate::store::disk;
+    let paths: Vec<&std::path::Path> = std::iter::once(ctx.state_dir.as_path())
+        .chain(store.and_then(|s| s.data_dir()))
+        .collect();
+    match disk::free_space(&paths) {
+        Ok(spaces) => {
+            ctx.metrics.store_disk_seen(&shard.name_any(), &spaces);
+            disk::verdict(&spaces, &disk::Watermark::default())
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell the free space of the state dir and the store");
+            None
+        }
     }
 }
 
@@ -400,12 +450,16 @@ async fn slot_health(
                 .get(&kubeconfig, port, Identity::ShardAdmin)
                 .await
                 .map_err(|e| Failure::slow(e.to_string()))?;
-            crate::slot::serves_kcp_apis(&client, LOOK_TIMEOUT)
-                .await
-                .map_err(|e| Failure {
-                    broken: e.kind() == crate::slot::NotServingKind::Broken,
-                    message: e.to_string(),
-                })
+            // The ping beside it: a look takes no longer than its readiness request.
+            let (serving, ping) = tokio::join!(
+                crate::slot::serves_kcp_apis(&client, LOOK_TIMEOUT),
+                access::answers_ping(&client, LOOK_TIMEOUT)
+            );
+            serving.map_err(|e| Failure {
+                broken: e.kind() == crate::slot::NotServingKind::Broken,
+                alive: ping || !matches!(e.answer, crate::slot::serving::Answer::None(_)),
+                message: e.to_string(),
+            })
         }
     };
     ctx.health

@@ -153,6 +153,15 @@ pub async fn readyz(client: &kube::Client) -> Result<bool, SlotError> {
     Ok(status == StatusCode::OK && String::from_utf8_lossy(&body).trim() == "ok")
 }
 
+/// Whether kcp answers `GET /livez/ping` (200) within `timeout`: that check touches no store, so a
+/// kcp whose store is away still answers it, and one that is wedged (stopped, deadlocked) does not.
+pub async fn answers_ping(client: &kube::Client, timeout: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, call(client, Method::GET, "/livez/ping", None)).await,
+        Ok(Ok((StatusCode::OK, _)))
+    )
+}
+
 /// Is the slot with root `root_dir` ready on its own `port`? Uses the shard-admin token of the
 /// root's `admin.kubeconfig` (the seeded copy works before the slot rewrites it: the token and CA
 /// are the shard's). Ok(false) while there is no kubeconfig yet or the slot does not answer;

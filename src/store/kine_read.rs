@@ -26,9 +26,10 @@ fn range_request() -> Bytes {
     Bytes::from(framed)
 }
 
-/// Reads `/registry/health` from the kine on `127.0.0.1:port`. Err says what failed. The caller
-/// bounds the time.
-pub async fn read_health(port: u16) -> Result<(), String> {
+/// Reads `/registry/health` from the kine on `127.0.0.1:port`: Ok(None) when the read succeeded,
+/// Ok(Some(why)) when kine answered with an error (its database is away: kine itself answers), Err
+/// when kine did not answer. The caller bounds the time.
+pub async fn read_health(port: u16) -> Result<Option<String>, String> {
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| format!("cannot connect: {e}"))?;
@@ -62,11 +63,11 @@ pub async fn read_health(port: u16) -> Result<(), String> {
                 .map(str::to_string)
         };
         match field("grpc-status").as_deref() {
-            Some("0") => Ok(()),
-            Some(code) => Err(format!(
+            Some("0") => Ok(None),
+            Some(code) => Ok(Some(format!(
                 "Range: gRPC status {code}: {}",
                 field("grpc-message").unwrap_or_default()
-            )),
+            ))),
             None => Err("Range: no gRPC status in the answer".into()),
         }
     }

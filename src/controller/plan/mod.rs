@@ -216,8 +216,8 @@ fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
     })
 }
 
-/// SIGKILL for a slot past drainTimeout after SIGTERM, or one that served and has not answered for
-/// livenessTimeout.
+/// SIGKILL for a slot past drainTimeout after SIGTERM, or one that served and has answered nothing
+/// for livenessTimeout (not even its store-free ping: wedged, not waiting for its store).
 fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
     let now = observed.now;
     observed.slots.iter().filter(|s| s.running).find_map(|s| {
@@ -231,8 +231,8 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
             None if s.health.ever_ready
                 && s.health.failures > 0
                 && s.health
-                    .last_ok_at
-                    .is_some_and(|ok| elapsed(now, ok) > desired.liveness_timeout) =>
+                    .last_alive_at
+                    .is_some_and(|at| elapsed(now, at) > desired.liveness_timeout) =>
             {
                 KillCause::Unresponsive {
                     seconds: desired.liveness_timeout.as_secs(),
@@ -397,10 +397,11 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
 /// outage or a missed readinessTimeout, then given up on.
 fn not_ready_yet(desired: &Desired, observed: &Observed, slot: &SlotObservation) -> Step {
     let roll = observed.roll.as_ref();
-    if roll
+    let outage_seen = roll
         .and_then(|r| r.store_down_at)
-        .is_some_and(|down| down >= slot.started_at)
-    {
+        .is_some_and(|down| down >= slot.started_at);
+    let store_restarted = observed.store_started_at.is_some_and(|up| up > slot.started_at);
+    if outage_seen || store_restarted {
         return Step::RestartSlot {
             name: slot.name.clone(),
             cause: RestartCause::StoreOutage,

@@ -122,6 +122,9 @@ pub struct Health {
     pub broken_looks: u32,
     /// When it last answered ok.
     pub last_ok_at: Option<DateTime<Utc>>,
+    /// When it last answered anything (a failing `/readyz`, or its store-free ping): a kcp whose
+    /// store is away answers, a wedged one does not.
+    pub last_alive_at: Option<DateTime<Utc>>,
     /// What the last failed look saw.
     pub problem: Option<String>,
 }
@@ -318,8 +321,9 @@ pub struct ProbeRecord {
 }
 
 /// The roll in progress, persisted so that a restarted controller carries on where it stopped.
-/// What cannot be observed (the probe's workspace, what served before) is recorded here; times are
-/// the first (or, for the old slots, the last) of their kind, for status.lastRoll.
+/// What cannot be observed (the probe's workspace, what served before) is recorded here; each time
+/// is the latest of its kind (the last new slot started, the last old slot that stopped listening),
+/// for status.lastRoll.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RollRecord {
@@ -330,7 +334,7 @@ pub struct RollRecord {
     pub started_at: DateTime<Utc>,
     pub new_slot_started_at: Option<DateTime<Utc>>,
     pub new_slot_ready_at: Option<DateTime<Utc>>,
-    /// When a new slot first joined the front.
+    /// When a new slot last joined the front.
     pub front_switched_at: Option<DateTime<Utc>>,
     /// When the last old slot stopped listening after SIGTERM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -391,6 +395,12 @@ pub struct Observed {
     pub lease: LeaseHolder,
     /// Whether the roll's probe workspace is Ready.
     pub probe_ready: bool,
+    /// A filesystem of the state dir or the store's data below its watermark.
+    pub disk: Option<crate::store::disk::DiskProblem>,
+    /// When the store's processes kcpshard runs last started (a kine, a managed PostgreSQL's
+    /// postmaster, a slot's own kine): one that started after a slot did went away during that
+    /// slot's start-up, even if no look landed in the outage.
+    pub store_started_at: Option<DateTime<Utc>>,
     pub roll: Option<RollRecord>,
     pub blocked: Option<Blocked>,
 }

@@ -91,6 +91,7 @@ impl Model {
                     failures: 0,
                     broken_looks: 0,
                     last_ok_at: Some(now),
+                    last_alive_at: Some(now),
                     problem: None,
                 };
             } else if s.running {

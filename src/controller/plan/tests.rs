@@ -49,6 +49,7 @@ pub(crate) fn slot(name: &str, version: &str, ready: bool) -> SlotObservation {
             failures: 0,
             broken_looks: 0,
             last_ok_at: ready.then(|| at(9)),
+            last_alive_at: ready.then(|| at(9)),
             problem: None,
         },
         listening: true,
@@ -77,6 +78,8 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         unrecorded: vec![],
         lease: LeaseHolder::Free,
         probe_ready: false,
+        disk: None,
+        store_started_at: None,
         roll: None,
         blocked: None,
     }
@@ -304,6 +307,7 @@ fn a_serving_slot_that_stops_answering_leaves_the_front_after_two_looks_and_rejo
         failures: 0,
         broken_looks: 0,
         last_ok_at: Some(at(10)),
+        last_alive_at: Some(at(10)),
         problem: None,
     };
     assert_eq!(plan(&d, &o), set_front(&["a", "b"], &["a"], &[]));
@@ -319,6 +323,7 @@ fn a_slot_that_does_not_answer_for_the_liveness_timeout_is_killed_even_when_it_i
         failures: 12,
         broken_looks: 0,
         last_ok_at: Some(at(2)),
+        last_alive_at: Some(at(2)),
         problem: Some("no answer within 1s".into()),
     };
     o.now = at(11);
@@ -638,4 +643,21 @@ fn deletion_stops_the_slots_their_stores_the_store_and_the_front_and_nothing_wai
     assert_eq!(plan(&d, &o), Step::StopFront);
     o.front = FrontObservation::Down;
     assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+#[test]
+fn a_slot_that_answers_but_is_not_ready_because_its_store_is_away_is_not_killed() {
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.slots[0].health = Health {
+        ever_ready: true,
+        ready: false,
+        failures: 30,
+        broken_looks: 0,
+        last_ok_at: Some(at(-60)),
+        last_alive_at: Some(at(10)),
+        problem: Some("GET /readyz: HTTP 500: [-]etcd failed".into()),
+    };
+    o.now = at(11);
+    assert_eq!(plan(&d, &o), Step::Idle, "it answers: it waits for its store");
 }
