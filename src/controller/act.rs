@@ -296,8 +296,14 @@ impl Actor<'_> {
         let port = free_port()?;
         let now = Utc::now();
         let mut state = self.dirs.load_state()?;
-        if state.roll.is_none() {
+        // One roll per template: the slots a superseded template started are stopped by this one.
+        if state
+            .roll
+            .as_ref()
+            .is_none_or(|r| r.template.as_ref() != Some(template))
+        {
             state.roll = Some(RollRecord {
+                template: Some(template.clone()),
                 from_version: self.world.serving_version(),
                 to_version: template.version.clone(),
                 started_at: now,

@@ -331,6 +331,9 @@ pub struct RollRecord {
     pub from_version: Option<String>,
     /// The version the roll started for (status says, once it completes, what serves).
     pub to_version: String,
+    /// The template the roll started for: a spec change mid-roll starts a roll of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<SlotTemplate>,
     pub started_at: DateTime<Utc>,
     pub new_slot_started_at: Option<DateTime<Utc>>,
     pub new_slot_ready_at: Option<DateTime<Utc>>,
