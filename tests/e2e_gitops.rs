@@ -303,6 +303,87 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
         "a manifest was reported invalid:\n{summary}"
     );
 
+    data_version_guard(&mut env, &clone, &front, &older, &newer).await;
+
     let left = env.shutdown(&[SHARD]).await;
     assert!(left.is_empty(), "processes left: {left:?}");
+}
+
+/// Commits `contents` as the shard's file in `clone` and pushes it; returns when it was pushed.
+fn push(clone: &Path, contents: &str, message: &str) -> chrono::DateTime<Utc> {
+    std::fs::write(clone.join("shards/gitops.yaml"), contents).unwrap();
+    git(clone, &["commit", "-q", "-am", message]);
+    let pushed = Utc::now();
+    git(clone, &["push", "-q", "origin", "main"]);
+    pushed
+}
+
+/// The data remembers the version that served it. With the newer release serving: a commit back
+/// to the older one is refused while the newer slot serves on; the shard deleted by hand and serve
+/// restarted, GitOps re-creates it from that file over data the newer release served: refused
+/// again, before any kcp starts; a commit that allows the downgrade starts the older release.
+async fn data_version_guard(env: &mut Env, clone: &Path, front: &str, older: &str, newer: &str) {
+    let slot_roots = format!("--root-directory={}/slots/", env.shard_dir(SHARD).display());
+    let serving = active_pid(&env.get(SHARD).await.expect("the shard")).expect("a slot serves");
+    push(
+        clone,
+        &manifest(older, front, false),
+        &format!("{SHARD}: back to kcp {older}"),
+    );
+    let refused = degraded_with(env, "VersionChangeRefused").await;
+    let message = condition(&refused, "Degraded").unwrap()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("allowDowngrade") && message.contains("running slots keep serving"),
+        "{message}"
+    );
+    assert!(alive(serving), "the serving slot stopped after a refused downgrade");
+    env.log(&format!(
+        "commit back to {older} while {newer} serves: refused: {message}"
+    ));
+
+    assert!(
+        env.delete_and_wait(SHARD, ROLL_TIMEOUT).await,
+        "the shard was not deleted"
+    );
+    assert!(processes_with(&slot_roots).is_empty(), "a slot runs after the deletion");
+    env.stop_serve();
+    env.start_serve().await;
+    let refused = degraded_with(env, "VersionChangeRefused").await;
+    let message = condition(&refused, "Degraded").unwrap()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains(&format!("no slot runs, and kcp {newer} last served this shard's data"))
+            && message.contains("allowDowngrade"),
+        "{message}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let started = processes_with(&slot_roots);
+    assert!(started.is_empty(), "a kcp started on data {newer} served: {started:?}");
+    env.log(&format!(
+        "deleted by hand, serve restarted, re-created from the file at {older}: refused, no kcp: {message}"
+    ));
+
+    let allowed = format!(
+        "{}  rollout:\n    allowDowngrade: true\n",
+        manifest(older, front, false)
+    );
+    push(clone, &allowed, &format!("{SHARD}: allow the downgrade to {older}"));
+    let back = env.wait_ready(SHARD, READY_TIMEOUT).await;
+    assert_eq!(active_version(&back).as_deref(), Some(older), "{}", back["status"]);
+    env.log(&format!("allowDowngrade committed: Ready on {older}"));
+}
+
+/// Waits for Degraded=True with `reason`; returns the object.
+async fn degraded_with(env: &Env, reason: &str) -> Value {
+    env.until(SHARD, READY_TIMEOUT, &format!("Degraded=True {reason}"), |o| {
+        condition(o, "Degraded")
+            .is_some_and(|c| c["status"] == "True" && c["reason"] == reason)
+            .then(|| o.clone())
+    })
+    .await
 }

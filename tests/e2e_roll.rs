@@ -1011,7 +1011,15 @@ async fn rotate_and_check(env: &Env, shard: &str, front: &str) -> String {
     let old_stats = old_poller.finish().await;
 
     // Two rolls; the old identity works until the second one's switch (the first slot that refuses it).
-    let object = env.get(shard).await.unwrap();
+    // The old identity is retired once no slot accepts it, which can be before the second roll's
+    // probe is done: its RollComplete may follow the command's return.
+    let object = env
+        .until(shard, ROLL_TIMEOUT, "the rotation's second roll to complete", |o| {
+            (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some()
+                && condition_is(o, "Progressing", "False"))
+            .then(|| o.clone())
+        })
+        .await;
     let events = env.events(shard).await;
     let since = |e: &&k8s_openapi::api::core::v1::Event| {
         event_time(e)

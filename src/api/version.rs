@@ -100,7 +100,7 @@ impl RolloutSpec {
         }
         if new < old && !self.allow_downgrade {
             return Err(format!(
-                "{new} is older than the running {old}: set spec.rollout.allowDowngrade: true to roll back anyway, or restore the snapshot taken before the upgrade"
+                "{new} is older than {old}, which last served the data: set spec.rollout.allowDowngrade: true to roll back anyway, or restore the snapshot taken before the upgrade"
             ));
         }
         if old.minor != new.minor && !self.allow_minor_version_change {

@@ -16,7 +16,7 @@ use super::plan::{
     BlockCause, Blocked, Desired, FrontChange, KillCause, LeaveCause, ProbeRecord, RestartCause, RollRecord, Step,
     StopCause, StopRecord,
 };
-use super::state::{CompletedRoll, ShardDirs, SlotRecord, SnapshotRecord};
+use super::state::{CompletedRoll, DataVersion, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
 use crate::api::KcpShard;
 use crate::front::Backend;
@@ -317,6 +317,13 @@ impl Actor<'_> {
         }
         state.blocked = None;
         self.dirs.save_state(&state)?;
+        // Before the slot touches the data: from now on the data is this version's.
+        if self.world.data_version.as_ref().map(|d| &d.version) != Some(&template.version) {
+            self.dirs.save_data_version(&DataVersion {
+                version: template.version.clone(),
+                since: now,
+            })?;
+        }
         slot_dirs.save(&SlotRecord {
             name: name.to_string(),
             template: template.clone(),

@@ -266,15 +266,36 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             None => return Err(e),
         },
     };
-    // A roll is judged from the version that served when it began, not from a half-rolled front.
+    // A roll is judged from the version that served when it began, not from a half-rolled front;
+    // a first slot from the version that last served the data (a re-created shard, a copied state
+    // dir), so that no kcp starts on data a newer one has rewritten.
     let from = world
         .state
         .roll
         .as_ref()
         .and_then(|r| r.from_version.clone())
         .or_else(|| world.serving_version());
-    if let Some(from) = from {
-        desired.version_refused = shard.spec.rollout.version_change(&from, &shard.spec.version).err();
+    if let Some(from) = &from {
+        desired.version_refused = shard
+            .spec
+            .rollout
+            .version_change(from, &shard.spec.version)
+            .err()
+            .map(|refused| format!("{refused}; the running slots keep serving"));
+    } else if let Some(data) = &world.data_version {
+        desired.version_refused = shard
+            .spec
+            .rollout
+            .version_change(&data.version, &shard.spec.version)
+            .err()
+            .map(|refused| {
+                format!(
+                    "no slot runs, and kcp {} last served this shard's data (since {}, {}): {refused}",
+                    data.version,
+                    data.since.format("%Y-%m-%dT%H:%M:%SZ"),
+                    dirs.data_version_file().display()
+                )
+            });
     }
     // The admin identities every slot must accept are part of the template: a rotation rolls.
     let credentials = if desired.deleting {

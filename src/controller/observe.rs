@@ -16,7 +16,7 @@ use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
     FrontObservation, Health, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
-use super::state::{ControllerState, ShardDirs, SlotDirs, SlotRecord};
+use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord};
 use super::{Context, Error, Wake};
 use crate::front::Backend;
 use crate::process::{ProcessRecord, Runtime};
@@ -39,6 +39,8 @@ pub struct World {
     pub unresponsive_kines: Vec<(Kine, String)>,
     /// The shard's kubeconfig through the front (kcpshard's admin identity).
     pub front_kubeconfig: std::path::PathBuf,
+    /// The version that last served the shard's data, as recorded beside the store.
+    pub data_version: Option<DataVersion>,
 }
 
 impl World {
@@ -360,6 +362,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_endpoints: store_status.map(|seen| seen.endpoints).unwrap_or_default(),
         unresponsive_kines,
         front_kubeconfig: dirs.front_kubeconfig(),
+        data_version: dirs.load_data_version()?,
     };
     // With the store away nothing needs the Lease or the probe (the store comes first), and a kcp
     // without its store may take its time to answer.

@@ -80,6 +80,21 @@ impl ShardDirs {
         self.root.join("controller.json")
     }
 
+    /// Which kcp version last served the shard's data, beside the store (it stays when the
+    /// KcpShard is deleted, and moves with a copied state dir).
+    pub fn data_version_file(&self) -> PathBuf {
+        self.store().join("data-version.json")
+    }
+
+    pub fn load_data_version(&self) -> io::Result<Option<DataVersion>> {
+        read_json(&self.data_version_file())
+    }
+
+    pub fn save_data_version(&self, record: &DataVersion) -> io::Result<()> {
+        std::fs::create_dir_all(self.store())?;
+        write_json(&self.data_version_file(), record)
+    }
+
     /// The controller's record for this shard (empty when there is none yet).
     pub fn load_state(&self) -> io::Result<ControllerState> {
         read_json(&self.controller_file()).map(Option::unwrap_or_default)
@@ -197,6 +212,17 @@ pub struct ControllerState {
     /// The latest snapshot taken before a version change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotRecord>,
+}
+
+/// The kcp version that last served a shard's data, written before a slot of another version
+/// starts on it: a first slot (a re-created KcpShard, a state dir copied to another host) is
+/// judged against the data by the same version rules as a roll, not only against what runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataVersion {
+    pub version: String,
+    /// When a slot of this version first started on the data.
+    pub since: DateTime<Utc>,
 }
 
 /// A store snapshot taken before rolling to `template`.

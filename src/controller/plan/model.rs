@@ -306,7 +306,7 @@ impl BlockCause {
                 "slot {slot} exited before it was ready{}; the old slots keep serving. Fix spec.version or spec.kcp to retry",
                 detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
             ),
-            BlockCause::VersionRefused { message } => format!("{message}; the running slots keep serving"),
+            BlockCause::VersionRefused { message } => message.clone(),
         }
     }
 }

@@ -489,6 +489,22 @@ fn a_missing_binary_or_a_refused_version_change_blocks_and_leaves_the_old_slot_a
 }
 
 #[test]
+fn a_first_slot_refused_by_the_data_s_version_is_never_started() {
+    // A re-created shard over data a newer kcp served: the store and front come up, no kcp.
+    let mut d = desired("v1");
+    d.version_refused = Some("no slot runs, and kcp v2 last served this shard's data".into());
+    let o = observed(&[], vec![]);
+    assert!(matches!(
+        plan(&d, &o),
+        Step::Blocked {
+            cause: BlockCause::VersionRefused { .. }
+        }
+    ));
+    d.version_refused = None;
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+}
+
+#[test]
 fn a_new_slot_that_is_not_ready_in_time_is_started_once_more_then_the_roll_stops() {
     let mut d = desired("v2");
     d.readiness_timeout = Duration::from_secs(5);
