@@ -286,24 +286,26 @@ async fn a_slot_that_cannot_start_says_what_kcp_printed_and_where_its_log_is() {
         .await;
     assert!(message.contains("Error: unknown flag: --bogus-flag"), "{message}");
     assert!(message.contains("kcp.log"), "{message}");
-    let blocked = env
-        .events("dev")
-        .await
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("RollBlocked"))
-        .map(|e| e.count.unwrap_or(1))
-        .sum::<i32>();
+    // The event follows the status that says it (it is written after), so wait for it; then it
+    // must not come again.
+    let blocked = || async {
+        env.events("dev")
+            .await
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("RollBlocked"))
+            .map(|e| e.count.unwrap_or(1))
+            .sum::<i32>()
+    };
+    let seen = Instant::now();
+    while blocked().await == 0 && seen.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first = blocked().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let again = env
-        .events("dev")
-        .await
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("RollBlocked"))
-        .map(|e| e.count.unwrap_or(1))
-        .sum::<i32>();
+    let again = blocked().await;
     assert!(
-        blocked <= 1 && again == blocked,
-        "RollBlocked {blocked} then {again} times for one block"
+        first == 1 && again == 1,
+        "RollBlocked {first} then {again} times for one block"
     );
     env.shutdown(&["dev"]).await;
 }
