@@ -196,13 +196,11 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
         repos.path(),
         &["clone", "-q", checkout.to_str().unwrap(), clone.to_str().unwrap()],
     );
-    std::fs::write(clone.join("shards/gitops.yaml"), manifest(&older, &front, false)).unwrap();
-    git(
+    let dropped_at = push(
         &clone,
-        &["commit", "-q", "-am", &format!("{SHARD}: no extra kcp arguments")],
+        &manifest(&older, &front, false),
+        &format!("{SHARD}: no extra kcp arguments"),
     );
-    let dropped_at = Utc::now();
-    git(&clone, &["push", "-q", "origin", "main"]);
     let rolled = env
         .until(
             SHARD,
@@ -230,13 +228,11 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
     let ready = rolled;
 
     // The version bump, in the clone, pushed; nothing else.
-    std::fs::write(clone.join("shards/gitops.yaml"), manifest(&newer, &front, false)).unwrap();
-    git(
+    let requested = push(
         &clone,
-        &["commit", "-q", "-am", &format!("{SHARD}: kcp {older} -> {newer}")],
+        &manifest(&newer, &front, false),
+        &format!("{SHARD}: kcp {older} -> {newer}"),
     );
-    let requested = Utc::now();
-    git(&clone, &["push", "-q", "origin", "main"]);
     env.log(&format!("pushed the commit {older} -> {newer}"));
 
     let done = env

@@ -253,17 +253,7 @@ where
 /// Folds one look into the health.
 pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
     match outcome {
-        Ok(()) => {
-            *health = Health {
-                ever_ready: true,
-                ready: true,
-                failures: 0,
-                broken_looks: 0,
-                last_ok_at: Some(now),
-                last_alive_at: Some(now),
-                problem: None,
-            }
-        }
+        Ok(()) => *health = Health::serving(now),
         Err(failure) => {
             health.ready = false;
             if health.ever_ready {

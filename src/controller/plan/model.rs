@@ -133,6 +133,19 @@ pub struct Health {
 pub const UNRESPONSIVE_AFTER: u32 = 2;
 
 impl Health {
+    /// The health of a slot whose look at `now` found it serving.
+    pub fn serving(now: DateTime<Utc>) -> Health {
+        Health {
+            ever_ready: true,
+            ready: true,
+            failures: 0,
+            broken_looks: 0,
+            last_ok_at: Some(now),
+            last_alive_at: Some(now),
+            problem: None,
+        }
+    }
+
     /// A slot that served and has failed [`UNRESPONSIVE_AFTER`] looks in a row.
     pub fn unresponsive(&self) -> bool {
         self.ever_ready && self.failures >= UNRESPONSIVE_AFTER

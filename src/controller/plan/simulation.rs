@@ -85,15 +85,7 @@ impl Model {
             }
             let answers = s.running && s.listening && now >= m.ready_at && m.hung_since.is_none();
             if answers {
-                s.health = Health {
-                    ever_ready: true,
-                    ready: true,
-                    failures: 0,
-                    broken_looks: 0,
-                    last_ok_at: Some(now),
-                    last_alive_at: Some(now),
-                    problem: None,
-                };
+                s.health = Health::serving(now);
             } else if s.running {
                 s.health.ready = false;
                 if s.health.ever_ready {
