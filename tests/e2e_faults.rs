@@ -23,10 +23,10 @@
 //!      serves with 0 failed polls, the new slot's kine stops.
 //!   4. garbage in the active slot's `slot.json`: Degraded StateFileUnreadable naming it, 0 failed
 //!      polls; moved aside, the controller rebuilds the record from the running kcp.
-//!   5. a new spec change rolls away from that rebuilt slot, and PostgreSQL is restarted in the
-//!      middle of the roll (after the new slot started, before it is ready): the new slot is
-//!      started again once PostgreSQL is back (SlotRestarting), the roll completes, and requests
-//!      fail only while PostgreSQL is down.
+//!   5. three restart rolls away from that rebuilt slot, PostgreSQL stopped for 5 s at a moment of
+//!      the new slot's start-up each time (as soon as it started; at kcp's root phase 0, whose
+//!      failed creates leave a kcp serving 404 for its own APIs; just before `/readyz` turns ok):
+//!      each roll completes, and requests fail only while PostgreSQL is down.
 //!
 //! Covered elsewhere: SIGKILL of the active kcp and of `serve` at roll boundaries (e2e_roll.rs),
 //! PostgreSQL stopped while the shard is idle (e2e_postgres.rs), a full disk and a corrupt object
@@ -645,6 +645,183 @@ fn slot_root(env: &Env, shard: &str, slot: &str) -> String {
     format!("--root-directory={}/slots/{slot}/root", env.shard_dir(shard).display())
 }
 
+/// A moment of a new slot's start-up at which PostgreSQL is taken away (docs/reliability.md, "A
+/// slot that answers /readyz but not kcp's APIs", has what kcp does at each).
+#[derive(Clone, Copy, Debug)]
+enum StartMoment {
+    /// As soon as the slot is seen started: before kcp's first store connection.
+    Start,
+    /// At kcp's "bootstrapping root workspace phase 0": the APIBinding creates that, failed,
+    /// leave a kcp answering /readyz but 404 for its own APIs.
+    Phase0,
+    /// At "finished bootstrapping root workspace phase 1", the last bootstrap step: just before
+    /// `/readyz` turns ok.
+    Readyz,
+}
+
+impl StartMoment {
+    const ALL: [StartMoment; 3] = [StartMoment::Start, StartMoment::Phase0, StartMoment::Readyz];
+
+    fn name(self) -> &'static str {
+        match self {
+            StartMoment::Start => "at-start",
+            StartMoment::Phase0 => "at-phase0",
+            StartMoment::Readyz => "before-readyz",
+        }
+    }
+
+    /// The kcp log line (kcp `pkg/server/server.go`, kcp-start-informers) the moment begins at.
+    fn log_line(self) -> Option<&'static str> {
+        match self {
+            StartMoment::Start => None,
+            StartMoment::Phase0 => Some("bootstrapping root workspace phase 0"),
+            StartMoment::Readyz => Some("finished bootstrapping root workspace phase 1"),
+        }
+    }
+}
+
+/// The lengths of the slots' kcp logs now: a slot started again appends to its log.
+fn log_lengths(env: &Env, shard: &str) -> Vec<(String, u64)> {
+    ["a", "b"]
+        .iter()
+        .map(|slot| {
+            let log = env.shard_dir(shard).join(format!("slots/{slot}/kcp.log"));
+            (slot.to_string(), std::fs::metadata(log).map_or(0, |m| m.len()))
+        })
+        .collect()
+}
+
+/// Waits until the slot's kcp log has `line` after its first `skip` bytes (what earlier runs of
+/// the slot wrote); false after `timeout`.
+async fn log_has(log: &std::path::Path, skip: u64, line: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let text = std::fs::read(log).unwrap_or_default();
+        // A log written anew is read from its start.
+        let from = if (text.len() as u64) < skip { 0 } else { skip as usize };
+        if String::from_utf8_lossy(&text[from..]).contains(line) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// A restart roll with PostgreSQL stopped (fast shutdown) at `moment` of the new slot's start-up
+/// and back after [`PG_DOWN`]: the roll completes, no request through the front fails outside the
+/// outage, and a slot that started during it is started again (SlotRestarting) or served.
+async fn restart_postgres_mid_roll(
+    env: &Env,
+    shard: &str,
+    admin: &kube::Config,
+    pg: &mut support::Postgres,
+    moment: StartMoment,
+    version: &str,
+    report: &mut Report,
+) {
+    let label = moment.name();
+    let active = active_slot(&env.get(shard).await.unwrap()).unwrap();
+    let poller = Polls::start(admin.clone());
+    let timeline = Timeline::start(env, shard);
+    let since = Utc::now();
+    let requested = Utc::now();
+    let started = Instant::now();
+    let logs_before = log_lengths(env, shard);
+    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
+        .await;
+    let new_slot = new_slot_started(env, shard, requested).await;
+    if let Some(line) = moment.log_line() {
+        let log = env.shard_dir(shard).join(format!("slots/{new_slot}/kcp.log"));
+        let skip = logs_before
+            .iter()
+            .find(|(s, _)| *s == new_slot)
+            .map_or(0, |(_, len)| *len);
+        assert!(
+            log_has(&log, skip, line, ROLL_TIMEOUT).await,
+            "{label}: slot {new_slot} never logged {line:?}: {}",
+            tail(&log, 20)
+        );
+    }
+    let pg_stopped = Instant::now();
+    let pg_stopped_at = Utc::now();
+    pg.stop_fast();
+    env.log(&format!(
+        "{label}: rolling from slot {active} to {new_slot}; PostgreSQL stopped {:.2}s after the request",
+        started.elapsed().as_secs_f64()
+    ));
+    // Down for a while, as a restart of a loaded server may take.
+    tokio::time::sleep(PG_DOWN.saturating_sub(pg_stopped.elapsed())).await;
+    pg.restart();
+    let pg_back_at = Utc::now();
+    let pg_down = pg_stopped.elapsed();
+    let done = env
+        .until(
+            shard,
+            ROLL_TIMEOUT,
+            &format!("{label}: the roll to complete after the PostgreSQL restart"),
+            |o| {
+                // The outage degrades the shard for a while (the store's error, slots whose /readyz
+                // fails until their kine reconnects); a blocked roll is what must not happen.
+                if let Some(c) = condition(o, "Degraded").filter(|c| {
+                    c["status"] == "True"
+                        && ["SlotNotReady", "SlotCrashed", "SlotBroken"]
+                            .contains(&c["reason"].as_str().unwrap_or_default())
+                }) {
+                    return Some(Err(c.clone()));
+                }
+                (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some()
+                    && ready_now(o)
+                    && condition_is(o, "Progressing", "False"))
+                .then(|| Ok(o.clone()))
+            },
+        )
+        .await;
+    let rolled_in = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = poller.finish().await;
+    let timeline = timeline.finish().await;
+    let events = events_since(env, shard, since).await;
+    let done = match done {
+        Ok(done) => done,
+        Err(c) => env.fail(&format!(
+            "{label}: the roll did not complete after PostgreSQL restarted mid-roll: Degraded {c}\nstatus:\n{}\nevents:\n{}",
+            render(&timeline),
+            render_events(&events)
+        )),
+    };
+    assert_eq!(done["status"]["lastRoll"]["fromVersion"], version);
+    assert_ne!(
+        active_slot(&done),
+        Some(active.clone()),
+        "{label}: the roll left {active} serving"
+    );
+    // A poll sent up to 2 s before the stop may fail with it; none may fail 3 s after PostgreSQL is back.
+    let outside: Vec<_> = stats
+        .disrupted
+        .iter()
+        .filter(|(from, to)| {
+            *from < pg_stopped_at - chrono::Duration::seconds(2) || *to > pg_back_at + chrono::Duration::seconds(3)
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "{label}: requests through the front failed or stalled outside the PostgreSQL outage ({pg_stopped_at} to {pg_back_at}): {outside:?}\n{}",
+        list_failures(&stats)
+    );
+    let restarted = events
+        .iter()
+        .filter(|(t, r, _)| t == "Warning" && (r == "SlotRestarting" || r == "SlotBroken"))
+        .count();
+    report.add(format!(
+        "{label}: a restart roll from {active} to {new_slot} with PostgreSQL down {:.2}s: completed {:.2}s after the request, {restarted} restart(s) of the new slot; /readyz through the front: {}\n  status:\n{}\n  events:\n{}",
+        pg_down.as_secs_f64(),
+        rolled_in.as_secs_f64(),
+        failure_window(&stats, pg_stopped_at),
+        render(&timeline),
+        render_events(&events)
+    ));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
@@ -837,105 +1014,21 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     assert_eq!(rebuilt["port"], after["status"]["slots"][0]["port"], "{rebuilt}");
 
     // 5. A new spec change rolls away from the rebuilt slot, and PostgreSQL is restarted in the
-    //    middle of that roll (after the new slot started, before it is ready): the roll completes,
-    //    and clients see failures only while PostgreSQL is down.
-    workspaces.push("before-postgres-restart".into());
-    create_workspace(&env, shard, &front, "before-postgres-restart").await;
-    let poller = Polls::start(admin.clone());
-    let timeline = Timeline::start(&env, shard);
-    let since = Utc::now();
-    let requested = Utc::now();
-    let started = Instant::now();
-    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
-        .await;
-    let new_slot = new_slot_started(&env, shard, requested).await;
-    env.log(&format!(
-        "rolling from the rebuilt slot {active} to {new_slot}; restarting PostgreSQL in 3 s"
-    ));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let switched = env.get(shard).await.unwrap()["status"]["lastRoll"]["frontSwitchedAt"].clone();
-    assert!(
-        switched.is_null(),
-        "the front switched before PostgreSQL could be restarted mid-roll"
-    );
-    let pg_stopped = Instant::now();
-    let pg_stopped_at = Utc::now();
-    pg.stop_fast();
-    env.until(
-        shard,
-        Duration::from_secs(20),
-        "StoreReady=False with PostgreSQL down",
-        |o| condition_is(o, "StoreReady", "False").then_some(()),
-    )
-    .await;
-    // Down for a while, as a restart of a loaded server may take.
-    tokio::time::sleep(PG_DOWN.saturating_sub(pg_stopped.elapsed())).await;
-    pg.restart();
-    let pg_back_at = Utc::now();
-    let pg_down = pg_stopped.elapsed();
-    env.log(&format!("PostgreSQL was down {:.2}s", pg_down.as_secs_f64()));
-    let done = env
-        .until(
-            shard,
-            ROLL_TIMEOUT,
-            "the roll to complete after the PostgreSQL restart",
-            |o| {
-                if let Some(c) =
-                    condition(o, "Degraded").filter(|c| c["status"] == "True" && c["reason"] != "StepFailed")
-                {
-                    return Some(Err(c.clone()));
-                }
-                (roll_phase(&o["status"]["lastRoll"], "completedAt", requested).is_some()
-                    && ready_now(o)
-                    && condition_is(o, "Progressing", "False"))
-                .then(|| Ok(o.clone()))
-            },
+    //    middle of that roll, at each moment of the new slot's start-up that matters: the roll
+    //    completes each time, and clients see failures only while PostgreSQL is down.
+    for moment in StartMoment::ALL {
+        let name = format!("before-postgres-restart-{}", moment.name());
+        workspaces.push(name.clone());
+        create_workspace(&env, shard, &front, &name).await;
+        restart_postgres_mid_roll(&env, shard, &admin, &mut pg, moment, &version, &mut report).await;
+        all_there(
+            &env,
+            &admin,
+            &workspaces,
+            &format!("the PostgreSQL restart {}", moment.name()),
         )
         .await;
-    let rolled_in = started.elapsed();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let stats = poller.finish().await;
-    let timeline = timeline.finish().await;
-    let events = events_since(&env, shard, since).await;
-    let done = match done {
-        Ok(done) => done,
-        Err(c) => env.fail(&format!(
-            "the roll did not complete after PostgreSQL restarted mid-roll: Degraded {c}\nstatus:\n{}\nevents:\n{}",
-            render(&timeline),
-            render_events(&events)
-        )),
-    };
-    assert_eq!(active_slot(&done).as_deref(), Some(new_slot.as_str()));
-    assert_eq!(done["status"]["lastRoll"]["fromVersion"], version.as_str());
-    // The new slot was starting when the store went away: it is started again (a kcp may never get
-    // ready after that), not left to run into readinessTimeout.
-    assert!(
-        events.iter().any(|(t, r, _)| t == "Warning" && r == "SlotRestarting"),
-        "no SlotRestarting event for the slot that was starting during the outage:\n{}",
-        render_events(&events)
-    );
-    // A poll sent up to 2 s before the stop may fail with it; none may fail 3 s after PostgreSQL is back.
-    let outside: Vec<_> = stats
-        .disrupted
-        .iter()
-        .filter(|(from, to)| {
-            *from < pg_stopped_at - chrono::Duration::seconds(2) || *to > pg_back_at + chrono::Duration::seconds(3)
-        })
-        .collect();
-    assert!(
-        outside.is_empty(),
-        "requests through the front failed or stalled outside the PostgreSQL outage ({pg_stopped_at} to {pg_back_at}): {outside:?}\n{}",
-        list_failures(&stats)
-    );
-    all_there(&env, &admin, &workspaces, "the PostgreSQL restart mid-roll").await;
-    report.add(format!(
-        "the next spec change rolled from the rebuilt slot {active} to {new_slot}; PostgreSQL restarted mid-roll (down {:.2}s): the roll completed {:.2}s after the request; /readyz through the front: {}; workspaces kept\n  status:\n{}\n  events:\n{}",
-        pg_down.as_secs_f64(),
-        rolled_in.as_secs_f64(),
-        failure_window(&stats, pg_stopped_at),
-        render(&timeline),
-        render_events(&events)
-    ));
+    }
 
     let left = env.shutdown(&[shard]).await;
     report.print("e2e_faults: KinePostgres shard");
