@@ -73,9 +73,9 @@ stop_extra() {
 wait_roll() { # changed_at roll kind
   python3 - "$state" "$1" "$2" "$3" "$kubectl" <<'PY'
 import json, re, subprocess, sys, time
-from datetime import datetime
+sys.path.insert(0, "hack/bench")
+from benchlib import klog_times, ts
 state, changed, roll, kind, kubectl = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-ts = lambda v: datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp() if v else None
 deadline = time.time() + 900
 while True:
     out = subprocess.run([kubectl, "--kubeconfig", f"{state}/kubeconfig", "get", "ks", "bench", "-o", "json"],
@@ -100,6 +100,7 @@ t = {k: ts(r.get(k)) for k in ["startedAt", "newSlotStartedAt", "newSlotReadyAt"
                                "oldSlotExitedAt", "completedAt"]}
 # serve logs each step it plans (kcpshard::controller=debug), then takes it at once: TerminateSlot
 # sends the old slot SIGTERM, ReleaseLease sends the Lease DELETE.
+within = lambda x, a, b: x is not None and a is not None and b is not None and a <= x <= b
 found = {}
 ansi = re.compile(r"\x1b\[[0-9;]*m")
 with open(f"{state}/serve.log", errors="replace") as f:
@@ -109,7 +110,7 @@ with open(f"{state}/serve.log", errors="replace") as f:
                                   ("ReleaseLease", "leaseDeleteSent", "oldSlotStoppedListeningAt", "leaseReleasedAt")):
             if key not in found and "planned" in line and f"step={step}" in line:
                 at = ts(line.split()[0])
-                if at and t[lo] <= at <= t[hi]:
+                if within(at, t[lo], t[hi]):
                     found[key] = at
                     name = re.search(r'name: "(\w+)"', line)
                     if name:
@@ -118,21 +119,9 @@ t["sigterm"] = found.get("sigterm")
 t["leaseDeleteSent"] = found.get("leaseDeleteSent")
 # kcp's own account of the controllers' hand-over, from the slots' logs (klog, local time): the
 # old slot stops leading when it stops listening, the new one leads at an election retry.
-def klog_times(path, needle):
-    times = []
-    try:
-        for line in open(path, errors="replace"):
-            if needle in line and line[:1] in "IWE":
-                fields = line.split()
-                at = datetime.strptime(f"{time.localtime().tm_year}{fields[0][1:]} {fields[1]}", "%Y%m%d %H:%M:%S.%f")
-                times.append(at.timestamp())
-    except (OSError, ValueError, IndexError):
-        pass
-    return times
 import os
 slots = f"{state}/shards/bench/slots"
 old = found.get("old")
-within = lambda x, a, b: a is not None and b is not None and a <= x <= b
 lo = t["sigterm"] or t["frontSwitchedAt"]
 t["oldStoppedLeading"] = next((x for x in klog_times(f"{slots}/{old}/kcp.log", '"stopped leading"')
                                if within(x, lo, t["oldSlotExitedAt"])), None)
