@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# Faults of the leading slot under load through the front. For each --slots value: starts a shard
+# as hack/bench/roll.sh does (hack/bench/common.sh: `kcpshard serve`, the KcpShard, Ready,
+# examples/roll_load.rs through the front), records its status as `kubectl get ks -w` shows it,
+# then, --times times for each fault: waits until N slots are ready and serving with one leading
+# (status.slots[].leader: the holder of the kcp-controllers Lease, src/controller/lease.rs), sends
+# the leading slot's kcp SIGKILL (kill) or SIGSTOP (stop), creates a workspace through the front,
+# and waits until the shard is back at N ready slots. It prints, per fault and in sum:
+#   - failed requests by kind (examples/roll_load.rs's failures between this fault and the next),
+#   - out of the front: the fault to the first status in which the slot no longer serves,
+#   - killed (stop only): the fault to the first status without the stopped process,
+#   - leader (kcp): the fault to the first "Successfully acquired lease" in any other slot's kcp log
+#     (with slots 1: the replacement's),
+#   - workspace Ready: the fault to a workspace created through the front after it reaching Ready
+#     (a leader runs kcp's controllers, and the front reaches a slot that serves),
+#   - back to N: the fault to N ready, serving slots again, Ready=True,
+# the events of each fault, and draws the run as a PNG (hack/bench/plot.py).
+# Usage: hack/bench/failover.sh [--store sqlite|postgres] [--slots N[,N...]] [--faults kill,stop]
+#                               [--times N] [--liveness-timeout DURATION] [--png DIR]
+#   defaults: sqlite, slots 2,1, faults kill,stop, 10 times each, spec.rollout.livenessTimeout 10s
+#   (how long a stopped slot lives before kcpshard kills it), --png: the state dir.
+# Run it alone, under the real-kcp lock (`flock /tmp/kcpshard-realkcp.lock ...`): kcp is heavy.
+# Env: KCPSHARD, ROLL_LOAD, KEEP as for roll.sh (hack/bench/common.sh).
+set -euo pipefail
+command_line="$*"
+bench=failover.sh
+store=sqlite
+slot_counts=2,1
+faults=kill,stop
+times=10
+liveness_timeout=10s
+png_dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --store) store=$2; shift 2 ;;
+    --slots) slot_counts=$2; shift 2 ;;
+    --faults) faults=$2; shift 2 ;;
+    --times) times=$2; shift 2 ;;
+    --liveness-timeout) liveness_timeout=$2; shift 2 ;;
+    --png) png_dir=$2; shift 2 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "failover.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$store" in sqlite|postgres) ;; *) echo "failover.sh: --store must be sqlite or postgres" >&2; exit 2 ;; esac
+for n in ${slot_counts//,/ }; do
+  case "$n" in 1|2|3) ;; *) echo "failover.sh: --slots takes 1, 2 or 3 (comma-separated)" >&2; exit 2 ;; esac
+done
+for f in ${faults//,/ }; do
+  case "$f" in kill|stop) ;; *) echo "failover.sh: --faults takes kill and stop" >&2; exit 2 ;; esac
+done
+source "$(dirname "$0")/common.sh"
+
+watcher=""
+stopped_pids=""
+stop_extra() {
+  [ -n "$watcher" ] && { kill -TERM "$watcher" 2>/dev/null || true; wait "$watcher" 2>/dev/null || true; }
+  watcher=""
+  # A stopped kcp kcpshard did not kill: let it die with the shard.
+  [ -n "$stopped_pids" ] && { kill -CONT $stopped_pids 2>/dev/null || true; }
+  stopped_pids=""
+}
+
+# The status as `kubectl get ks bench -w -o json` streams it, one JSON line per change with the time
+# it came: {"t": unix, "status": {...}}.
+record_status() {
+  python3 - "$kubectl" "$state/status.jsonl" <<'PY' &
+import json, signal, subprocess, sys, time
+kubectl, out = sys.argv[1], open(sys.argv[2], "a")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+decoder = json.JSONDecoder()
+while True:
+    p = subprocess.Popen([kubectl, "get", "ks", "bench", "-w", "-o", "json"], stdout=subprocess.PIPE, text=True)
+    buf = ""
+    try:
+        for line in p.stdout:
+            buf += line
+            try:
+                obj, end = decoder.raw_decode(buf.lstrip())
+            except json.JSONDecodeError:
+                continue
+            buf = ""
+            out.write(json.dumps({"t": time.time(), "status": obj.get("status") or {}}) + "\n")
+            out.flush()
+    finally:
+        p.kill()
+    time.sleep(0.2)
+PY
+  watcher=$!
+}
+
+# Waits until the shard has N ready, serving slots, one of them leading, and Ready=True; prints the
+# leading slot as "name pid".
+wait_steady() { # slots timeout
+  python3 - "$kubectl" "$1" "$2" <<'PY'
+import json, subprocess, sys, time
+kubectl, n, deadline = sys.argv[1], int(sys.argv[2]), time.time() + float(sys.argv[3])
+while time.time() < deadline:
+    out = subprocess.run([kubectl, "get", "ks", "bench", "-o", "json"], capture_output=True, text=True)
+    if out.returncode == 0:
+        st = json.loads(out.stdout).get("status") or {}
+        ready = {c["type"]: c["status"] for c in st.get("conditions", [])}.get("Ready") == "True"
+        serving = [s for s in st.get("slots", []) if s.get("ready") and s.get("serving") and s.get("pid")]
+        leaders = [s for s in serving if s.get("leader")]
+        if ready and len(serving) == n and len(st.get("slots", [])) == n and len(leaders) == 1:
+            print(leaders[0]["name"], leaders[0]["pid"])
+            sys.exit(0)
+    time.sleep(0.5)
+sys.exit(f"the shard did not get back to {n} ready serving slots with one leader in time")
+PY
+}
+
+# Creates a workspace through the front (retrying while nothing answers) and waits for phase Ready;
+# prints the Unix times it was accepted and Ready (null if not within 300 s). As kcpshard's admin
+# identity (the `base` context of the shard's kubeconfig): a workspace the shard admin creates never
+# leaves Initializing (src/slot/access.rs).
+workspace_ready() { # name
+  python3 - "$kubectl" "$state/shards/bench/admin.kubeconfig" "$1" "https://127.0.0.1:$front_port/clusters/root" <<'PY'
+import json, subprocess, sys, time
+kubectl, kubeconfig, name, server = sys.argv[1:5]
+k = [kubectl, "--kubeconfig", kubeconfig, "--context", "base", "--server", server, "--request-timeout=3s"]
+manifest = json.dumps({"apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": {"name": name}})
+deadline = time.time() + 300
+created = None
+while time.time() < deadline:
+    if created is None:
+        if subprocess.run(k + ["create", "-f", "-"], input=manifest, capture_output=True, text=True).returncode == 0:
+            created = time.time()
+        else:
+            time.sleep(0.2)
+            continue
+    out = subprocess.run(k + ["get", "workspace", name, "-o", "jsonpath={.status.phase}"], capture_output=True, text=True)
+    if out.returncode == 0 and out.stdout.strip() == "Ready":
+        print(f"{created} {time.time()}")
+        sys.exit(0)
+    time.sleep(0.2)
+print(f"{json.dumps(created)} null")
+PY
+}
+
+run_slots() { # slots
+  local slots=$1
+  start_shard "$store" "$slots" "livenessTimeout: $liveness_timeout"
+  record_status
+  start_load
+  : >"$state/faults.jsonl"
+  local fault i leader name pid at ws
+  for fault in ${faults//,/ }; do
+    for i in $(seq 1 "$times"); do
+      leader=$(wait_steady "$slots" 600)
+      sleep 3
+      name=${leader% *}; pid=${leader#* }
+      at=$(now)
+      if [ "$fault" = kill ]; then kill -KILL "$pid"; else kill -STOP "$pid"; stopped_pids="$stopped_pids $pid"; fi
+      ws=$(workspace_ready "failover-$slots-$fault-$i")
+      wait_steady "$slots" 600 >/dev/null
+      echo "{\"slots\": $slots, \"fault\": \"$fault\", \"i\": $i, \"slot\": \"$name\", \"pid\": $pid, \"at\": $at, \"wsCreated\": ${ws% *}, \"wsReady\": ${ws#* }, \"back\": $(now)}" \
+        >>"$state/faults.jsonl"
+      echo "slots $slots, $fault $i of $times: slot $name (pid $pid) back after $(python3 -c "print(f'{$(now)-$at:.1f}')") s" >&2
+    done
+  done
+  sleep 2
+  stop_load
+  "$kubectl" get events -o json >"$state/events.json" 2>/dev/null || echo '{"items": []}' >"$state/events.json"
+  echo "ended: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')" >>"$state/about.txt"
+  report "$slots" | tee "$bins/report-$slots.txt"
+  reports+=("$bins/report-$slots.txt")
+  local out=${png_dir:-$state}/failover-$store-slots$slots.png
+  mkdir -p "$(dirname "$out")"
+  "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
+    --title "hack/bench/failover.sh: $store, slots $slots, $(date -u +%F)" --out "$out" >&2
+  stop_run
+}
+
+# The figures of one run, and the marks for its picture ($state/marks.jsonl).
+report() { # slots
+  python3 - "$state" "$1" "$liveness_timeout" <<'PY'
+import json, os, sys
+sys.path.insert(0, "hack/bench")
+from benchlib import klog_times, ts
+state, slots, liveness = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+faults = [json.loads(l) for l in open(f"{state}/faults.jsonl")]
+statuses = [json.loads(l) for l in open(f"{state}/status.jsonl")]
+load = json.load(open(f"{state}/load.json"))
+events = json.load(open(f"{state}/events.json")).get("items", [])
+slot_dir = f"{state}/shards/bench/slots"
+leases = sorted((x, d) for d in os.listdir(slot_dir) for x in klog_times(f"{slot_dir}/{d}/kcp.log", '"Successfully acquired lease"'))
+print(open(f"{state}/about.txt").read().strip())
+print(f"spec.slots {slots}, spec.rollout.livenessTimeout {liveness}")
+marks = open(f"{state}/marks.jsonl", "w")
+mark = lambda at, label: at is not None and marks.write(json.dumps({"at": at, "label": label}) + "\n")
+head = "| fault | slot | failed | failed by kind | out of the front | killed | leader (kcp) | workspace Ready | back to N | events |"
+print(head)
+print("|" + "---|" * (head.count("|") - 1))
+rows = []
+for k, f in enumerate(faults):
+    at = f["at"]
+    until = faults[k + 1]["at"] if k + 1 < len(faults) else float("inf")
+    after = [s for s in statuses if s["t"] >= at]
+    def first(pred):
+        return next((s["t"] for s in after if pred(s["status"].get("slots", []))), None)
+    out = first(lambda ss: not any(s["name"] == f["slot"] and s.get("pid") == f["pid"] and s.get("serving") for s in ss))
+    killed = first(lambda ss: not any(s.get("pid") == f["pid"] for s in ss))
+    lease = next((x for x, d in leases if x >= at and (d != f["slot"] or slots == 1)), None)
+    fails = [x for x in load["failures"] if at <= ts(x["at"]) < until]
+    kinds = {}
+    for x in fails:
+        key = f"{x['client']} {x['kind']}"
+        kinds[key] = kinds.get(key, 0) + 1
+    reasons = {}
+    for e in events:
+        t = ts(e.get("lastTimestamp") or e.get("eventTime") or (e.get("metadata") or {}).get("creationTimestamp"))
+        if t is not None and at - 0.5 <= t < until and e.get("type") == "Warning":
+            reasons[e.get("reason")] = reasons.get(e.get("reason"), 0) + 1
+    d = lambda x: x - at if x is not None else None
+    row = {"fault": f["fault"], "failed": len(fails), "out": d(out), "killed": d(killed) if f["fault"] == "stop" else None,
+           "lease": d(lease), "ws": d(f["wsReady"]), "back": d(f["back"])}
+    rows.append(row)
+    f2 = lambda v: f"{v:.2f}" if v is not None else "-"
+    print(f"| {f['fault']} {f['i']} | {f['slot']} | {len(fails)} | " + (", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "-")
+          + f" | {f2(row['out'])} | {f2(row['killed'])} | {f2(row['lease'])} | {f2(row['ws'])} | {f2(row['back'])} | "
+          + (", ".join(f"{v} {k}" for k, v in sorted(reasons.items())) or "-") + " |")
+    name = {"kill": "SIGKILL", "stop": "SIGSTOP"}[f["fault"]]
+    mark(at, f"{name} of the leading slot")
+    mark(out, "out of the front")
+    mark(f["wsReady"], "workspace Ready")
+    mark(f["back"], f"back to {slots} ready")
+print()
+for fault in ("kill", "stop"):
+    rs = [r for r in rows if r["fault"] == fault]
+    if not rs:
+        continue
+    def stat(key):
+        v = sorted(r[key] for r in rs if r[key] is not None)
+        return f"median {v[len(v) // 2]:.2f}, max {v[-1]:.2f}" if v else "-"
+    print(f"slots {slots}, {fault} x{len(rs)}: failed {sum(r['failed'] for r in rs)} (max {max(r['failed'] for r in rs)} per fault); "
+          f"out of the front {stat('out')}; " + (f"killed {stat('killed')}; " if fault == "stop" else "")
+          + f"leader (kcp) {stat('lease')}; workspace Ready {stat('ws')}; back to {slots} {stat('back')}")
+print(f"load ({load['seconds']:.0f} s): {load['requests']:,} requests, {load['failed']} failed; by kind: "
+      + ", ".join(f"{k} {v}" for k, v in load["failedByKind"].items()))
+PY
+}
+
+reports=()
+for slots in ${slot_counts//,/ }; do
+  run_slots "$slots"
+done
+if [ "${#reports[@]}" -gt 1 ]; then
+  echo; echo "=== side by side (one session) ==="
+  grep -h -E '^slots [0-9], ' "${reports[@]}"
+fi
