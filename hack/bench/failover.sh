@@ -209,7 +209,7 @@ for k, f in enumerate(faults):
         kinds[key] = kinds.get(key, 0) + 1
     reasons = {}
     for e in events:
-        t = ts(e.get("lastTimestamp") or e.get("eventTime") or (e.get("metadata") or {}).get("creationTimestamp"))
+        t = ts(e.get("eventTime") or e.get("lastTimestamp") or (e.get("metadata") or {}).get("creationTimestamp"))
         if t is not None and at - 0.5 <= t < until and e.get("type") == "Warning":
             reasons[e.get("reason")] = reasons.get(e.get("reason"), 0) + 1
     d = lambda x: x - at if x is not None else None

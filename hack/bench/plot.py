@@ -20,7 +20,7 @@ BIN = 0.1
 # Failure kinds in a fixed order and colour, so pictures of different runs compare.
 KIND_COLOURS = {"refused": "#d62728", "reset": "#ff7f0e", "closed": "#9467bd", "timeout": "#8c564b",
                 "tls": "#e377c2", "other": "#7f7f7f"}
-MARK_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f"]
+MARK_COLOURS = ["#2ca02c", "#d62728", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f"]
 
 
 def main():

@@ -141,10 +141,11 @@ PY
 }
 
 # The table, the totals and the targets for one store.
-report() { # store
-  python3 - "$1" "$state/rolls.jsonl" "$state/load.json" "$rolls" "$state/about.txt" <<'PY'
+report() { # store slots
+  python3 - "$1" "$state/rolls.jsonl" "$state/load.json" "$rolls" "$state/about.txt" "$2" <<'PY'
 import json, sys
 store, rolls_file, load_file, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+slots = int(sys.argv[6])
 rows = [json.loads(l) for l in open(rolls_file)]
 if not rows:
     print(f"\n=== {store}: no roll completed ===")
@@ -155,6 +156,11 @@ cols = ["newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "sigterm", "old
         "leaseDeleteSent", "leaseReleasedAt", "probeSucceededAt", "oldSlotExitedAt", "completedAt"]
 print(f"\n=== {store}: {len(rows)} of {n} rolls completed; seconds after status.lastRoll.startedAt ===")
 print(open(sys.argv[5]).read().strip())
+if slots > 1:
+    print(f"With slots {slots} a roll replaces the slots one at a time, the leading one last; status.lastRoll keeps"
+          " the latest time of each kind, so the columns from 'slot started' on are the last replacement's, and"
+          " the ones before it take the time up to 'slot started'. The controller column (which would count"
+          " them) is left out.")
 head = ("| roll | change | spec->start | slot started | ready | switched | SIGTERM old | old stopped listening | lease DELETE"
         " | lease released | probe Ready | old exited | done | gap | leaderless | kcp start-up | kcp stop listening"
         " | kcp takeover | controller | of it: settle |")
@@ -188,6 +194,8 @@ for r in rows:
             stop_listening = settle = controller = None
     except TypeError:
         startup = gap = no_leader = takeover = stop_listening = settle = controller = None
+    if slots > 1:
+        controller = None
     gaps.append(gap); leaderless.append(no_leader); ctrl.append(controller)
     change = r["kind"] if r["kind"] == "restart" else f"{r['from']}->{r['to']}"
     f2 = lambda v: f"{v:.2f}" if v is not None else "-"
@@ -329,7 +337,7 @@ run_store() { # sqlite|postgres slots
   fi
   echo "ended: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')" >>"$state/about.txt"
   cat "$state/load.txt" >&2
-  report "$store, slots $slots" | tee "$state/report.txt"
+  report "$store, slots $slots" "$slots" | tee "$state/report.txt"
   reports+=("$state/report.txt")
   plot_rolls "$store" "$slots"
   # The report outlives the state dir, for the side-by-side summary at the end.
