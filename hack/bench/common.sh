@@ -7,8 +7,9 @@
 #
 # Before sourcing: `set -euo pipefail`, command_line (the script's arguments), bench (the script's
 # name, for messages). Then per run: `start_shard STORE SLOTS [ROLLOUT_FIELDS] [KCP_FIELDS]`,
-# `start_load`, `stop_load`, `stop_run`. Env: KCPSHARD and ROLL_LOAD: built binaries to use instead
-# of `cargo build --release`; KEEP=1 keeps each state dir (logs, serve's and kcp's) after the run.
+# `start_load`, `stop_load`, `wait_slots N`, `stop_run`. Env: KCPSHARD and ROLL_LOAD: built
+# binaries to use instead of `cargo build --release`; KEEP=1 keeps each state dir (logs, serve's and
+# kcp's) after the run.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 source hack/versions.env
@@ -141,4 +142,26 @@ start_load() {
   load=$!
   sleep 5
   kill -0 "$load" 2>/dev/null || { echo "$bench: the load generator exited:" >&2; cat "$state/load.err" >&2; exit 1; }
+}
+
+# Waits (up to 600 s) until the shard has N slots, all ready and serving, one of them leading, and
+# Ready=True; prints status.slots as JSON.
+wait_slots() { # n
+  python3 - "$kubectl" "$1" <<'PY'
+import json, subprocess, sys, time
+kubectl, n = sys.argv[1], int(sys.argv[2])
+deadline = time.time() + 600
+while time.time() < deadline:
+    out = subprocess.run([kubectl, "get", "ks", "bench", "-o", "json"], capture_output=True, text=True)
+    if out.returncode == 0:
+        st = json.loads(out.stdout).get("status") or {}
+        ready = {c["type"]: c["status"] for c in st.get("conditions", [])}.get("Ready") == "True"
+        slots = st.get("slots", [])
+        if (ready and len(slots) == n and all(s.get("ready") and s.get("serving") and s.get("pid") for s in slots)
+                and sum(bool(s.get("leader")) for s in slots) == 1):
+            print(json.dumps(slots))
+            sys.exit(0)
+    time.sleep(0.5)
+sys.exit(f"the shard did not get to {n} ready, serving slots with one leading within 600 s")
+PY
 }

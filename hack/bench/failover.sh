@@ -89,27 +89,6 @@ PY
   watcher=$!
 }
 
-# Waits until the shard has N ready, serving slots, one of them leading, and Ready=True; prints the
-# leading slot as "name pid".
-wait_steady() { # slots timeout
-  python3 - "$kubectl" "$1" "$2" <<'PY'
-import json, subprocess, sys, time
-kubectl, n, deadline = sys.argv[1], int(sys.argv[2]), time.time() + float(sys.argv[3])
-while time.time() < deadline:
-    out = subprocess.run([kubectl, "get", "ks", "bench", "-o", "json"], capture_output=True, text=True)
-    if out.returncode == 0:
-        st = json.loads(out.stdout).get("status") or {}
-        ready = {c["type"]: c["status"] for c in st.get("conditions", [])}.get("Ready") == "True"
-        serving = [s for s in st.get("slots", []) if s.get("ready") and s.get("serving") and s.get("pid")]
-        leaders = [s for s in serving if s.get("leader")]
-        if ready and len(serving) == n and len(st.get("slots", [])) == n and len(leaders) == 1:
-            print(leaders[0]["name"], leaders[0]["pid"])
-            sys.exit(0)
-    time.sleep(0.5)
-sys.exit(f"the shard did not get back to {n} ready serving slots with one leader in time")
-PY
-}
-
 # Creates a workspace through the front (retrying while nothing answers) and waits for phase Ready;
 # prints the Unix times it was accepted and Ready (null if not within 300 s). As kcpshard's admin
 # identity (the `base` context of the shard's kubeconfig): a workspace the shard admin creates never
@@ -124,7 +103,9 @@ deadline = time.time() + 300
 created = None
 while time.time() < deadline:
     if created is None:
-        if subprocess.run(k + ["create", "-f", "-"], input=manifest, capture_output=True, text=True).returncode == 0:
+        out = subprocess.run(k + ["create", "-f", "-"], input=manifest, capture_output=True, text=True)
+        # A create whose answer was lost (a timeout) may have been made: AlreadyExists is a success.
+        if out.returncode == 0 or "AlreadyExists" in out.stderr:
             created = time.time()
         else:
             time.sleep(0.2)
@@ -147,13 +128,13 @@ run_slots() { # slots
   local fault i leader name pid at ws
   for fault in ${faults//,/ }; do
     for i in $(seq 1 "$times"); do
-      leader=$(wait_steady "$slots" 600)
+      leader=$(wait_slots "$slots" | python3 -c 'import json, sys; s = next(s for s in json.load(sys.stdin) if s.get("leader")); print(s["name"], s["pid"])')
       sleep 3
       name=${leader% *}; pid=${leader#* }
       at=$(now)
       if [ "$fault" = kill ]; then kill -KILL "$pid"; else kill -STOP "$pid"; stopped_pids="$stopped_pids $pid"; fi
       ws=$(workspace_ready "failover-$slots-$fault-$i")
-      wait_steady "$slots" 600 >/dev/null
+      wait_slots "$slots" >/dev/null
       echo "{\"slots\": $slots, \"fault\": \"$fault\", \"i\": $i, \"slot\": \"$name\", \"pid\": $pid, \"at\": $at, \"wsCreated\": ${ws% *}, \"wsReady\": ${ws#* }, \"back\": $(now)}" \
         >>"$state/faults.jsonl"
       echo "slots $slots, $fault $i of $times: slot $name (pid $pid) back after $(python3 -c "print(f'{$(now)-$at:.1f}')") s" >&2

@@ -29,26 +29,6 @@ done
 case "$store" in sqlite|postgres) ;; *) echo "slots-cost.sh: --store must be postgres or sqlite" >&2; exit 2 ;; esac
 source "$(dirname "$0")/common.sh"
 
-# Waits for N ready, serving slots and Ready=True; prints status.slots as JSON.
-wait_slots() { # n
-  python3 - "$kubectl" "$1" <<'PY'
-import json, subprocess, sys, time
-kubectl, n = sys.argv[1], int(sys.argv[2])
-deadline = time.time() + 600
-while time.time() < deadline:
-    out = subprocess.run([kubectl, "get", "ks", "bench", "-o", "json"], capture_output=True, text=True)
-    if out.returncode == 0:
-        st = json.loads(out.stdout).get("status") or {}
-        ready = {c["type"]: c["status"] for c in st.get("conditions", [])}.get("Ready") == "True"
-        slots = st.get("slots", [])
-        if ready and len(slots) == n and all(s.get("ready") and s.get("serving") for s in slots):
-            print(json.dumps(slots))
-            sys.exit(0)
-    time.sleep(0.5)
-sys.exit(f"no {n} ready serving slots within 600 s")
-PY
-}
-
 # RSS (MiB, from /proc/PID/status VmRSS) of every slot's kcp and of the kines whose argv names the
 # state dir: a slot's own kine names its slot directory; the shard's one kine (KineSqlite) does not.
 rss() { # label slots-json
