@@ -7,14 +7,16 @@
 # the leading slot's kcp SIGKILL (kill) or SIGSTOP (stop), creates a workspace through the front,
 # and waits until the shard is back at N ready slots. It prints, per fault and in sum:
 #   - failed requests by kind (examples/roll_load.rs's failures between this fault and the next),
-#   - out of the front: the fault to the first status in which the slot no longer serves,
+#   - out of the front: the fault to the FrontSwitched event that leaves the slot out (else the
+#     first status in which it no longer serves),
 #   - killed (stop only): the fault to the first status without the stopped process,
 #   - leader (kcp): the fault to the first "Successfully acquired lease" in any other slot's kcp log
 #     (with slots 1: the replacement's),
 #   - workspace Ready: the fault to a workspace created through the front after it reaching Ready
 #     (a leader runs kcp's controllers, and the front reaches a slot that serves),
 #   - back to N: the fault to N ready, serving slots again, Ready=True,
-# the events of each fault, and draws the run as a PNG (hack/bench/plot.py).
+# the Warning events of each fault (hack/bench/failover_report.py computes these), and draws the
+# run as a PNG (hack/bench/plot.py).
 # Usage: hack/bench/failover.sh [--store sqlite|postgres] [--slots N[,N...]] [--faults kill,stop]
 #                               [--times N] [--liveness-timeout DURATION] [--png DIR]
 #   defaults: sqlite, slots 2,1, faults kill,stop, 10 times each, spec.rollout.livenessTimeout 10s
@@ -144,82 +146,13 @@ run_slots() { # slots
   stop_load
   "$kubectl" get events -o json >"$state/events.json" 2>/dev/null || echo '{"items": []}' >"$state/events.json"
   echo "ended: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')" >>"$state/about.txt"
-  report "$slots" | tee "$bins/report-$slots.txt"
+  python3 hack/bench/failover_report.py "$state" "$slots" "$liveness_timeout" | tee "$bins/report-$slots.txt"
   reports+=("$bins/report-$slots.txt")
-  local out=${png_dir:-$state}/failover-$store-slots$slots.png
+  local out=${png_dir:-$state}/failover-$store-slots$slots-${faults//,/-}.png
   mkdir -p "$(dirname "$out")"
   "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
-    --title "hack/bench/failover.sh: $store, slots $slots, $(date -u +%F)" --out "$out" >&2
+    --title "hack/bench/failover.sh: $store, slots $slots, ${faults//,/ and } x$times, $(date -u +%F)" --out "$out" >&2
   stop_run
-}
-
-# The figures of one run, and the marks for its picture ($state/marks.jsonl).
-report() { # slots
-  python3 - "$state" "$1" "$liveness_timeout" <<'PY'
-import json, os, sys
-sys.path.insert(0, "hack/bench")
-from benchlib import klog_times, ts
-state, slots, liveness = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-faults = [json.loads(l) for l in open(f"{state}/faults.jsonl")]
-statuses = [json.loads(l) for l in open(f"{state}/status.jsonl")]
-load = json.load(open(f"{state}/load.json"))
-events = json.load(open(f"{state}/events.json")).get("items", [])
-slot_dir = f"{state}/shards/bench/slots"
-leases = sorted((x, d) for d in os.listdir(slot_dir) for x in klog_times(f"{slot_dir}/{d}/kcp.log", '"Successfully acquired lease"'))
-print(open(f"{state}/about.txt").read().strip())
-print(f"spec.slots {slots}, spec.rollout.livenessTimeout {liveness}")
-marks = open(f"{state}/marks.jsonl", "w")
-mark = lambda at, label: at is not None and marks.write(json.dumps({"at": at, "label": label}) + "\n")
-head = "| fault | slot | failed | failed by kind | out of the front | killed | leader (kcp) | workspace Ready | back to N | events |"
-print(head)
-print("|" + "---|" * (head.count("|") - 1))
-rows = []
-for k, f in enumerate(faults):
-    at = f["at"]
-    until = faults[k + 1]["at"] if k + 1 < len(faults) else float("inf")
-    after = [s for s in statuses if s["t"] >= at]
-    def first(pred):
-        return next((s["t"] for s in after if pred(s["status"].get("slots", []))), None)
-    out = first(lambda ss: not any(s["name"] == f["slot"] and s.get("pid") == f["pid"] and s.get("serving") for s in ss))
-    killed = first(lambda ss: not any(s.get("pid") == f["pid"] for s in ss))
-    lease = next((x for x, d in leases if x >= at and (d != f["slot"] or slots == 1)), None)
-    fails = [x for x in load["failures"] if at <= ts(x["at"]) < until]
-    kinds = {}
-    for x in fails:
-        key = f"{x['client']} {x['kind']}"
-        kinds[key] = kinds.get(key, 0) + 1
-    reasons = {}
-    for e in events:
-        t = ts(e.get("eventTime") or e.get("lastTimestamp") or (e.get("metadata") or {}).get("creationTimestamp"))
-        if t is not None and at - 0.5 <= t < until and e.get("type") == "Warning":
-            reasons[e.get("reason")] = reasons.get(e.get("reason"), 0) + 1
-    d = lambda x: x - at if x is not None else None
-    row = {"fault": f["fault"], "failed": len(fails), "out": d(out), "killed": d(killed) if f["fault"] == "stop" else None,
-           "lease": d(lease), "ws": d(f["wsReady"]), "back": d(f["back"])}
-    rows.append(row)
-    f2 = lambda v: f"{v:.2f}" if v is not None else "-"
-    print(f"| {f['fault']} {f['i']} | {f['slot']} | {len(fails)} | " + (", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "-")
-          + f" | {f2(row['out'])} | {f2(row['killed'])} | {f2(row['lease'])} | {f2(row['ws'])} | {f2(row['back'])} | "
-          + (", ".join(f"{v} {k}" for k, v in sorted(reasons.items())) or "-") + " |")
-    name = {"kill": "SIGKILL", "stop": "SIGSTOP"}[f["fault"]]
-    mark(at, f"{name} of the leading slot")
-    mark(out, "out of the front")
-    mark(f["wsReady"], "workspace Ready")
-    mark(f["back"], f"back to {slots} ready")
-print()
-for fault in ("kill", "stop"):
-    rs = [r for r in rows if r["fault"] == fault]
-    if not rs:
-        continue
-    def stat(key):
-        v = sorted(r[key] for r in rs if r[key] is not None)
-        return f"median {v[len(v) // 2]:.2f}, max {v[-1]:.2f}" if v else "-"
-    print(f"slots {slots}, {fault} x{len(rs)}: failed {sum(r['failed'] for r in rs)} (max {max(r['failed'] for r in rs)} per fault); "
-          f"out of the front {stat('out')}; " + (f"killed {stat('killed')}; " if fault == "stop" else "")
-          + f"leader (kcp) {stat('lease')}; workspace Ready {stat('ws')}; back to {slots} {stat('back')}")
-print(f"load ({load['seconds']:.0f} s): {load['requests']:,} requests, {load['failed']} failed; by kind: "
-      + ", ".join(f"{k} {v}" for k, v in load["failedByKind"].items()))
-PY
 }
 
 reports=()
