@@ -173,7 +173,7 @@ for r in rows:
     # A field a roll did not reach (or, with several slots, one the record does not carry) is "-".
     try:
         startup = t["newSlotReadyAt"] - t["newSlotStartedAt"]
-        # The controller gap (old slot exit -> probe Ready; negative when a leader ran before the
+        # The controller gap (old slot exit -> probe Ready; negative when a leader ran before the
         # old slot exited), and the time with no leader: from the old slot stopping listening (kcp
         # cancels its leader election then) to probe Ready.
         gap = t["probeSucceededAt"] - t["oldSlotExitedAt"]
