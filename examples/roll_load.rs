@@ -26,9 +26,11 @@
 //!
 //! Usage:
 //!   roll_load --kubeconfig <state>/shards/<name>/admin.kubeconfig --front 127.0.0.1:6443 \
-//!     [--duration 60] [--stop-file PATH] [--json PATH]
+//!     [--duration 60] [--stop-file PATH] [--json PATH] [--timeline PATH]
 //! Stops at the end of --duration, when the stop file appears, or at SIGTERM/SIGINT; then prints
-//! the counts, and writes them (with every failure's time) as JSON to --json.
+//! the counts, and writes them (with every failure's time) as JSON to --json, and one CSV line per
+//! request to --timeline (`hack/bench/plot.py` draws it): `at` (Unix seconds, when the answer or
+//! the failure came), `took_ms`, the client class, the path, and `ok` or the failure's kind.
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::path::PathBuf;
@@ -72,6 +74,9 @@ struct Args {
     /// Write the figures and every failure here as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Write one CSV line per request here: at,took_ms,class,path,outcome.
+    #[arg(long)]
+    timeline: Option<PathBuf>,
     /// The /readyz poller's period in milliseconds.
     #[arg(long, default_value_t = 20)]
     poll_ms: u64,
@@ -245,9 +250,21 @@ struct WatchStats {
     events: BTreeMap<String, u64>,
 }
 
+/// One request as the timeline file has it.
+struct Outcome {
+    at: DateTime<Utc>,
+    took: Duration,
+    class: &'static str,
+    path: String,
+    /// None when it succeeded.
+    failed: Option<Kind>,
+}
+
 #[derive(Default)]
 struct Stats {
     classes: BTreeMap<&'static str, ClassStats>,
+    /// Every request (final attempts only), in the order they ended.
+    timeline: Vec<Outcome>,
     failures: Vec<Failure>,
     /// First attempts of keep-alive GETs that broke and were retried (the retry's outcome counts).
     retried: Vec<Failure>,
@@ -288,6 +305,13 @@ impl Recorder {
         let entry = stats.classes.entry(class).or_default();
         entry.requests += 1;
         entry.latencies_ms.push(took.as_secs_f32() * 1000.0);
+        stats.timeline.push(Outcome {
+            at: Utc::now(),
+            took,
+            class,
+            path: path.to_string(),
+            failed: result.as_ref().err().map(|(kind, _)| kind.clone()),
+        });
         if let Err((kind, detail)) = result {
             let failure = Failure {
                 at: Utc::now(),
@@ -760,6 +784,22 @@ fn grouped(failures: &[Failure]) -> Vec<String> {
         .collect()
 }
 
+/// The timeline file: a header, then one line per request (paths carry no commas).
+fn timeline_csv(timeline: &[Outcome]) -> String {
+    let mut out = String::from("at,took_ms,class,path,outcome\n");
+    for o in timeline {
+        let at = o.at.timestamp_micros() as f64 / 1e6;
+        let outcome = o.failed.as_ref().map_or_else(|| "ok".to_string(), Kind::label);
+        out.push_str(&format!(
+            "{at:.6},{:.1},{},{},{outcome}\n",
+            o.took.as_secs_f64() * 1000.0,
+            o.class,
+            o.path
+        ));
+    }
+    out
+}
+
 // ------------------------------------------------------------------------------------------------
 
 #[tokio::main]
@@ -847,9 +887,13 @@ async fn main() -> anyhow::Result<()> {
     .await;
     tasks.abort_all();
 
-    let summary = report(&mut recorder.lock(), elapsed);
+    let mut stats = recorder.lock();
+    let summary = report(&mut stats, elapsed);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&summary)?)?;
+    }
+    if let Some(path) = &args.timeline {
+        std::fs::write(path, timeline_csv(&stats.timeline))?;
     }
     Ok(())
 }

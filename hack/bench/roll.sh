@@ -1,45 +1,54 @@
 #!/usr/bin/env bash
 # Rolls of a real shard under load through the front. For each store (KineSqlite; then
-# KinePostgres with a PostgreSQL that kcpshard runs itself, `managed: true`): starts `kcpshard serve`
-# on a scratch state dir, applies a KcpShard, waits for Ready, starts examples/roll_load.rs (a
-# /readyz poller every 20 ms, 4 keep-alive and 4 new-connection GET clients, 3 client-go-like
-# watches, all through the front), then makes N rolls: version changes between the two pinned kcp
+# KinePostgres with a PostgreSQL that kcpshard runs itself, `managed: true`) and each --slots value:
+# starts `kcpshard serve` on a scratch state dir, applies a KcpShard with spec.slots, waits for
+# Ready, starts examples/roll_load.rs (a /readyz poller every 20 ms, 4 keep-alive and 4
+# new-connection GET clients, 3 client-go-like watches, all through the front; hack/bench/common.sh
+# holds this set-up), then makes N rolls: version changes between the two pinned kcp
 # releases (hack/versions.env: odd rolls, up then down) and restarts (kcpshard.io/restartedAt: even
 # rolls), each waited for until status.lastRoll.completedAt. It prints every roll's phases, the
 # controller gap, the controller time beyond kcp's own (docs/benchmarks.md, "Rolls under load",
-# defines it), the requests and failures by kind, and whether each target is met.
+# defines it), the requests and failures by kind, and whether each target is met; and draws the run
+# (requests and failures per 100 ms, each roll's phases) as a PNG with hack/bench/plot.py.
 #
 # With --clients, kept-alive loops of the clients users run join the load (hack/bench/clients/run.sh:
 # Go's net/http Transport, Python's requests and http.client, curl; /readyz and the workspace list
 # at 0, 1, 5, 20 and 100 ms between requests), and the report counts their ok, retried (asked again
 # after the front closed a reused connection before any byte of an answer) and failed requests.
-# Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--rolls N] [--pause SECONDS]
-#                           [--shutdown-delay DURATION] [--kcp-arg ARG]... [--clients]
-#   defaults: both, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
+# Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--slots N[,N...]] [--rolls N]
+#                           [--pause SECONDS] [--shutdown-delay DURATION] [--kcp-arg ARG]...
+#                           [--clients] [--png DIR]
+#   defaults: both, slots 1, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
 #   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
 #   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/operations.md, "A kcp that never gets
-#   ready").
+#   ready"). `--slots 2,1` runs slots 2, then slots 1, on each store, side by side in one report.
+#   --png DIR writes roll-<store>-slots<N>.png there (default: the state dir, gone unless KEEP=1).
 # Needs hack/install-deps.sh (kcp, kine, kubectl, PostgreSQL). Run alone: kcp is heavy, and other
 # real-kcp runs on the machine change the figures (e.g. `flock /tmp/kcpshard-realkcp.lock ...`).
 # Env: KCPSHARD and ROLL_LOAD: built binaries to use instead of `cargo build --release`;
-#      KEEP=1 keeps each state dir (logs, serve's and kcp's) after the run.
+#      KEEP=1 keeps each state dir (logs, serve's and kcp's, the timeline) after the run.
 set -euo pipefail
 command_line="$*"
+bench=roll.sh
 stores=both
+slot_counts=1
 rolls=10
 pause=5
 shutdown_delay=""
 kcp_args=""   # spec.kcp.extraArgs, as YAML flow items
 clients=""
+png_dir=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --store) stores=$2; shift 2 ;;
+    --slots) slot_counts=$2; shift 2 ;;
     --rolls) rolls=$2; shift 2 ;;
     --pause) pause=$2; shift 2 ;;
     --shutdown-delay) shutdown_delay=$2; shift 2 ;;
     --kcp-arg) kcp_args+="\"$2\", "; shift 2 ;;
     --clients) clients=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --png) png_dir=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -48,76 +57,25 @@ case "$stores" in
   sqlite|postgres) ;;
   *) echo "roll.sh: --store must be sqlite, postgres or both" >&2; exit 2 ;;
 esac
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-source hack/versions.env
-for c in bin/kubectl "bin/kcp-$KCP_VERSION_OLDER" "bin/kcp-$KCP_VERSION_NEWER" bin/kine; do
-  [ -x "$c" ] || { echo "roll.sh: $c is missing: run hack/install-deps.sh" >&2; exit 1; }
+for n in ${slot_counts//,/ }; do
+  case "$n" in 1|2|3) ;; *) echo "roll.sh: --slots takes 1, 2 or 3 (comma-separated)" >&2; exit 2 ;; esac
 done
+source "$(dirname "$0")/common.sh"
 
-# Copies of the binaries: builds by others in the shared target dir must not replace them mid-run.
-bins=$(mktemp -d /tmp/kcpshard-roll-bin-XXXXXX)
-if [ -z "${KCPSHARD:-}" ] || [ -z "${ROLL_LOAD:-}" ]; then
-  cargo build --release -q --bin kcpshard --example roll_load
-fi
-target=${CARGO_TARGET_DIR:-target}
-cp "${KCPSHARD:-$target/release/kcpshard}" "$bins/kcpshard"
-cp "${ROLL_LOAD:-$target/release/examples/roll_load}" "$bins/roll_load"
-ks=$bins/kcpshard
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
-[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit with uncommitted changes"
-kubectl=$root/bin/kubectl
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-now() { date +%s.%N; }
-
-state=""
-serve=""
-load=""
 client_loops=""
-keep_state=""
-# Stops what one store's run started: the load, the shard (its finalizer stops the slots, kines,
-# the front and a managed PostgreSQL), serve, then anything still naming the state dir in its argv.
-stop_run() {
-  [ -n "$load" ] && { kill -TERM "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; }
-  load=""
+stop_extra() {
   [ -n "$client_loops" ] && { kill -TERM "$client_loops" 2>/dev/null || true; wait "$client_loops" 2>/dev/null || true; }
   client_loops=""
-  if [ -n "$state" ] && [ -s "$state/kubeconfig" ] && [ -n "$serve" ] && kill -0 "$serve" 2>/dev/null; then
-    "$kubectl" --kubeconfig "$state/kubeconfig" delete ks bench --timeout=120s >/dev/null 2>&1 || true
-  fi
-  [ -n "$serve" ] && { kill -TERM "$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; }
-  serve=""
-  if [ -n "$state" ]; then
-    local pids
-    pids=$(pgrep -f -- "$state" || true)
-    if [ -n "$pids" ]; then
-      echo "roll.sh: stopping processes left with $state in their argv:" >&2
-      ps -o pid=,args= -p "$(echo $pids | tr ' ' ,)" | cut -c1-160 >&2 || true
-      kill -TERM $pids 2>/dev/null || true
-      sleep 3
-      kill -KILL $pids 2>/dev/null || true
-    fi
-    if [ -n "${KEEP:-}${keep_state:-}" ]; then echo "roll.sh: kept $state" >&2; else rm -rf "$state"; fi
-    keep_state=""
-  fi
-  state=""
 }
-cleanup() {
-  stop_run
-  rm -rf "$bins"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 # One line per roll (JSON) from status.lastRoll, the serve log (the moment StopSlot began, i.e. the
 # old slot's SIGTERM) and the time the change was made. Waits for the roll to complete.
 wait_roll() { # changed_at roll kind
   python3 - "$state" "$1" "$2" "$3" "$kubectl" <<'PY'
 import json, re, subprocess, sys, time
-from datetime import datetime
+sys.path.insert(0, "hack/bench")
+from benchlib import klog_times, ts
 state, changed, roll, kind, kubectl = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-ts = lambda v: datetime.fromisoformat(v.replace("Z", "+00:00")).timestamp() if v else None
 deadline = time.time() + 900
 while True:
     out = subprocess.run([kubectl, "--kubeconfig", f"{state}/kubeconfig", "get", "ks", "bench", "-o", "json"],
@@ -142,6 +100,7 @@ t = {k: ts(r.get(k)) for k in ["startedAt", "newSlotStartedAt", "newSlotReadyAt"
                                "oldSlotExitedAt", "completedAt"]}
 # serve logs each step it plans (kcpshard::controller=debug), then takes it at once: TerminateSlot
 # sends the old slot SIGTERM, ReleaseLease sends the Lease DELETE.
+within = lambda x, a, b: x is not None and a is not None and b is not None and a <= x <= b
 found = {}
 ansi = re.compile(r"\x1b\[[0-9;]*m")
 with open(f"{state}/serve.log", errors="replace") as f:
@@ -151,7 +110,7 @@ with open(f"{state}/serve.log", errors="replace") as f:
                                   ("ReleaseLease", "leaseDeleteSent", "oldSlotStoppedListeningAt", "leaseReleasedAt")):
             if key not in found and "planned" in line and f"step={step}" in line:
                 at = ts(line.split()[0])
-                if at and t[lo] <= at <= t[hi]:
+                if within(at, t[lo], t[hi]):
                     found[key] = at
                     name = re.search(r'name: "(\w+)"', line)
                     if name:
@@ -160,40 +119,33 @@ t["sigterm"] = found.get("sigterm")
 t["leaseDeleteSent"] = found.get("leaseDeleteSent")
 # kcp's own account of the controllers' hand-over, from the slots' logs (klog, local time): the
 # old slot stops leading when it stops listening, the new one leads at an election retry.
-def klog_times(path, needle):
-    times = []
-    try:
-        for line in open(path, errors="replace"):
-            if needle in line and line[:1] in "IWE":
-                fields = line.split()
-                at = datetime.strptime(f"{time.localtime().tm_year}{fields[0][1:]} {fields[1]}", "%Y%m%d %H:%M:%S.%f")
-                times.append(at.timestamp())
-    except (OSError, ValueError, IndexError):
-        pass
-    return times
+import os
 slots = f"{state}/shards/bench/slots"
 old = found.get("old")
-new = {"a": "b", "b": "a"}.get(old)
 lo = t["sigterm"] or t["frontSwitchedAt"]
 t["oldStoppedLeading"] = next((x for x in klog_times(f"{slots}/{old}/kcp.log", '"stopped leading"')
-                               if lo <= x <= t["oldSlotExitedAt"]), None)
-t["newLeads"] = next((x for x in klog_times(f"{slots}/{new}/kcp.log", '"Successfully acquired lease"')
-                      if t["oldSlotStoppedListeningAt"] <= x <= t["probeSucceededAt"]), None)
+                               if within(x, lo, t["oldSlotExitedAt"])), None)
+# The slot that leads next: with several slots, any other one.
+others = [d for d in (os.listdir(slots) if os.path.isdir(slots) else []) if d != old]
+t["newLeads"] = min((x for d in others for x in klog_times(f"{slots}/{d}/kcp.log", '"Successfully acquired lease"')
+                     if within(x, t["oldSlotStoppedListeningAt"], t["probeSucceededAt"])), default=None)
 t["changedAt"] = changed
 print(json.dumps({"roll": int(roll), "kind": kind, "from": r.get("fromVersion"), "to": r.get("toVersion"),
                   "snapshot": bool(r.get("snapshot")), "t": t}))
+span = lambda a, b: f"{t[b] - t[a]:.2f}" if t.get(a) is not None and t.get(b) is not None else "-"
 print(f"roll {roll} ({kind} {r.get('fromVersion')} -> {r.get('toVersion')}): done in "
-      f"{t['completedAt'] - t['startedAt']:.1f} s, gap {t['probeSucceededAt'] - t['oldSlotExitedAt']:.2f} s, "
-      f"leaderless {t['probeSucceededAt'] - t['oldSlotStoppedListeningAt']:.2f} s",
+      f"{span('startedAt', 'completedAt')} s, gap {span('oldSlotExitedAt', 'probeSucceededAt')} s, "
+      f"leaderless {span('oldSlotStoppedListeningAt', 'probeSucceededAt')} s",
       file=sys.stderr)
 PY
 }
 
 # The table, the totals and the targets for one store.
-report() { # store
-  python3 - "$1" "$state/rolls.jsonl" "$state/load.json" "$rolls" "$state/about.txt" <<'PY'
+report() { # store slots
+  python3 - "$1" "$state/rolls.jsonl" "$state/load.json" "$rolls" "$state/about.txt" "$2" <<'PY'
 import json, sys
 store, rolls_file, load_file, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+slots = int(sys.argv[6])
 rows = [json.loads(l) for l in open(rolls_file)]
 if not rows:
     print(f"\n=== {store}: no roll completed ===")
@@ -204,6 +156,11 @@ cols = ["newSlotStartedAt", "newSlotReadyAt", "frontSwitchedAt", "sigterm", "old
         "leaseDeleteSent", "leaseReleasedAt", "probeSucceededAt", "oldSlotExitedAt", "completedAt"]
 print(f"\n=== {store}: {len(rows)} of {n} rolls completed; seconds after status.lastRoll.startedAt ===")
 print(open(sys.argv[5]).read().strip())
+if slots > 1:
+    print(f"With slots {slots} a roll replaces the slots one at a time, the leading one last; status.lastRoll keeps"
+          " the latest time of each kind, so the columns from 'slot started' on are the last replacement's, and"
+          " the ones before it take the time up to 'slot started'. The controller column (which would count"
+          " them) is left out.")
 head = ("| roll | change | spec->start | slot started | ready | switched | SIGTERM old | old stopped listening | lease DELETE"
         " | lease released | probe Ready | old exited | done | gap | leaderless | kcp start-up | kcp stop listening"
         " | kcp takeover | controller | of it: settle |")
@@ -213,31 +170,37 @@ gaps, leaderless, ctrl = [], [], []
 for r in rows:
     t = r["t"]; s = t["startedAt"]
     rel = lambda k: f"{t[k]-s:.2f}" if t.get(k) is not None else "-"
-    startup = t["newSlotReadyAt"] - t["newSlotStartedAt"]
-    # The issue's controller gap (old slot exit -> probe Ready; negative when a leader ran before the
-    # old slot exited), and the time with no leader: from the old slot stopping listening (kcp
-    # cancels its leader election then) to probe Ready.
-    gap = t["probeSucceededAt"] - t["oldSlotExitedAt"]
-    no_leader = t["probeSucceededAt"] - t["oldSlotStoppedListeningAt"]
-    delete_sent = t.get("leaseDeleteSent") or t["leaseReleasedAt"]
-    # kcp's takeover starts when the controller sends the Lease DELETE (the DELETE's own time is kcp's).
-    takeover = t["probeSucceededAt"] - delete_sent
-    if t.get("sigterm") is not None:
-        stop_listening = t["oldSlotStoppedListeningAt"] - t["sigterm"]
-        settle = t["sigterm"] - t["frontSwitchedAt"]
-        # kcpshard's own time on the roll's path: starting the slot (snapshot, its kine), switching,
-        # the settle wait, sending the DELETE once the old slot stopped listening, and finishing
-        # after the probe and the old slot's exit (its kine's stop, the roll record).
-        controller = ((t["newSlotStartedAt"] - s) + (t["frontSwitchedAt"] - t["newSlotReadyAt"]) + settle
-                      + (delete_sent - t["oldSlotStoppedListeningAt"])
-                      + (t["completedAt"] - max(t["probeSucceededAt"], t["oldSlotExitedAt"])))
-    else:
-        stop_listening = settle = controller = None
+    # A field a roll did not reach (or, with several slots, one the record does not carry) is "-".
+    try:
+        startup = t["newSlotReadyAt"] - t["newSlotStartedAt"]
+        # The controller gap (old slot exit -> probe Ready; negative when a leader ran before the
+        # old slot exited), and the time with no leader: from the old slot stopping listening (kcp
+        # cancels its leader election then) to probe Ready.
+        gap = t["probeSucceededAt"] - t["oldSlotExitedAt"]
+        no_leader = t["probeSucceededAt"] - t["oldSlotStoppedListeningAt"]
+        delete_sent = t.get("leaseDeleteSent") or t["leaseReleasedAt"]
+        # kcp's takeover starts when the controller sends the Lease DELETE (the DELETE's own time is kcp's).
+        takeover = t["probeSucceededAt"] - delete_sent
+        if t.get("sigterm") is not None:
+            stop_listening = t["oldSlotStoppedListeningAt"] - t["sigterm"]
+            settle = t["sigterm"] - t["frontSwitchedAt"]
+            # kcpshard's own time on the roll's path: starting the slot (snapshot, its kine), switching,
+            # the settle wait, sending the DELETE once the old slot stopped listening, and finishing
+            # after the probe and the old slot's exit (its kine's stop, the roll record).
+            controller = ((t["newSlotStartedAt"] - s) + (t["frontSwitchedAt"] - t["newSlotReadyAt"]) + settle
+                          + (delete_sent - t["oldSlotStoppedListeningAt"])
+                          + (t["completedAt"] - max(t["probeSucceededAt"], t["oldSlotExitedAt"])))
+        else:
+            stop_listening = settle = controller = None
+    except TypeError:
+        startup = gap = no_leader = takeover = stop_listening = settle = controller = None
+    if slots > 1:
+        controller = None
     gaps.append(gap); leaderless.append(no_leader); ctrl.append(controller)
     change = r["kind"] if r["kind"] == "restart" else f"{r['from']}->{r['to']}"
     f2 = lambda v: f"{v:.2f}" if v is not None else "-"
     print(f"| {r['roll']} | {change} | {s - t['changedAt']:.2f} | " + " | ".join(rel(k) for k in cols)
-          + f" | **{gap:.2f}** | **{no_leader:.2f}** | {startup:.2f} | {f2(stop_listening)} | {takeover:.2f} | "
+          + f" | **{f2(gap)}** | **{f2(no_leader)}** | {f2(startup)} | {f2(stop_listening)} | {f2(takeover)} | "
           + (f"**{controller:.2f}**" if controller is not None else "-") + f" | {f2(settle)} |")
 # Each failure (and each retried first attempt) placed in its roll and phase.
 from datetime import datetime
@@ -294,6 +257,8 @@ for r in rows:
 ok = lambda b: "met" if b else "MISSED"
 print(f"\ntargets ({store}):")
 print(f"  0 failures in at least 10,000 requests: {ok(failed == 0 and req >= 10000)} ({failed} of {req:,})")
+gaps = [g for g in gaps if g is not None] or [float("nan")]
+leaderless = [g for g in leaderless if g is not None] or [float("nan")]
 print(f"  controller gap (old slot exit -> probe Ready) at most 2.5 s in every roll: {ok(max(gaps) <= 2.5)} "
       f"(min {min(gaps):.2f}, max {max(gaps):.2f}; {sum(g > 2.5 for g in gaps)} of {len(gaps)} rolls above)")
 print(f"  the same from the old slot stopping listening (no leader from then on): {ok(max(leaderless) <= 2.5)} "
@@ -330,60 +295,16 @@ for r in failed:
 PY
 }
 
-run_store() { # sqlite|postgres
-  local store=$1
-  state=$(mktemp -d /tmp/kcpshard-roll-XXXXXX)
-  local front_port; front_port=$(free_port)
-  echo "=== $store: state $state, front 127.0.0.1:$front_port; $(uptime | sed 's/.*load/load/')" >&2
-  {
-    echo "command: hack/bench/roll.sh $command_line (store $store)"
-    echo "kcpshard: $commit; kcp $KCP_VERSION_OLDER and $KCP_VERSION_NEWER, kine $KINE_VERSION"
-    echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(free -g | awk '/^Mem:/ {print $2}') GiB"
-    echo "began: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')"
-  } >"$state/about.txt"
-  # Debug lines of the controller name each step it plans (the old slot's SIGTERM time).
-  RUST_LOG="info,kube_client::client::builder=off,kcpshard::controller=debug" NO_COLOR=1 \
-    "$ks" serve --state-dir "$state" --api-listen 127.0.0.1:0 >"$state/serve.log" 2>&1 &
-  serve=$!
-  for _ in $(seq 1 300); do [ -s "$state/kubeconfig" ] && break; sleep 0.1; done
-  [ -s "$state/kubeconfig" ] || { echo "roll.sh: serve wrote no kubeconfig; see $state/serve.log" >&2; exit 1; }
-  export KUBECONFIG=$state/kubeconfig
-  local store_spec
-  if [ "$store" = postgres ]; then
-    local pg_port; pg_port=$(free_port)
-    (umask 077; python3 -c 'import secrets; print(secrets.token_hex(16))' >"$state/pgpass")
-    store_spec="{type: KinePostgres, kinePostgres: {host: 127.0.0.1, port: $pg_port, database: kcp, user: kcp, passwordFrom: {file: $state/pgpass}, managed: true}}"
-  else
-    store_spec="{type: KineSqlite}"
-  fi
-  local began; began=$(now)
-  for _ in $(seq 1 30); do
-    "$kubectl" apply -f - >/dev/null 2>&1 <<EOF && break
-apiVersion: kcpshard.io/v1alpha1
-kind: KcpShard
-metadata: {name: bench}
-spec:
-  version: $KCP_VERSION_OLDER
-  kcp: {binary: "$root/bin/kcp-{version}"${shutdown_delay:+, shutdownDelay: "$shutdown_delay"}${kcp_args:+, extraArgs: [${kcp_args%, }]}}
-  store: $store_spec
-  front: {type: Tcp, listen: "127.0.0.1:$front_port"}
-  rollout: {allowDowngrade: true}
-EOF
-    sleep 1
-  done
-  "$ks" rollout status bench --timeout 600 >/dev/null
-  echo "$store: first start to Ready: $(python3 -c "print(f'{$(now)-$began:.1f}')") s" >&2
-
-  "$bins/roll_load" --kubeconfig "$state/shards/bench/admin.kubeconfig" --front "127.0.0.1:$front_port" \
-    --json "$state/load.json" >"$state/load.txt" 2>"$state/load.err" &
-  load=$!
+run_store() { # sqlite|postgres slots
+  local store=$1 slots=$2
+  start_shard "$store" "$slots" "" \
+    "${shutdown_delay:+shutdownDelay: \"$shutdown_delay\"}${shutdown_delay:+${kcp_args:+, }}${kcp_args:+extraArgs: [${kcp_args%, }]}"
+  start_load
   if [ -n "$clients" ]; then
     hack/bench/clients/run.sh --front "127.0.0.1:$front_port" --kubeconfig "$state/shards/bench/admin.kubeconfig" \
       --out "$state/clients" >"$state/clients.log" 2>&1 &
     client_loops=$!
   fi
-  sleep 5
-  kill -0 "$load" 2>/dev/null || { echo "roll.sh: the load generator exited:" >&2; cat "$state/load.err" >&2; exit 1; }
   : >"$state/rolls.jsonl"
   local i kind version changed
   for i in $(seq 1 "$rolls"); do
@@ -400,15 +321,14 @@ EOF
     if ! wait_roll "$changed" "$i" "$kind" >>"$state/rolls.jsonl" 2>"$state/roll-$i.err"; then
       cat "$state/roll-$i.err" >&2
       echo "roll $i of $rolls did not complete: $(cat "$state/roll-$i.err")" >>"$state/about.txt"
-      failed_runs="$failed_runs $store"
+      failed_runs="$failed_runs $store/slots$slots"
       keep_state=1
       break
     fi
     cat "$state/roll-$i.err" >&2
     sleep "$pause"
   done
-  kill -TERM "$load"; wait "$load" || true
-  load=""
+  stop_load
   if [ -n "$clients" ]; then
     kill -TERM "$client_loops"; wait "$client_loops" || true
     client_loops=""
@@ -417,14 +337,46 @@ EOF
   fi
   echo "ended: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')" >>"$state/about.txt"
   cat "$state/load.txt" >&2
-  report "$store"
+  report "$store, slots $slots" "$slots" | tee "$state/report.txt"
+  reports+=("$state/report.txt")
+  plot_rolls "$store" "$slots"
+  # The report outlives the state dir, for the side-by-side summary at the end.
+  cp "$state/report.txt" "$bins/report-$store-$slots.txt"
+  reports[-1]=$bins/report-$store-$slots.txt
   stop_run
 }
 
+# The run as a picture: requests and failures per 100 ms, each roll's phases marked.
+plot_rolls() { # store slots
+  local out=${png_dir:-$state}/roll-$1-slots$2.png
+  mkdir -p "$(dirname "$out")"
+  python3 - "$state/rolls.jsonl" >"$state/marks.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line); t = r["t"]
+    print(json.dumps({"from": t["startedAt"], "to": t["completedAt"], "label": f"roll {r['roll']}"}))
+    for key, label in (("newSlotReadyAt", "new slot ready"), ("frontSwitchedAt", "front switched"),
+                       ("oldSlotExitedAt", "old slot exited")):
+        if t.get(key):
+            print(json.dumps({"at": t[key], "label": label}))
+PY
+  "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
+    --title "hack/bench/roll.sh: $1, slots $2, $(date -u +%F)" --out "$out" >&2
+}
+
 failed_runs=""
+reports=()
 for store in $stores; do
-  run_store "$store"
+  for slots in ${slot_counts//,/ }; do
+    run_store "$store" "$slots"
+  done
 done
+if [ "${#reports[@]}" -gt 1 ]; then
+  echo; echo "=== side by side (one session) ==="
+  for r in "${reports[@]}"; do
+    grep -E '^=== |^load \(|^  0 failures|^  controller gap' "$r"
+  done
+fi
 if [ -n "$failed_runs" ]; then
   echo "roll.sh: a roll did not complete on:$failed_runs (see the report above)" >&2
   exit 1

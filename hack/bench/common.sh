@@ -1,0 +1,167 @@
+# Shared by the real-shard benchmarks (hack/bench/roll.sh, hack/bench/failover.sh); sourced, not run.
+# It copies the binaries, starts `kcpshard serve` on a scratch state dir, applies the KcpShard "bench"
+# (KineSqlite, or KinePostgres with a PostgreSQL kcpshard runs itself), waits for Ready, starts
+# examples/roll_load.rs through the front (a /readyz poller every 20 ms, 4 keep-alive and 4
+# new-connection GET clients, 3 watches; a per-request timeline for hack/bench/plot.py), and stops
+# everything it started again at exit.
+#
+# Before sourcing: `set -euo pipefail`, command_line (the script's arguments), bench (the script's
+# name, for messages). Then per run: `start_shard STORE SLOTS [ROLLOUT_FIELDS] [KCP_FIELDS]`,
+# `start_load`, `stop_load`, `wait_slots N`, `stop_run`. Env: KCPSHARD and ROLL_LOAD: built
+# binaries to use instead of `cargo build --release`; KEEP=1 keeps each state dir (logs, serve's and
+# kcp's) after the run.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+source hack/versions.env
+for c in bin/kubectl "bin/kcp-$KCP_VERSION_OLDER" "bin/kcp-$KCP_VERSION_NEWER" bin/kine; do
+  [ -x "$c" ] || { echo "$bench: $c is missing: run hack/install-deps.sh" >&2; exit 1; }
+done
+
+# Copies of the binaries: builds by others in the shared target dir must not replace them mid-run.
+bins=$(mktemp -d /tmp/kcpshard-bench-bin-XXXXXX)
+if [ -z "${KCPSHARD:-}" ] || [ -z "${ROLL_LOAD:-}" ]; then
+  cargo build --release -q --bin kcpshard --example roll_load
+fi
+target=${CARGO_TARGET_DIR:-target}
+cp "${KCPSHARD:-$target/release/kcpshard}" "$bins/kcpshard"
+cp "${ROLL_LOAD:-$target/release/examples/roll_load}" "$bins/roll_load"
+ks=$bins/kcpshard
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
+[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit with uncommitted changes"
+kubectl=$root/bin/kubectl
+
+# The plotting venv (matplotlib, pinned in hack/versions.env), made on first use.
+plot_python() {
+  local venv=$HOME/.cache/kcpshard/venv-plot-$MATPLOTLIB_VERSION
+  if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    rm -rf "$venv"
+    { python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check "matplotlib==$MATPLOTLIB_VERSION"; } >&2
+  fi
+  echo "$venv/bin/python"
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+now() { date +%s.%N; }
+
+state=""
+serve=""
+load=""
+front_port=""
+keep_state=""
+# Stops what one run started: the load, the shard (its finalizer stops the slots, kines, the front
+# and a managed PostgreSQL), serve, then anything still naming the state dir in its argv.
+stop_load() {
+  [ -n "$load" ] && { kill -TERM "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; }
+  load=""
+}
+stop_run() {
+  stop_load
+  [ -n "$(type -t stop_extra)" ] && stop_extra
+  if [ -n "$state" ] && [ -s "$state/kubeconfig" ] && [ -n "$serve" ] && kill -0 "$serve" 2>/dev/null; then
+    "$kubectl" --kubeconfig "$state/kubeconfig" delete ks bench --timeout=120s >/dev/null 2>&1 || true
+  fi
+  [ -n "$serve" ] && { kill -TERM "$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; }
+  serve=""
+  if [ -n "$state" ]; then
+    local pids
+    pids=$(pgrep -f -- "$state" || true)
+    if [ -n "$pids" ]; then
+      echo "$bench: stopping processes left with $state in their argv:" >&2
+      ps -o pid=,args= -p "$(echo $pids | tr ' ' ,)" | cut -c1-160 >&2 || true
+      kill -CONT $pids 2>/dev/null || true
+      kill -TERM $pids 2>/dev/null || true
+      sleep 3
+      kill -KILL $pids 2>/dev/null || true
+    fi
+    if [ -n "${KEEP:-}${keep_state:-}" ]; then echo "$bench: kept $state" >&2; else rm -rf "$state"; fi
+    keep_state=""
+  fi
+  state=""
+}
+cleanup() {
+  stop_run
+  rm -rf "$bins"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Starts serve and a shard "bench" with STORE (sqlite|postgres) and SLOTS, waits for Ready. Extra
+# YAML fields of spec.rollout and spec.kcp come as flow-map items ("a: b, c: d"). Sets state,
+# front_port, KUBECONFIG; writes $state/about.txt.
+start_shard() { # store slots [rollout fields] [kcp fields]
+  local store=$1 slots=$2 rollout_fields=${3:-} kcp_fields=${4:-}
+  state=$(mktemp -d /tmp/kcpshard-bench-XXXXXX)
+  front_port=$(free_port)
+  echo "=== $store, slots $slots: state $state, front 127.0.0.1:$front_port; $(uptime | sed 's/.*load/load/')" >&2
+  {
+    echo "command: hack/bench/$bench $command_line (store $store, slots $slots)"
+    echo "kcpshard: $commit; kcp $KCP_VERSION_OLDER and $KCP_VERSION_NEWER, kine $KINE_VERSION"
+    echo "machine: $(nproc) cores, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(free -g | awk '/^Mem:/ {print $2}') GiB"
+    echo "began: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uptime | sed 's/.*load/load/')"
+  } >"$state/about.txt"
+  # Debug lines of the controller name each step it plans (the old slot's SIGTERM time).
+  RUST_LOG="info,kube_client::client::builder=off,kcpshard::controller=debug" NO_COLOR=1 \
+    "$ks" serve --state-dir "$state" --api-listen 127.0.0.1:0 >"$state/serve.log" 2>&1 &
+  serve=$!
+  for _ in $(seq 1 300); do [ -s "$state/kubeconfig" ] && break; sleep 0.1; done
+  [ -s "$state/kubeconfig" ] || { echo "$bench: serve wrote no kubeconfig; see $state/serve.log" >&2; exit 1; }
+  export KUBECONFIG=$state/kubeconfig
+  local store_spec
+  if [ "$store" = postgres ]; then
+    local pg_port; pg_port=$(free_port)
+    (umask 077; python3 -c 'import secrets; print(secrets.token_hex(16))' >"$state/pgpass")
+    store_spec="{type: KinePostgres, kinePostgres: {host: 127.0.0.1, port: $pg_port, database: kcp, user: kcp, passwordFrom: {file: $state/pgpass}, managed: true}}"
+  else
+    store_spec="{type: KineSqlite}"
+  fi
+  local began; began=$(now)
+  for _ in $(seq 1 30); do
+    "$kubectl" apply -f - >/dev/null 2>&1 <<EOF && break
+apiVersion: kcpshard.io/v1alpha1
+kind: KcpShard
+metadata: {name: bench}
+spec:
+  version: $KCP_VERSION_OLDER
+  slots: $slots
+  kcp: {binary: "$root/bin/kcp-{version}"${kcp_fields:+, $kcp_fields}}
+  store: $store_spec
+  front: {type: Tcp, listen: "127.0.0.1:$front_port"}
+  rollout: {allowDowngrade: true${rollout_fields:+, $rollout_fields}}
+EOF
+    sleep 1
+  done
+  "$ks" rollout status bench --timeout 600 >/dev/null
+  echo "$store, slots $slots: first start to Ready: $(python3 -c "print(f'{$(now)-$began:.1f}')") s" >&2
+}
+
+# examples/roll_load.rs through the front; its counts go to $state/load.json, its per-request
+# timeline to $state/timeline.csv once it stops.
+start_load() {
+  "$bins/roll_load" --kubeconfig "$state/shards/bench/admin.kubeconfig" --front "127.0.0.1:$front_port" \
+    --json "$state/load.json" --timeline "$state/timeline.csv" >"$state/load.txt" 2>"$state/load.err" &
+  load=$!
+  sleep 5
+  kill -0 "$load" 2>/dev/null || { echo "$bench: the load generator exited:" >&2; cat "$state/load.err" >&2; exit 1; }
+}
+
+# Waits (up to 600 s) until the shard has N slots, all ready and serving, one of them leading, and
+# Ready=True; prints status.slots as JSON.
+wait_slots() { # n
+  python3 - "$kubectl" "$1" <<'PY'
+import json, subprocess, sys, time
+kubectl, n = sys.argv[1], int(sys.argv[2])
+deadline = time.time() + 600
+while time.time() < deadline:
+    out = subprocess.run([kubectl, "get", "ks", "bench", "-o", "json"], capture_output=True, text=True)
+    if out.returncode == 0:
+        st = json.loads(out.stdout).get("status") or {}
+        ready = {c["type"]: c["status"] for c in st.get("conditions", [])}.get("Ready") == "True"
+        slots = st.get("slots", [])
+        if (ready and len(slots) == n and all(s.get("ready") and s.get("serving") and s.get("pid") for s in slots)
+                and sum(bool(s.get("leader")) for s in slots) == 1):
+            print(json.dumps(slots))
+            sys.exit(0)
+    time.sleep(0.5)
+sys.exit(f"the shard did not get to {n} ready, serving slots with one leading within 600 s")
+PY
+}
