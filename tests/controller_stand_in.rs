@@ -134,9 +134,7 @@ async fn two_slots_serve_and_a_roll_replaces_them_one_by_one_with_no_failed_requ
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs() {
     let (mut env, _front, poll) = start(2).await;
-    let (name, pid) = env
-        .until("dev", Duration::from_secs(20), "a leader", |o| leader(o))
-        .await;
+    let (name, pid) = env.until("dev", Duration::from_secs(20), "a leader", leader).await;
     let poller = Poller::start_every(poll, Duration::from_millis(20));
     signal(pid, libc::SIGKILL);
     let killed = Instant::now();
@@ -370,7 +368,7 @@ async fn a_version_changed_mid_roll_is_the_one_the_roll_record_names() {
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some("RollComplete"))
         .filter_map(|e| e.message)
-        .last()
+        .next_back()
         .unwrap_or_default();
     assert!(complete.contains("to v0.31.4"), "{complete}");
     env.shutdown(&["dev"]).await;

@@ -21,6 +21,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn a_caddy_front_is_switched_through_its_admin_api_and_a_roll_fails_no_poll() {
     let _serial = serial();
     let (older, newer) = (kcp_older(), kcp_newer());

@@ -80,6 +80,7 @@ fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postgres_outage() {
     let _serial = serial();
     let (older, newer) = (kcp_older(), kcp_newer());
@@ -326,6 +327,7 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn a_managed_postgres_is_created_started_and_stopped_with_the_shard() {
     let _serial = serial();
     support::require("initdb");
@@ -456,6 +458,7 @@ async fn a_managed_postgres_is_created_started_and_stopped_with_the_shard() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn an_etcd_store_serves_a_shard() {
     let _serial = serial();
     let newer = kcp_newer();
@@ -522,6 +525,7 @@ fn postgres_certificates() -> (String, support::ServerTls) {
 /// know); verify-full checks the chain and the name; verify-ca the chain only. No kcp is needed:
 /// the store comes first, and its check is what StoreReady reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn postgres_tls_is_checked_as_each_sslmode_says_as_kine_does() {
     let _serial = serial();
     let (ca_pem, tls) = postgres_certificates();

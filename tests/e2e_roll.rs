@@ -562,6 +562,7 @@ async fn untouched(env: &Env, shard: &str, front: &str, pid: i32, label: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     let _serial = serial();
     let (older, newer) = (kcp_older(), kcp_newer());
@@ -1157,6 +1158,7 @@ fn last_phase(roll: &Value) -> &'static str {
 /// and one front; a poller of `/readyz` through the front running through all of it sees 0
 /// failures (the front never pointed at a slot that was not ready).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_completes() {
     let _serial = serial();
     let version = kcp_newer();

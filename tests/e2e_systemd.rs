@@ -243,6 +243,7 @@ fn opt_bin(dir: &Path, versions: &[&str]) -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_crash_and_a_stuck_serve() {
     let _serial = serial();
     let (newer, older) = (kcp_newer(), kcp_older());
@@ -583,6 +584,7 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
 /// dies is started again as that unit; deleting the shard stops it. No kcp runs (the shard's
 /// version has no binary: the store comes first, and is all this needs), so no real-kcp lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn under_systemd_a_managed_postgres_is_a_unit_of_its_own() {
     let _serial = serial();
     let tmp = tempfile::Builder::new()

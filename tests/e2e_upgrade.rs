@@ -26,6 +26,7 @@ fn front_process(shard_dir: &Path) -> Option<(u32, PathBuf)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn ten_serve_restarts_each_upgrading_the_front_fail_no_poll() {
     let _serial = serial();
     let newer = kcp_newer();

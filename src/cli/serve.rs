@@ -184,45 +184,6 @@ fn why_it_ended(ended: Result<(), tokio::task::JoinError>) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_controller_that_panics_makes_readyz_fail_with_the_panic() {
-        let ended = tokio::spawn(async { panic!("index out of bounds") }).await;
-        let reason = why_it_ended(ended);
-        assert_eq!(reason, "the controller panicked: index out of bounds");
-        let dir = tempfile::tempdir().unwrap();
-        let server = ApiServer::open(dir.path()).unwrap();
-        let readyz = || async {
-            let request = crate::apiserver::handler::ApiRequest {
-                method: http::Method::GET,
-                path: "/readyz".into(),
-                query: Default::default(),
-                headers: Default::default(),
-                body: Default::default(),
-            };
-            let response = crate::apiserver::handler::handle(&server, request).await;
-            let status = response.status();
-            let body = http_body_util::BodyExt::collect(response.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
-            (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
-        };
-        assert_eq!(readyz().await, (200, "ok".to_string()));
-        server.set_not_ready(reason);
-        let (status, body) = readyz().await;
-        assert_eq!(status, 503);
-        assert!(
-            body.contains("[-]controller failed: the controller panicked: index out of bounds"),
-            "{body}"
-        );
-        assert_eq!(why_it_ended(tokio::spawn(async {}).await), "the controller stopped");
-    }
-}
-
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM can be handled");
@@ -315,4 +276,43 @@ fn status_line(shards: &[KcpShard]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_controller_that_panics_makes_readyz_fail_with_the_panic() {
+        let ended = tokio::spawn(async { panic!("index out of bounds") }).await;
+        let reason = why_it_ended(ended);
+        assert_eq!(reason, "the controller panicked: index out of bounds");
+        let dir = tempfile::tempdir().unwrap();
+        let server = ApiServer::open(dir.path()).unwrap();
+        let readyz = || async {
+            let request = crate::apiserver::handler::ApiRequest {
+                method: http::Method::GET,
+                path: "/readyz".into(),
+                query: Default::default(),
+                headers: Default::default(),
+                body: Default::default(),
+            };
+            let response = crate::apiserver::handler::handle(&server, request).await;
+            let status = response.status();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+        };
+        assert_eq!(readyz().await, (200, "ok".to_string()));
+        server.set_not_ready(reason);
+        let (status, body) = readyz().await;
+        assert_eq!(status, 503);
+        assert!(
+            body.contains("[-]controller failed: the controller panicked: index out of bounds"),
+            "{body}"
+        );
+        assert_eq!(why_it_ended(tokio::spawn(async {}).await), "the controller stopped");
+    }
 }

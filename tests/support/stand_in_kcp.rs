@@ -13,6 +13,7 @@
 //! - on SIGTERM it fails `/readyz`, stops listening after `--shutdown-delay-duration`, stops leading
 //!   (its election reaches the Lease through its own listener, as kcp's does) and exits;
 //! - an extra argument containing `bogus` makes it exit 1 with `Error: unknown flag: <arg>`.
+//!
 //! Hangs and crashes are real: tests SIGSTOP and SIGKILL it.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
