@@ -227,6 +227,11 @@ async fn a_lone_hung_slot_is_degraded_at_once_and_serves_again_after_the_livenes
     let back = stopped.elapsed();
     env.log(&format!("serving again {back:.2?} after SIGSTOP"));
     assert!(e2e::readyz_ok(&poll).await.is_ok());
+    // Each step is told: the hang (no step is taken for it until livenessTimeout), then the kill.
+    let seen = reasons(&env).await;
+    for reason in ["SlotUnresponsive", "SlotKilled"] {
+        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
+    }
     env.shutdown(&["dev"]).await;
 }
 

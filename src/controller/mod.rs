@@ -391,6 +391,16 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         ));
     }
     write_status(&api, &name, stored.as_ref(), &status).await?;
+    // A slot that stops answering while it is the only one behind the front takes no step until
+    // livenessTimeout: the first status that says so is told as an event too.
+    if let Some(hung) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == "SlotUnresponsive")
+        && degraded.is_none_or(|c| c.reason != hung.reason)
+    {
+        publish(ctx, shard, Note::warning("SlotUnresponsive", hung.message.clone())).await;
+    }
     // A blocked roll is told once: with the first status that says Degraded for it.
     if let Step::Blocked { cause } = &upcoming
         && failure.is_none()
