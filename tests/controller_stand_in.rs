@@ -14,7 +14,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use e2e::{Env, Poller, condition, describe_failures, free_port, signal};
+use e2e::{Env, Poller, condition, describe_failures, free_port, leader, serving, settled, signal, slot_pid};
 use serde_json::{Value, json};
 
 fn stand_in() -> String {
@@ -30,49 +30,6 @@ fn spec(front: &str, slots: u32) -> Value {
         "front": { "type": "Tcp", "listen": front },
         "rollout": { "livenessTimeout": "4s", "readinessTimeout": "20s", "drainTimeout": "10s" },
     })
-}
-
-/// The slots the front serves from, as status says.
-fn serving(object: &Value) -> Vec<String> {
-    object["status"]["slots"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|s| s["serving"] == true)
-        .filter_map(|s| s["name"].as_str().map(str::to_string))
-        .collect()
-}
-
-fn leader(object: &Value) -> Option<(String, i32)> {
-    object["status"]["slots"]
-        .as_array()?
-        .iter()
-        .find(|s| s["leader"] == true && s["pid"].is_number())
-        .map(|s| {
-            (
-                s["name"].as_str().unwrap().to_string(),
-                s["pid"].as_i64().unwrap() as i32,
-            )
-        })
-}
-
-fn slot_pid(object: &Value, name: &str) -> Option<i32> {
-    object["status"]["slots"]
-        .as_array()?
-        .iter()
-        .find(|s| s["name"] == name)
-        .and_then(|s| s["pid"].as_i64())
-        .map(|p| p as i32)
-}
-
-/// Ready, with `n` slots serving that are not stopping.
-async fn settled(env: &Env, name: &str, n: usize, timeout: Duration) -> Value {
-    env.until(name, timeout, &format!("{n} slots serving, the roll done"), |o| {
-        let idle = condition(o, "Progressing").is_some_and(|c| c["status"] == "False");
-        (e2e::ready_now(o) && idle && serving(o).len() == n && o["status"]["slots"].as_array()?.len() == n)
-            .then(|| o.clone())
-    })
-    .await
 }
 
 async fn start(slots: u32) -> (Env, String, kube::Config) {
@@ -239,32 +196,8 @@ async fn a_lone_hung_slot_is_degraded_at_once_and_serves_again_after_the_livenes
 async fn a_hung_kine_and_a_hung_front_are_replaced_and_the_shard_serves_again_within_5s() {
     let (mut env, _front, poll) = start(1).await;
     for (what, marker) in [("kine", "--endpoint=sqlite://"), ("front", " front ")] {
-        let pid = e2e::processes_with(&env.state.display().to_string())
-            .into_iter()
-            .find(|(_, argv)| argv.contains(marker))
-            .unwrap_or_else(|| env.fail(&format!("no {what} runs")))
-            .0;
-        signal(pid, libc::SIGSTOP);
-        let stopped = Instant::now();
-        let deadline = stopped + Duration::from_secs(5);
-        loop {
-            let replaced = !e2e::alive(pid)
-                && e2e::processes_with(&env.state.display().to_string())
-                    .iter()
-                    .any(|(p, argv)| argv.contains(marker) && *p != pid);
-            if replaced && e2e::readyz_ok(&poll).await.is_ok() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the shard does not serve 5 s after its {what} hung"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        env.log(&format!(
-            "{what} SIGSTOPped: replaced, serving again after {:.2?}",
-            stopped.elapsed()
-        ));
+        let took = e2e::stop_and_await_replacement(&env, &poll, what, marker, Duration::from_secs(5)).await;
+        env.log(&format!("{what} SIGSTOPped: replaced, serving again after {took:.2?}"));
     }
     let seen = reasons(&env).await;
     for reason in ["StoreUnresponsive", "FrontUnresponsive"] {

@@ -116,34 +116,6 @@ fn render(timeline: &[(Duration, String)]) -> String {
         .join("\n")
 }
 
-/// Events about the shard since `since`, as `Type Reason: message` lines.
-async fn events_since(env: &Env, shard: &str, since: DateTime<Utc>) -> Vec<(String, String, String)> {
-    env.events(shard)
-        .await
-        .into_iter()
-        .filter(|e| {
-            event_time(e)
-                .parse::<DateTime<Utc>>()
-                .is_ok_and(|t| t >= since - chrono::Duration::seconds(1))
-        })
-        .map(|e| {
-            (
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default(),
-            )
-        })
-        .collect()
-}
-
-fn render_events(events: &[(String, String, String)]) -> String {
-    events
-        .iter()
-        .map(|(t, r, m)| format!("    {t} {r}: {m}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// `/readyz` through the front every 50 ms, each on a new connection (as `curl` does), like the
 /// e2e `Poller`, but each poll is kept with the time it STARTED and how long it took: while the
 /// store is down a request hangs before it fails, and a user waits that long.

@@ -36,41 +36,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 const PASSWORD: &str = "kcpshard-e2e-Secret-4711";
 
-fn postgres_spec(version: &str, front: &str, pg: &support::Postgres, password_file: &std::path::Path) -> Value {
-    json!({
-        "version": version,
-        "store": {
-            "type": "KinePostgres",
-            "kinePostgres": {
-                "host": "127.0.0.1",
-                "port": pg.port,
-                "database": "kcp_e2e",
-                "user": "postgres",
-                "passwordFrom": { "file": password_file.display().to_string() },
-            },
-        },
-        "front": { "type": "Tcp", "listen": front },
-    })
-}
-
-/// Live kine processes of this shard's slots on this PostgreSQL (their endpoint names both).
-fn slot_kines(pg: &support::Postgres, shard: &str) -> Vec<(i32, String)> {
-    processes_with(&format!("@127.0.0.1:{}/", pg.port))
-        .into_iter()
-        .filter(|(_, cmdline)| cmdline.contains(&format!("application_name=kcpshard-{shard}-")))
-        .collect()
-}
-
-/// Slot kines have no state dir in their argv, which is what the e2e sweep looks for: sweep
-/// them by their PostgreSQL's port, however the test ends.
-struct SweepKines(u16);
-
-impl Drop for SweepKines {
-    fn drop(&mut self) {
-        sweep(&format!("@127.0.0.1:{}/", self.0), Duration::from_secs(5));
-    }
-}
-
 fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
     let roll = &object["status"]["lastRoll"];
     roll["toVersion"] == version
@@ -144,14 +109,7 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
         describe_failures(&stats)
     );
     assert_eq!(most_kines, 2, "both slots' kines ran during the overlap");
-    let kines_after = support::poll(Duration::from_secs(15), Duration::from_millis(100), || {
-        (slot_kines(&pg, shard).len() == 1).then_some(())
-    });
-    assert!(
-        kines_after.is_some(),
-        "the old slot's kine still runs: {:?}",
-        slot_kines(&pg, shard)
-    );
+    await_slot_kines(&pg, shard, 1);
 
     let new_slot = active_slot(&rolled).unwrap();
     assert_ne!(new_slot, slot);

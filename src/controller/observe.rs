@@ -246,11 +246,13 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 false,
                 // Whether kine answers: an error it answers with (its database away) is the store
                 // check's to report, and no reason to restart kine.
+                // One read, so one LOOK_TIMEOUT: the health task's own bound (two of them) is for
+                // a slot's look, which asks twice.
                 move || async move {
-                    crate::store::kine_read::read_health(port)
-                        .await
-                        .map(|_| ())
-                        .map_err(Failure::slow)
+                    match tokio::time::timeout(LOOK_TIMEOUT, crate::store::kine_read::read_health(port)).await {
+                        Ok(answer) => answer.map(|_| ()).map_err(Failure::slow),
+                        Err(_) => Err(Failure::slow(format!("no answer to a read within {LOOK_TIMEOUT:?}"))),
+                    }
                 },
             )
             .await;

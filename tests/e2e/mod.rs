@@ -604,6 +604,104 @@ pub fn active_pid(object: &Value) -> Option<i32> {
         .map(|p| p as i32)
 }
 
+/// The slots the front serves from, as status says.
+pub fn serving(object: &Value) -> Vec<String> {
+    object["status"]["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["serving"] == true)
+        .filter_map(|s| s["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The slot status names as the controllers' Lease holder, with its pid.
+pub fn leader(object: &Value) -> Option<(String, i32)> {
+    object["status"]["slots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["leader"] == true && s["pid"].is_number())
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["pid"].as_i64().unwrap() as i32,
+            )
+        })
+}
+
+/// The pid of slot `name`, from status.slots.
+pub fn slot_pid(object: &Value, name: &str) -> Option<i32> {
+    object["status"]["slots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == name)
+        .and_then(|s| s["pid"].as_i64())
+        .map(|p| p as i32)
+}
+
+/// The pids of every running slot, from status.slots.
+pub fn slot_pids(object: &Value) -> Vec<i32> {
+    object["status"]["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["pid"].as_i64())
+        .map(|p| p as i32)
+        .collect()
+}
+
+/// Ready, nothing in progress, and `n` slots, every one serving.
+pub async fn settled(env: &Env, name: &str, n: usize, timeout: Duration) -> Value {
+    env.until(name, timeout, &format!("{n} slots serving, the roll done"), |o| {
+        let idle = condition(o, "Progressing").is_some_and(|c| c["status"] == "False");
+        (ready_now(o) && idle && serving(o).len() == n && o["status"]["slots"].as_array()?.len() == n)
+            .then(|| o.clone())
+    })
+    .await
+}
+
+/// Events about the shard since `since` (lastTimestamp has whole seconds: one second of slack),
+/// as (type, reason, message).
+pub async fn events_since(env: &Env, shard: &str, since: DateTime<Utc>) -> Vec<(String, String, String)> {
+    env.events(shard)
+        .await
+        .into_iter()
+        .filter(|e| {
+            event_time(e)
+                .parse::<DateTime<Utc>>()
+                .is_ok_and(|t| t >= since - chrono::Duration::seconds(1))
+        })
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+pub fn render_events(events: &[(String, String, String)]) -> String {
+    events
+        .iter()
+        .map(|(t, r, m)| format!("    {t} {r}: {m}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What the shard's front says of itself (kcpshard's front): its serving set and, per slot, the
+/// connections it gave each slot (the numbers of its `/metrics`).
+pub async fn front_status(env: &Env, shard: &str) -> kcpshard::front::FrontStatus {
+    let dir = env.shard_dir(shard).join("front");
+    let front = kcpshard::front::FrontClient::connect(&dir)
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("the front of {shard}: {e}")));
+    front
+        .status()
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("status of the front of {shard}: {e}")))
+}
+
 pub fn parse_time(v: &Value) -> Option<DateTime<Utc>> {
     v.as_str()?.parse().ok()
 }
@@ -837,7 +935,8 @@ pub async fn request(
     let response = tokio::time::timeout(Duration::from_secs(10), client.send(request))
         .await
         .map_err(|_| "timed out".to_string())?
-        .map_err(|e| e.to_string())?;
+        // With its causes: "client error (SendRequest)" alone does not say the connection closed.
+        .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
     let status = response.status().as_u16();
     let body = response
         .into_body()
@@ -960,6 +1059,111 @@ pub async fn create_workspace_ready(config: &Config, name: &str, timeout: Durati
     ))
 }
 
+/// SIGSTOPs the one process of the shard's state dir whose argv contains `marker` (its kine:
+/// `--endpoint=sqlite://`; its front: ` front `) and waits until another process with that marker
+/// runs, the stopped one is gone and `/readyz` through the front answers `ok` again, failing after
+/// `within`. Returns how long that took. A stopped process still there at the end is killed, so
+/// that nothing is left behind.
+pub async fn stop_and_await_replacement(
+    env: &Env,
+    readyz: &Config,
+    what: &str,
+    marker: &str,
+    within: Duration,
+) -> Duration {
+    let needle = env.state.display().to_string();
+    let pid = processes_with(&needle)
+        .into_iter()
+        .find(|(_, argv)| argv.contains(marker))
+        .unwrap_or_else(|| env.fail(&format!("no {what} runs")))
+        .0;
+    signal(pid, libc::SIGSTOP);
+    let stopped = Instant::now();
+    let deadline = stopped + within;
+    let outcome = loop {
+        let replaced = !alive(pid)
+            && processes_with(&needle)
+                .iter()
+                .any(|(p, argv)| argv.contains(marker) && *p != pid);
+        if replaced && readyz_ok(readyz).await.is_ok() {
+            break Ok(stopped.elapsed());
+        }
+        if Instant::now() >= deadline {
+            break Err(format!(
+                "the shard does not serve {within:?} after its {what} (pid {pid}) was SIGSTOPped: {}",
+                if alive(pid) {
+                    "the stopped one still runs"
+                } else {
+                    "it is gone"
+                }
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    if alive(pid) {
+        signal(pid, libc::SIGKILL);
+        signal(pid, libc::SIGCONT);
+    }
+    outcome.unwrap_or_else(|e| env.fail(&e))
+}
+
+// ------------------------------------------------------------------------------------------------
+// KinePostgres shards
+
+/// A KinePostgres shard on `pg` (database kcp_e2e, user postgres, the password in `password_file`).
+pub fn postgres_spec(
+    version: &str,
+    front: &str,
+    pg: &crate::support::Postgres,
+    password_file: &std::path::Path,
+) -> Value {
+    json!({
+        "version": version,
+        "store": {
+            "type": "KinePostgres",
+            "kinePostgres": {
+                "host": "127.0.0.1",
+                "port": pg.port,
+                "database": "kcp_e2e",
+                "user": "postgres",
+                "passwordFrom": { "file": password_file.display().to_string() },
+            },
+        },
+        "front": { "type": "Tcp", "listen": front },
+    })
+}
+
+/// Live kine processes of this shard's slots on this PostgreSQL (their endpoint names both).
+pub fn slot_kines(pg: &crate::support::Postgres, shard: &str) -> Vec<(i32, String)> {
+    processes_with(&format!("@127.0.0.1:{}/", pg.port))
+        .into_iter()
+        .filter(|(_, cmdline)| cmdline.contains(&format!("application_name=kcpshard-{shard}-")))
+        .collect()
+}
+
+/// Waits up to 15 s until `n` slot kines of the shard run on `pg` (an old slot's kine stops after
+/// its slot); fails naming those that run.
+pub fn await_slot_kines(pg: &crate::support::Postgres, shard: &str, n: usize) {
+    let settled = crate::support::poll(Duration::from_secs(15), Duration::from_millis(100), || {
+        (slot_kines(pg, shard).len() == n).then_some(())
+    });
+    assert!(
+        settled.is_some(),
+        "want {n} slot kines, an old slot's kine still runs: {:?}",
+        slot_kines(pg, shard)
+    );
+}
+
+/// Slot kines have no state dir in their argv, which is what the e2e sweep looks for: sweep
+/// them by their PostgreSQL's port, however the test ends.
+pub struct SweepKines(pub u16);
+
+impl Drop for SweepKines {
+    fn drop(&mut self) {
+        sweep(&format!("@127.0.0.1:{}/", self.0), Duration::from_secs(5));
+    }
+}
+
 // ------------------------------------------------------------------------------------------------
 // A /readyz poller through the front
 
@@ -969,6 +1173,9 @@ pub struct PollStats {
     pub failures: Vec<(DateTime<Utc>, String)>,
     /// When each poll that succeeded was sent.
     pub succeeded: Vec<DateTime<Utc>>,
+    /// Kept-alive polls asked again because their pooled connection closed before an answer (see
+    /// [`Poller::kept_alive`]); not failures.
+    pub retried: u64,
 }
 
 impl PollStats {
@@ -987,53 +1194,91 @@ impl PollStats {
     }
 }
 
-/// Polls through the front, each poll on a new connection (as `curl` does): `/readyz` every 50 ms (or as given),
-/// or an authenticated GET from two clients every 25 ms each ([`Poller::get`]).
+/// What a poller asks.
+#[derive(Clone)]
+enum Poll {
+    /// `/readyz` on a new connection.
+    Readyz,
+    /// `GET path` on a new connection.
+    Get(String),
+    /// `/readyz` on one client's kept-alive connection.
+    KeptAlive,
+}
+
+/// Polls through the front: each poll on a new connection (as `curl` does), `/readyz` every 50 ms
+/// (or as given) or an authenticated GET from two clients every 25 ms each ([`Poller::get`]); or
+/// `/readyz` on a kept-alive connection ([`Poller::kept_alive`]).
 pub struct Poller {
     stop: Arc<AtomicBool>,
     tasks: Vec<tokio::task::JoinHandle<PollStats>>,
 }
 
+/// How often a kept-alive poll is asked again after its pooled connection closed before an answer.
+const POOL_RETRIES: u64 = 4;
+
 impl Poller {
     pub fn start(config: Config) -> Poller {
-        Poller::run(config, None, Duration::from_millis(50), 1)
+        Poller::run(config, Poll::Readyz, Duration::from_millis(50), 1)
     }
 
     /// `/readyz` every `every`.
     pub fn start_every(config: Config, every: Duration) -> Poller {
-        Poller::run(config, None, every, 1)
+        Poller::run(config, Poll::Readyz, every, 1)
     }
 
     /// `GET path` as whoever `config` is, answered 200 (a 401 or 403 is a refused identity).
     pub fn get(config: Config, path: &str) -> Poller {
-        Poller::run(config, Some(path.to_string()), Duration::from_millis(25), 2)
+        Poller::run(config, Poll::Get(path.to_string()), Duration::from_millis(25), 2)
     }
 
-    fn run(config: Config, path: Option<String>, every: Duration, clients: usize) -> Poller {
+    /// `/readyz` every `every` from one client that keeps its connection alive between polls, as
+    /// client-go does. When the kept-alive connection turns out closed or reset before any answer
+    /// (the front closes one to a slot that left its serving set at its next request; a killed
+    /// slot's close races the next request), the poll is asked again at once on a new connection,
+    /// as Go's net/http transport does for an idempotent request on a reused connection; such
+    /// retries are counted apart, only the last outcome is the poll's.
+    pub fn kept_alive(config: Config, every: Duration) -> Poller {
+        Poller::run(config, Poll::KeptAlive, every, 1)
+    }
+
+    fn run(config: Config, poll: Poll, every: Duration, clients: usize) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
         let tasks = (0..clients)
-            .map(|_| Poller::client(config.clone(), path.clone(), every, stop.clone()))
+            .map(|_| Poller::client(config.clone(), poll.clone(), every, stop.clone()))
             .collect();
         Poller { stop, tasks }
     }
 
     fn client(
         config: Config,
-        path: Option<String>,
+        poll: Poll,
         every: Duration,
         flag: Arc<AtomicBool>,
     ) -> tokio::task::JoinHandle<PollStats> {
         tokio::spawn(async move {
             let mut stats = PollStats::default();
+            let mut config = config;
+            config.default_retry = false;
+            let kept = Client::try_from(config.clone()).expect("a client");
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !flag.load(Ordering::SeqCst) {
                 tick.tick().await;
                 stats.polls += 1;
                 let sent = Utc::now();
-                let outcome = match &path {
-                    None => readyz_ok(&config).await,
-                    Some(path) => get_ok(&config, path).await,
+                let outcome = match &poll {
+                    Poll::Readyz => readyz_ok(&config).await,
+                    Poll::Get(path) => get_ok(&config, path).await,
+                    Poll::KeptAlive => {
+                        let mut outcome = readyz_on(&kept).await;
+                        let mut retries = 0;
+                        while outcome.as_ref().is_err_and(|e| connection_lost(e)) && retries < POOL_RETRIES {
+                            stats.retried += 1;
+                            retries += 1;
+                            outcome = readyz_on(&kept).await;
+                        }
+                        outcome
+                    }
                 };
                 match outcome {
                     Ok(()) => stats.succeeded.push(sent),
@@ -1050,6 +1295,7 @@ impl Poller {
         for task in self.tasks {
             let stats = task.await.expect("poller task");
             all.polls += stats.polls;
+            all.retried += stats.retried;
             all.failures.extend(stats.failures);
             all.succeeded.extend(stats.succeeded);
         }
@@ -1057,6 +1303,21 @@ impl Poller {
         all.succeeded.sort();
         all
     }
+}
+
+/// `/readyz` answered 200 `ok` on `client` (its pool: a kept-alive connection if it has one).
+async fn readyz_on(client: &Client) -> Result<(), String> {
+    match request(client, http::Method::GET, "/readyz", None).await {
+        Ok((200, body)) if body.trim() == "ok" => Ok(()),
+        Ok((status, body)) => Err(format!("{status}: {}", body.trim())),
+        Err(e) => Err(e),
+    }
+}
+
+/// An error that says the connection closed or was reset before an answer came.
+fn connection_lost(error: &str) -> bool {
+    let e = error.to_lowercase();
+    e.contains("closed") || e.contains("reset") || e.contains("broken pipe")
 }
 
 pub fn describe_failures(stats: &PollStats) -> String {

@@ -1,0 +1,521 @@
+//! `spec.slots` end to end on real kcp and kine, as a user sees it through the front. One shard per
+//! store, walked through the steps in order (kcp is heavy: the two tests hold one lock and run one
+//! at a time; at most three kcps run at once, during a roll):
+//! - `two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs`:
+//!   1. `slots: 2` gives Ready with two slots in status.slots, and the front gives new connections
+//!      to both (its per-slot counts); a roll OLDER -> NEWER under a 20 ms `/readyz` poller on new
+//!      connections and one on a kept-alive connection: 0 failed;
+//!   2. SIGKILL of the slot that leads kcp's controllers, under both pollers: no poll sent after the
+//!      slot was gone fails (those in flight on it are counted and shown); a workspace created
+//!      through the front right after the kill is Ready within 8 s; another slot leads; a
+//!      replacement runs and two slots serve again; events SlotCrashed and LeaseReleased;
+//!   3. SIGSTOP of a serving slot: out of the front within 3 s (SlotUnresponsive, Degraded
+//!      FewerSlots naming it), no failed poll after that; killed after livenessTimeout (10 s,
+//!      SlotKilled) and replaced. Then `slots: 1` on the same shard and SIGSTOP of its slot:
+//!      Ready=False and Degraded=True SlotUnresponsive within 3 s; serving again within
+//!      livenessTimeout plus one kcp start-up;
+//!   4. SIGSTOP of the kine, then of the front: each replaced, and `/readyz` through the front
+//!      answers within 5 s (StoreUnresponsive, FrontUnresponsive).
+//! - `two_slots_on_kine_postgres_serve_and_roll_without_a_failed_request`: step 1 on KinePostgres
+//!   (a kine per slot on a throwaway PostgreSQL).
+//!
+//! Figures (failed/ok counts, times out of the front, to Ready, to a replacement) are printed for
+//! docs/reliability.md: `cargo test --test e2e_slots -- --nocapture`. Components come from bin/
+//! (hack/install-deps.sh); a missing one fails, never skips. kcp versions come from
+//! hack/versions.env at run time.
+mod e2e;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use e2e::*;
+use serde_json::{Value, json};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(240);
+const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
+/// spec.rollout.livenessTimeout of both shards.
+const LIVENESS: Duration = Duration::from_secs(10);
+/// Every poller polls this often.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
+fn slots_spec(mut spec: Value, slots: u32) -> Value {
+    spec["slots"] = json!(slots);
+    spec["rollout"] = json!({ "livenessTimeout": format!("{}s", LIVENESS.as_secs()) });
+    spec
+}
+
+/// A poller on new connections and one on a kept-alive connection, both every 20 ms.
+struct Pollers {
+    new: Poller,
+    kept: Poller,
+}
+
+impl Pollers {
+    fn start(config: &kube::Config) -> Pollers {
+        Pollers {
+            new: Poller::start_every(config.clone(), POLL_EVERY),
+            kept: Poller::kept_alive(config.clone(), POLL_EVERY),
+        }
+    }
+
+    async fn finish(self) -> (PollStats, PollStats) {
+        (self.new.finish().await, self.kept.finish().await)
+    }
+}
+
+fn figures(stats: &PollStats) -> String {
+    format!(
+        "{} ok, {} failed{}",
+        stats.succeeded.len(),
+        stats.failures.len(),
+        if stats.retried > 0 {
+            format!(
+                " ({} asked again after their kept-alive connection closed)",
+                stats.retried
+            )
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Every slot of status.slots serving, through the front, and the front giving new connections to
+/// each: six clients, each keeping its connection, ask `/readyz` one after the other; the front's
+/// counts (the numbers of its `/metrics`) show each slot got some. Returns the counts.
+async fn both_forwarded_to(env: &Env, shard: &str, config: &kube::Config, object: &Value) -> String {
+    let names = serving(object);
+    assert_eq!(names.len(), 2, "two slots serve: {:#}", object["status"]);
+    let before = front_status(env, shard).await;
+    let backends: Vec<String> = before.backends.iter().map(|b| b.slot.clone()).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    let mut in_front = backends.clone();
+    in_front.sort();
+    assert_eq!(in_front, sorted, "the front's serving set is status's serving slots");
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        let mut config = config.clone();
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).unwrap();
+        match request(&client, http::Method::GET, "/readyz", None).await {
+            Ok((200, _)) => {}
+            other => env.fail(&format!("/readyz through the front: {other:?}")),
+        }
+        clients.push(client);
+    }
+    let after = front_status(env, shard).await;
+    let mut counts = Vec::new();
+    for name in &names {
+        let total = |s: &kcpshard::front::FrontStatus| s.connections.get(name).map_or(0, |c| c.total);
+        let given = total(&after) - total(&before);
+        counts.push(format!("{name}: {given} of 6"));
+        assert!(
+            given >= 1,
+            "the front gave slot {name} none of 6 new connections: before {:?}, after {:?}",
+            before.connections,
+            after.connections
+        );
+    }
+    drop(clients);
+    counts.join(", ")
+}
+
+/// Rolls the shard to `version` under [`Pollers`]; returns the pollers' figures and the roll's time.
+async fn roll_under_pollers(env: &Env, shard: &str, config: &kube::Config, version: &str, report: &mut Report) {
+    let pollers = Pollers::start(config);
+    let started = Instant::now();
+    env.patch(shard, json!({ "spec": { "version": version } })).await;
+    let mut most = 0;
+    let deadline = Instant::now() + ROLL_TIMEOUT;
+    loop {
+        let o = env.get(shard).await.unwrap();
+        most = most.max(slot_pids(&o).len());
+        let slots = o["status"]["slots"].as_array().cloned().unwrap_or_default();
+        let done = slots.len() == 2
+            && slots.iter().all(|s| s["version"] == version && s["serving"] == true)
+            && ready_now(&o)
+            && condition_is(&o, "Progressing", "False");
+        if done {
+            break;
+        }
+        if Instant::now() > deadline {
+            env.fail(&format!("the roll to {version} did not complete: {:#}", o["status"]));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed();
+    let (new, kept) = pollers.finish().await;
+    report.add(format!(
+        "roll of 2 slots to {version}: {:.1}s, at most {most} slots ran; /readyz every 20 ms on new connections: {}; on a kept-alive connection: {}",
+        took.as_secs_f64(),
+        figures(&new),
+        figures(&kept)
+    ));
+    assert!(new.polls > 50, "the poller ran only {} polls", new.polls);
+    for (what, stats) in [("new connections", &new), ("a kept-alive connection", &kept)] {
+        assert!(
+            stats.failures.is_empty(),
+            "failed polls on {what} during the roll:\n{}",
+            describe_failures(stats)
+        );
+    }
+    assert!(most <= 3, "{most} slots ran at once during a roll of 2");
+}
+
+/// Ready with two slots serving again, neither of them the process `pid`, nothing in progress.
+async fn two_slots_again(env: &Env, shard: &str, pid: i32, after: &str) -> Value {
+    env.until(shard, READY_TIMEOUT, &format!("two slots serving after {after}"), |o| {
+        let fresh = !slot_pids(o).contains(&pid) && serving(o).len() == 2;
+        (fresh && ready_now(o) && condition_is(o, "Progressing", "False")).then(|| o.clone())
+    })
+    .await
+}
+
+fn has_event(events: &[(String, String, String)], reason: &str, needle: &str) -> bool {
+    events.iter().any(|(_, r, m)| r == reason && m.contains(needle))
+}
+
+fn slot_message(object: &Value, name: &str) -> String {
+    object["status"]["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == name)
+        .and_then(|s| s["message"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn condition_text(object: &Value, type_: &str) -> String {
+    condition(object, type_).map_or("-".into(), |c| {
+        format!(
+            "{}={} {}: {}",
+            type_,
+            c["status"].as_str().unwrap_or(""),
+            c["reason"].as_str().unwrap_or(""),
+            c["message"].as_str().unwrap_or("")
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
+    let _serial = serial();
+    let (older, newer) = (kcp_older(), kcp_newer());
+    require_components(&[&older, &newer]);
+    let mut env = Env::start().await;
+    let mut report = Report::default();
+    let shard = "slots";
+    let front = format!("127.0.0.1:{}", free_port());
+    let spec = json!({
+        "version": older,
+        "store": { "type": "KineSqlite" },
+        "front": { "type": "Tcp", "listen": front },
+    });
+
+    // 1. Ready with two slots, both forwarded to; a roll under the pollers with 0 failed.
+    let step = Instant::now();
+    env.apply_spec(shard, slots_spec(spec, 2)).await;
+    let ready = settled(&env, shard, 2, READY_TIMEOUT).await;
+    let first_start = step.elapsed();
+    let poll = front_shard_admin(&env, shard, &front).await;
+    let counts = both_forwarded_to(&env, shard, &poll, &ready).await;
+    report.add(format!(
+        "KineSqlite, slots: 2: Ready with 2 slots serving {:.1}s after apply; new connections given: {counts}",
+        first_start.as_secs_f64()
+    ));
+    let step = Instant::now();
+    roll_under_pollers(&env, shard, &poll, &newer, &mut report).await;
+    env.log(&format!("step 1 took {:.1}s", step.elapsed().as_secs_f64()));
+
+    // 2. SIGKILL of the leading slot under the pollers.
+    let step = Instant::now();
+    let (victim, pid) = env
+        .until(shard, Duration::from_secs(60), "a slot that leads", leader)
+        .await;
+    let port = env.get(shard).await.unwrap()["status"]["slots"]
+        .as_array()
+        .and_then(|slots| slots.iter().find(|s| s["name"] == victim.as_str()))
+        .and_then(|s| s["port"].as_u64())
+        .unwrap_or_else(|| env.fail(&format!("no port for slot {victim} in status"))) as u16;
+    let pollers = Pollers::start(&poll);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed_at = Utc::now();
+    let killed = Instant::now();
+    signal(pid, libc::SIGKILL);
+    // Gone when its port refuses: a Go program's threads outlive its main thread's exit (already
+    // a zombie in /proc), and its listening socket accepts until the last one is gone. A
+    // connection the front made to it before that is in flight on the killed slot.
+    while support::port_accepts(port) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let gone_at = Utc::now();
+    let admin = front_admin(&env, shard, &front).await;
+    let (workspace, (new_leader, leads_after)) = tokio::join!(
+        create_workspace_ready(&admin, "after-the-kill", Duration::from_secs(8)),
+        async {
+            let name = env
+                .until(shard, Duration::from_secs(30), "another slot to lead", |o| {
+                    leader(o).filter(|(_, p)| *p != pid).map(|(n, _)| n)
+                })
+                .await;
+            (name, killed.elapsed())
+        }
+    );
+    let workspace_ready = workspace.unwrap_or_else(|e| env.fail(&format!("after the SIGKILL of the leader: {e}")));
+    let back = two_slots_again(&env, shard, pid, "the kill").await;
+    let replaced_after = killed.elapsed();
+    let (new, kept) = pollers.finish().await;
+    let after_gone: Vec<_> = new
+        .failures
+        .iter()
+        .chain(&kept.failures)
+        .filter(|(sent, _)| *sent > gone_at)
+        .collect();
+    let in_flight: Vec<_> = new
+        .failures
+        .iter()
+        .chain(&kept.failures)
+        .filter(|(sent, _)| *sent <= gone_at)
+        .collect();
+    report.add(format!(
+        "SIGKILL of the leading slot {victim}: its port refused {:.0} ms after the signal; failed polls sent before, in flight on it: {} ({}); new connections: {}; kept-alive: {}; slot {new_leader} leads {:.2}s after the kill; a workspace created through the front after the kill Ready in {:.2}s; two slots serve again (a replacement ready) {:.1}s after the kill",
+        (gone_at - killed_at).num_milliseconds(),
+        in_flight.len(),
+        in_flight.iter().map(|(t, e)| format!("{t}: {e}")).collect::<Vec<_>>().join("; "),
+        figures(&new),
+        figures(&kept),
+        leads_after.as_secs_f64(),
+        workspace_ready.as_secs_f64(),
+        replaced_after.as_secs_f64()
+    ));
+    assert!(
+        after_gone.is_empty(),
+        "polls sent after the killed slot was gone failed:\n{}",
+        after_gone
+            .iter()
+            .map(|(t, e)| format!("  {t}: {e}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let events = events_since(&env, shard, killed_at).await;
+    assert!(
+        has_event(&events, "SlotCrashed", &format!("slot {victim}")),
+        "no SlotCrashed event for slot {victim}:\n{}",
+        render_events(&events)
+    );
+    assert!(
+        has_event(&events, "LeaseReleased", "which is gone"),
+        "no LeaseReleased event for the dead leader:\n{}",
+        render_events(&events)
+    );
+    assert_eq!(back["status"]["slots"].as_array().unwrap().len(), 2);
+    env.log(&format!("step 2 took {:.1}s", step.elapsed().as_secs_f64()));
+
+    // 3. SIGSTOP of a serving slot (not the leader): out of the front, killed, replaced.
+    let step = Instant::now();
+    let o = env.get(shard).await.unwrap();
+    let leading = leader(&o).map(|(n, _)| n);
+    let victim = serving(&o)
+        .into_iter()
+        .find(|n| Some(n) != leading.as_ref())
+        .unwrap_or_else(|| env.fail(&format!("no serving slot that does not lead: {:#}", o["status"])));
+    let pid = slot_pid(&o, &victim).unwrap();
+    let stopped_at = Utc::now();
+    let stopped = Instant::now();
+    signal(pid, libc::SIGSTOP);
+    let out = env
+        .until(shard, Duration::from_secs(3), "the hung slot out of the front", |o| {
+            (!serving(o).contains(&victim)).then(|| o.clone())
+        })
+        .await;
+    let out_after = stopped.elapsed();
+    let in_front = front_status(&env, shard).await;
+    assert!(
+        in_front.backends.iter().all(|b| b.slot != victim),
+        "status says slot {victim} left the front, but the front still gives it new connections: {:?}",
+        in_front.backends
+    );
+    let pollers = Pollers::start(&poll);
+    let degraded = env
+        .until(shard, Duration::from_secs(5), "Degraded=True FewerSlots", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["status"] == "True" && c["reason"] == "FewerSlots")
+                .map(|_| o.clone())
+        })
+        .await;
+    let message = slot_message(&out, &victim);
+    assert!(
+        message.contains("does not answer /readyz"),
+        "status.slots[{victim}].message: {message}"
+    );
+    let fewer = condition_text(&degraded, "Degraded");
+    assert!(
+        fewer.contains("1 of 2 slots serve") && fewer.contains(&format!("slot {victim} does not answer")),
+        "{fewer}"
+    );
+    assert!(
+        condition_is(&degraded, "Ready", "True"),
+        "one slot still serves: {}",
+        condition_text(&degraded, "Ready")
+    );
+    let events = events_since(&env, shard, stopped_at).await;
+    assert!(
+        has_event(&events, "SlotUnresponsive", &format!("slot {victim} failed")),
+        "no SlotUnresponsive event for slot {victim}:\n{}",
+        render_events(&events)
+    );
+    env.until(shard, LIVENESS + Duration::from_secs(10), "the hung slot killed", |o| {
+        (slot_pid(o, &victim) != Some(pid)).then_some(())
+    })
+    .await;
+    let killed_after = stopped.elapsed();
+    // livenessTimeout counts from the slot's last answer, at most one look (250 ms) before the signal.
+    assert!(
+        killed_after >= LIVENESS - Duration::from_millis(500),
+        "slot {victim} was killed {killed_after:?} after it hung, before livenessTimeout ({LIVENESS:?})"
+    );
+    let back = two_slots_again(&env, shard, pid, "the hang").await;
+    let replaced_after = stopped.elapsed();
+    let start_up = replaced_after - killed_after;
+    let (new, kept) = pollers.finish().await;
+    let events = events_since(&env, shard, stopped_at).await;
+    report.add(format!(
+        "SIGSTOP of serving slot {victim} (slots: 2): out of the front {:.2}s after the signal; killed {:.1}s after (livenessTimeout {}s); two slots serve again {:.1}s after; polls once it was out of the front: new connections {}, kept-alive {}\n  status while it hung: {}\n  {}\n  then: {}\n  events:\n{}",
+        out_after.as_secs_f64(),
+        killed_after.as_secs_f64(),
+        LIVENESS.as_secs(),
+        replaced_after.as_secs_f64(),
+        figures(&new),
+        figures(&kept),
+        message,
+        fewer,
+        condition_text(&back, "Degraded"),
+        render_events(&events)
+    ));
+    for (what, stats) in [("new connections", &new), ("a kept-alive connection", &kept)] {
+        assert!(
+            stats.failures.is_empty(),
+            "failed polls on {what} after the hung slot left the front:\n{}",
+            describe_failures(stats)
+        );
+    }
+    assert!(
+        has_event(&events, "SlotKilled", "spec.rollout.livenessTimeout"),
+        "no SlotKilled event for slot {victim}:\n{}",
+        render_events(&events)
+    );
+    assert!(
+        condition_is(&back, "Degraded", "False"),
+        "{}",
+        condition_text(&back, "Degraded")
+    );
+    assert!(!alive(pid), "the hung slot {pid} still runs");
+
+    // slots: 1 on the same shard, and its one slot hangs.
+    env.patch(shard, json!({ "spec": { "slots": 1 } })).await;
+    let one = settled(&env, shard, 1, READY_TIMEOUT).await;
+    let victim = serving(&one)[0].clone();
+    let pid = slot_pid(&one, &victim).unwrap();
+    let stopped = Instant::now();
+    signal(pid, libc::SIGSTOP);
+    let hung = env
+        .until(shard, Duration::from_secs(3), "Degraded=True SlotUnresponsive", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["status"] == "True" && c["reason"] == "SlotUnresponsive")
+                .map(|_| o.clone())
+        })
+        .await;
+    let degraded_after = stopped.elapsed();
+    let hung_text = condition_text(&hung, "Degraded");
+    assert!(
+        hung_text.contains(&format!("slot {victim} is the only slot")) && hung_text.contains("livenessTimeout"),
+        "{hung_text}"
+    );
+    assert!(
+        condition(&hung, "Ready").is_some_and(|c| c["status"] == "False" && c["reason"] == "SlotUnresponsive"),
+        "{}",
+        condition_text(&hung, "Ready")
+    );
+    settled(&env, shard, 1, LIVENESS + 2 * start_up + Duration::from_secs(30)).await;
+    readyz_ok(&poll).await.unwrap_or_else(|e| {
+        env.fail(&format!(
+            "/readyz through the front after the lone slot was replaced: {e}"
+        ))
+    });
+    let back_after = stopped.elapsed();
+    let bound = LIVENESS + start_up + Duration::from_secs(5);
+    report.add(format!(
+        "SIGSTOP of the lone slot {victim} (slots: 1): Degraded {:.2}s after the signal ({hung_text}); serving again {:.1}s after (bound: livenessTimeout {}s + one kcp start-up {:.1}s, as the replacement after the hang with slots: 2 took, + 5 s)",
+        degraded_after.as_secs_f64(),
+        back_after.as_secs_f64(),
+        LIVENESS.as_secs(),
+        start_up.as_secs_f64()
+    ));
+    assert!(
+        back_after <= bound,
+        "the lone hung slot's shard served again only {back_after:?} after the SIGSTOP (bound {bound:?})"
+    );
+    assert!(!alive(pid), "the hung slot {pid} still runs");
+    env.log(&format!("step 3 took {:.1}s", step.elapsed().as_secs_f64()));
+
+    // 4. SIGSTOP of the kine, then of the front.
+    let step = Instant::now();
+    let since = Utc::now();
+    for (what, marker) in [("kine", "--endpoint=sqlite://"), ("front", " front ")] {
+        let took = stop_and_await_replacement(&env, &poll, what, marker, Duration::from_secs(5)).await;
+        report.add(format!(
+            "SIGSTOP of the {what}: replaced, /readyz through the front ok {:.2}s after the signal",
+            took.as_secs_f64()
+        ));
+    }
+    let events = events_since(&env, shard, since).await;
+    for reason in ["StoreUnresponsive", "FrontUnresponsive"] {
+        assert!(
+            events.iter().any(|(_, r, _)| r == reason),
+            "no {reason} event:\n{}",
+            render_events(&events)
+        );
+    }
+    settled(&env, shard, 1, READY_TIMEOUT).await;
+    env.log(&format!("step 4 took {:.1}s", step.elapsed().as_secs_f64()));
+
+    report.print("slots on KineSqlite");
+    let left = env.shutdown(&[shard]).await;
+    assert!(left.is_empty(), "processes left after the shard's deletion: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_slots_on_kine_postgres_serve_and_roll_without_a_failed_request() {
+    let _serial = serial();
+    let (older, newer) = (kcp_older(), kcp_newer());
+    require_components(&[&older, &newer]);
+    let pg = support::Postgres::start();
+    let _sweep = SweepKines(pg.port);
+    let mut env = Env::start().await;
+    let mut report = Report::default();
+    let shard = "pgslots";
+    let front = format!("127.0.0.1:{}", free_port());
+    let password_file = env.dir().join("pgpass");
+    std::fs::write(&password_file, "kcpshard-e2e-slots\n").unwrap();
+
+    let step = Instant::now();
+    env.apply_spec(shard, slots_spec(postgres_spec(&older, &front, &pg, &password_file), 2))
+        .await;
+    let ready = settled(&env, shard, 2, READY_TIMEOUT).await;
+    let first_start = step.elapsed();
+    assert_eq!(slot_kines(&pg, shard).len(), 2, "a kine for each slot");
+    let poll = front_shard_admin(&env, shard, &front).await;
+    let counts = both_forwarded_to(&env, shard, &poll, &ready).await;
+    report.add(format!(
+        "KinePostgres, slots: 2: Ready with 2 slots serving {:.1}s after apply; new connections given: {counts}",
+        first_start.as_secs_f64()
+    ));
+    roll_under_pollers(&env, shard, &poll, &newer, &mut report).await;
+    await_slot_kines(&pg, shard, 2);
+    env.log(&format!("took {:.1}s", step.elapsed().as_secs_f64()));
+    report.print("slots on KinePostgres");
+    let left = env.shutdown(&[shard]).await;
+    assert!(left.is_empty(), "processes left after the shard's deletion: {left:?}");
+}
