@@ -87,7 +87,7 @@ fn slot_message(seen: &SlotObservation) -> Option<String> {
     }
     if seen.health.unresponsive() {
         return Some(format!(
-            "fails /readyz ({} looks in a row: {})",
+            "does not answer /readyz ({} looks in a row: {})",
             seen.health.failures,
             seen.health.problem.as_deref().unwrap_or("no answer")
         ));
