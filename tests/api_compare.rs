@@ -11,7 +11,7 @@
 //! SelfSubjectReview; limit/continue; malformed selectors; resourceVersionMatch; a core/v1 event
 //! without eventTime.
 //!
-//! Run it alone under the real-kcp lock: `flock /tmp/kcpshard-real-kcp.lock cargo test --test api_compare`.
+//! Run it alone under the real-kcp lock: `flock /tmp/kcpshard-realkcp.lock cargo test --test api_compare`.
 mod common;
 mod support;
 

@@ -12,10 +12,10 @@
 # Usage: hack/faults/full-disk.sh       (root: it mounts a tmpfs; needs hack/install-deps.sh; ~2 minutes)
 # Env: KCPSHARD=path/to/kcpshard (else `cargo build`), SIZE (tmpfs size, default 150m), FREE_MIB,
 #      REFUSED, KEEP=1 (keep the logs).
-# Takes /tmp/kcpshard-real-kcp.lock so that real-kcp runs on this machine do not overlap.
+# Takes /tmp/kcpshard-realkcp.lock so that real-kcp runs on this machine do not overlap.
 set -euo pipefail
 if [ -z "${KCPSHARD_REAL_KCP_LOCKED:-}" ]; then
-  KCPSHARD_REAL_KCP_LOCKED=1 exec flock /tmp/kcpshard-real-kcp.lock "$0" "$@"
+  KCPSHARD_REAL_KCP_LOCKED=1 exec flock /tmp/kcpshard-realkcp.lock "$0" "$@"
 fi
 size=${SIZE:-150m}
 free_mib=${FREE_MIB:-4}

@@ -29,9 +29,9 @@
 #      OUTAGE (seconds, default 5), READY_TIMEOUT (default 120), CHECK (default 20), KEEP=1 (keep
 #      the directory with every log).
 # Exit status 1 when some run ended with /readyz ok but kcp's APIs not served (the broken state).
-# Takes the machine's real-kcp lock (/tmp/kcpshard-real-kcp.lock).
+# Takes the machine's real-kcp lock (/tmp/kcpshard-realkcp.lock).
 set -euo pipefail
-lock=/tmp/kcpshard-real-kcp.lock
+lock=/tmp/kcpshard-realkcp.lock
 if [ -z "${KCPSHARD_REALKCP_LOCKED:-}" ]; then
   KCPSHARD_REALKCP_LOCKED=1 exec flock "$lock" "$0" "$@"
 fi
