@@ -153,10 +153,11 @@ fn classify(error: &(dyn StdError + 'static)) -> Kind {
             return Kind::Tls;
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if let Some(inner) = io.get_ref() {
-                if inner.downcast_ref::<rustls::Error>().is_some() {
-                    return Kind::Tls;
-                }
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                return Kind::Tls;
             }
             if let Some(kind) = io_kind(io) {
                 return kind;
@@ -394,17 +395,25 @@ async fn get_once(client: &Client, path: &str, close: bool) -> Result<(), (Kind,
 /// How often a keep-alive GET is asked again after its kept-alive connection closed before an answer.
 const POOL_RETRIES: usize = 4;
 
-/// GETs `paths` in turn every `period` until `stop`; `close` asks for a new connection each time.
-async fn getter(
-    client: Client,
+/// One kind of GET loop: its label in the report, how often it asks, and whether each GET asks for
+/// a new connection.
+#[derive(Clone, Copy)]
+struct Cadence {
     class: &'static str,
-    paths: Vec<String>,
     period: Duration,
     close: bool,
+}
+
+/// GETs `paths` in turn, starting at `offset`, at `cadence` until `stop`.
+async fn getter(
+    client: Client,
+    cadence: Cadence,
+    paths: Vec<String>,
     offset: usize,
     recorder: Recorder,
     stop: Arc<AtomicBool>,
 ) {
+    let Cadence { class, period, close } = cadence;
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n = offset;
@@ -764,7 +773,9 @@ fn failure_json(f: &Failure) -> Value {
 
 /// Failures alike (client, path, kind, detail) on one line: how many, the first and the last.
 fn grouped(failures: &[Failure]) -> Vec<String> {
-    let mut groups: BTreeMap<(&str, &str, String, &str), (usize, DateTime<Utc>, DateTime<Utc>)> = BTreeMap::new();
+    // (client, path, kind, detail) -> (how many, first, last)
+    type Group<'a> = (&'a str, &'a str, String, &'a str);
+    let mut groups: BTreeMap<Group, (usize, DateTime<Utc>, DateTime<Utc>)> = BTreeMap::new();
     for f in failures {
         let key = (f.class, f.path.as_str(), f.kind.label(), f.detail.as_str());
         let entry = groups.entry(key).or_insert((0, f.at, f.at));
@@ -821,32 +832,31 @@ async fn main() -> anyhow::Result<()> {
         recorder.clone(),
         stop.clone(),
     ));
-    for i in 0..args.keepalive_clients {
-        // One client each: its own pool, so its own kept-alive connection.
-        let client = nodelay_client(&config)?;
-        tasks.spawn(getter(
-            client,
-            "keep-alive",
-            args.paths.clone(),
-            Duration::from_millis(args.keepalive_ms),
-            false,
-            i,
-            recorder.clone(),
-            stop.clone(),
-        ));
-    }
-    for i in 0..args.new_connection_clients {
-        let client = nodelay_client(&config)?;
-        tasks.spawn(getter(
-            client,
-            "new-connection",
-            args.paths.clone(),
-            Duration::from_millis(args.new_connection_ms),
-            true,
-            i,
-            recorder.clone(),
-            stop.clone(),
-        ));
+    let cadences = [
+        (
+            args.keepalive_clients,
+            Cadence {
+                class: "keep-alive",
+                period: Duration::from_millis(args.keepalive_ms),
+                close: false,
+            },
+        ),
+        (
+            args.new_connection_clients,
+            Cadence {
+                class: "new-connection",
+                period: Duration::from_millis(args.new_connection_ms),
+                close: true,
+            },
+        ),
+    ];
+    for (clients, cadence) in cadences {
+        for i in 0..clients {
+            // One client each: its own pool, so its own kept-alive connection.
+            let client = nodelay_client(&config)?;
+            let (paths, recorder, stop) = (args.paths.clone(), recorder.clone(), stop.clone());
+            tasks.spawn(getter(client, cadence, paths, i, recorder, stop));
+        }
     }
     for id in 0..args.watches {
         let client = nodelay_client(&config)?;

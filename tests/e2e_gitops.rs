@@ -326,11 +326,7 @@ async fn data_version_guard(env: &mut Env, clone: &Path, front: &str, older: &st
         &manifest(older, front, false),
         &format!("{SHARD}: back to kcp {older}"),
     );
-    let refused = degraded_with(env, "VersionChangeRefused").await;
-    let message = condition(&refused, "Degraded").unwrap()["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = degraded_with(env, "VersionChangeRefused").await;
     assert!(
         message.contains("allowDowngrade") && message.contains("running slots keep serving"),
         "{message}"
@@ -347,11 +343,7 @@ async fn data_version_guard(env: &mut Env, clone: &Path, front: &str, older: &st
     assert!(processes_with(&slot_roots).is_empty(), "a slot runs after the deletion");
     env.stop_serve();
     env.start_serve().await;
-    let refused = degraded_with(env, "VersionChangeRefused").await;
-    let message = condition(&refused, "Degraded").unwrap()["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let message = degraded_with(env, "VersionChangeRefused").await;
     assert!(
         message.contains(&format!("no slot runs, and kcp {newer} last served this shard's data"))
             && message.contains("allowDowngrade"),
@@ -374,12 +366,12 @@ async fn data_version_guard(env: &mut Env, clone: &Path, front: &str, older: &st
     env.log(&format!("allowDowngrade committed: Ready on {older}"));
 }
 
-/// Waits for Degraded=True with `reason`; returns the object.
-async fn degraded_with(env: &Env, reason: &str) -> Value {
+/// Waits for Degraded=True with `reason`; returns the condition's message.
+async fn degraded_with(env: &Env, reason: &str) -> String {
     env.until(SHARD, READY_TIMEOUT, &format!("Degraded=True {reason}"), |o| {
         condition(o, "Degraded")
-            .is_some_and(|c| c["status"] == "True" && c["reason"] == reason)
-            .then(|| o.clone())
+            .filter(|c| c["status"] == "True" && c["reason"] == reason)
+            .map(|c| c["message"].as_str().unwrap_or_default().to_string())
     })
     .await
 }

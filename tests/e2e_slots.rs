@@ -199,6 +199,7 @@ fn condition_text(object: &Value, type_: &str) -> String {
     })
 }
 
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
     let _serial = serial();
@@ -486,6 +487,7 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
     assert!(left.is_empty(), "processes left after the shard's deletion: {left:?}");
 }
 
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_slots_on_kine_postgres_serve_and_roll_without_a_failed_request() {
     let _serial = serial();

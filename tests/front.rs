@@ -563,7 +563,7 @@ async fn metrics_count_connections_per_slot() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
     let metrics = free_port();
-    let child = std::process::Command::new(BIN)
+    let mut child = std::process::Command::new(BIN)
         .args([
             "front",
             "--listen",
@@ -602,6 +602,8 @@ async fn metrics_count_connections_per_slot() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
     }
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the KcpShard API over HTTPS from files in the state dir, and write its kubeconfig.
-    Serve(serve::Args),
+    Serve(Box<serve::Args>),
     /// Print the KcpShard CustomResourceDefinition (the same bytes as crds/kcpshards.kcpshard.io.yaml).
     Crd,
     /// Create or update KcpShard objects from YAML or JSON files, like `kubectl apply -f`.
@@ -54,7 +54,7 @@ enum Command {
     /// Rotate a shard's admin identity (the kubeconfig through the front), and follow it to its end.
     Credentials(credentials::Args),
     /// Run the TCP front (started and adopted by `serve`; see docs/front.md), or print a caddy front's config.
-    Front(front::Args),
+    Front(Box<front::Args>),
 }
 
 pub fn main() -> ExitCode {
@@ -78,7 +78,7 @@ pub fn main() -> ExitCode {
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Serve(args) => serve::run(args).await,
+        Command::Serve(args) => serve::run(*args).await,
         Command::Crd => crd::run(),
         Command::Apply(args) => apply::run(args).await,
         Command::Get(args) => get::run(args).await,
@@ -87,7 +87,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Events(args) => events::run(args).await,
         Command::Rollout(args) => rollout::run(args).await,
         Command::Credentials(args) => credentials::run(args).await,
-        Command::Front(args) => front::run(args).await,
+        Command::Front(args) => front::run(*args).await,
     }
 }
 
