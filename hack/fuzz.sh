@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzz every target under fuzz/ (cargo fuzz, libFuzzer) for a fixed time each; fails on a crash, a
 # panic, or an input slower than 10 s. Usage: hack/fuzz.sh [seconds per target, default 60].
+# `hack/fuzz.sh build` only builds every target (.ci/run does it at low priority beside the tests).
 #
 # - Installs cargo-fuzz into ~/.cargo/bin when it is missing (kept there across runs).
 # - Stable Rust is enough: `--sanitizer=none` (the code under test is safe Rust, so AddressSanitizer
@@ -37,6 +38,10 @@ for target in $(cargo fuzz list); do
   start=$(date +%s)
   cargo fuzz build "${flags[@]}" "$target"
   built=$(date +%s)
+  if [ "$seconds" = build ]; then
+    say "$target: built in $((built - start))s"
+    continue
+  fi
   log=$logs/$target.log
   # Every input in the corpus is replayed at the start of a run: keep it to the inputs that matter.
   if [ "$(ls "$corpus" | wc -l)" -gt 20000 ]; then
