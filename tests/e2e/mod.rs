@@ -1138,6 +1138,8 @@ pub fn slot_kines(pg: &crate::support::Postgres, shard: &str) -> Vec<(i32, Strin
     processes_with(&format!("@127.0.0.1:{}/", pg.port))
         .into_iter()
         .filter(|(_, cmdline)| cmdline.contains(&format!("application_name=kcpshard-{shard}-")))
+        // A preflight's kine serves a scratch copy, not a slot.
+        .filter(|(_, cmdline)| !cmdline.contains(&format!("application_name=kcpshard-{shard}-preflight")))
         .collect()
 }
 
@@ -1351,4 +1353,109 @@ impl Report {
         }
         println!("====");
     }
+}
+
+/// An APIResourceSchema and an APIExport of it in root, and an APIBinding to it in workspace
+/// `workspace` (which must exist), as a user makes them: `Ok` once the binding is Bound and its
+/// resource is served in the workspace.
+pub async fn bind_an_export(config: &Config, workspace: &str, timeout: Duration) -> Result<(), String> {
+    let schema = json!({
+        "apiVersion": "apis.kcp.io/v1alpha1",
+        "kind": "APIResourceSchema",
+        "metadata": { "name": "v1.widgets.e2e.kcpshard.io" },
+        "spec": {
+            "group": "e2e.kcpshard.io",
+            "names": { "plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList" },
+            "scope": "Cluster",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+            }],
+        },
+    });
+    let export = json!({
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIExport",
+        "metadata": { "name": "e2e-widgets" },
+        "spec": { "resources": [{
+            "group": "e2e.kcpshard.io", "name": "widgets",
+            "schema": "v1.widgets.e2e.kcpshard.io", "storage": { "crd": {} },
+        }] },
+    });
+    let binding = json!({
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIBinding",
+        "metadata": { "name": "e2e-widgets" },
+        "spec": { "reference": { "export": { "path": "root", "name": "e2e-widgets" } } },
+    });
+    for (path, body) in [
+        (
+            "/clusters/root/apis/apis.kcp.io/v1alpha1/apiresourceschemas".to_string(),
+            schema,
+        ),
+        (
+            "/clusters/root/apis/apis.kcp.io/v1alpha2/apiexports".to_string(),
+            export,
+        ),
+        (
+            format!("/clusters/root:{workspace}/apis/apis.kcp.io/v1alpha2/apibindings"),
+            binding,
+        ),
+    ] {
+        match once(config, http::Method::POST, &path, Some(&body)).await {
+            Ok((200 | 201, _)) => {}
+            Ok((status, body)) => return Err(format!("POST {path}: {status} {body}")),
+            Err(e) => return Err(format!("POST {path}: {e}")),
+        }
+    }
+    export_served(config, workspace, timeout).await
+}
+
+/// The binding [`bind_an_export`] made is Bound and its resource is served in `workspace`.
+pub async fn export_served(config: &Config, workspace: &str, timeout: Duration) -> Result<(), String> {
+    let binding = format!("/clusters/root:{workspace}/apis/apis.kcp.io/v1alpha2/apibindings/e2e-widgets");
+    let widgets = format!("/clusters/root:{workspace}/apis/e2e.kcpshard.io/v1/widgets");
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < timeout {
+        match once(config, http::Method::GET, &binding, None).await {
+            Ok((200, body)) => {
+                let b: Value = serde_json::from_str(&body).unwrap_or_default();
+                let phase = b["status"]["phase"].as_str().unwrap_or_default().to_string();
+                match once(config, http::Method::GET, &widgets, None).await {
+                    Ok((200, _)) if phase == "Bound" => return Ok(()),
+                    Ok((status, _)) => last = format!("binding phase {phase:?}, GET widgets: {status}"),
+                    Err(e) => last = e,
+                }
+            }
+            Ok((status, body)) => last = format!("GET {binding}: {status} {body}"),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!(
+        "the APIBinding in {workspace} is not served within {timeout:?}: {last}"
+    ))
+}
+
+/// A preflight's status once it has a result for `version` (started after `after`, RFC 3339).
+pub fn preflight_done<'a>(object: &'a Value, version: &str, after: &str) -> Option<&'a Value> {
+    let p = &object["status"]["preflight"];
+    (p["version"] == version && p["result"].is_string() && p["startedAt"].as_str().is_some_and(|t| t > after))
+        .then_some(p)
+}
+
+/// What a preflight may leave: processes whose argv names the shard's preflight directory, and
+/// the directory of its copy.
+pub fn preflight_leftovers(env: &Env, shard: &str) -> Vec<String> {
+    let dir = env.shard_dir(shard).join("preflight");
+    let mut left: Vec<String> = processes_with(&dir.display().to_string())
+        .into_iter()
+        .chain(processes_with(&format!("kcpshard-{shard}-preflight")))
+        .map(|(pid, argv)| format!("pid {pid}: {argv}"))
+        .collect();
+    if dir.join("copy").exists() {
+        left.push(format!("{} exists", dir.join("copy").display()));
+    }
+    left
 }
