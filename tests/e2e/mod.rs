@@ -43,6 +43,11 @@ pub fn kcp_newer() -> String {
     pin("KCP_VERSION_NEWER")
 }
 
+/// The release of the older minor line (v0.30.0 beside v0.31.x): a real minor step.
+pub fn kcp_older_minor() -> String {
+    pin("KCP_VERSION_OLDER_MINOR")
+}
+
 /// Fails (with the install hint) unless kine and the kcp binaries of `versions` exist.
 pub fn require_components(versions: &[&str]) {
     require("kine");
@@ -1458,4 +1463,40 @@ pub fn preflight_leftovers(env: &Env, shard: &str) -> Vec<String> {
         left.push(format!("{} exists", dir.join("copy").display()));
     }
     left
+}
+
+/// After a roll to `version` that began at `after` (RFC 3339): the preflight ran first, passed,
+/// was told as events (PreflightStarted, PreflightPassed), finished before the roll's first new
+/// slot started and left nothing behind. Returns its status.
+pub async fn check_preflight_before_roll(env: &Env, shard: &str, version: &str, after: &str) -> Value {
+    let object = env.get(shard).await.unwrap();
+    let Some(preflight) = preflight_done(&object, version, after).cloned() else {
+        env.fail(&format!("no status.preflight of {version}: {:#}", object["status"]));
+    };
+    env.log(&format!("preflight of {version}: {preflight:#}"));
+    let result = preflight["result"].as_str().unwrap_or_default();
+    assert!(
+        result == "Compatible" || result == "SchemaChanged",
+        "the preflight passed: {preflight:#}"
+    );
+    let completed = parse_time(&preflight["completedAt"]).expect("completedAt");
+    let new_slot = parse_time(&object["status"]["lastRoll"]["newSlotStartedAt"]).expect("newSlotStartedAt");
+    assert!(
+        completed < new_slot,
+        "the preflight ended ({completed}) before the new slot started ({new_slot})"
+    );
+    let events = env.events(shard).await;
+    for reason in ["PreflightStarted", "PreflightPassed"] {
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(reason)
+                    && e.message.as_deref().is_some_and(|m| m.contains(version))),
+            "no {reason} event for {version}:\n{}",
+            summarize_events(&events)
+        );
+    }
+    let left = preflight_leftovers(env, shard);
+    assert!(left.is_empty(), "the preflight left: {left:?}");
+    preflight
 }
