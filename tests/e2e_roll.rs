@@ -261,7 +261,7 @@ async fn roll_and_check(
     let stats = poller.finish().await;
     let identity = identity_poller.finish().await;
     env.log(&format!(
-        "{label}: /readyz through the front every 50 ms: {} polls, {} failures",
+        "{label}: /readyz through the front every 20 ms: {} polls, {} failures",
         stats.polls,
         stats.failures.len()
     ));

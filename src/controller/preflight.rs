@@ -226,8 +226,11 @@ pub async fn compare(actor: &Actor<'_>) -> Result<Notes, Error> {
             .snapshot
             .as_ref()
             .filter(|s| s.template == record.template)
-            .map(|s| format!(" ({})", s.path))
-            .unwrap_or_default();
+            .map(|s| format!(" taken before it ({})", s.path))
+            .unwrap_or_else(|| {
+                " of the data, and none was taken (kcpshard dumps KinePostgres only: copy the store yourself first)"
+                    .into()
+            });
         let goes_on = if actor.desired.allow_schema_change {
             "the roll goes on (spec.rollout.allowMinorVersionChange)"
         } else {
