@@ -1481,6 +1481,12 @@ pub async fn check_preflight_before_roll(env: &Env, shard: &str, version: &str, 
     );
     let completed = parse_time(&preflight["completedAt"]).expect("completedAt");
     let new_slot = parse_time(&object["status"]["lastRoll"]["newSlotStartedAt"]).expect("newSlotStartedAt");
+    let started = parse_time(&preflight["startedAt"]).expect("startedAt");
+    env.log(&format!(
+        "preflight of {version}: {result} {:.1}s after its start, removed and the new slot started {:.1}s after it",
+        (completed - started).num_milliseconds() as f64 / 1000.0,
+        (new_slot - started).num_milliseconds() as f64 / 1000.0
+    ));
     assert!(
         completed < new_slot,
         "the preflight ended ({completed}) before the new slot started ({new_slot})"
