@@ -52,8 +52,6 @@ have caddy || missing_pkgs+=(caddy)
 have haproxy || missing_pkgs+=(haproxy)
 have nginx || missing_pkgs+=(nginx)
 have wrk || missing_pkgs+=(wrk)
-# The preflight copies a KineSqlite store with sqlite's VACUUM INTO.
-have sqlite3 || missing_pkgs+=(sqlite3)
 [ -x /usr/bin/time ] || missing_pkgs+=(time)
 have python3 || missing_pkgs+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing_pkgs+=(python3-venv)

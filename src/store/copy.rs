@@ -2,8 +2,8 @@
 //! version runs on a copy, never on the shard's own store.
 //!
 //! - KineSqlite: `VACUUM INTO` (sqlite's consistent copy of a live database, taken in one read
-//!   transaction while kine writes on) of `state.db` into the copy's directory, served by a kine
-//!   of its own.
+//!   transaction while kine writes on; sqlite linked in through rusqlite, so no program is needed)
+//!   of `state.db` into the copy's directory, served by a kine of its own.
 //! - KinePostgres: a pg_dump (the snapshot taken before the version change, or one taken for the
 //!   preflight) restored with pg_restore into a scratch database on the same server, served by a
 //!   kine of its own. The scratch database is dropped with the copy (`WITH (FORCE)`: its kine's
@@ -137,29 +137,31 @@ impl StoreBackend {
     }
 }
 
-/// sqlite's `VACUUM INTO`: a consistent copy of a database another process writes to.
+/// sqlite's `VACUUM INTO`: a consistent copy of a database another process writes to (one read
+/// transaction; the source is opened read-only and waited on for up to 30 s when busy).
 async fn vacuum_into(from: &Path, into: &Path) -> Result<(), StoreError> {
-    let _ = std::fs::remove_file(into);
-    let program = binary("sqlite3")?;
-    let quoted = into.display().to_string().replace('\'', "''");
-    let out = tokio::process::Command::new(&program)
-        .arg("-cmd")
-        .arg(".timeout 30000")
-        .arg(from)
-        .arg(format!("VACUUM INTO '{quoted}'"))
-        .output()
-        .await
-        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
-    if !out.status.success() {
-        return Err(StoreError::Invalid(format!(
-            "sqlite3 {}: VACUUM INTO {} failed ({}): {}",
+    let (from, into) = (from.to_path_buf(), into.to_path_buf());
+    let failed = |from: &Path, into: &Path, e: rusqlite::Error| {
+        StoreError::Invalid(format!(
+            "copying the sqlite database {} into {} (VACUUM INTO) failed: {e}",
             from.display(),
-            into.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
+            into.display()
+        ))
+    };
+    tokio::task::spawn_blocking(move || {
+        let _ = std::fs::remove_file(&into);
+        let source = rusqlite::Connection::open_with_flags(&from, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| failed(&from, &into, e))?;
+        source
+            .busy_timeout(Duration::from_secs(30))
+            .map_err(|e| failed(&from, &into, e))?;
+        source
+            .execute("VACUUM INTO ?1", [into.display().to_string()])
+            .map_err(|e| failed(&from, &into, e))?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| StoreError::Invalid(format!("the sqlite copy's task ended: {e}")))?
 }
 
 async fn pg_restore(server: &PostgresServer, database: &str, dump: &Path) -> Result<(), StoreError> {
@@ -204,23 +206,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn vacuum_into_copies_a_sqlite_database_consistently() {
-        let sqlite3 = binary("sqlite3").expect("sqlite3 (hack/install-deps.sh installs it)");
+    async fn vacuum_into_copies_a_sqlite_database_that_another_connection_writes_to() {
         let dir = tempfile::tempdir().unwrap();
         let from = dir.path().join("state.db");
-        let status = std::process::Command::new(&sqlite3)
-            .arg(&from)
-            .arg("PRAGMA journal_mode=WAL; CREATE TABLE kine (name TEXT); INSERT INTO kine VALUES ('/registry/x');")
-            .status()
+        let writer = rusqlite::Connection::open(&from).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode=WAL; CREATE TABLE kine (name TEXT); INSERT INTO kine VALUES ('/registry/x');",
+            )
             .unwrap();
-        assert!(status.success());
+        // A write transaction still open while the copy is taken: the copy has what was committed.
+        writer
+            .execute_batch("BEGIN; INSERT INTO kine VALUES ('/registry/uncommitted');")
+            .unwrap();
         let into = dir.path().join("copy.db");
         vacuum_into(&from, &into).await.unwrap();
-        let out = std::process::Command::new(&sqlite3)
-            .arg(&into)
-            .arg("SELECT name FROM kine")
-            .output()
+        let copy = rusqlite::Connection::open(&into).unwrap();
+        let names: Vec<String> = copy
+            .prepare("SELECT name FROM kine")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
             .unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "/registry/x");
+        assert_eq!(names, ["/registry/x"]);
+        writer.execute_batch("COMMIT").unwrap();
     }
 }

@@ -1492,8 +1492,14 @@ pub async fn check_preflight_before_roll(env: &Env, shard: &str, version: &str, 
         "the preflight ended ({completed}) before the new slot started ({new_slot})"
     );
     let events = env.events(shard).await;
-    for e in events.iter().filter(|e| e.reason.as_deref() == Some("PreflightStarted")) {
-        env.log(&format!("PreflightStarted: {}", e.message.as_deref().unwrap_or_default()));
+    for e in events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("PreflightStarted"))
+    {
+        env.log(&format!(
+            "PreflightStarted: {}",
+            e.message.as_deref().unwrap_or_default()
+        ));
     }
     for reason in ["PreflightStarted", "PreflightPassed"] {
         assert!(
