@@ -8,7 +8,9 @@
 //! - a slot that hangs leaves the front within 3 s and is killed after livenessTimeout; alone, the
 //!   shard says Degraded at once and serves again after livenessTimeout and one start;
 //! - a kine or a front that hangs is replaced; a slot that cannot start says what kcp printed;
-//! - deletion takes one short step at a time and serve honours SIGTERM at once in every state.
+//! - deletion takes one short step at a time and serve honours SIGTERM at once in every state;
+//! - a version change is preflighted on a copy of the data, across a crash of serve mid-preflight,
+//!   and a preflight that fails blocks the roll and leaves nothing behind.
 mod e2e;
 mod support;
 
@@ -332,5 +334,108 @@ async fn a_front_address_that_is_taken_names_who_holds_it() {
     assert!(!message.contains("another program"), "{message}");
     drop(taken);
     settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_version_change_is_preflighted_on_a_copy_across_a_serve_crash_and_a_failed_preflight_blocks_the_roll() {
+    let (mut env, _front, poll) = start(1).await;
+    let slot_a = slot_pid(&env.get("dev").await.unwrap(), "a").expect("slot a runs");
+    let poller = Poller::start_every(poll, Duration::from_millis(20));
+    // Slow to get ready, so that serve is killed while the preflight's kcp is starting.
+    env.patch(
+        "dev",
+        json!({ "spec": { "version": "v0.31.3", "kcp": { "extraArgs": ["--stand-in-ready-after-ms=3000"] } } }),
+    )
+    .await;
+    let started = env
+        .until("dev", Duration::from_secs(20), "a preflight of v0.31.3 running", |o| {
+            let p = &o["status"]["preflight"];
+            (p["version"] == "v0.31.3" && p["result"].is_null()).then(|| p["startedAt"].clone())
+        })
+        .await;
+    env.kill_serve();
+    let preflight_kcp = e2e::processes_with(&env.shard_dir("dev").join("preflight/copy/root").display().to_string());
+    assert_eq!(preflight_kcp.len(), 1, "the preflight's kcp runs on: {preflight_kcp:?}");
+    assert!(
+        env.shard_dir("dev").join("preflight/copy/store/state.db").is_file(),
+        "the copy of the sqlite file is the preflight's own"
+    );
+    env.start_serve().await;
+    let done = env
+        .until("dev", Duration::from_secs(60), "the roll to v0.31.3 complete", |o| {
+            (o["status"]["lastRoll"]["completedAt"].is_string()
+                && o["status"]["lastRoll"]["toVersion"] == "v0.31.3"
+                && serving(o).len() == 1)
+                .then(|| o.clone())
+        })
+        .await;
+    let p = &done["status"]["preflight"];
+    assert_eq!(
+        p["startedAt"], started,
+        "the same preflight, carried on after the crash: {p}"
+    );
+    assert_eq!(p["result"], "Compatible", "{p}");
+    assert!(p["completedAt"].as_str() < done["status"]["lastRoll"]["newSlotStartedAt"].as_str());
+    assert!(
+        e2e::preflight_leftovers(&env, "dev").is_empty(),
+        "{:?}",
+        e2e::preflight_leftovers(&env, "dev")
+    );
+    assert!(
+        slot_pid(&done, "a").is_none_or(|pid| pid != slot_a),
+        "slot a was replaced"
+    );
+    let seen = reasons(&env).await;
+    for reason in ["PreflightStarted", "PreflightPassed"] {
+        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
+    }
+
+    // A version whose kcp refuses a flag: the preflight fails, the roll is blocked, nothing is left.
+    let serving_pid = done["status"]["slots"][0]["pid"].clone();
+    env.patch(
+        "dev",
+        json!({ "spec": { "version": "v0.31.4", "kcp": { "extraArgs": ["--bogus-flag"] } } }),
+    )
+    .await;
+    let message = env
+        .until("dev", Duration::from_secs(30), "Degraded=True PreflightFailed", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["status"] == "True" && c["reason"] == "PreflightFailed")
+                .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+        })
+        .await;
+    assert!(
+        message.contains("unknown flag: --bogus-flag") && message.contains("kcp.log"),
+        "{message}"
+    );
+    env.until("dev", Duration::from_secs(10), "the failed preflight removed", |_| {
+        e2e::preflight_leftovers(&env, "dev").is_empty().then_some(())
+    })
+    .await;
+    let failed_at = env.get("dev").await.unwrap()["status"]["preflight"]["startedAt"].clone();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let o = env.get("dev").await.unwrap();
+    assert_eq!(
+        o["status"]["preflight"]["startedAt"], failed_at,
+        "not rerun for the same spec"
+    );
+    assert_eq!(o["status"]["preflight"]["result"], "Failed");
+    assert_eq!(
+        o["status"]["slots"][0]["pid"], serving_pid,
+        "the old slot keeps serving"
+    );
+    assert!(reasons(&env).await.iter().any(|r| r == "PreflightFailed"));
+    let stats = poller.finish().await;
+    env.log(&format!(
+        "preflight across a serve crash, then a failed one: {} polls, {} failed",
+        stats.polls,
+        stats.failures.len()
+    ));
+    assert!(
+        stats.failures.is_empty(),
+        "failed polls:\n{}",
+        describe_failures(&stats)
+    );
     env.shutdown(&["dev"]).await;
 }

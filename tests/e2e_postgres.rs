@@ -4,14 +4,18 @@
 //!   shard walked in order:
 //!   1. apply (store KinePostgres on a throwaway PostgreSQL, password from a file) gives Ready;
 //!      the database was created; a workspace is made through the front;
-//!   2. a version bump rolls with 0 failed `/readyz` polls through the front (50 ms); both slots'
-//!      kines ran during the overlap and the old one is gone after; the workspace made before
-//!      the roll is there after it; status.lastRoll.snapshot names a pg_dump file, an event says
+//!   2. a minor step v0.30 -> v0.31 (allowed) runs a preflight on the snapshot restored into a
+//!      scratch database (its status and events, nothing left behind: no process, no copy, no
+//!      scratch database), then rolls with 0 failed `/readyz` polls through the front (20 ms);
+//!      both slots' kines ran during the overlap and the old one is gone after; the workspace and
+//!      the APIExport bound in it made before the roll are served after it; status.lastRoll.snapshot names a pg_dump file, an event says
 //!      so, and the dump restores into a fresh database holding that workspace;
 //!   3. PostgreSQL stopped: StoreReady=False with PostgreSQL's message within 10 s, the slot
 //!      untouched; started again: Ready again with no roll;
 //!   4. a minor-version bump without spec.rollout.allowMinorVersionChange is refused, the old slot
-//!      keeps serving; with the flag it rolls;
+//!      keeps serving; with the flag, but also an extra flag the new kcp refuses, its preflight
+//!      fails: Degraded (PreflightFailed) with kcp's error and log, an event, nothing left, the
+//!      old slot serving, no rerun; without the bad flag it rolls;
 //!   5. the password is in no status, event or log line.
 //! - `a_managed_postgres_is_created_started_and_stopped_with_the_shard`: managed: true makes a
 //!   cluster under the state dir that takes the password (and refuses a wrong one); its
@@ -36,6 +40,19 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 const PASSWORD: &str = "kcpshard-e2e-Secret-4711";
 
+/// No scratch database of a preflight is left on `pg`.
+fn assert_no_scratch_database(pg: &support::Postgres) {
+    assert_eq!(
+        pg.psql(
+            "postgres",
+            "select count(*) from pg_database where datname = 'kcp_e2e_preflight'"
+        )
+        .trim(),
+        "0",
+        "the preflight's scratch database is dropped"
+    );
+}
+
 fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
     let roll = &object["status"]["lastRoll"];
     roll["toVersion"] == version
@@ -48,7 +65,7 @@ fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
 #[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postgres_outage() {
     let _serial = serial();
-    let (older, newer) = (kcp_older(), kcp_newer());
+    let (older, newer) = (kcp_older_minor(), kcp_newer());
     require_components(&[&older, &newer]);
     let mut pg = support::Postgres::start();
     let _sweep = SweepKines(pg.port);
@@ -77,17 +94,25 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
     create_workspace_ready(&kcp_admin, "before-roll", Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| env.fail(&e));
+    bind_an_export(&kcp_admin, "before-roll", Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| env.fail(&e));
     env.until(shard, READY_TIMEOUT, "the first start to settle", |o| {
         (ready_now(o) && condition_is(o, "Progressing", "False")).then_some(())
     })
     .await;
 
-    // 2. A version bump: 0 failed polls, a kine per slot during the overlap, a snapshot.
+    // 2. A minor step (v0.30 -> v0.31): the snapshot, a preflight on it restored into a scratch
+    //    database, then the roll with 0 failed polls (20 ms), a kine per slot during the overlap.
     let shard_admin = front_shard_admin(&env, shard, &front).await;
-    let poller = Poller::start(shard_admin.clone());
+    let poller = Poller::start_every(shard_admin.clone(), Duration::from_millis(20));
     let mut most_kines = 0;
     let bump_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    env.patch(shard, json!({ "spec": { "version": newer } })).await;
+    env.patch(
+        shard,
+        json!({ "spec": { "version": newer, "rollout": { "allowMinorVersionChange": true } } }),
+    )
+    .await;
     let deadline = Instant::now() + ROLL_TIMEOUT;
     let rolled = loop {
         most_kines = most_kines.max(slot_kines(&pg, shard).len());
@@ -123,6 +148,19 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
     .await
     .unwrap_or_else(|e| env.fail(&e));
     assert_eq!(status, 200, "the workspace made before the roll is there after it");
+    export_served(&kcp_admin, "before-roll", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("after the minor roll: {e}")));
+    let preflight = check_preflight_before_roll(&env, shard, &newer, &bump_at).await;
+    env.log(&format!(
+        "preflight {older} -> {newer} (KinePostgres): {} in {:.1}s, changes: {}",
+        preflight["result"],
+        (parse_time(&preflight["completedAt"]).unwrap() - parse_time(&preflight["startedAt"]).unwrap())
+            .num_milliseconds() as f64
+            / 1000.0,
+        preflight["changes"]
+    ));
+    assert_no_scratch_database(&pg);
 
     let snapshot = rolled["status"]["lastRoll"]["snapshot"]
         .as_str()
@@ -224,13 +262,19 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
         .await
         .unwrap_or_else(|e| env.fail(&format!("/readyz after the outage: {e}")));
 
-    // 4. A minor bump is refused unless allowed; allowed, it rolls. kcp has no second minor
-    //    release pinned here, so the binary is named explicitly: the guard reads spec.version.
+    // 4. A minor bump is refused unless allowed; allowed, but with a flag the new kcp refuses, its
+    //    preflight fails and blocks the roll, leaving nothing behind; without the flag it rolls.
+    //    kcp has no second minor release pinned here, so the binary is named explicitly: the guard
+    //    reads spec.version.
     let minor = "v0.32.0";
     let binary = support::kcp_bin(&newer).display().to_string();
     env.patch(
         shard,
-        json!({ "spec": { "version": minor, "kcp": { "binary": binary } } }),
+        json!({ "spec": {
+            "version": minor,
+            "kcp": { "binary": binary, "extraArgs": ["--no-such-flag"] },
+            "rollout": { "allowMinorVersionChange": false },
+        } }),
     )
     .await;
     let refused = env
@@ -250,12 +294,65 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
         "the old slot keeps serving"
     );
     let allowed_at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    let poller = Poller::start(shard_admin.clone());
+    let poller = Poller::start_every(shard_admin.clone(), Duration::from_millis(20));
     env.patch(
         shard,
         json!({ "spec": { "rollout": { "allowMinorVersionChange": true } } }),
     )
     .await;
+    let failed = env
+        .until(
+            shard,
+            Duration::from_secs(120),
+            "the preflight with a bad flag to fail",
+            |o| {
+                condition(o, "Degraded")
+                    .filter(|c| c["reason"] == "PreflightFailed")
+                    .map(|_| o.clone())
+            },
+        )
+        .await;
+    let preflight = &failed["status"]["preflight"];
+    env.log(&format!("the failed preflight: {preflight:#}"));
+    assert_eq!(preflight["result"], "Failed", "{preflight:#}");
+    assert!(
+        preflight["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-such-flag") && m.contains("kcp.log")),
+        "the message quotes kcp's error and its log: {preflight:#}"
+    );
+    let events = env.events(shard).await;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("PreflightFailed")
+            && e.message.as_deref().is_some_and(|m| m.contains("no-such-flag"))),
+        "no PreflightFailed event:\n{}",
+        summarize_events(&events)
+    );
+    let left = env
+        .until(
+            shard,
+            Duration::from_secs(30),
+            "the failed preflight to be removed",
+            |_| {
+                let left = preflight_leftovers(&env, shard);
+                left.is_empty().then_some(left)
+            },
+        )
+        .await;
+    assert!(left.is_empty());
+    assert_no_scratch_database(&pg);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let blocked = env.get(shard).await.unwrap();
+    assert_eq!(active_pid(&blocked), pid_before, "the old slot keeps serving");
+    assert_eq!(
+        blocked["status"]["preflight"]["startedAt"], preflight["startedAt"],
+        "not rerun in a loop"
+    );
+    readyz_ok(&shard_admin)
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("/readyz while the preflight blocks the roll: {e}")));
+    env.patch(shard, json!({ "spec": { "kcp": { "extraArgs": [] } } }))
+        .await;
     env.until(shard, ROLL_TIMEOUT, "the allowed minor roll", |o| {
         completed_roll_to(o, minor, &allowed_at).then_some(())
     })

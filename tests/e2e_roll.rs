@@ -4,8 +4,10 @@
 //! The roll's scenarios, walked in order on one shard per test (kcp is heavy;
 //! the tests of this binary hold one lock and run one at a time):
 //! - `a_shard_serves_through_the_front_and_rolls_without_a_failed_request`: apply gives Ready;
-//!   `/readyz` and a workspace through the front; a version bump OLDER -> NEWER and a restart
-//!   request, each with a 50 ms `/readyz` poller (0 failures), a watch opened before the roll that
+//!   `/readyz`, a workspace and an APIExport bound in it through the front; a minor step
+//!   OLDER_MINOR -> NEWER (v0.30 -> v0.31, after a preflight on a copy of the sqlite file: its
+//!   status and events, nothing left behind, the binding served after the roll) and a restart
+//!   request, each with a 20 ms `/readyz` poller (0 failures), a watch opened before the roll that
 //!   ends with the old slot and is re-established client-go style (from the last resourceVersion;
 //!   on 410 Gone, re-list and watch), the new slot holding the controllers Lease within 5 s of the
 //!   old slot's exit, a workspace Ready within 5 s of that exit (5 s over the time a workspace
@@ -183,7 +185,7 @@ async fn roll_and_check(
     // A watch opened before the roll, as shard admin (its token works on every slot).
     let (rv, _) = list_workspaces(&shard_admin).await.unwrap_or_else(|e| env.fail(&e));
     let watch = open_watch(&shard_admin, &rv).await.unwrap_or_else(|e| env.fail(&e));
-    let poller = Poller::start(shard_admin.clone());
+    let poller = Poller::start_every(shard_admin.clone(), Duration::from_millis(20));
     // A copy of the kubeconfig through the front taken before the roll, as a user keeps one, used
     // all through it: its requests reach the old slot before the switch and the new one after.
     let copy = copy_front_kubeconfig(env, shard, &label.replace(' ', "-"));
@@ -259,7 +261,7 @@ async fn roll_and_check(
     let stats = poller.finish().await;
     let identity = identity_poller.finish().await;
     env.log(&format!(
-        "{label}: /readyz through the front every 50 ms: {} polls, {} failures",
+        "{label}: /readyz through the front every 20 ms: {} polls, {} failures",
         stats.polls,
         stats.failures.len()
     ));
@@ -565,7 +567,7 @@ async fn untouched(env: &Env, shard: &str, front: &str, pid: i32, label: &str) {
 #[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     let _serial = serial();
-    let (older, newer) = (kcp_older(), kcp_newer());
+    let (older, newer) = (kcp_older_minor(), kcp_newer());
     require_components(&[&older, &newer]);
     let mut env = Env::start().await;
     let shard = "e2e";
@@ -595,7 +597,12 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         .await
         .unwrap_or_else(|e| env.fail(&format!("/readyz through the front after apply: {e}")));
     let kcp_admin = front_admin(&env, shard, &front).await;
-    let took = create_workspace_ready(&kcp_admin, &unique("e2e-first"), Duration::from_secs(120))
+    let first = unique("e2e-first");
+    let took = create_workspace_ready(&kcp_admin, &first, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| env.fail(&e));
+    // An APIExport and an APIBinding to it, made on the older minor release, served after the roll.
+    bind_an_export(&kcp_admin, &first, Duration::from_secs(60))
         .await
         .unwrap_or_else(|e| env.fail(&e));
     env.log(&format!(
@@ -625,20 +632,34 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         );
     }
 
-    // 2. A version bump OLDER -> NEWER, then a restart request.
+    // 2. A minor step OLDER_MINOR -> NEWER (v0.30 -> v0.31: a preflight on a copy of the sqlite
+    //    file first), then a restart request (no preflight: the version stays).
     let mut rolls = Vec::new();
+    let bumped_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     rolls.push(
         roll_and_check(
             &env,
             shard,
             &front,
             "version bump",
-            json!({ "spec": { "version": newer } }),
+            json!({ "spec": { "version": newer, "rollout": { "allowMinorVersionChange": true } } }),
             &newer,
             &mut problems,
         )
         .await,
     );
+    let preflight = check_preflight_before_roll(&env, shard, &newer, &bumped_at).await;
+    report.add(format!(
+        "preflight {older} -> {newer} (KineSqlite): {} in {:.1}s, changes: {}",
+        preflight["result"],
+        (parse_time(&preflight["completedAt"]).unwrap() - parse_time(&preflight["startedAt"]).unwrap())
+            .num_milliseconds() as f64
+            / 1000.0,
+        preflight["changes"]
+    ));
+    export_served(&front_admin(&env, shard, &front).await, &first, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("after the minor roll: {e}")));
     rolls.push(roll_and_check(&env, shard, &front, "restart", restart_patch(), &newer, &mut problems).await);
 
     // 2b. /metrics counts what the controller did: three rolls (the first start included), and

@@ -10,7 +10,8 @@
 //!    serve's own cgroup holds serve alone.
 //! 2. 10 `systemctl restart kcpshard`: 0 failed polls, nothing restarted but serve.
 //! 3. `systemctl stop kcpshard`: the shard serves 30 s on (0 failed); start: adopted, no roll.
-//! 4. A version roll: 0 failed; each slot's output is in the journal under its unit.
+//! 4. A version roll: preflighted first by a kcp in a unit of its own; 0 failed; each slot's
+//!    output is in the journal under its unit.
 //! 5. SIGKILL of the kine: the controller starts its unit again; 0 failed. SIGKILL of the front:
 //!    systemd restarts it on the stored socket; 0 polls refused (those in flight through the
 //!    killed front are cut: counted apart).
@@ -418,6 +419,22 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
     assert_no_failures("a version roll", &stats);
     let active = active_slot(&rolled).unwrap();
     assert_eq!(active, "b");
+    // The version change was preflighted first, by a kcp that ran as a unit of its own.
+    let preflight = &rolled["status"]["preflight"];
+    assert_eq!(preflight["version"], older.as_str(), "{preflight}");
+    assert!(
+        preflight["result"] == "Compatible" || preflight["result"] == "SchemaChanged",
+        "{preflight}"
+    );
+    let preflight_lines = m.sh_ok(&format!(
+        "journalctl --no-pager --output=cat _SYSTEMD_USER_UNIT=kcpshard-{SHARD}-preflight.service | grep -c 'Serving securely on' || true"
+    ));
+    assert_ne!(
+        preflight_lines.trim(),
+        "0",
+        "the preflight's kcp logs to the journal under its unit"
+    );
+    report.add(format!("preflight of {older} under systemd: {}", preflight["result"]));
     report.add(format!(
         "version roll {newer} -> {older}: 0 failed of {} polls; {:.1} s from the patch to Ready",
         stats.polls,

@@ -377,6 +377,13 @@ pub struct RolloutSpec {
     /// database into the shard's snapshots directory (its path goes into status.lastRoll.snapshot).
     /// KineSqlite and Etcd stores take none.
     pub snapshot_before_version_change: bool,
+    /// Before the first slot of a new spec.version starts, run that version alone against a copy
+    /// of the data (a copy of the sqlite file, or the snapshot restored into a scratch database;
+    /// Etcd stores are skipped): it must answer /readyz within readinessTimeout and get a probe
+    /// workspace Ready, and what it changed in kcp's own schemas is compared with the serving
+    /// slots' (status.preflight). Failed blocks the roll; SchemaChanged rolls only with
+    /// allowMinorVersionChange. The copy and its processes are removed after it.
+    pub preflight: bool,
     /// How many snapshots to keep; older ones are removed after each new one.
     #[schemars(range(min = 1, max = 1000))]
     pub snapshots_to_keep: u32,
@@ -395,6 +402,7 @@ impl Default for RolloutSpec {
             drain_timeout: "30s".into(),
             liveness_timeout: "10s".into(),
             snapshot_before_version_change: true,
+            preflight: true,
             snapshots_to_keep: 5,
             allow_minor_version_change: false,
             allow_downgrade: false,
@@ -451,6 +459,10 @@ pub struct KcpShardStatus {
     /// When each step of the latest roll happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_roll: Option<RollStatus>,
+    /// The latest preflight: the new version run alone on a copy of the data before a roll to it
+    /// (spec.rollout.preflight).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<PreflightStatus>,
     /// The latest observations of the shard's state. Ready is True when the front forwards to a
     /// slot that answers /readyz.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -589,4 +601,56 @@ pub struct RollStatus {
     /// Path of the store snapshot taken before the roll, if one was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+}
+
+/// The outcome of a preflight.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PreflightResult {
+    /// The new version started on the copy, got a workspace Ready and changed none of kcp's own
+    /// schemas or storage versions: the roll goes on.
+    Compatible,
+    /// The new version started and served, and changed kcp's own schemas or storage versions
+    /// (see changes): the roll goes on only with spec.rollout.allowMinorVersionChange, and a roll
+    /// back would need the snapshot.
+    SchemaChanged,
+    /// The new version exited, missed readinessTimeout, or got no workspace Ready on the copy:
+    /// the roll is blocked, the old slots serve on.
+    Failed,
+    /// The store is not copied (Etcd): no preflight ran.
+    Skipped,
+}
+
+impl PreflightResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PreflightResult::Compatible => "Compatible",
+            PreflightResult::SchemaChanged => "SchemaChanged",
+            PreflightResult::Failed => "Failed",
+            PreflightResult::Skipped => "Skipped",
+        }
+    }
+}
+
+/// A preflight of one version on a copy of the data.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightStatus {
+    /// The version that was tried.
+    pub version: String,
+    /// Empty while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<PreflightResult>,
+    /// What the new version changed in kcp's own resources, one line each (e.g. "CRD
+    /// shards.core.kcp.io: storedVersions [v1alpha1] -> [v1alpha1 v1alpha2]").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub changes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<MicroTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<MicroTime>,
+    /// What happened: how long each check took, or why it failed (kcp's last error line and
+    /// where its log is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

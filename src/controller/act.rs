@@ -51,6 +51,11 @@ impl Actor<'_> {
             Step::EnsureStore => self.ensure_store().await,
             Step::KillStore => self.kill_store(),
             Step::Snapshot => self.snapshot().await,
+            Step::StartPreflight => super::preflight::start(self).await,
+            Step::PreflightProbe => super::preflight::probe(self).await,
+            Step::ComparePreflight => super::preflight::compare(self).await,
+            Step::FailPreflight { cause } => super::preflight::fail(self, cause),
+            Step::RemovePreflight => super::preflight::remove(self).await,
             Step::EnsureFront => self.ensure_front().await,
             Step::KillFront => self.kill_front(),
             Step::StartSlot { name } => self.start_slot(name).await,
@@ -90,7 +95,7 @@ impl Actor<'_> {
         }
     }
 
-    fn store(&self) -> Result<StoreBackend, Error> {
+    pub(super) fn store(&self) -> Result<StoreBackend, Error> {
         Ok(self.ctx.store(self.shard, self.dirs)?)
     }
 

@@ -222,6 +222,12 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::EnsureStore => "StoreStarting",
         Step::KillStore => "StoreRestarting",
         Step::Snapshot => "TakingSnapshot",
+        Step::StartPreflight
+        | Step::PreflightProbe
+        | Step::ComparePreflight
+        | Step::FailPreflight { .. }
+        | Step::RemovePreflight
+        | Step::Wait(Wait::Preflight) => "Preflight",
         Step::EnsureFront => "FrontStarting",
         Step::KillFront => "FrontRestarting",
         Step::StartSlot { .. } => "SlotStarting",
@@ -248,6 +254,14 @@ fn progress_message(step: &Step) -> String {
         Step::EnsureStore => "starting the store".into(),
         Step::KillStore => "restarting a kine that does not answer reads".into(),
         Step::Snapshot => "dumping the store before the version changes".into(),
+        Step::StartPreflight => "starting the new version alone on a copy of the data (preflight)".into(),
+        Step::Wait(Wait::Preflight) => {
+            "waiting for the preflight's kcp to answer /readyz and get a probe workspace Ready".into()
+        }
+        Step::PreflightProbe => "creating a probe workspace on the preflight's kcp".into(),
+        Step::ComparePreflight => "comparing kcp's own schemas on the copy with the serving slots'".into(),
+        Step::FailPreflight { .. } => "recording the preflight as failed".into(),
+        Step::RemovePreflight => "removing the preflight's kcp, kine and copy of the data".into(),
         Step::EnsureFront => "starting the front".into(),
         Step::KillFront => "restarting the front, which does not answer on its control socket".into(),
         Step::StartSlot { name } => format!("starting slot {name}"),

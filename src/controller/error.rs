@@ -51,6 +51,9 @@ pub enum Error {
     /// One of the controller's own files does not parse; the message says which and what to do.
     #[error("{0}")]
     Unreadable(String),
+    /// A preflight step found its record gone (removed meanwhile); the next look starts over.
+    #[error("preflight: {0}")]
+    Preflight(String),
 }
 
 impl Error {
@@ -63,9 +66,11 @@ impl Error {
             Error::Slot(_) => "kcp",
             Error::Args(_) | Error::Spec(_) => "spec",
             Error::Front(_) | Error::FrontAddress { .. } => "front",
-            Error::NoSuchSlot(_) | Error::Unadoptable { .. } | Error::Unreadable(_) | Error::UnknownIdentity { .. } => {
-                "state"
-            }
+            Error::NoSuchSlot(_)
+            | Error::Unadoptable { .. }
+            | Error::Unreadable(_)
+            | Error::UnknownIdentity { .. }
+            | Error::Preflight(_) => "state",
             Error::Status { .. } | Error::Finalizer(_) => "api",
         }
     }

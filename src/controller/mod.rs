@@ -18,6 +18,7 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
+pub mod preflight;
 pub mod state;
 pub mod status;
 
@@ -208,6 +209,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         version_refused: None,
         snapshot_before_version_change: spec.rollout.snapshot_before_version_change
             && spec.store.type_ == crate::api::StoreType::KinePostgres,
+        preflight: spec.rollout.preflight,
+        allow_schema_change: spec.rollout.allow_minor_version_change,
     })
 }
 
@@ -419,7 +422,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         (_, Some(_)) => Action::requeue(backoff(failing_for)),
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
         (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
-        (Step::Wait(Wait::Probe), _) => Action::requeue(WHILE_PROBING),
+        (Step::Wait(Wait::Probe | Wait::Preflight), _) => Action::requeue(WHILE_PROBING),
         (Step::Wait(_), _) => Action::requeue(WHILE_WAITING),
         _ => Action::requeue(NEXT_STEP),
     };

@@ -2,8 +2,8 @@
 //! start time), what the health checks have seen of each (`/readyz` on its own port, its listener
 //! after SIGTERM), the front's serving set and connection counts through its control socket, the
 //! store (its shard-wide part, every running slot's own kine, a read from each kine kcpshard runs),
-//! who holds the controllers' Lease, the probe workspace, and the controller's own record of the
-//! roll. What needs repair (a slot running without a record) is reported for the plan to act on.
+//! who holds the controllers' Lease, the probe workspace, a preflight's kcp, and the controller's
+//! own record of the roll. What needs repair (a slot running without a record) is reported for the plan to act on.
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -355,6 +355,10 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_started_at,
         roll: state.roll.clone(),
         blocked: state.blocked.clone(),
+        preflight: match &state.preflight {
+            Some(record) => Some(super::preflight::observe(ctx, &shard_ref, dirs, record).await?),
+            None => None,
+        },
     };
     let mut world = World {
         observed,

@@ -13,6 +13,9 @@
 //! slots/<a-d>/store/     the slot's own kine (KinePostgres): record and log
 //! store/                 the store's processes and data (kine and sqlite, or a managed PostgreSQL)
 //! snapshots/             pg_dump files taken before version changes (KinePostgres)
+//! preflight/             the latest preflight: its process record, kcp.log, the serving slots'
+//!                        schemas it compares with (original.json), and copy/ (the copied data,
+//!                        its kine, the kcp root and token file), removed after the preflight
 //! front/                 the front's control socket, backend, pid and log
 //! ```
 //!
@@ -24,7 +27,8 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, RollRecord, SlotTemplate, StopRecord};
+use super::plan::{Blocked, ProbeRecord, RollRecord, SlotTemplate, StopRecord};
+use crate::api::PreflightResult;
 use crate::fsutil;
 
 /// The directories of one shard.
@@ -68,6 +72,12 @@ impl ShardDirs {
     /// kcpshard's admin identities of this shard (secret: 0600, with the shared material).
     pub fn identities(&self) -> PathBuf {
         self.shared().join("admin-identities.json")
+    }
+
+    pub fn preflight(&self) -> PreflightDirs {
+        PreflightDirs {
+            dir: self.root.join("preflight"),
+        }
     }
 
     pub fn slot(&self, name: &str) -> SlotDirs {
@@ -180,6 +190,82 @@ impl SlotDirs {
     }
 }
 
+/// The files of a shard's preflight.
+#[derive(Debug, Clone)]
+pub struct PreflightDirs {
+    dir: PathBuf,
+}
+
+impl PreflightDirs {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Everything the preflight copies and makes: removed with it.
+    pub fn copy(&self) -> PathBuf {
+        self.dir.join("copy")
+    }
+
+    /// Its kcp's `--root-directory`.
+    pub fn root(&self) -> PathBuf {
+        self.copy().join("root")
+    }
+
+    /// Its `--token-auth-file` (secret, removed with the copy).
+    pub fn token_file(&self) -> PathBuf {
+        self.copy().join("admin-tokens.csv")
+    }
+
+    /// Its kcp's log: kept after the copy is removed, for a preflight that failed.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("kcp.log")
+    }
+
+    pub fn process(&self) -> PathBuf {
+        self.dir.join("process.json")
+    }
+
+    /// kcp's own schemas as the serving slots had them when the preflight started.
+    pub fn original(&self) -> PathBuf {
+        self.dir.join("original.json")
+    }
+
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.root().join(crate::slot::material::ADMIN_KUBECONFIG)
+    }
+}
+
+/// A preflight of one template (controller/preflight.rs), written before anything of it starts,
+/// so that observe finds what it left after a crash of serve.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreflightRecord {
+    pub template: SlotTemplate,
+    /// Its kcp's own secure port on loopback.
+    pub port: u16,
+    pub started_at: DateTime<Utc>,
+    /// The scratch database the copy is restored into (KinePostgres), named before it is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scratch_database: Option<String>,
+    /// When its kcp first answered `/readyz`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<PreflightResult>,
+    /// What the new version changed in kcp's own resources (SchemaChanged).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<DateTime<Utc>>,
+    /// When its kcp, kine, copy and scratch database were all gone: until then it has leftovers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_at: Option<DateTime<Utc>>,
+}
+
 /// A slot as decided before its process starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -212,6 +298,9 @@ pub struct ControllerState {
     /// The latest snapshot taken before a version change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotRecord>,
+    /// The latest preflight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight: Option<PreflightRecord>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use super::conditions::{self, k8s_time};
 use super::observe::World;
 use super::plan::{Desired, LeaseHolder, RollRecord, SlotObservation, Step};
-use crate::api::{FrontStatus, KcpShard, KcpShardStatus, RollStatus, SlotStatus, StoreStatus};
+use crate::api::{FrontStatus, KcpShard, KcpShardStatus, PreflightStatus, RollStatus, SlotStatus, StoreStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 pub fn build(
@@ -67,6 +67,14 @@ pub fn build(
             message: observed.store_problem.clone(),
         }),
         last_roll,
+        preflight: world.state.preflight.as_ref().map(|p| PreflightStatus {
+            version: p.template.version.clone(),
+            result: p.result,
+            changes: p.changes.clone(),
+            started_at: Some(micro_time(p.started_at)),
+            completed_at: p.completed_at.map(micro_time),
+            message: p.message.clone(),
+        }),
         conditions: conditions::merge(previous, &verdicts, generation, observed.now),
     }
 }

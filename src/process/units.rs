@@ -6,6 +6,8 @@
 //! | a slot's kcp | `kcpshard-<shard>-slot-<slot>.service` |
 //! | the shard's kine (KineSqlite) | `kcpshard-<shard>-kine.service` |
 //! | a slot's own kine (KinePostgres) | `kcpshard-<shard>-slot-<slot>-kine.service` |
+//! | a preflight's kcp | `kcpshard-<shard>-preflight.service` |
+//! | a preflight's kine | `kcpshard-<shard>-preflight-kine.service` |
 //! | a managed PostgreSQL | `kcpshard-<shard>-postgres.service` |
 //! | the front | `kcpshard-<shard>-front.service` |
 //!
@@ -35,6 +37,16 @@ impl UnitName {
     /// A slot's own kine (KinePostgres).
     pub fn slot_kine(shard: &str, slot: &str) -> UnitName {
         UnitName::of(&[shard, "slot", slot, "kine"])
+    }
+
+    /// The kcp of a shard's preflight (a new version alone on a copy of the data).
+    pub fn preflight(shard: &str) -> UnitName {
+        UnitName::of(&[shard, "preflight"])
+    }
+
+    /// The kine that serves a preflight's copy of the data.
+    pub fn preflight_kine(shard: &str) -> UnitName {
+        UnitName::of(&[shard, "preflight", "kine"])
     }
 
     /// The PostgreSQL kcpshard runs for a shard.

@@ -136,7 +136,7 @@ pub(super) async fn call(
     Ok((status, body.to_vec()))
 }
 
-fn unexpected(method: &str, path: &str, status: StatusCode, body: &[u8]) -> SlotError {
+pub(super) fn unexpected(method: &str, path: &str, status: StatusCode, body: &[u8]) -> SlotError {
     let text = String::from_utf8_lossy(body);
     SlotError::Unexpected {
         method: method.to_string(),

@@ -9,9 +9,12 @@
 //!   a fresh database: docs/background.md section 7). Optionally on a PostgreSQL kcpshard runs ([`managed`]).
 //! - Etcd: endpoints the user runs ([`etcd`]).
 //!
+//! A preflight runs a new kcp version on a copy of the data ([`copy`]), never on the store itself.
+//!
 //! The shard-wide part ([`StoreBackend::ensure`], [`StoreBackend::check`]) is separate from each
 //! slot's part ([`StoreBackend::ensure_slot`], [`StoreBackend::stop_slot`]), which is empty for the
 //! stores slots share.
+pub mod copy;
 pub mod disk;
 pub mod etcd;
 pub mod kine;

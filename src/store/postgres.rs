@@ -213,7 +213,7 @@ impl PostgresServer {
         if exists {
             return Ok(false);
         }
-        let quoted = format!("\"{}\"", self.database.replace('"', "\"\""));
+        let quoted = quote(&self.database);
         client
             .batch_execute(&format!("CREATE DATABASE {quoted}"))
             .await
@@ -227,6 +227,39 @@ impl PostgresServer {
             })?;
         Ok(true)
     }
+}
+
+impl PostgresServer {
+    /// Drops database `name` if it exists (closing its connections) and creates it empty: a
+    /// scratch database for a preflight's copy. Never the shard's own database.
+    pub async fn recreate_database(&self, name: &str) -> Result<(), StoreError> {
+        self.drop_database(name).await?;
+        self.admin_statement(&format!("CREATE DATABASE {}", quote(name))).await
+    }
+
+    /// Drops database `name` if it exists, closing its connections. Never the shard's own.
+    pub async fn drop_database(&self, name: &str) -> Result<(), StoreError> {
+        if name == self.database {
+            return Err(StoreError::Invalid(format!(
+                "refusing to drop {name}: it is the shard's own database"
+            )));
+        }
+        self.admin_statement(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quote(name)))
+            .await
+    }
+
+    async fn admin_statement(&self, sql: &str) -> Result<(), StoreError> {
+        let client = self.connect("postgres").await?;
+        client.batch_execute(sql).await.map_err(|e| StoreError::Postgres {
+            server: self.describe(),
+            message: format!("{sql}: {}", postgres_message(&e)),
+        })
+    }
+}
+
+/// A database name as an SQL identifier.
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// The connection, or PostgreSQL's message. connect_timeout bounds each TCP connect; this bounds

@@ -43,6 +43,11 @@ pub fn kcp_newer() -> String {
     pin("KCP_VERSION_NEWER")
 }
 
+/// The release of the older minor line (v0.30.0 beside v0.31.x): a real minor step.
+pub fn kcp_older_minor() -> String {
+    pin("KCP_VERSION_OLDER_MINOR")
+}
+
 /// Fails (with the install hint) unless kine and the kcp binaries of `versions` exist.
 pub fn require_components(versions: &[&str]) {
     require("kine");
@@ -1138,6 +1143,8 @@ pub fn slot_kines(pg: &crate::support::Postgres, shard: &str) -> Vec<(i32, Strin
     processes_with(&format!("@127.0.0.1:{}/", pg.port))
         .into_iter()
         .filter(|(_, cmdline)| cmdline.contains(&format!("application_name=kcpshard-{shard}-")))
+        // A preflight's kine serves a scratch copy, not a slot.
+        .filter(|(_, cmdline)| !cmdline.contains(&format!("application_name=kcpshard-{shard}-preflight")))
         .collect()
 }
 
@@ -1351,4 +1358,160 @@ impl Report {
         }
         println!("====");
     }
+}
+
+/// An APIResourceSchema and an APIExport of it in root, and an APIBinding to it in workspace
+/// `workspace` (which must exist), as a user makes them: `Ok` once the binding is Bound and its
+/// resource is served in the workspace.
+pub async fn bind_an_export(config: &Config, workspace: &str, timeout: Duration) -> Result<(), String> {
+    let schema = json!({
+        "apiVersion": "apis.kcp.io/v1alpha1",
+        "kind": "APIResourceSchema",
+        "metadata": { "name": "v1.widgets.e2e.kcpshard.io" },
+        "spec": {
+            "group": "e2e.kcpshard.io",
+            "names": { "plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList" },
+            "scope": "Cluster",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+            }],
+        },
+    });
+    let export = json!({
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIExport",
+        "metadata": { "name": "e2e-widgets" },
+        "spec": { "resources": [{
+            "group": "e2e.kcpshard.io", "name": "widgets",
+            "schema": "v1.widgets.e2e.kcpshard.io", "storage": { "crd": {} },
+        }] },
+    });
+    let binding = json!({
+        "apiVersion": "apis.kcp.io/v1alpha2",
+        "kind": "APIBinding",
+        "metadata": { "name": "e2e-widgets" },
+        "spec": { "reference": { "export": { "path": "root", "name": "e2e-widgets" } } },
+    });
+    for (path, body) in [
+        (
+            "/clusters/root/apis/apis.kcp.io/v1alpha1/apiresourceschemas".to_string(),
+            schema,
+        ),
+        (
+            "/clusters/root/apis/apis.kcp.io/v1alpha2/apiexports".to_string(),
+            export,
+        ),
+        (
+            format!("/clusters/root:{workspace}/apis/apis.kcp.io/v1alpha2/apibindings"),
+            binding,
+        ),
+    ] {
+        match once(config, http::Method::POST, &path, Some(&body)).await {
+            Ok((200 | 201, _)) => {}
+            Ok((status, body)) => return Err(format!("POST {path}: {status} {body}")),
+            Err(e) => return Err(format!("POST {path}: {e}")),
+        }
+    }
+    export_served(config, workspace, timeout).await
+}
+
+/// The binding [`bind_an_export`] made is Bound and its resource is served in `workspace`.
+pub async fn export_served(config: &Config, workspace: &str, timeout: Duration) -> Result<(), String> {
+    let binding = format!("/clusters/root:{workspace}/apis/apis.kcp.io/v1alpha2/apibindings/e2e-widgets");
+    let widgets = format!("/clusters/root:{workspace}/apis/e2e.kcpshard.io/v1/widgets");
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < timeout {
+        match once(config, http::Method::GET, &binding, None).await {
+            Ok((200, body)) => {
+                let b: Value = serde_json::from_str(&body).unwrap_or_default();
+                let phase = b["status"]["phase"].as_str().unwrap_or_default().to_string();
+                match once(config, http::Method::GET, &widgets, None).await {
+                    Ok((200, _)) if phase == "Bound" => return Ok(()),
+                    Ok((status, _)) => last = format!("binding phase {phase:?}, GET widgets: {status}"),
+                    Err(e) => last = e,
+                }
+            }
+            Ok((status, body)) => last = format!("GET {binding}: {status} {body}"),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!(
+        "the APIBinding in {workspace} is not served within {timeout:?}: {last}"
+    ))
+}
+
+/// A preflight's status once it has a result for `version` (started after `after`, RFC 3339).
+pub fn preflight_done<'a>(object: &'a Value, version: &str, after: &str) -> Option<&'a Value> {
+    let p = &object["status"]["preflight"];
+    (p["version"] == version && p["result"].is_string() && p["startedAt"].as_str().is_some_and(|t| t > after))
+        .then_some(p)
+}
+
+/// What a preflight may leave: processes whose argv names the shard's preflight directory, and
+/// the directory of its copy.
+pub fn preflight_leftovers(env: &Env, shard: &str) -> Vec<String> {
+    let dir = env.shard_dir(shard).join("preflight");
+    let mut left: Vec<String> = processes_with(&dir.display().to_string())
+        .into_iter()
+        .chain(processes_with(&format!("kcpshard-{shard}-preflight")))
+        .map(|(pid, argv)| format!("pid {pid}: {argv}"))
+        .collect();
+    if dir.join("copy").exists() {
+        left.push(format!("{} exists", dir.join("copy").display()));
+    }
+    left
+}
+
+/// After a roll to `version` that began at `after` (RFC 3339): the preflight ran first, passed,
+/// was told as events (PreflightStarted, PreflightPassed), finished before the roll's first new
+/// slot started and left nothing behind. Returns its status.
+pub async fn check_preflight_before_roll(env: &Env, shard: &str, version: &str, after: &str) -> Value {
+    let object = env.get(shard).await.unwrap();
+    let Some(preflight) = preflight_done(&object, version, after).cloned() else {
+        env.fail(&format!("no status.preflight of {version}: {:#}", object["status"]));
+    };
+    env.log(&format!("preflight of {version}: {preflight:#}"));
+    let result = preflight["result"].as_str().unwrap_or_default();
+    assert!(
+        result == "Compatible" || result == "SchemaChanged",
+        "the preflight passed: {preflight:#}"
+    );
+    let completed = parse_time(&preflight["completedAt"]).expect("completedAt");
+    let new_slot = parse_time(&object["status"]["lastRoll"]["newSlotStartedAt"]).expect("newSlotStartedAt");
+    let started = parse_time(&preflight["startedAt"]).expect("startedAt");
+    env.log(&format!(
+        "preflight of {version}: {result} {:.1}s after its start, removed and the new slot started {:.1}s after it",
+        (completed - started).num_milliseconds() as f64 / 1000.0,
+        (new_slot - started).num_milliseconds() as f64 / 1000.0
+    ));
+    assert!(
+        completed < new_slot,
+        "the preflight ended ({completed}) before the new slot started ({new_slot})"
+    );
+    let events = env.events(shard).await;
+    for e in events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("PreflightStarted"))
+    {
+        env.log(&format!(
+            "PreflightStarted: {}",
+            e.message.as_deref().unwrap_or_default()
+        ));
+    }
+    for reason in ["PreflightStarted", "PreflightPassed"] {
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(reason)
+                    && e.message.as_deref().is_some_and(|m| m.contains(version))),
+            "no {reason} event for {version}:\n{}",
+            summarize_events(&events)
+        );
+    }
+    let left = preflight_leftovers(env, shard);
+    assert!(left.is_empty(), "the preflight left: {left:?}");
+    preflight
 }

@@ -12,6 +12,11 @@
 //!   Lease, never released, and it logs `"(re-)starting leader election" identity="..."` as kcp;
 //! - on SIGTERM it fails `/readyz`, stops listening after `--shutdown-delay-duration`, stops leading
 //!   (its election reaches the Lease through its own listener, as kcp's does) and exits;
+//! - it serves kcp's system CRDs (one, `shards.core.kcp.io`) and empty lists of APIResourceSchemas
+//!   and APIExports, which a preflight compares;
+//! - a root under a shard's `preflight/` (a preflight on a copy of the data) has a Lease file of
+//!   its own there: the copy's, not the slots';
+//! - `--stand-in-ready-after-ms=N` (an extra argument) overrides `STANDIN_READY_AFTER_MS`;
 //! - an extra argument containing `bogus` makes it exit 1 with `Error: unknown flag: <arg>`.
 //!
 //! Hangs and crashes are real: tests SIGSTOP and SIGKILL it.
@@ -31,6 +36,8 @@ const LEASE_SECONDS: u64 = 60;
 const LEASE_PATH: &str =
     "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
 const WORKSPACES_PATH: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
+const SYSTEM_CRDS: &str = "/clusters/system:system-crds/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+const CRDS: &str = r#"{"items":[{"metadata":{"name":"shards.core.kcp.io"},"spec":{"versions":[{"name":"v1alpha1","served":true,"storage":true}]},"status":{"storedVersions":["v1alpha1"]}}]}"#;
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     let prefix = format!("--{name}=");
@@ -153,16 +160,23 @@ async fn main() {
     let port: u16 = flag(&args, "secure-port").expect("--secure-port").parse().unwrap();
     let delay = kcpshard::api::parse_duration(&flag(&args, "shutdown-delay-duration").unwrap_or("0s".into())).unwrap();
     let front = flag(&args, "shard-base-url").unwrap_or_else(|| format!("https://127.0.0.1:{port}"));
-    let shard_dir = root
-        .ancestors()
-        .nth(3)
-        .expect("root is shards/<name>/slots/<slot>/root");
+    // shards/<name>/slots/<slot>/root, or shards/<name>/preflight/copy/root.
+    let shard_dir = root.ancestors().nth(3).expect("root is three levels below the shard");
+    let lease_dir = if root
+        .parent()
+        .and_then(Path::parent)
+        .is_some_and(|p| p.ends_with("preflight"))
+    {
+        root.parent().unwrap().to_path_buf()
+    } else {
+        shard_dir.to_path_buf()
+    };
     let lease = Arc::new(Lease {
-        path: shard_dir.join("stand-in-lease"),
+        path: lease_dir.join("stand-in-lease"),
     });
     let ready_after = Duration::from_millis(
-        std::env::var("STANDIN_READY_AFTER_MS")
-            .ok()
+        flag(&args, "stand-in-ready-after-ms")
+            .or_else(|| std::env::var("STANDIN_READY_AFTER_MS").ok())
             .and_then(|v| v.parse().ok())
             .unwrap_or(300),
     );
@@ -244,6 +258,10 @@ async fn main() {
                                 Ok(()) => reply(StatusCode::OK, "{}"),
                                 Err(_) => reply(StatusCode::NOT_FOUND, "{}"),
                             },
+                            (Method::GET, SYSTEM_CRDS) => reply(StatusCode::OK, CRDS),
+                            (Method::GET, p) if p.starts_with("/clusters/*/apis/apis.kcp.io/") => {
+                                reply(StatusCode::OK, r#"{"items":[]}"#)
+                            }
                             (Method::POST, WORKSPACES_PATH) => reply(StatusCode::CREATED, "{}"),
                             (Method::GET, p) if p.starts_with(WORKSPACES_PATH) => {
                                 let phase = if lease.leader_alive() { "Ready" } else { "Scheduling" };

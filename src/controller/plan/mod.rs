@@ -14,6 +14,9 @@
 //!   live leader would renew it (docs/background.md section 3), but kcp's leader election and
 //!   controllers reach kcp through its own listener, so once that is closed it can no longer lead;
 //! - a roll that failed for a spec is not retried until the spec changes (no crash loop);
+//! - with spec.rollout.preflight, no slot of a new version starts while another version serves
+//!   until that version ran alone on a copy of the data, passed, and everything of that run is
+//!   removed; a preflight runs once per template;
 //! - nothing waits: a step sends a signal or a request and returns; its effect is observed later.
 mod model;
 #[cfg(test)]
@@ -97,11 +100,23 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     if let Some(step) = retirements(desired, observed, &wanted) {
         return step;
     }
+    if observed
+        .preflight
+        .as_ref()
+        .is_some_and(|p| p.leftovers && p.template != desired.template)
+    {
+        // The spec moved on: what a preflight of an older spec left goes.
+        return Step::RemovePreflight;
+    }
     if let Some(step) = starts(desired, observed) {
         return step;
     }
     if let Some(step) = roll_progress(desired, observed) {
         return step;
+    }
+    if observed.preflight.as_ref().is_some_and(|p| p.leftovers) {
+        // A preflight no roll waits for any more (the old slots went away during it).
+        return Step::RemovePreflight;
     }
     match observed.slots.iter().find(|s| s.running && s.stopping()) {
         Some(s) => Step::Wait(Wait::Exit { slot: s.name.clone() }),
@@ -378,6 +393,13 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
     {
         return Some(Step::Snapshot);
     }
+    if desired.preflight
+        && current.is_empty()
+        && serving_other_version
+        && let Some(step) = preflight(desired, observed)
+    {
+        return Some(step);
+    }
     let running = observed.slots.iter().filter(|s| s.running).count();
     if running > desired.slots {
         // A roll runs one slot more than spec.slots, never two: wait for one to go.
@@ -391,6 +413,60 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
         .find(|n| observed.slots.iter().all(|s| s.name != **n))
         .expect("at most four slots have records");
     Some(Step::StartSlot { name: name.to_string() })
+}
+
+/// The preflight of the desired template, before its first slot starts: started, waited for,
+/// probed, compared or failed, then removed; None once it passed and nothing of it is left.
+fn preflight(desired: &Desired, observed: &Observed) -> Option<Step> {
+    let Some(run) = observed.preflight.as_ref().filter(|p| p.template == desired.template) else {
+        return Some(Step::StartPreflight);
+    };
+    let version = &desired.template.version;
+    if let Some(result) = run.result {
+        if run.leftovers {
+            return Some(Step::RemovePreflight);
+        }
+        let cause = match result {
+            PreflightResult::Compatible | PreflightResult::Skipped => return None,
+            PreflightResult::SchemaChanged if desired.allow_schema_change => return None,
+            PreflightResult::SchemaChanged => BlockCause::PreflightSchemaChanged {
+                version: version.clone(),
+                changes: run.detail.clone(),
+            },
+            PreflightResult::Failed => BlockCause::PreflightFailed {
+                version: version.clone(),
+                detail: run.detail.join("; "),
+            },
+        };
+        return Some(Step::Blocked { cause });
+    }
+    let fail = |cause| Some(Step::FailPreflight { cause });
+    match &run.run {
+        PreflightRun::NeverStarted => Some(Step::RemovePreflight),
+        PreflightRun::Exited { last_words } => fail(PreflightFailure::Exited {
+            last_words: last_words.clone(),
+        }),
+        PreflightRun::Running { ready: false, .. } => {
+            if elapsed(observed.now, run.started_at) > desired.readiness_timeout {
+                fail(PreflightFailure::NotReady {
+                    timeout_seconds: desired.readiness_timeout.as_secs(),
+                })
+            } else {
+                Some(Step::Wait(Wait::Preflight))
+            }
+        }
+        PreflightRun::Running { probe: None, .. } => Some(Step::PreflightProbe),
+        PreflightRun::Running { probe_ready: true, .. } => Some(Step::ComparePreflight),
+        PreflightRun::Running { probe: Some(probe), .. } => {
+            if elapsed(observed.now, probe.created_at) > PROBE_TIMEOUT {
+                fail(PreflightFailure::ProbeTimeout {
+                    timeout_seconds: PROBE_TIMEOUT.as_secs(),
+                })
+            } else {
+                Some(Step::Wait(Wait::Preflight))
+            }
+        }
+    }
 }
 
 /// A new slot that has not answered `/readyz` yet: waited for, started again once after a store
@@ -502,6 +578,9 @@ fn cleanup(desired: &Desired, observed: &Observed) -> Step {
     }
     if let Some(s) = observed.slots.first() {
         return Step::Wait(Wait::Exit { slot: s.name.clone() });
+    }
+    if observed.preflight.as_ref().is_some_and(|p| p.leftovers) {
+        return Step::RemovePreflight;
     }
     if observed.store_processes_up {
         return Step::StopStore;

@@ -46,6 +46,12 @@ pub struct Desired {
     /// Snapshot the store before a roll that changes the version (spec.rollout, and a store that
     /// takes snapshots).
     pub snapshot_before_version_change: bool,
+    /// Run the new version alone on a copy of the data before a roll that changes the version
+    /// (spec.rollout.preflight).
+    pub preflight: bool,
+    /// A preflight that found kcp's own schemas changed does not stop the roll
+    /// (spec.rollout.allowMinorVersionChange).
+    pub allow_schema_change: bool,
 }
 
 /// The front, as observed through its control socket (or caddy's admin API).
@@ -279,6 +285,12 @@ pub enum BlockCause {
     },
     /// spec.rollout does not allow this version change.
     VersionRefused { message: String },
+    /// The new version, run alone on a copy of the data, exited, missed readinessTimeout or got
+    /// no workspace Ready.
+    PreflightFailed { version: String, detail: String },
+    /// The new version changed kcp's own schemas or storage versions on the copy, and
+    /// spec.rollout.allowMinorVersionChange is off.
+    PreflightSchemaChanged { version: String, changes: Vec<String> },
 }
 
 impl BlockCause {
@@ -290,6 +302,8 @@ impl BlockCause {
             BlockCause::SlotBroken { .. } => "SlotBroken",
             BlockCause::SlotCrashed { .. } => "SlotCrashed",
             BlockCause::VersionRefused { .. } => "VersionChangeRefused",
+            BlockCause::PreflightFailed { .. } => "PreflightFailed",
+            BlockCause::PreflightSchemaChanged { .. } => "PreflightSchemaChanged",
         }
     }
 
@@ -298,6 +312,7 @@ impl BlockCause {
     pub fn lifted_by(&self, desired: &Desired) -> bool {
         match self {
             BlockCause::SlotNotReady { timeout_seconds, .. } => desired.readiness_timeout.as_secs() > *timeout_seconds,
+            BlockCause::PreflightSchemaChanged { .. } => desired.allow_schema_change,
             _ => false,
         }
     }
@@ -320,6 +335,13 @@ impl BlockCause {
                 detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
             ),
             BlockCause::VersionRefused { message } => message.clone(),
+            BlockCause::PreflightFailed { version, detail } => format!(
+                "the preflight of kcp {version} on a copy of the data failed: {detail}; the old slots keep serving, no slot of {version} was started. Fix spec.version or spec.kcp to try again (the preflight reruns for a changed spec), or set spec.rollout.preflight to false to roll without it"
+            ),
+            BlockCause::PreflightSchemaChanged { version, changes } => format!(
+                "the preflight of kcp {version} on a copy of the data changed kcp's own schemas ({}); a roll back would need the snapshot. Set spec.rollout.allowMinorVersionChange to roll anyway; the old slots keep serving",
+                changes.join("; ")
+            ),
         }
     }
 }
@@ -380,6 +402,42 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// The outcome of a preflight, as the plan reads it.
+pub use crate::api::PreflightResult;
+
+/// The preflight of a template: its record (written before anything of it starts) and its kcp.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreflightObservation {
+    /// The template whose version it runs.
+    pub template: SlotTemplate,
+    pub started_at: DateTime<Utc>,
+    pub run: PreflightRun,
+    /// Recorded once the checks ended (or failed).
+    pub result: Option<PreflightResult>,
+    /// What it left in the store (Failed) or changed (SchemaChanged), for the block's message.
+    pub detail: Vec<String>,
+    /// Not all of it is removed yet (its kcp, its kine, the copy, a scratch database): cleared
+    /// only once everything is gone, so that a crash leaves nothing behind unnoticed.
+    pub leftovers: bool,
+}
+
+/// Where the preflight's kcp is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreflightRun {
+    /// Recorded, but its kcp never started (serve stopped in between).
+    NeverStarted,
+    /// Its kcp runs.
+    Running {
+        /// It answered `/readyz` on its own port.
+        ready: bool,
+        /// The probe workspace made on it.
+        probe: Option<ProbeRecord>,
+        probe_ready: bool,
+    },
+    /// Its kcp is gone: how it ended (its last error line and log).
+    Exited { last_words: String },
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
     pub now: DateTime<Utc>,
@@ -419,6 +477,8 @@ pub struct Observed {
     pub store_started_at: Option<DateTime<Utc>>,
     pub roll: Option<RollRecord>,
     pub blocked: Option<Blocked>,
+    /// The latest preflight, if any.
+    pub preflight: Option<PreflightObservation>,
 }
 
 impl Observed {
@@ -480,6 +540,19 @@ pub enum Wait {
     Exit { slot: String },
     /// The probe workspace to reach Ready.
     Probe,
+    /// The preflight's kcp to answer `/readyz`, or its probe workspace to reach Ready.
+    Preflight,
+}
+
+/// Why a preflight failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PreflightFailure {
+    /// Its kcp exited (with its last error line and log).
+    Exited { last_words: String },
+    /// Its kcp did not answer `/readyz` within readinessTimeout.
+    NotReady { timeout_seconds: u64 },
+    /// Its probe workspace did not reach Ready within [`super::PROBE_TIMEOUT`].
+    ProbeTimeout { timeout_seconds: u64 },
 }
 
 /// The one thing to do next.
@@ -500,6 +573,22 @@ pub enum Step {
     KillFront,
     /// Dump the store before a roll to a new version (docs/background.md section 6).
     Snapshot,
+    /// Record a preflight of the desired template, copy the data and start its kine and kcp on
+    /// the copy (for a store that is not copied, record it as skipped).
+    StartPreflight,
+    /// The preflight's kcp answers `/readyz`: free the copied controllers' Lease (its holder runs
+    /// on the real data, not on the copy) and create a probe workspace on it.
+    PreflightProbe,
+    /// The probe workspace on the copy is Ready: compare kcp's own schemas on the copy with the
+    /// serving slots' and record the result.
+    ComparePreflight,
+    /// Record the preflight as failed.
+    FailPreflight {
+        cause: PreflightFailure,
+    },
+    /// Stop the preflight's kcp and kine, remove the copy and the scratch database; a preflight
+    /// that never started is forgotten (and started again).
+    RemovePreflight,
     /// Start a slot with the desired template.
     StartSlot {
         name: String,
@@ -573,6 +662,11 @@ impl Step {
             Step::EnsureFront => "EnsureFront",
             Step::KillFront => "KillFront",
             Step::Snapshot => "Snapshot",
+            Step::StartPreflight => "StartPreflight",
+            Step::PreflightProbe => "PreflightProbe",
+            Step::ComparePreflight => "ComparePreflight",
+            Step::FailPreflight { .. } => "FailPreflight",
+            Step::RemovePreflight => "RemovePreflight",
             Step::StartSlot { .. } => "StartSlot",
             Step::SetFront(_) => "SetFront",
             Step::TerminateSlot { .. } => "TerminateSlot",

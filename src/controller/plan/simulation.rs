@@ -1,7 +1,9 @@
 //! Property tests of the plan over random histories: a small model of slots, front and Lease takes
 //! each planned step as the real act would, while crashes, hangs, slow starts, store outages and
 //! spec changes happen at any point. Every step is checked against the plan's invariants, and once
-//! the faults stop the shard must converge.
+//! the faults stop the shard must converge. The preflight of a new version is part of the model:
+//! v1 passes it, v2 changes kcp's schemas (it rolls once schema changes are allowed), v3's kcp
+//! exits on the copy.
 use proptest::prelude::*;
 
 use super::tests::{at, desired, template};
@@ -14,8 +16,15 @@ enum Fault {
     Crash(usize),
     Hang(usize),
     Recover(usize),
-    Spec { version: &'static str, slots: usize },
+    Spec {
+        version: &'static str,
+        slots: usize,
+    },
     StoreDown,
+    /// spec.rollout.allowMinorVersionChange flips.
+    AllowSchemaChange(bool),
+    /// serve stopped between recording a preflight and starting its kcp.
+    PreflightNeverStarted,
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -26,6 +35,8 @@ fn fault() -> impl Strategy<Value = Fault> {
         (prop::sample::select(vec!["v1", "v2", "v3"]), 1usize..=3)
             .prop_map(|(version, slots)| Fault::Spec { version, slots }),
         Just(Fault::StoreDown),
+        any::<bool>().prop_map(Fault::AllowSchemaChange),
+        Just(Fault::PreflightNeverStarted),
     ]
 }
 
@@ -46,12 +57,15 @@ struct Model {
     /// The Lease's holder: a slot name, or a holder that no longer exists.
     lease: Option<String>,
     start_delay_ms: i64,
+    /// When the preflight's kcp answers `/readyz` (or, for v3, exits).
+    preflight_ready_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl Model {
     fn new() -> Model {
         let mut d = desired("v1");
         d.readiness_timeout = Duration::from_secs(5);
+        d.preflight = true;
         let mut observed = super::tests::observed(&[], vec![]);
         observed.now = at(0);
         Model {
@@ -60,6 +74,7 @@ impl Model {
             slots: Vec::new(),
             lease: None,
             start_delay_ms: 1_500,
+            preflight_ready_at: at(0),
         }
     }
 
@@ -111,6 +126,25 @@ impl Model {
             .any(|m| Some(&m.seen.name) == self.lease.as_ref() && m.seen.running && m.seen.listening);
         self.observed.probe_ready = leader_runs && self.observed.roll.as_ref().is_some_and(|r| r.probe.is_some());
         self.observed.slots = self.slots.iter().map(|m| m.seen.clone()).collect();
+        let ready_at = self.preflight_ready_at;
+        if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none())
+            && let PreflightRun::Running {
+                ready,
+                probe,
+                probe_ready,
+            } = &mut p.run
+        {
+            if now >= ready_at && p.template.version == "v3" {
+                p.run = PreflightRun::Exited {
+                    last_words: "unknown flag".into(),
+                };
+            } else {
+                *ready |= now >= ready_at;
+                *probe_ready |= probe
+                    .as_ref()
+                    .is_some_and(|probe| now >= probe.created_at + chrono::Duration::milliseconds(500));
+            }
+        }
     }
 
     fn fault(&mut self, fault: &Fault) {
@@ -137,6 +171,12 @@ impl Model {
                 self.desired.slots = slots;
             }
             Fault::StoreDown => self.observed.store_up = false,
+            Fault::AllowSchemaChange(allow) => self.desired.allow_schema_change = allow,
+            Fault::PreflightNeverStarted => {
+                if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none()) {
+                    p.run = PreflightRun::NeverStarted;
+                }
+            }
         }
     }
 
@@ -173,7 +213,95 @@ impl Model {
                 self.observed.store_up = true;
             }
             Step::Snapshot => self.observed.snapshot_for = Some(self.desired.template.clone()),
+            Step::StartPreflight => {
+                prop_assert!(
+                    o.preflight.as_ref().is_none_or(|p| !p.leftovers),
+                    "a preflight started over another's leftovers: {:?}",
+                    o.preflight
+                );
+                self.preflight_ready_at = now + chrono::Duration::milliseconds(1_000);
+                self.observed.preflight = Some(PreflightObservation {
+                    template: self.desired.template.clone(),
+                    started_at: now,
+                    run: PreflightRun::Running {
+                        ready: false,
+                        probe: None,
+                        probe_ready: false,
+                    },
+                    result: None,
+                    detail: vec![],
+                    leftovers: true,
+                });
+            }
+            Step::PreflightProbe => {
+                let p = self.observed.preflight.as_mut().expect("a preflight");
+                prop_assert!(
+                    matches!(p.run, PreflightRun::Running { ready: true, .. }),
+                    "probed a preflight kcp that is not ready"
+                );
+                p.run = PreflightRun::Running {
+                    ready: true,
+                    probe: Some(ProbeRecord {
+                        workspace: "preflight-probe".into(),
+                        created_at: now,
+                    }),
+                    probe_ready: false,
+                };
+            }
+            Step::ComparePreflight => {
+                let p = self.observed.preflight.as_mut().expect("a preflight");
+                let probed = matches!(p.run, PreflightRun::Running { probe_ready: true, .. });
+                prop_assert!(probed, "compared a preflight whose probe is not Ready");
+                p.result = Some(if p.template.version == "v2" {
+                    p.detail = vec!["CRD x: storedVersions changed".into()];
+                    PreflightResult::SchemaChanged
+                } else {
+                    PreflightResult::Compatible
+                });
+            }
+            Step::FailPreflight { .. } => {
+                let p = self.observed.preflight.as_mut().expect("a preflight");
+                p.result = Some(PreflightResult::Failed);
+            }
+            Step::RemovePreflight => {
+                let p = self.observed.preflight.as_mut().expect("a preflight");
+                if p.result.is_none() {
+                    self.observed.preflight = None;
+                } else {
+                    p.leftovers = false;
+                    p.run = PreflightRun::Exited {
+                        last_words: "removed".into(),
+                    };
+                }
+            }
             Step::StartSlot { name } => {
+                let other_version_serves = o
+                    .front
+                    .backends()
+                    .iter()
+                    .filter_map(|b| o.slot(b))
+                    .any(|s| s.template.version != self.desired.template.version);
+                let first_of_its_template = !o
+                    .slots
+                    .iter()
+                    .any(|s| s.running && !s.stopping() && s.template == self.desired.template);
+                // The first slot of a new version waits for the preflight; the roll it began goes on.
+                if other_version_serves && first_of_its_template {
+                    let passed = o.preflight.as_ref().is_some_and(|p| {
+                        p.template == self.desired.template
+                            && !p.leftovers
+                            && match p.result {
+                                Some(PreflightResult::Compatible) => true,
+                                Some(PreflightResult::SchemaChanged) => self.desired.allow_schema_change,
+                                _ => false,
+                            }
+                    });
+                    prop_assert!(
+                        passed,
+                        "{name} of a new version started without a passed preflight: {:?}",
+                        o.preflight
+                    );
+                }
                 let running = o.slots.iter().filter(|s| s.running).count();
                 prop_assert!(running <= self.desired.slots, "started {name} with {running} running");
                 prop_assert!(o.slots.iter().all(|s| &s.name != name), "{name} is taken");

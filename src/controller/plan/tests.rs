@@ -33,6 +33,8 @@ pub(crate) fn desired(version: &str) -> Desired {
         deleting: false,
         version_refused: None,
         snapshot_before_version_change: false,
+        preflight: false,
+        allow_schema_change: false,
     }
 }
 
@@ -82,6 +84,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_started_at: None,
         roll: None,
         blocked: None,
+        preflight: None,
     }
 }
 
@@ -676,4 +679,186 @@ fn a_slot_that_answers_but_is_not_ready_because_its_store_is_away_is_not_killed(
     };
     o.now = at(11);
     assert_eq!(plan(&d, &o), Step::Idle, "it answers: it waits for its store");
+}
+
+fn preflight_of(version: &str, run: PreflightRun) -> PreflightObservation {
+    PreflightObservation {
+        template: template(version),
+        started_at: at(0),
+        run,
+        result: None,
+        detail: vec![],
+        leftovers: true,
+    }
+}
+
+fn running(ready: bool, probe: Option<i64>, probe_ready: bool) -> PreflightRun {
+    PreflightRun::Running {
+        ready,
+        probe: probe.map(|s| ProbeRecord {
+            workspace: "kcpshard-probe-1".into(),
+            created_at: at(s),
+        }),
+        probe_ready,
+    }
+}
+
+fn finished(version: &str, result: PreflightResult, leftovers: bool) -> PreflightObservation {
+    PreflightObservation {
+        result: Some(result),
+        detail: vec!["CRD x: storedVersions [v1] -> [v1 v2]".into()],
+        leftovers,
+        ..preflight_of(
+            version,
+            PreflightRun::Exited {
+                last_words: "killed".into(),
+            },
+        )
+    }
+}
+
+#[test]
+fn a_version_change_runs_the_preflight_after_the_snapshot_and_before_the_new_slot() {
+    let mut d = desired("v2");
+    d.snapshot_before_version_change = true;
+    d.preflight = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert_eq!(plan(&d, &o), Step::Snapshot, "the snapshot comes first");
+    o.snapshot_for = Some(template("v2"));
+    assert_eq!(plan(&d, &o), Step::StartPreflight);
+    o.preflight = Some(preflight_of("v2", running(false, None, false)));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "its kcp is starting");
+    o.preflight = Some(preflight_of("v2", running(true, None, false)));
+    assert_eq!(plan(&d, &o), Step::PreflightProbe);
+    o.preflight = Some(preflight_of("v2", running(true, Some(9), false)));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "its probe gets Ready");
+    o.preflight = Some(preflight_of("v2", running(true, Some(9), true)));
+    assert_eq!(plan(&d, &o), Step::ComparePreflight);
+    o.preflight = Some(finished("v2", PreflightResult::Compatible, true));
+    assert_eq!(plan(&d, &o), Step::RemovePreflight, "removed before the roll goes on");
+    o.preflight = Some(finished("v2", PreflightResult::Compatible, false));
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+}
+
+#[test]
+fn a_preflight_whose_kcp_exits_or_misses_its_timeouts_fails_and_blocks_the_roll() {
+    let mut d = desired("v2");
+    d.preflight = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.preflight = Some(preflight_of(
+        "v2",
+        PreflightRun::Exited {
+            last_words: "exit status: 1; it printed \"Error: unknown flag\"".into(),
+        },
+    ));
+    assert_eq!(
+        plan(&d, &o),
+        Step::FailPreflight {
+            cause: PreflightFailure::Exited {
+                last_words: "exit status: 1; it printed \"Error: unknown flag\"".into()
+            }
+        }
+    );
+    o.now = at(121);
+    o.preflight = Some(preflight_of("v2", running(false, None, false)));
+    assert_eq!(
+        plan(&d, &o),
+        Step::FailPreflight {
+            cause: PreflightFailure::NotReady { timeout_seconds: 120 }
+        }
+    );
+    o.preflight = Some(preflight_of("v2", running(true, Some(60), false)));
+    assert_eq!(
+        plan(&d, &o),
+        Step::FailPreflight {
+            cause: PreflightFailure::ProbeTimeout { timeout_seconds: 60 }
+        }
+    );
+    o.preflight = Some(finished("v2", PreflightResult::Failed, true));
+    assert_eq!(plan(&d, &o), Step::RemovePreflight);
+    o.preflight = Some(finished("v2", PreflightResult::Failed, false));
+    let Step::Blocked { cause } = plan(&d, &o) else {
+        panic!("a failed preflight blocks the roll: {:?}", plan(&d, &o));
+    };
+    assert_eq!(cause.reason(), "PreflightFailed");
+    assert!(
+        cause.message().contains("old slots keep serving"),
+        "{}",
+        cause.message()
+    );
+    assert!(!cause.lifted_by(&d), "not rerun in a loop: only a spec change retries");
+    d.template = template("v3");
+    assert_eq!(plan(&d, &o), Step::StartPreflight, "a new spec gets a new preflight");
+}
+
+#[test]
+fn a_schema_change_rolls_only_with_allow_minor_version_change() {
+    let mut d = desired("v2");
+    d.preflight = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.preflight = Some(finished("v2", PreflightResult::SchemaChanged, false));
+    let Step::Blocked { cause } = plan(&d, &o) else {
+        panic!("{:?}", plan(&d, &o));
+    };
+    assert_eq!(cause.reason(), "PreflightSchemaChanged");
+    assert!(
+        cause.message().contains("allowMinorVersionChange") && cause.message().contains("storedVersions"),
+        "{}",
+        cause.message()
+    );
+    d.allow_schema_change = true;
+    assert!(cause.lifted_by(&d));
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartSlot { name: "b".into() },
+        "no second preflight"
+    );
+    o.preflight = Some(finished("v2", PreflightResult::Skipped, false));
+    d.allow_schema_change = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartSlot { name: "b".into() },
+        "a store not copied is not checked"
+    );
+}
+
+#[test]
+fn a_preflight_left_by_a_crash_or_an_older_spec_is_removed() {
+    let mut d = desired("v2");
+    d.preflight = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.preflight = Some(preflight_of("v2", PreflightRun::NeverStarted));
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemovePreflight,
+        "recorded, never started: removed, then started again"
+    );
+    o.preflight = Some(preflight_of("v3", running(true, None, false)));
+    assert_eq!(plan(&d, &o), Step::RemovePreflight, "the spec moved on");
+    d.template = template("v1");
+    assert_eq!(plan(&d, &o), Step::RemovePreflight, "the spec went back");
+    o.preflight.as_mut().unwrap().leftovers = false;
+    assert_eq!(plan(&d, &o), Step::Idle);
+    d.deleting = true;
+    o.slots.clear();
+    o.front = FrontObservation::Down;
+    o.preflight.as_mut().unwrap().leftovers = true;
+    assert_eq!(plan(&d, &o), Step::RemovePreflight, "deleting the shard removes it too");
+}
+
+#[test]
+fn no_preflight_without_a_version_change_or_with_it_off() {
+    let mut d = desired("v1");
+    d.preflight = true;
+    d.template.restarted_at = Some("now".into());
+    let o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() }, "a restart");
+    assert_eq!(
+        plan(&d, &observed(&[], vec![])),
+        Step::StartSlot { name: "a".into() },
+        "a first start"
+    );
+    let mut d = desired("v2");
+    d.preflight = false;
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() }, "turned off");
 }

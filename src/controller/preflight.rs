@@ -1,0 +1,389 @@
+//! The preflight: before the first slot of a new spec.version starts while another version serves,
+//! that version runs alone on a COPY of the data (docs/operations.md, "The preflight"; kcp's
+//! minor releases rewrite kcp's own schemas at start, docs/background.md section 6).
+//!
+//! Its steps, each short (plan.rs decides, this module acts and observes):
+//! 1. StartPreflight: kcp's own schemas are read from a serving slot (`original.json`), the record
+//!    is written (before anything starts), the data copied (store/copy.rs) and served by a kine of
+//!    its own, and the new kcp started on it through the process runtime: its own root seeded
+//!    with the shard's material, its own port, leader election on, never behind the front.
+//! 2. observe: its `/readyz` on its own port, then its probe workspace.
+//! 3. PreflightProbe: the copied controllers' Lease is deleted through it (its holder leads the
+//!    real data, not the copy, and would keep the copy leaderless for the Lease's 60 s), and a
+//!    probe workspace created.
+//! 4. ComparePreflight: kcp's own schemas on the copy against `original.json` (slot/schemas.rs):
+//!    Compatible or SchemaChanged. FailPreflight: it exited, missed readinessTimeout, or its probe
+//!    missed its timeout.
+//! 5. RemovePreflight: its kcp and kine stop, the copy and the scratch database go; only then is
+//!    `removedAt` recorded, so a crash of serve at any point leaves leftovers that the next
+//!    observe finds and removes.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::Utc;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use super::act::{Actor, Notes};
+use super::clients::Identity;
+use super::health::LOOK_TIMEOUT;
+use super::plan::{PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord};
+use super::state::{ControllerState, PreflightDirs, PreflightRecord, ShardDirs};
+use super::{Context, Error, Note, Wake};
+use crate::process::{ProcessSpec, Runtime, UnitName, free_port};
+use crate::slot;
+use crate::slot::schemas::{self, Schemas};
+use crate::store::copy::CopyPlace;
+
+/// How long the preflight's kcp and kine get to exit after SIGTERM: it serves nobody.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+fn place(actor: &Actor<'_>, record: Option<&PreflightRecord>) -> CopyPlace {
+    CopyPlace {
+        dir: actor.dirs.preflight().copy(),
+        scratch_database: record.and_then(|r| r.scratch_database.clone()),
+        shard: actor.shard.name_any(),
+    }
+}
+
+fn save(dirs: &ShardDirs, change: impl FnOnce(&mut PreflightRecord)) -> Result<PreflightRecord, Error> {
+    let mut state = dirs.load_state()?;
+    let record = state
+        .preflight
+        .as_mut()
+        .ok_or_else(|| Error::Preflight("the preflight's record is gone".into()))?;
+    change(record);
+    let record = record.clone();
+    dirs.save_state(&state)?;
+    Ok(record)
+}
+
+fn seconds(from: chrono::DateTime<Utc>, to: chrono::DateTime<Utc>) -> f64 {
+    (to - from).num_milliseconds() as f64 / 1000.0
+}
+
+/// StartPreflight.
+pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let template = actor.desired.template.clone();
+    let version = template.version.clone();
+    let store = actor.store()?;
+    let now = Utc::now();
+    let mut record = PreflightRecord {
+        template: template.clone(),
+        port: 0,
+        started_at: now,
+        scratch_database: store.scratch_database(),
+        ready_at: None,
+        probe: None,
+        result: None,
+        changes: vec![],
+        message: None,
+        completed_at: None,
+        removed_at: None,
+    };
+    if !store.copies() {
+        let message = format!(
+            "spec.store.type {:?}: kcpshard does not copy an Etcd store, so no preflight of kcp {version} ran; the roll goes on",
+            actor.shard.spec.store.type_
+        );
+        record.result = Some(PreflightResult::Skipped);
+        record.message = Some(message.clone());
+        record.completed_at = Some(now);
+        record.removed_at = Some(now);
+        save_new(actor.dirs, record)?;
+        return Ok(vec![Note::normal("PreflightSkipped", message)]);
+    }
+    // kcp's own schemas as they are served now, before the copy is taken.
+    let (through, client) = actor
+        .world
+        .serving_client(actor.ctx, Identity::ShardAdmin)
+        .await
+        .map_err(Error::Front)?;
+    let original = schemas::read(&client).await?;
+    let dirs = actor.dirs.preflight();
+    crate::fsutil::create_private_dir(dirs.dir())?;
+    super::state::write_json(&dirs.original(), &original)?;
+    record.port = free_port()?;
+    save_new(actor.dirs, record.clone())?;
+    match launch(actor, &record, &dirs).await {
+        Ok((pid, copied)) => Ok(vec![Note::normal(
+            "PreflightStarted",
+            format!(
+                "started kcp {version} alone on a copy of the data (copied in {copied:.1}s; pid {pid}, port {}, never behind the front); {} of kcp's own resources read from slot {through} to compare with",
+                record.port,
+                original.len()
+            ),
+        )]),
+        Err(e) => {
+            // A copy that cannot be made fails the preflight (a spec change tries again); what it
+            // left is removed next.
+            let detail = format!("it could not start on a copy of the data: {e}");
+            fail_with(actor, detail)
+        }
+    }
+}
+
+fn save_new(dirs: &ShardDirs, record: PreflightRecord) -> Result<(), Error> {
+    let mut state: ControllerState = dirs.load_state()?;
+    state.preflight = Some(record);
+    dirs.save_state(&state)?;
+    Ok(())
+}
+
+/// Copies the data, starts its kine and the kcp; the kcp's pid and how long the copy took.
+async fn launch(actor: &Actor<'_>, record: &PreflightRecord, dirs: &PreflightDirs) -> Result<(u32, f64), Error> {
+    let template = &record.template;
+    let store = actor.store()?;
+    // The snapshot taken for this version change, if any, is the copy (KinePostgres).
+    let dump = actor
+        .world
+        .state
+        .snapshot
+        .as_ref()
+        .filter(|s| &s.template == template)
+        .map(|s| PathBuf::from(&s.path));
+    let copying = std::time::Instant::now();
+    let etcd_servers = store
+        .copy_for_preflight(&actor.ctx.runtime, &place(actor, Some(record)), dump.as_deref())
+        .await?;
+    let copied = copying.elapsed().as_secs_f64();
+    slot::material::seed_root(&actor.dirs.shared(), &dirs.root())?;
+    super::credentials::write_token_file(actor.dirs, &template.accepted_identities, &dirs.token_file())?;
+    let launch = slot::args::SlotLaunch {
+        name: "preflight".into(),
+        version: template.version.clone(),
+        binary: PathBuf::from(&template.binary),
+        root_dir: std::path::absolute(dirs.root())?,
+        bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
+        port: record.port,
+        etcd_servers,
+        etcd_tls: Default::default(),
+        front_url: template.front_url.clone(),
+        shutdown_delay: Duration::ZERO,
+        token_auth_file: std::path::absolute(dirs.token_file())?,
+        extra_args: template.extra_args.clone(),
+    };
+    let spec = ProcessSpec::new(
+        "preflight",
+        UnitName::preflight(&actor.shard.name_any()),
+        launch.binary.clone(),
+        slot::args::kcp_args(&launch)?,
+        dirs.log(),
+        dirs.process(),
+    );
+    let process = actor.ctx.runtime.start(&spec).await?;
+    Ok((process.pid, copied))
+}
+
+/// PreflightProbe.
+pub async fn probe(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = current(actor.dirs)?;
+    let dirs = actor.dirs.preflight();
+    let url = slot::slot_url(record.port);
+    let shard_admin = slot::shard_admin_client(&dirs.admin_kubeconfig(), &url).await?;
+    // The copied Lease names a slot that leads the real data: on the copy nobody renews it.
+    slot::release_controllers_lease(&shard_admin).await?;
+    let admin = slot::admin_client(&actor.dirs.front_kubeconfig(), &url).await?;
+    let workspace = slot::access::create_probe_workspace(&admin).await?;
+    let now = Utc::now();
+    save(actor.dirs, |r| {
+        r.ready_at.get_or_insert(now);
+        r.probe = Some(ProbeRecord {
+            workspace,
+            created_at: now,
+        });
+    })?;
+    Ok(vec![])
+}
+
+/// ComparePreflight.
+pub async fn compare(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = current(actor.dirs)?;
+    let dirs = actor.dirs.preflight();
+    let client = slot::shard_admin_client(&dirs.admin_kubeconfig(), &slot::slot_url(record.port)).await?;
+    let after = schemas::read(&client).await?;
+    let before: Schemas = super::state::read_json(&dirs.original())?.unwrap_or_default();
+    let changes = schemas::changes(&before, &after);
+    let now = Utc::now();
+    let version = &record.template.version;
+    let timings = format!(
+        "/readyz {:.1}s and a probe workspace Ready {:.1}s after its start",
+        record.ready_at.map_or(0.0, |at| seconds(record.started_at, at)),
+        seconds(record.started_at, now)
+    );
+    let (result, message) = if changes.is_empty() {
+        (
+            PreflightResult::Compatible,
+            format!(
+                "kcp {version} served a copy of the data: {timings}; none of kcp's {} own schemas and storage versions changed",
+                after.len()
+            ),
+        )
+    } else {
+        let snapshot = actor
+            .world
+            .state
+            .snapshot
+            .as_ref()
+            .filter(|s| s.template == record.template)
+            .map(|s| format!(" taken before it ({})", s.path))
+            .unwrap_or_else(|| {
+                " of the data, and none was taken (kcpshard dumps KinePostgres only: copy the store yourself first)"
+                    .into()
+            });
+        let goes_on = if actor.desired.allow_schema_change {
+            "the roll goes on (spec.rollout.allowMinorVersionChange)"
+        } else {
+            "the roll waits for spec.rollout.allowMinorVersionChange"
+        };
+        (
+            PreflightResult::SchemaChanged,
+            format!(
+                "kcp {version} served a copy of the data ({timings}) and changed {} of kcp's own schemas: a roll back will need the snapshot{snapshot}; {goes_on}",
+                changes.len()
+            ),
+        )
+    };
+    save(actor.dirs, |r| {
+        r.result = Some(result);
+        r.changes = changes.clone();
+        r.message = Some(message.clone());
+        r.completed_at = Some(now);
+    })?;
+    let line = if changes.is_empty() {
+        message
+    } else {
+        format!("{message}: {}", changes.join("; "))
+    };
+    Ok(vec![match result {
+        PreflightResult::Compatible => Note::normal("PreflightPassed", line),
+        _ => Note::warning("PreflightPassed", line),
+    }])
+}
+
+/// FailPreflight.
+pub fn fail(actor: &Actor<'_>, cause: &PreflightFailure) -> Result<Notes, Error> {
+    let log = actor.dirs.preflight().log();
+    let detail = match cause {
+        PreflightFailure::Exited { last_words } => format!("its kcp exited: {last_words}"),
+        PreflightFailure::NotReady { timeout_seconds } => format!(
+            "its kcp did not answer /readyz on its own port within {timeout_seconds}s (spec.rollout.readinessTimeout; log: {})",
+            log.display()
+        ),
+        PreflightFailure::ProbeTimeout { timeout_seconds } => format!(
+            "a probe workspace on the copy did not reach Ready within {timeout_seconds}s: its controllers did not run (log: {})",
+            log.display()
+        ),
+    };
+    fail_with(actor, detail)
+}
+
+fn fail_with(actor: &Actor<'_>, detail: String) -> Result<Notes, Error> {
+    let now = Utc::now();
+    let record = save(actor.dirs, |r| {
+        r.result = Some(PreflightResult::Failed);
+        r.message = Some(detail.clone());
+        r.completed_at = Some(now);
+    })?;
+    Ok(vec![Note::warning(
+        "PreflightFailed",
+        format!(
+            "the preflight of kcp {} on a copy of the data failed: {detail}; the roll is blocked and the old slots keep serving",
+            record.template.version
+        ),
+    )])
+}
+
+/// RemovePreflight: stops its kcp (by its record, and any kcp on its root) and its kine, drops the
+/// scratch database, removes the copy; then records that nothing is left (or forgets a preflight
+/// that never started, so that it starts again).
+pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = current(actor.dirs)?;
+    let dirs = actor.dirs.preflight();
+    let runtime = &actor.ctx.runtime;
+    let mut processes: Vec<_> = Runtime::load(&dirs.process())?.into_iter().collect();
+    let root_arg = slot::args::root_dir_arg(&std::path::absolute(dirs.root())?);
+    processes.extend(
+        Runtime::find_by_argument(&root_arg)
+            .into_iter()
+            .filter_map(Runtime::observe),
+    );
+    for process in processes.iter().filter(|p| runtime.is_running(p)) {
+        runtime.terminate(process, STOP_GRACE).await?;
+    }
+    actor
+        .store()?
+        .remove_copy(runtime, &place(actor, Some(&record)), STOP_GRACE)
+        .await?;
+    match std::fs::remove_file(dirs.process()) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
+    let mut state = actor.dirs.load_state()?;
+    if record.result.is_none() {
+        state.preflight = None;
+    } else if let Some(r) = state.preflight.as_mut() {
+        r.removed_at = Some(Utc::now());
+    }
+    actor.dirs.save_state(&state)?;
+    Ok(vec![])
+}
+
+fn current(dirs: &ShardDirs) -> Result<PreflightRecord, Error> {
+    dirs.load_state()?
+        .preflight
+        .ok_or_else(|| Error::Preflight("no preflight is recorded".into()))
+}
+
+/// What the plan needs of the recorded preflight: its kcp's state (one `/readyz` and one look at
+/// its probe workspace, each bounded by [`LOOK_TIMEOUT`]) and whether anything of it is left.
+pub async fn observe(
+    ctx: &Context,
+    shard_ref: &ObjectRef<crate::api::KcpShard>,
+    dirs: &ShardDirs,
+    record: &PreflightRecord,
+) -> Result<PreflightObservation, Error> {
+    let files = dirs.preflight();
+    let run = match (record.result, Runtime::load(&files.process())?) {
+        (Some(_), _) => PreflightRun::Exited {
+            last_words: "done".into(),
+        },
+        (None, None) => PreflightRun::NeverStarted,
+        (None, Some(process)) if !ctx.runtime.is_running(&process) => PreflightRun::Exited {
+            last_words: super::observe::last_words(&ctx.runtime, &process, true).await,
+        },
+        (None, Some(process)) => {
+            ctx.exits.watch(process.pid, (shard_ref.clone(), Wake::Exit));
+            let ready = record.ready_at.is_some()
+                || matches!(
+                    tokio::time::timeout(LOOK_TIMEOUT, slot::slot_ready(&files.root(), record.port)).await,
+                    Ok(Ok(true))
+                );
+            let mut probe_ready = false;
+            if let Some(probe) = &record.probe
+                && let Ok(admin) = slot::admin_client(&dirs.front_kubeconfig(), &slot::slot_url(record.port)).await
+                && let Ok(Ok(phase)) =
+                    tokio::time::timeout(LOOK_TIMEOUT, slot::access::workspace_phase(&admin, &probe.workspace)).await
+            {
+                probe_ready = phase.as_deref() == Some("Ready");
+            }
+            PreflightRun::Running {
+                ready,
+                probe: record.probe.clone(),
+                probe_ready,
+            }
+        }
+    };
+    let detail = match record.result {
+        Some(PreflightResult::Failed) => record.message.iter().cloned().collect(),
+        _ => record.changes.clone(),
+    };
+    Ok(PreflightObservation {
+        template: record.template.clone(),
+        started_at: record.started_at,
+        run,
+        result: record.result,
+        detail,
+        leftovers: record.removed_at.is_none(),
+    })
+}

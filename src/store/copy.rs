@@ -1,0 +1,235 @@
+//! Copies of a shard's data for a preflight (docs/operations.md, "The preflight"): the new
+//! version runs on a copy, never on the shard's own store.
+//!
+//! - KineSqlite: `VACUUM INTO` (sqlite's consistent copy of a live database, taken in one read
+//!   transaction while kine writes on; sqlite linked in through rusqlite, so no program is needed)
+//!   of `state.db` into the copy's directory, served by a kine of its own.
+//! - KinePostgres: a pg_dump (the snapshot taken before the version change, or one taken for the
+//!   preflight) restored with pg_restore into a scratch database on the same server, served by a
+//!   kine of its own. The scratch database is dropped with the copy (`WITH (FORCE)`: its kine's
+//!   connections go with it).
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::kine::{self, DB_FILE, KineSpec};
+use super::managed::binary;
+use super::postgres::PostgresServer;
+use super::{StoreBackend, StoreError};
+use crate::process::{Runtime, UnitName};
+
+/// Where a copy lives: `dir` (removed with it), and for KinePostgres the scratch database.
+#[derive(Debug, Clone)]
+pub struct CopyPlace {
+    pub dir: PathBuf,
+    pub scratch_database: Option<String>,
+    /// The shard, for the kine's unit and application name.
+    pub shard: String,
+}
+
+/// The scratch database of a shard's preflight: the shard's database name with `_preflight`
+/// (within PostgreSQL's 63 bytes).
+pub fn scratch_database(database: &str) -> String {
+    let mut base = database.to_string();
+    while base.len() > 63 - "_preflight".len() {
+        base.pop();
+    }
+    format!("{base}_preflight")
+}
+
+impl StoreBackend {
+    /// Whether a preflight can copy this store (Etcd: no).
+    pub fn copies(&self) -> bool {
+        !matches!(self, StoreBackend::Etcd(_))
+    }
+
+    /// The scratch database a preflight restores into, for stores that have one.
+    pub fn scratch_database(&self) -> Option<String> {
+        match self {
+            StoreBackend::KinePostgres { server, .. } => Some(scratch_database(&server.database)),
+            _ => None,
+        }
+    }
+
+    fn copy_kine(&self, place: &CopyPlace) -> Result<Option<KineSpec>, StoreError> {
+        Ok(match self {
+            StoreBackend::KineSqlite { kine } => {
+                let mut spec = KineSpec::sqlite(&kine.binary, &place.dir.join("store"), &place.shard)?;
+                spec.unit = UnitName::preflight_kine(&place.shard);
+                Some(spec)
+            }
+            StoreBackend::KinePostgres {
+                server, kine_binary, ..
+            } => {
+                let Some(database) = &place.scratch_database else {
+                    return Err(StoreError::Invalid(
+                        "a preflight copy on PostgreSQL needs a scratch database".into(),
+                    ));
+                };
+                let scratch = PostgresServer {
+                    database: database.clone(),
+                    ..server.clone()
+                };
+                Some(scratch.slot_kine(
+                    kine_binary,
+                    place.dir.join("kine"),
+                    &format!("kcpshard-{}-preflight", place.shard),
+                    UnitName::preflight_kine(&place.shard),
+                ))
+            }
+            StoreBackend::Etcd(_) => None,
+        })
+    }
+
+    /// Copies the data into `place` and starts a kine on the copy; returns its endpoint. `dump` is
+    /// a pg_dump of the data taken for this version change, if there is one (KinePostgres).
+    pub async fn copy_for_preflight(
+        &self,
+        runtime: &Runtime,
+        place: &CopyPlace,
+        dump: Option<&Path>,
+    ) -> Result<String, StoreError> {
+        crate::fsutil::create_private_dir(&place.dir).map_err(|source| StoreError::Io {
+            path: place.dir.clone(),
+            source,
+        })?;
+        match self {
+            StoreBackend::KineSqlite { kine } => {
+                let into = place.dir.join("store");
+                crate::fsutil::create_private_dir(&into).map_err(|source| StoreError::Io {
+                    path: into.clone(),
+                    source,
+                })?;
+                vacuum_into(&kine.dir.join(DB_FILE), &into.join(DB_FILE)).await?;
+            }
+            StoreBackend::KinePostgres { server, .. } => {
+                let database = place.scratch_database.as_deref().expect("checked by copy_kine");
+                let dump = match dump {
+                    Some(dump) => dump.to_path_buf(),
+                    None => {
+                        super::snapshot::pg_dump(server, &place.dir, "serving", "preflight", chrono::Utc::now(), 1)
+                            .await?
+                    }
+                };
+                server.recreate_database(database).await?;
+                pg_restore(server, database, &dump).await?;
+            }
+            StoreBackend::Etcd(_) => return Err(StoreError::Invalid("an Etcd store is not copied".into())),
+        }
+        let spec = self.copy_kine(place)?.expect("copied stores have a kine");
+        Ok(kine::ensure_kine(runtime, &spec).await?.endpoint)
+    }
+
+    /// Stops the copy's kine, drops the scratch database and removes `place.dir`; idempotent.
+    pub async fn remove_copy(&self, runtime: &Runtime, place: &CopyPlace, grace: Duration) -> Result<(), StoreError> {
+        if let Some(spec) = self.copy_kine(place)? {
+            kine::stop_kine(runtime, &spec, grace).await?;
+        }
+        if let (StoreBackend::KinePostgres { server, .. }, Some(database)) = (self, &place.scratch_database) {
+            server.drop_database(database).await?;
+        }
+        match std::fs::remove_dir_all(&place.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io {
+                path: place.dir.clone(),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// sqlite's `VACUUM INTO`: a consistent copy of a database another process writes to (one read
+/// transaction; the source is opened read-only and waited on for up to 30 s when busy).
+async fn vacuum_into(from: &Path, into: &Path) -> Result<(), StoreError> {
+    let (from, into) = (from.to_path_buf(), into.to_path_buf());
+    let failed = |from: &Path, into: &Path, e: rusqlite::Error| {
+        StoreError::Invalid(format!(
+            "copying the sqlite database {} into {} (VACUUM INTO) failed: {e}",
+            from.display(),
+            into.display()
+        ))
+    };
+    tokio::task::spawn_blocking(move || {
+        let _ = std::fs::remove_file(&into);
+        let source = rusqlite::Connection::open_with_flags(&from, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .map_err(|e| failed(&from, &into, e))?;
+        source
+            .busy_timeout(Duration::from_secs(30))
+            .map_err(|e| failed(&from, &into, e))?;
+        source
+            .execute("VACUUM INTO ?1", [into.display().to_string()])
+            .map_err(|e| failed(&from, &into, e))?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| StoreError::Invalid(format!("the sqlite copy's task ended: {e}")))?
+}
+
+async fn pg_restore(server: &PostgresServer, database: &str, dump: &Path) -> Result<(), StoreError> {
+    let program = binary("pg_restore")?;
+    let out = tokio::process::Command::new(&program)
+        .arg(format!("--host={}", server.host))
+        .arg(format!("--port={}", server.port))
+        .arg(format!("--username={}", server.user))
+        .arg("--no-password")
+        .arg("--no-owner")
+        .arg(format!("--dbname={database}"))
+        .arg(dump)
+        .env("PGSSLMODE", server.ssl_mode.as_str())
+        .envs(server.env())
+        .output()
+        .await
+        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
+    if !out.status.success() {
+        return Err(StoreError::Postgres {
+            server: format!("{}:{}/{database}", server.host, server.port),
+            message: format!(
+                "pg_restore of {} failed ({}): {}",
+                dump.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scratch_database_is_named_after_the_shards_within_postgres_limits() {
+        assert_eq!(scratch_database("kcp"), "kcp_preflight");
+        let long = "d".repeat(70);
+        assert_eq!(scratch_database(&long).len(), 63);
+        assert!(scratch_database(&long).ends_with("_preflight"));
+    }
+
+    #[tokio::test]
+    async fn vacuum_into_copies_a_sqlite_database_that_another_connection_writes_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("state.db");
+        let writer = rusqlite::Connection::open(&from).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode=WAL; CREATE TABLE kine (name TEXT); INSERT INTO kine VALUES ('/registry/x');",
+            )
+            .unwrap();
+        // A write transaction still open while the copy is taken: the copy has what was committed.
+        writer
+            .execute_batch("BEGIN; INSERT INTO kine VALUES ('/registry/uncommitted');")
+            .unwrap();
+        let into = dir.path().join("copy.db");
+        vacuum_into(&from, &into).await.unwrap();
+        let copy = rusqlite::Connection::open(&into).unwrap();
+        let names: Vec<String> = copy
+            .prepare("SELECT name FROM kine")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(names, ["/registry/x"]);
+        writer.execute_batch("COMMIT").unwrap();
+    }
+}
