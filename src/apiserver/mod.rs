@@ -62,9 +62,9 @@ pub struct ServeConfig {
 pub struct ApiServer {
     pub resources: Vec<Resource>,
     pub objects: Objects,
-    pub metrics: metrics::ApiMetrics,
-    /// Why serve is not ready (its controller ended), answered by `/readyz`.
-    not_ready: std::sync::Mutex<Option<String>>,
+    pub metrics: Arc<metrics::ApiMetrics>,
+    /// Whether serve is ready (its controller runs), answered by `/readyz`.
+    pub readiness: crate::readiness::Readiness,
 }
 
 impl ApiServer {
@@ -78,19 +78,9 @@ impl ApiServer {
                 store,
                 admission: Default::default(),
             },
-            metrics: metrics::ApiMetrics::default(),
-            not_ready: Default::default(),
+            metrics: Default::default(),
+            readiness: Default::default(),
         }))
-    }
-
-    /// From now on `/readyz` fails with `reason` (a part of serve that must run has ended).
-    pub fn set_not_ready(&self, reason: String) {
-        *self.not_ready.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
-    }
-
-    /// Why `/readyz` fails, if it does.
-    pub fn not_ready(&self) -> Option<String> {
-        self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A kube client that calls this API in-process, with no TLS and no token (the controller's).
