@@ -228,7 +228,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &manifests {
         gitops::check_dir(dir)?;
     }
-    let _lock = StateLock::acquire(&args.state_dir)?;
+    // One serve per state dir. On a shared API a serve of the same host may wait for the host's
+    // Lease on the same dir (a standby): it takes the lock once it holds the Lease.
+    let mut state_lock = match args.kubeconfig {
+        None => Some(StateLock::acquire(&args.state_dir)?),
+        Some(_) => None,
+    };
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -333,16 +338,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 return std::future::pending().await;
             };
             if let Err(e) = lease.acquired(&readiness).await {
-                return e;
+                return e.to_string();
+            }
+            match StateLock::wait(&args.state_dir).await {
+                Ok(lock) => state_lock = Some(lock),
+                Err(e) => return format!("{e:#}"),
             }
             let _ = acting.send(true);
-            lease.lost_it().await
+            lease.lost_it().await.to_string()
         };
         tokio::select! {
             result = &mut api => return result,
             _ = shutdown_signal() => None,
-            lost = hold => {
-                let reason = lost.to_string();
+            reason = hold => {
                 tracing::error!(%reason, "serve cannot go on; exiting");
                 readiness.fail(host_lease::READINESS_CHECK, reason.clone());
                 Some((reason, false))
@@ -375,6 +383,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(SHUTDOWN_GRACE, gitops).await;
     }
     // Only now that nothing acts any more may another serve of this host take over.
+    drop(state_lock);
     if let Some(lease) = lease {
         lease.release().await;
     }
