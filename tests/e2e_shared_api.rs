@@ -263,10 +263,15 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
         &admin_token(&front_kubeconfig(&env, "api")),
         &as_admin,
     );
-    kubectl_ok(
+    // kcp takes the CRD as it is: no error, and no warning either.
+    let applied = kubectl_ok(
         &as_admin,
         &["apply", "-f", &repo_root().join("crds").display().to_string()],
         "",
+    );
+    assert!(
+        !applied.to_lowercase().contains("warning"),
+        "kubectl apply of the CRD warned: {applied}"
     );
     kubectl_ok(
         &as_admin,

@@ -346,10 +346,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             if let Err(e) = lease.acquired(&readiness).await {
                 return e.to_string();
             }
+            readiness.fail(
+                "state-dir",
+                format!(
+                    "waiting for the lock of {}: the serve that held the Lease before may still run",
+                    args.state_dir.display()
+                ),
+            );
             match StateLock::wait(&args.state_dir).await {
                 Ok(lock) => state_lock = Some(lock),
                 Err(e) => return format!("{e:#}"),
             }
+            readiness.pass("state-dir");
             let _ = acting.send(true);
             lease.lost_it().await.to_string()
         };
