@@ -7,8 +7,8 @@
 //! - host `alpha` (a serve with its own state dir) runs KcpShard `alpha-1`, a second real kcp
 //!   shard: Ready, a roll under a 20 ms `/readyz` poller through its front with 0 failures,
 //!   status and events read with kubectl from the workspace (`kubectl get ks` shows the host);
-//! - host `beta` (another serve, another state dir) runs `beta-1` and only it, while `alpha` runs
-//!   only `alpha-1`. A second real kcp would add nothing to that check, so `beta-1` runs the
+//! - host `beta` (another serve, another state dir) runs `beta-1`, which it applies into the
+//!   shared API from its `--manifests` directory, and only it, while `alpha` runs only `alpha-1`. A second real kcp would add nothing to that check, so `beta-1` runs the
 //!   stand-in kcp (tests/support/stand_in_kcp.rs) with a real kine and front: what is checked is
 //!   which serve starts, reports and finalizes what;
 //! - a shard naming no host is nobody's on a shared API: no finalizer, no status, one log line
@@ -47,7 +47,7 @@ struct HostServe {
 }
 
 impl HostServe {
-    fn start(dir: &Path, label: &str, host: &str, state: &Path, kubeconfig: &Path) -> HostServe {
+    fn start(dir: &Path, label: &str, host: &str, state: &Path, kubeconfig: &Path, extra: &[&str]) -> HostServe {
         let log = dir.join(format!("serve-{label}.log"));
         let probe = free_port();
         let file = std::fs::File::create(&log).unwrap();
@@ -63,6 +63,7 @@ impl HostServe {
             .arg(bin_dir().join("kine"))
             .args(["--probe-listen", &format!("127.0.0.1:{probe}")])
             .args(["--lease-duration", &format!("{LEASE_SECONDS}s")])
+            .args(extra)
             .current_dir(repo_root())
             .env("RUST_LOG", "info,kcpshard=debug")
             .env_remove("KCPSHARD_STATE_DIR")
@@ -304,16 +305,6 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
         stamp(started)
     ));
 
-    // Two hosts, each a serve with its own state dir, as the ServiceAccount of manifests/rbac.yaml.
-    let state_alpha = env.dir().join("alpha");
-    let state_beta = env.dir().join("beta");
-    let mut alpha = HostServe::start(env.dir(), "alpha", "alpha", &state_alpha, &as_kcpshard);
-    let mut beta = HostServe::start(env.dir(), "beta", "beta", &state_beta, &as_kcpshard);
-    alpha.until_readyz(Duration::from_secs(30), "ok", |status, _| status == 200);
-    beta.until_readyz(Duration::from_secs(30), "ok", |status, _| status == 200);
-
-    let client = api_client(&as_admin).await.expect("a client of the workspace");
-    let shards: Api<DynamicObject> = Api::all_with(client, &kcpshard_resource());
     let alpha_front = format!("127.0.0.1:{}", free_port());
     let beta_front = format!("127.0.0.1:{}", free_port());
     let stand_in = env!("CARGO_BIN_EXE_stand-in-kcp");
@@ -322,9 +313,32 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
     stand_in_spec["kcp"] = json!({ "binary": stand_in });
     let mut nobody_spec = spec(&format!("127.0.0.1:{}", free_port()));
     nobody_spec["kcp"] = json!({ "binary": stand_in });
+    // Host beta's shard comes from its GitOps directory, applied into the shared API.
+    let beta_manifests = env.dir().join("beta-manifests");
+    std::fs::create_dir(&beta_manifests).unwrap();
+    let beta_yaml = serde_yaml::to_string(&shard("beta-1", Some("beta"), stand_in_spec)).unwrap();
+    std::fs::write(beta_manifests.join("beta-1.yaml"), beta_yaml).unwrap();
+
+    // Two hosts, each a serve with its own state dir, as the ServiceAccount of manifests/rbac.yaml.
+    let state_alpha = env.dir().join("alpha");
+    let state_beta = env.dir().join("beta");
+    let mut alpha = HostServe::start(env.dir(), "alpha", "alpha", &state_alpha, &as_kcpshard, &[]);
+    let manifests_flag = beta_manifests.display().to_string();
+    let mut beta = HostServe::start(
+        env.dir(),
+        "beta",
+        "beta",
+        &state_beta,
+        &as_kcpshard,
+        &["--manifests", &manifests_flag],
+    );
+    alpha.until_readyz(Duration::from_secs(30), "ok", |status, _| status == 200);
+    beta.until_readyz(Duration::from_secs(30), "ok", |status, _| status == 200);
+
+    let client = api_client(&as_admin).await.expect("a client of the workspace");
+    let shards: Api<DynamicObject> = Api::all_with(client, &kcpshard_resource());
     for object in [
         shard("alpha-1", Some("alpha"), spec(&alpha_front)),
-        shard("beta-1", Some("beta"), stand_in_spec),
         shard("nobody", None, nobody_spec),
     ] {
         shards
@@ -352,6 +366,11 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
     };
     assert_eq!(dirs(&state_alpha), ["alpha-1"], "host alpha runs alpha-1 only");
     assert_eq!(dirs(&state_beta), ["beta-1"], "host beta runs beta-1 only");
+    let beta_1 = serde_json::to_value(shards.get("beta-1").await.unwrap()).unwrap();
+    assert_eq!(
+        beta_1["metadata"]["annotations"]["kcpshard.io/created-by"], "kcpshard-gitops",
+        "beta-1 was applied from host beta's --manifests"
+    );
     let nobody = serde_json::to_value(shards.get("nobody").await.unwrap()).unwrap();
     assert!(
         nobody["metadata"]["finalizers"].is_null() && nobody["status"].is_null(),
@@ -455,7 +474,7 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
     );
 
     // A second serve of host alpha on the same state dir waits for the host's Lease, and says so.
-    let mut standby = HostServe::start(env.dir(), "alpha-standby", "alpha", &state_alpha, &as_kcpshard);
+    let mut standby = HostServe::start(env.dir(), "alpha-standby", "alpha", &state_alpha, &as_kcpshard, &[]);
     let holder = format!("alpha_{}_", alpha.pid());
     let (_, waiting) = standby.until_readyz(
         Duration::from_secs(30),

@@ -302,11 +302,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let gitops = manifests.map(|dir| {
         let gate = once_acting(may_act.clone(), stopped.clone());
-        let (client, shutdown) = (client.clone(), until_stopped(stopped.clone()));
+        let (client, host, shutdown) = (client.clone(), host.clone(), until_stopped(stopped.clone()));
         let (interval, prune) = (args.manifests_interval, args.manifests_prune);
         tokio::spawn(async move {
             if gate.await {
-                gitops::run(client, dir, interval, prune, shutdown).await;
+                gitops::run(client, host, dir, interval, prune, shutdown).await;
             }
         })
     });
