@@ -15,7 +15,8 @@
 //!   in each serve;
 //! - a second serve of host `alpha` on the same state dir waits: its `/readyz` and its log name
 //!   the Lease and its holder; SIGKILL of the first makes it take over within the Lease's duration
-//!   (6 s here), and it is the one that deletes `alpha-1` at the end.
+//!   (6 s here), and it is the one that deletes `alpha-1` at the end; when its Lease is taken
+//!   from it, it stops at its next renewal, exiting non-zero and saying why.
 //!
 //! Components come from bin/ (hack/install-deps.sh); a missing one fails, never skips. Run with
 //! `flock /tmp/kcpshard-realkcp.lock cargo test --test e2e_shared_api -- --nocapture`.
@@ -526,6 +527,41 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
     assert!(left.is_empty(), "alpha-1's processes outlived its delete: {left:?}");
     timings.add(format!("{} both shards deleted by their hosts", stamp(started)));
 
+    // A holder that finds another identity in its Lease (taken by force here) stops acting at
+    // once: it exits non-zero, saying why, at its next renewal.
+    let now = Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    let taken = json!({ "spec": { "holderIdentity": "intruder", "renewTime": now } }).to_string();
+    kubectl_ok(
+        &as_admin,
+        &[
+            "-n",
+            "kcpshard-system",
+            "patch",
+            "lease",
+            "kcpshard-host-alpha",
+            "--type",
+            "merge",
+            "-p",
+            &taken,
+        ],
+        "",
+    );
+    let exited = support::poll(
+        Duration::from_secs(LEASE_SECONDS + 5),
+        Duration::from_millis(100),
+        || standby.child.as_mut().and_then(|c| c.try_wait().ok().flatten()),
+    );
+    match exited {
+        Some(status) => assert!(!status.success(), "a serve that lost its Lease exits non-zero"),
+        None => standby.fail("the holder went on after its Lease was taken"),
+    }
+    assert!(
+        standby
+            .log_text()
+            .contains("lost the Lease kcpshard-system/kcpshard-host-alpha"),
+        "the holder says it lost the Lease"
+    );
+    timings.add(format!("{} a holder whose Lease was taken exited", stamp(started)));
     standby.stop();
     beta.stop();
     let _ = shards.delete("nobody", &DeleteParams::default()).await;

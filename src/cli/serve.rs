@@ -358,6 +358,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 Err(e) => return format!("{e:#}"),
             }
             readiness.pass("state-dir");
+            if !lease.holds() {
+                return lease.lost_it().await.to_string();
+            }
             let _ = acting.send(true);
             lease.lost_it().await.to_string()
         };

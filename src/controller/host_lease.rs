@@ -139,6 +139,11 @@ impl HostLease {
         }
     }
 
+    /// Whether this serve holds the Lease now.
+    pub fn holds(&self) -> bool {
+        *self.leading.borrow()
+    }
+
     /// Resolves when this serve, holding the Lease, no longer does: it must stop acting.
     pub async fn lost_it(&mut self) -> HostLeaseError {
         let _ = self.leading.wait_for(|leading| !leading).await;
