@@ -10,6 +10,8 @@
 //! - [`cli`] is the `kcpshard` command: `serve`, `crd`, and thin kubectl-like clients.
 //! - [`gitops`] keeps a directory of KcpShard manifests (a git checkout) applied to the API, for
 //!   `serve --manifests DIR`.
+//! - [`readiness`] is what serve's `/readyz` says, and the probe endpoint of a serve without a
+//!   local API (`serve --kubeconfig`).
 pub mod api;
 pub mod apiserver;
 pub mod cli;
@@ -18,5 +20,6 @@ pub mod front;
 pub mod fsutil;
 pub mod gitops;
 pub mod process;
+pub mod readiness;
 pub mod slot;
 pub mod store;

@@ -39,6 +39,10 @@ pub const FINALIZER: &str = "kcpshard.io/cleanup";
 
 /// The pattern `spec.version` must match: a kcp release tag.
 pub const VERSION_PATTERN: &str = r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$";
+/// The pattern `spec.host` must match: a lowercase DNS name (it names a Lease, `kcpshard-host-<host>`).
+pub const HOST_PATTERN: &str = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$";
+/// The longest `spec.host`: a Lease's name is at most 253 characters, with its prefix.
+pub const HOST_MAX_LENGTH: u32 = 200;
 /// The pattern `spec.front.listen` must match: `host:port`, an IPv6 host in brackets.
 pub const LISTEN_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+):\d{1,5}$";
 
@@ -60,6 +64,7 @@ pub const LISTEN_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+):\d{1,5}$
     printcolumn = r#"{"name": "Active", "type": "string", "jsonPath": ".status.activeSlot", "description": "The slot the front forwards to."}"#,
     printcolumn = r#"{"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Where the shard is in its life cycle."}"#,
     printcolumn = r#"{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status", "description": "Whether the shard serves through its front."}"#,
+    printcolumn = r#"{"name": "Host", "type": "string", "jsonPath": ".spec.host", "description": "The host whose kcpshard serve runs the shard (spec.host); empty: the host of the local API."}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -86,6 +91,14 @@ pub struct KcpShardSpec {
     #[serde(default = "default_slots")]
     #[schemars(range(min = 1, max = 3))]
     pub slots: u32,
+    /// The host that runs the shard: the `kcpshard serve` whose --host-name (default: the
+    /// machine's host name) is this value starts its slots, store and front. Unset: the host whose
+    /// own local API holds the object; a serve against a shared API (--kubeconfig) takes only the
+    /// shards that name its host. Changing it does not move a running shard: delete the shard and
+    /// create it again with the new host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(HOST_PATTERN), length(min = 1, max = HOST_MAX_LENGTH))]
+    pub host: Option<String>,
 }
 
 fn default_slots() -> u32 {

@@ -289,14 +289,10 @@ async fn route(server: &Arc<ApiServer>, request: &ApiRequest) -> ApiResult<Reply
     let ok = |v: Value| Ok(Reply::Json(StatusCode::OK, v, Vec::new()));
     let resources = &server.resources;
     match (request.method.clone(), segments.as_slice()) {
-        (Method::GET, ["readyz"]) => Ok(match server.not_ready() {
-            Some(reason) => Reply::Text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                format!("[-]controller failed: {reason}\nreadyz check failed\n"),
-            ),
-            None => Reply::Text(StatusCode::OK, "text/plain", "ok".into()),
-        }),
+        (Method::GET, ["readyz"]) => {
+            let (status, body) = server.readiness.answer();
+            Ok(Reply::Text(status, "text/plain", body))
+        }
         (Method::GET, ["healthz" | "livez"]) => Ok(Reply::Text(StatusCode::OK, "text/plain", "ok".into())),
         (Method::GET, ["version"]) => ok(discovery::version()),
         (Method::GET, ["metrics"]) => Ok(Reply::Text(

@@ -62,9 +62,9 @@ pub struct ServeConfig {
 pub struct ApiServer {
     pub resources: Vec<Resource>,
     pub objects: Objects,
-    pub metrics: metrics::ApiMetrics,
-    /// Why serve is not ready (its controller ended), answered by `/readyz`.
-    not_ready: std::sync::Mutex<Option<String>>,
+    pub metrics: Arc<metrics::ApiMetrics>,
+    /// Whether serve is ready (its controller runs), answered by `/readyz`.
+    pub readiness: crate::readiness::Readiness,
 }
 
 impl ApiServer {
@@ -78,19 +78,9 @@ impl ApiServer {
                 store,
                 admission: Default::default(),
             },
-            metrics: metrics::ApiMetrics::default(),
-            not_ready: Default::default(),
+            metrics: Default::default(),
+            readiness: Default::default(),
         }))
-    }
-
-    /// From now on `/readyz` fails with `reason` (a part of serve that must run has ended).
-    pub fn set_not_ready(&self, reason: String) {
-        *self.not_ready.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
-    }
-
-    /// Why `/readyz` fails, if it does.
-    pub fn not_ready(&self) -> Option<String> {
-        self.not_ready.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A kube client that calls this API in-process, with no TLS and no token (the controller's).
@@ -130,12 +120,37 @@ pub fn parse_query(query: Option<&str>) -> std::collections::HashMap<String, Str
         .collect()
 }
 
+/// Another serve holds the state dir's lock.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Busy(String);
+
 /// Holds `state_dir/serve.lock` for as long as it lives: one `serve` per state dir.
 pub struct StateLock {
     _file: File,
 }
 
 impl StateLock {
+    /// Takes the lock, waiting while another serve holds it (one that is stopping: serve
+    /// --kubeconfig takes it once it holds its host's Lease, and the serve that held the Lease
+    /// before may not have exited yet).
+    pub async fn wait(state_dir: &Path) -> anyhow::Result<StateLock> {
+        let mut told = false;
+        loop {
+            match StateLock::acquire(state_dir) {
+                Ok(lock) => return Ok(lock),
+                Err(e) if e.downcast_ref::<Busy>().is_some() => {
+                    if !told {
+                        tracing::info!("{e}; waiting for it to exit");
+                        told = true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     pub fn acquire(state_dir: &Path) -> anyhow::Result<StateLock> {
         crate::fsutil::create_private_dir(state_dir)
             .with_context(|| format!("cannot create the state dir {}", state_dir.display()))?;
@@ -148,11 +163,12 @@ impl StateLock {
             .with_context(|| format!("cannot open {}", path.display()))?;
         match file.try_lock() {
             Ok(()) => Ok(StateLock { _file: file }),
-            Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            Err(std::fs::TryLockError::WouldBlock) => Err(Busy(format!(
                 "another `kcpshard serve` is already running on the state dir {} (it holds {}); stop it first, or pass a different --state-dir",
                 state_dir.display(),
                 path.display()
-            ),
+            ))
+            .into()),
             Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("cannot lock {}", path.display())),
         }
     }

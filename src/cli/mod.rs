@@ -35,7 +35,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the KcpShard API over HTTPS from files in the state dir, and write its kubeconfig.
+    /// Serve the KcpShard API over HTTPS from files in the state dir, and write its kubeconfig;
+    /// or reconcile the KcpShards of a shared API (--kubeconfig). Runs the controller either way.
     Serve(Box<serve::Args>),
     /// Print the KcpShard CustomResourceDefinition (the same bytes as crds/kcpshards.kcpshard.io.yaml).
     Crd,

@@ -7,6 +7,7 @@
 //! A finalizer makes deletion a step of its own: the slots, the store's processes and the front
 //! stop; the data stays under the state dir.
 pub mod act;
+pub mod assignment;
 pub mod clients;
 pub mod conditions;
 pub mod credentials;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod front;
 pub mod health;
 pub mod heartbeat;
+pub mod host_lease;
 pub mod lease;
 pub mod metrics;
 pub mod observe;
@@ -102,6 +104,8 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// Beaten at the end of every reconcile: serve's watchdog pings systemd only while it beats.
     pub heartbeat: heartbeat::Heartbeat,
+    /// Which shards are this host's: the others are left alone.
+    pub assignment: Arc<assignment::Assignment>,
 }
 
 impl Context {
@@ -116,6 +120,7 @@ impl Context {
         metrics: metrics::ControllerMetrics,
         exits: ExitNotices<(ObjectRef<KcpShard>, Wake)>,
         heartbeat: heartbeat::Heartbeat,
+        assignment: Arc<assignment::Assignment>,
     ) -> Context {
         let exits = Arc::new(exits);
         Context {
@@ -132,6 +137,7 @@ impl Context {
             identities: Default::default(),
             failures: Default::default(),
             heartbeat,
+            assignment,
         }
     }
 
@@ -217,6 +223,12 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
 async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Error> {
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
     let name = shard.name_any();
+    // Another host's shard (or, on a shared API, nobody's): no finalizer, status or event from
+    // here. A change of spec.host wakes the watch.
+    let runs_here = || ShardDirs::new(&ctx.state_dir, &name).root().is_dir();
+    if !ctx.assignment.check(&shard, runs_here()) {
+        return Ok(Action::await_change());
+    }
     let finalizers = shard.finalizers();
     let ours = finalizers.iter().position(|f| f == FINALIZER);
     let deleting = shard.meta().deletion_timestamp.is_some();
@@ -542,14 +554,11 @@ pub async fn run(
         .await;
 }
 
-/// The recorder's identity: controller `kcpshard`, instance the host name.
-pub fn reporter() -> Reporter {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .ok();
+/// The recorder's identity: controller `kcpshard`, instance the host name (serve's --host-name).
+pub fn reporter(host: &str) -> Reporter {
     Reporter {
         controller: "kcpshard".into(),
-        instance: host,
+        instance: Some(host.to_string()),
     }
 }
 

@@ -59,8 +59,10 @@ pub fn check_dir(dir: &Path) -> anyhow::Result<()> {
 
 /// Applies the manifests in `dir` through `client` at start, after every burst of changes and
 /// every `interval`, until `shutdown` resolves.
+/// `host` is serve's --host-name: the instance its events report.
 pub async fn run(
     client: kube::Client,
+    host: String,
     dir: PathBuf,
     interval: Duration,
     prune: bool,
@@ -69,7 +71,7 @@ pub async fn run(
     let changed = Arc::new(Notify::new());
     // Kept alive for as long as the loop runs; dropping it stops the watch.
     let _watcher = watch(&dir, changed.clone(), interval);
-    let mut syncer = sync::Syncer::new(client, dir.clone(), prune);
+    let mut syncer = sync::Syncer::new(client, host, dir.clone(), prune);
     tracing::info!(dir = %dir.display(), "applying the manifests in {} (field manager {FIELD_MANAGER})", dir.display());
     syncer.pass().await;
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);

@@ -124,10 +124,7 @@ pub struct Syncer {
 }
 
 impl Syncer {
-    pub fn new(client: kube::Client, dir: PathBuf, prune: bool) -> Syncer {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .ok();
+    pub fn new(client: kube::Client, host: String, dir: PathBuf, prune: bool) -> Syncer {
         Syncer {
             client,
             dir,
@@ -135,7 +132,7 @@ impl Syncer {
             records: HashMap::new(),
             reporter: Reporter {
                 controller: FIELD_MANAGER.into(),
-                instance: host,
+                instance: Some(host),
             },
             list_error: None,
             prune,

@@ -1,5 +1,6 @@
-//! A stand-in for kcp, for the controller's fast tests (never for the end-to-end suite, which runs
-//! the real kcp). It takes a slot's command line (`start --root-directory=... --secure-port=...`)
+//! A stand-in for kcp, for the controller's fast tests (never where the end-to-end suite checks
+//! kcp's behaviour, which it runs the real kcp for; tests/e2e_shared_api.rs runs it for a second
+//! host's shard, where only which serve starts and reports what is checked). It takes a slot's command line (`start --root-directory=... --secure-port=...`)
 //! and behaves, on the surface the controller uses, as kcp does:
 //! - it writes the shared material into its root (or keeps what was seeded there) and an
 //!   `admin.kubeconfig` whose `shard-base`, `base` and `root` contexts reach it;
