@@ -103,7 +103,7 @@ async fn start_slot(
     let root = dir.join("root");
     let port = free_port().unwrap();
     let token_auth_file = dir.join("admin-tokens.csv");
-    identity::write_token_file(&token_auth_file, accepts).unwrap();
+    identity::write_token_file(&token_auth_file, accepts, "").unwrap();
     let launch = SlotLaunch {
         name: name.to_string(),
         version: version.to_string(),
@@ -117,6 +117,7 @@ async fn start_slot(
         shutdown_delay: Duration::from_secs(1),
         token_auth_file,
         extra_args: Vec::new(),
+        sharded: None,
     };
     let args = slot::kcp_args(&launch).unwrap();
     let spec = ProcessSpec::new(

@@ -7,6 +7,8 @@ use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use kube::ResourceExt;
+
 use super::duration::parse_duration;
 use super::kcpshard::{FrontType, KcpShard, SslMode, StoreType};
 use crate::apiserver::error::FieldCause;
@@ -24,6 +26,12 @@ pub const OWNED_KCP_FLAGS: &[&str] = &[
     "--shard-external-url",
     "--enable-leader-election",
     "--shutdown-delay-duration",
+    // A sharded kcp's (spec.shard).
+    "--shard-name",
+    "--root-shard-kubeconfig-file",
+    "--cache-kubeconfig",
+    "--logical-cluster-admin-kubeconfig",
+    "--external-logical-cluster-admin-kubeconfig",
 ];
 
 /// The longest readinessTimeout or drainTimeout accepted.
@@ -38,6 +46,7 @@ pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
     check_kcp(obj, &mut causes);
     check_store(obj, &mut causes);
     check_front(obj, &mut causes);
+    check_shard(obj, &mut causes);
 
     let readiness = check_duration(
         &mut causes,
@@ -114,6 +123,7 @@ fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
                 "--shutdown-delay-duration" => "set spec.kcp.shutdownDelay instead",
                 "--etcd-servers" | "--etcd-cafile" | "--etcd-certfile" | "--etcd-keyfile" => "set spec.store instead",
                 "--shard-base-url" | "--shard-external-url" | "--bind-address" => "set spec.front.listen instead",
+                "--shard-name" | "--root-shard-kubeconfig-file" | "--cache-kubeconfig" => "set spec.shard instead",
                 _ => "kcpshard sets it for each slot: remove it",
             };
             causes.push(FieldCause {
@@ -121,6 +131,67 @@ fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
                 field: format!("spec.kcp.extraArgs[{i}]"),
                 message: format!("Forbidden: {flag} is set by kcpshard: {hint}"),
             });
+        }
+    }
+}
+
+/// spec.shard: a root names no root and says where the front-proxy is; any other shard names its
+/// root and may name a cache server. Whether the root exists and is one is the controller's to
+/// say (a condition), since it may be applied later.
+fn check_shard(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
+    let Some(shard) = &obj.spec.shard else {
+        return;
+    };
+    if shard.is_root() {
+        if shard.root_shard.is_some() {
+            causes.push(forbidden(
+                "spec.shard.rootShard",
+                "the root shard has no root: remove rootShard, or give this shard another name",
+            ));
+        }
+        if shard.cache_kubeconfig.is_some() {
+            causes.push(forbidden(
+                "spec.shard.cacheKubeconfig",
+                "the root shard runs kcp's cache server itself: remove cacheKubeconfig",
+            ));
+        }
+        match &shard.external_url {
+            None => causes.push(required(
+                "spec.shard.externalURL",
+                "the root shard needs the URL of the kcp-front-proxy in front of the sharded kcp, e.g. https://127.0.0.1:6443",
+            )),
+            Some(url) if !url.starts_with("https://") || url.len() <= "https://".len() => causes.push(invalid(
+                "spec.shard.externalURL",
+                url,
+                "write the front-proxy's https:// URL, e.g. https://127.0.0.1:6443",
+            )),
+            Some(_) => {}
+        }
+    } else {
+        match &shard.root_shard {
+            None => causes.push(required(
+                "spec.shard.rootShard",
+                "a shard other than the root names the KcpShard of its root shard",
+            )),
+            Some(root) if root == &obj.name_any() => causes.push(invalid(
+                "spec.shard.rootShard",
+                root,
+                "names this KcpShard itself: name the KcpShard whose spec.shard.name is root",
+            )),
+            Some(_) => {}
+        }
+        if shard.external_url.is_some() {
+            causes.push(forbidden(
+                "spec.shard.externalURL",
+                "only the root shard says where the front-proxy is; this shard takes it from its root",
+            ));
+        }
+        if shard.cache_kubeconfig.as_deref().is_some_and(|p| p.trim().is_empty()) {
+            causes.push(invalid(
+                "spec.shard.cacheKubeconfig",
+                "",
+                "write the path of a kubeconfig, or remove the field to use the root's cache server",
+            ));
         }
     }
 }

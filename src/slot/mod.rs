@@ -15,6 +15,7 @@ pub mod args;
 pub mod identity;
 pub mod material;
 pub mod serving;
+pub mod sharded;
 
 use std::path::PathBuf;
 use std::time::Duration;

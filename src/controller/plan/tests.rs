@@ -11,6 +11,7 @@ pub(crate) fn template(version: &str) -> SlotTemplate {
         front_url: "https://127.0.0.1:6443".into(),
         restarted_at: None,
         accepted_identities: vec![],
+        sharded: None,
     }
 }
 
@@ -32,6 +33,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         drain_timeout: Duration::from_secs(30),
         deleting: false,
         version_refused: None,
+        root_not_ready: None,
         snapshot_before_version_change: false,
     }
 }
