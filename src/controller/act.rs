@@ -742,6 +742,17 @@ impl Actor<'_> {
     }
 
     async fn probe(&self) -> Result<Notes, Error> {
+        // A non-root shard serves no `root` workspace to create one in: its new leader is proven
+        // by the controllers Lease it holds (an empty probe workspace; observe.rs).
+        if self.desired.template.sharded.as_ref().is_some_and(|s| !s.is_root()) {
+            self.update_roll(|roll| {
+                roll.probe = Some(ProbeRecord {
+                    workspace: String::new(),
+                    created_at: Utc::now(),
+                })
+            })?;
+            return Ok(vec![]);
+        }
         let (_, client) = self
             .world
             .serving_client(self.ctx, Identity::Admin)
@@ -775,6 +786,15 @@ impl Actor<'_> {
         };
         let now = Utc::now();
         self.update_roll(|roll| roll.probe_succeeded_at = Some(now))?;
+        if probe.workspace.is_empty() {
+            return Ok(vec![Note::normal(
+                "ProbeSucceeded",
+                format!(
+                    "a new slot holds the controllers Lease {:.2}s after the probe began: it leads kcp's controllers",
+                    (now - probe.created_at).num_milliseconds() as f64 / 1000.0
+                ),
+            )]);
+        }
         if let Ok((_, client)) = self.world.serving_client(self.ctx, Identity::Admin).await
             && let Err(e) = slot::access::delete_workspace(&client, &probe.workspace).await
         {

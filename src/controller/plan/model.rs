@@ -53,6 +53,13 @@ pub struct ShardedTemplate {
     pub root_identities: Vec<String>,
 }
 
+impl ShardedTemplate {
+    /// Whether this is the root shard (it names no root front).
+    pub fn is_root(&self) -> bool {
+        self.root_front_url.is_none()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Desired {
     pub template: SlotTemplate,
