@@ -510,6 +510,58 @@ mod tests {
         }
     }
 
+    fn with_shard(shard: ShardSpec) -> KcpShard {
+        let mut obj = dev();
+        obj.spec.shard = Some(shard);
+        obj
+    }
+
+    fn spec(name: &str, root: Option<&str>, external: Option<&str>, cache: Option<&str>) -> ShardSpec {
+        ShardSpec {
+            name: name.into(),
+            root_shard: root.map(Into::into),
+            external_url: external.map(Into::into),
+            cache_kubeconfig: cache.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_root_shard_names_the_front_proxy_and_no_root_or_cache() {
+        let ok = with_shard(spec("root", None, Some("https://127.0.0.1:6443"), None));
+        assert_eq!(validate(&ok), vec![]);
+        let causes = validate(&with_shard(spec("root", Some("other"), None, Some("/c"))));
+        assert_eq!(
+            fields(&causes),
+            [
+                "spec.shard.rootShard",
+                "spec.shard.cacheKubeconfig",
+                "spec.shard.externalURL"
+            ]
+        );
+        let causes = validate(&with_shard(spec("root", None, Some("http://127.0.0.1:6443"), None)));
+        assert_eq!(fields(&causes), ["spec.shard.externalURL"]);
+    }
+
+    #[test]
+    fn another_shard_names_its_root_and_not_the_front_proxy() {
+        let ok = with_shard(spec("shard-2", Some("root"), None, Some("/etc/kcp/cache.kubeconfig")));
+        assert_eq!(validate(&ok), vec![]);
+        let causes = validate(&with_shard(spec("shard-2", None, Some("https://x:1"), None)));
+        assert_eq!(fields(&causes), ["spec.shard.rootShard", "spec.shard.externalURL"]);
+        assert_eq!(causes[0].reason, "FieldValueRequired");
+        let causes = validate(&with_shard(spec("shard-2", Some("dev"), None, None)));
+        assert!(causes[0].message.contains("this KcpShard itself"), "{causes:?}");
+    }
+
+    #[test]
+    fn the_sharding_flags_are_spec_shard_s_not_extra_args() {
+        let mut obj = dev();
+        obj.spec.kcp.extra_args = vec!["--shard-name=x".into(), "--cache-kubeconfig=/c".into()];
+        let causes = validate(&obj);
+        assert_eq!(fields(&causes), ["spec.kcp.extraArgs[0]", "spec.kcp.extraArgs[1]"]);
+        assert!(causes[0].message.contains("set spec.shard instead"), "{causes:?}");
+    }
+
     #[test]
     fn store_settings_must_match_the_type() {
         let mut obj = dev();

@@ -491,6 +491,22 @@ fn a_missing_binary_or_a_refused_version_change_blocks_and_leaves_the_old_slot_a
 }
 
 #[test]
+fn a_shard_whose_root_is_not_ready_starts_no_slot_and_says_why() {
+    let mut d = desired("v1");
+    d.root_not_ready = Some("the root shard, KcpShard root, is not Ready yet".into());
+    let o = observed(&[], vec![]);
+    match plan(&d, &o) {
+        Step::Blocked {
+            cause: cause @ BlockCause::RootShardNotReady { .. },
+        } => {
+            assert_eq!(cause.reason(), "RootShardNotReady");
+            assert!(cause.message().contains("not Ready yet"), "{}", cause.message());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn a_first_slot_refused_by_the_data_s_version_is_never_started() {
     // A re-created shard over data a newer kcp served: the store and front come up, no kcp.
     let mut d = desired("v1");
