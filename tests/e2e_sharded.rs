@@ -244,25 +244,37 @@ async fn a_root_and_a_second_shard_behind_kcp_front_proxy_serve_and_roll_without
         report.add(format!("workspace {ws} Ready through the front-proxy in {took:.1?}"));
     }
     let ns = |ws: &str| format!("/clusters/root:{ws}/api/v1/namespaces/default");
-    let second_direct = config_for(
-        &front_kubeconfig(&env, "root"),
-        "base",
-        &format!("https://{second_listen}"),
+    // A shard knows a workspace by its logical cluster (only the front-proxy resolves paths).
+    let cluster = match once(
+        &through_proxy,
+        http::Method::GET,
+        &format!("{WORKSPACES}/on-second"),
+        None,
     )
-    .await;
-    until_ok(&second_direct, &ns("on-second"), Duration::from_secs(30))
+    .await
+    {
+        Ok((200, body)) => serde_json::from_str::<Value>(&body).unwrap()["spec"]["cluster"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        other => env.fail(&format!("GET workspace on-second: {other:?}")),
+    };
+    let in_cluster = format!("/clusters/{cluster}/api/v1/namespaces/default");
+    let direct = |listen: &str| {
+        let server = format!("https://{listen}");
+        let kubeconfig = front_kubeconfig(&env, "root");
+        async move { config_for(&kubeconfig, "base", &server).await }
+    };
+    until_ok(&direct(&second_listen).await, &in_cluster, Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| env.fail(&format!("the second shard's own front does not serve on-second: {e}")));
-    let root_direct = config_for(
-        &front_kubeconfig(&env, "root"),
-        "base",
-        &format!("https://{root_listen}"),
-    )
-    .await;
     assert!(
-        get_ok(&root_direct, &ns("on-second")).await.is_err(),
+        get_ok(&direct(&root_listen).await, &in_cluster).await.is_err(),
         "the root serves on-second itself"
     );
+    report.add(format!(
+        "on-second is logical cluster {cluster}, served by the second shard's front, not the root's"
+    ));
     for ws in ["on-root", "on-second"] {
         until_ok(&through_proxy, &ns(ws), Duration::from_secs(30))
             .await

@@ -18,9 +18,7 @@
 //!   Bearer tokens pass the front-proxy unchanged and are checked by the shard.
 use std::path::Path;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair};
 use serde_json::json;
 
 use super::identity::Identity;
@@ -98,19 +96,7 @@ pub struct Ca {
 }
 
 fn ca_params() -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "kcpshard-front-proxy-requestheader-ca");
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params.not_before = rcgen::date_time_ymd(2025, 1, 1);
-    params.not_after = rcgen::date_time_ymd(2035, 1, 1);
-    params
+    crate::apiserver::pki::ca_params_named("kcpshard-front-proxy-requestheader-ca")
 }
 
 /// A new requestheader CA.
