@@ -123,7 +123,11 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
     ok(&serve, &["apply", "-f", &dev_yaml()]);
     let out = ok(&serve, &["get"]);
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "ROLE", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"], "{out}");
+    assert_eq!(
+        header,
+        ["NAME", "ROLE", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"],
+        "{out}"
+    );
     // Without a controller nothing serves: VERSION (status.version) is empty; -o wide adds DESIRED.
     let row: Vec<&str> = out.lines().nth(1).unwrap_or_default().split_whitespace().collect();
     assert_eq!(row.len(), 2, "{out}");

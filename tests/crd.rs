@@ -36,7 +36,10 @@ fn crd_names_and_scope() {
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Role", "Version", "Desired", "Active", "Phase", "Ready", "Age"]);
+    assert_eq!(
+        columns,
+        ["Role", "Version", "Desired", "Active", "Phase", "Ready", "Age"]
+    );
 }
 
 /// Walks every schema node; `path` is dotted like the field paths in errors.

@@ -114,7 +114,11 @@ async fn get_shows_the_printer_columns() {
     let out = serve.kubectl_ok(&["get", "ks"]);
     let mut lines = out.lines();
     let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "ROLE", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"], "{out}");
+    assert_eq!(
+        header,
+        ["NAME", "ROLE", "VERSION", "ACTIVE", "PHASE", "READY", "AGE"],
+        "{out}"
+    );
     let row: Vec<&str> = lines
         .next()
         .unwrap_or_else(|| panic!("no row in:\n{out}"))

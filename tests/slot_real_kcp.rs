@@ -365,7 +365,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
     let b = start_slot(&runtime, &mut reaper, &shard, "b", version_b, &[&admin]).await;
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
-    slot::serves_kcp_apis(&shard_admin(&b).await, SERVING_TIMEOUT)
+    slot::serves_kcp_apis(&shard_admin(&b).await, slot::serving::Request::KcpApi, SERVING_TIMEOUT)
         .await
         .unwrap();
 
