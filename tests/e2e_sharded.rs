@@ -122,13 +122,18 @@ async fn workspace_on(config: &kube::Config, name: &str, shard: &str) -> Result<
     Err(format!("workspace {name} not Ready: {last}"))
 }
 
-/// Rolls `name` (a restart request) under the pollers and waits for the roll to complete.
+/// Rolls `name` (a restart request) under the pollers and waits for the roll to complete: a new
+/// kcp process serves, and status.lastRoll is a newer roll than before.
 async fn roll(env: &Env, name: &str, pollers: Vec<Poller>, report: &mut Report) {
-    let before = env.status(name).await["lastRoll"]["completedAt"].clone();
+    let settled = settled(env, name, 1, ROLL_TIMEOUT).await;
+    let before = settled["status"]["lastRoll"]["completedAt"].clone();
+    let old_pids = slot_pids(&settled);
     let started = Instant::now();
     env.request_restart(name).await;
     env.until(name, ROLL_TIMEOUT, "the restart's roll complete", |o| {
-        (o["status"]["lastRoll"]["completedAt"] != before && ready_now(o)).then_some(())
+        let done = o["status"]["lastRoll"]["completedAt"] != before && ready_now(o);
+        let new_slot = !slot_pids(o).is_empty() && slot_pids(o).iter().all(|p| !old_pids.contains(p));
+        (done && new_slot).then_some(())
     })
     .await;
     let took = started.elapsed();
