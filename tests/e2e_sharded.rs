@@ -2,15 +2,17 @@
 //! shard and a second shard (two KcpShards of one `kcpshard serve`, two fronts, two KineSqlite
 //! stores), kcp-front-proxy beside them run from the files the root shard's state holds
 //! (docs/operations.md, "A sharded kcp with kcpshard"). Walked in order on one set-up:
-//! 1. a shard whose rootShard does not exist, and the second shard while its root is not Ready
-//!    yet: Blocked with RootShardNotReady saying why, no slot started; the orphan is deleted;
+//! 1. a shard whose rootShard does not exist, then names a shard that is not a root, and the
+//!    second shard while its root is not Ready yet: Blocked with RootShardNotReady saying which,
+//!    no slot started; the orphan is deleted;
 //! 2. both Ready; `kubectl get ks` shows each one's role (root, shard-2);
 //! 3. kcp-front-proxy in front of both: a workspace scheduled onto the second shard (a label on
 //!    its Shard object, `spec.location.selector` on the Workspace) and one onto the root, both
 //!    Ready through the front-proxy as the root's admin identity; the second one is served by the
 //!    second shard's own front, the first is not;
 //! 4. the root rolled, then the second shard, each under a 20 ms poller through the front-proxy on
-//!    each of the two workspaces: 0 failed.
+//!    each of the two workspaces: 0 failed; the second shard's roll proven by the controllers Lease
+//!    its new slot holds (event ProbeSucceeded).
 //!
 //! Components come from bin/ (hack/install-deps.sh, kcp-front-proxy included); a missing one fails,
 //! never skips. Figures: `cargo test --test e2e_sharded -- --nocapture`.
@@ -200,8 +202,25 @@ async fn a_root_and_a_second_shard_behind_kcp_front_proxy_serve_and_roll_without
             .as_array()
             .is_none_or(|s| s.is_empty())
     );
+    // A root that is not a root.
+    env.patch("orphan", json!({ "spec": { "shard": { "rootShard": "second" } } }))
+        .await;
+    let not_a_root = env
+        .until(
+            "orphan",
+            Duration::from_secs(30),
+            "RootShardNotReady: not a root",
+            |o| blocked_by_root(o).filter(|m| m.contains("is not a root shard")),
+        )
+        .await;
+    assert!(
+        env.status("orphan").await["slots"]
+            .as_array()
+            .is_none_or(|s| s.is_empty())
+    );
     assert!(env.delete_and_wait("orphan", Duration::from_secs(30)).await);
     report.add(format!("RootShardNotReady: {message}"));
+    report.add(format!("RootShardNotReady: {not_a_root}"));
 
     // 2. Both Ready, each with its role.
     let t = Instant::now();
@@ -294,6 +313,18 @@ async fn a_root_and_a_second_shard_behind_kcp_front_proxy_serve_and_roll_without
             .collect();
         roll(&env, shard, pollers, &mut report).await;
     }
+    // The second shard's roll was proven by the controllers Lease its new slot holds.
+    let probes: Vec<String> = env
+        .events("second")
+        .await
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ProbeSucceeded"))
+        .filter_map(|e| e.message.clone())
+        .collect();
+    assert!(
+        probes.iter().any(|m| m.contains("controllers Lease")),
+        "no ProbeSucceeded by the Lease for the second shard: {probes:?}"
+    );
     report.print("a sharded kcp behind kcp-front-proxy");
     drop(_proxy);
     let left = env.shutdown(&["second", "root"]).await;
