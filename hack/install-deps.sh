@@ -116,6 +116,29 @@ for v in $KCP_VERSIONS; do
 done
 [ "$(readlink "$bin/kcp" 2>/dev/null)" = "kcp-$KCP_VERSION_NEWER" ] || ln -sfn "kcp-$KCP_VERSION_NEWER" "$bin/kcp"
 
+# ---------------------------------------------------------------- kcp-front-proxy (the newest pin)
+# A sharded kcp's front-proxy (docs/operations.md, "A sharded kcp with kcpshard"), from the same kcp
+# module as kcp-$KCP_VERSION_NEWER (hack/kcp/<version>/tools.go pins both cmd/kcp and
+# cmd/kcp-front-proxy), so it reuses that build's compiled packages.
+v=$KCP_VERSION_NEWER
+moddir=$root/hack/kcp/$v
+want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
+out=$cache/bin/kcp-front-proxy-$v
+if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
+  need_go
+  say "building kcp-front-proxy $v (log: $cache/logs/build-kcp-front-proxy-$v.log)"
+  start=$(date +%s)
+  (cd "$moddir" && GONOSUMDB=${GONOSUMDB:+$GONOSUMDB,}github.com/kcp-dev CGO_ENABLED=0 GOFLAGS=-mod=readonly \
+      go build -trimpath -ldflags "-s -w" -o "$out.tmp" github.com/kcp-dev/kcp/cmd/kcp-front-proxy) \
+    >"$cache/logs/build-kcp-front-proxy-$v.log" 2>&1 \
+    || { tail -40 "$cache/logs/build-kcp-front-proxy-$v.log" >&2; die "building kcp-front-proxy $v failed"; }
+  mv -f "$out.tmp" "$out"
+  echo "$want" >"$out.stamp"
+  say "built kcp-front-proxy $v in $(( $(date +%s) - start ))s"
+fi
+place "$out" "$bin/kcp-front-proxy-$v"
+[ "$(readlink "$bin/kcp-front-proxy" 2>/dev/null)" = "kcp-front-proxy-$v" ] || ln -sfn "kcp-front-proxy-$v" "$bin/kcp-front-proxy"
+
 # ---------------------------------------------------------------- kine
 # Built from a Go module (hack/kine): the pinned release needs a dependency replaced (see its go.mod).
 moddir=$root/hack/kine
@@ -172,6 +195,7 @@ place "$(readlink -f "$venv/bin/kubectl")" "$bin/kubectl"
 first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
 {
   for v in $KCP_VERSIONS; do echo "kcp-$v:    $("$bin/kcp-$v" --version 2>&1 | first)"; done
+  echo "kcp-front-proxy: $("$bin/kcp-front-proxy" --version 2>&1 | first)"
   echo "kine:           $("$bin/kine" --version 2>&1 | first) (pin $KINE_VERSION)"
   echo "etcdctl:        $("$bin/etcdctl" version 2>&1 | first)"
   echo "etcd:           $("$bin/etcd" --version 2>&1 | first)"

@@ -125,7 +125,7 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
     let header: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
+        ["NAME", "ROLE", "VERSION", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
         "{out}"
     );
     // Without a controller nothing serves: VERSION (status.version) is empty; -o wide adds DESIRED.
@@ -135,7 +135,7 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
     let header: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
+        ["NAME", "ROLE", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
         "{wide}"
     );
     assert!(

@@ -38,7 +38,7 @@ fn crd_names_and_scope() {
         .collect();
     assert_eq!(
         columns,
-        ["Version", "Desired", "Active", "Phase", "Ready", "Host", "Age"]
+        ["Role", "Version", "Desired", "Active", "Phase", "Ready", "Host", "Age"]
     );
 }
 

@@ -116,7 +116,7 @@ async fn get_shows_the_printer_columns() {
     let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "VERSION", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
+        ["NAME", "ROLE", "VERSION", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
         "{out}"
     );
     let row: Vec<&str> = lines
@@ -138,7 +138,7 @@ async fn get_shows_the_printer_columns() {
     let header: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
+        ["NAME", "ROLE", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
         "{wide}"
     );
     let row: Vec<&str> = wide.lines().nth(1).unwrap_or_default().split_whitespace().collect();

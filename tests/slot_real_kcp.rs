@@ -103,7 +103,7 @@ async fn start_slot(
     let root = dir.join("root");
     let port = free_port().unwrap();
     let token_auth_file = dir.join("admin-tokens.csv");
-    identity::write_token_file(&token_auth_file, accepts).unwrap();
+    identity::write_token_file(&token_auth_file, accepts, "").unwrap();
     let launch = SlotLaunch {
         name: name.to_string(),
         version: version.to_string(),
@@ -117,6 +117,7 @@ async fn start_slot(
         shutdown_delay: Duration::from_secs(1),
         token_auth_file,
         extra_args: Vec::new(),
+        sharded: None,
     };
     let args = slot::kcp_args(&launch).unwrap();
     let spec = ProcessSpec::new(
@@ -238,7 +239,7 @@ async fn start_slot_losing_phase0(
         let ready = wait_ready(runtime, &b, Duration::from_secs(180)).await;
         let log = String::from_utf8_lossy(&log_since(&b.log, from)).into_owned();
         let client = shard_admin(&b).await;
-        let verdict = slot::serves_kcp_apis(&client, SERVING_TIMEOUT).await;
+        let verdict = slot::serves_kcp_apis(&client, slot::serving::Request::KcpApi, SERVING_TIMEOUT).await;
         eprintln!(
             "PHASE0 OUTAGE attempt {attempt}: PostgreSQL down {down:?}-{up:?} after b's start (phase 0 began {waited:?} into the wait for it), b ready {ready:?}: {verdict:?}"
         );
@@ -251,7 +252,9 @@ async fn start_slot_losing_phase0(
             );
             // Nothing in the process redoes phase 0: still broken seconds later.
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let again = slot::serves_kcp_apis(&client, SERVING_TIMEOUT).await.unwrap_err();
+            let again = slot::serves_kcp_apis(&client, slot::serving::Request::KcpApi, SERVING_TIMEOUT)
+                .await
+                .unwrap_err();
             assert_eq!(again.kind(), NotServingKind::Broken, "{again}");
             return b;
         }
@@ -336,7 +339,9 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
     }
 
     let client_a = shard_admin(&a).await;
-    slot::serves_kcp_apis(&client_a, SERVING_TIMEOUT).await.unwrap();
+    slot::serves_kcp_apis(&client_a, slot::serving::Request::KcpApi, SERVING_TIMEOUT)
+        .await
+        .unwrap();
 
     // Slot b: seeded from the shard's material, same store.
     let root_b = base.join("slot-b").join("root");
@@ -351,7 +356,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
         assert!(slot::seed_root(&shared, &root_b).unwrap());
         // a lived through the outage: it serves again once its store is back.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while let Err(e) = slot::serves_kcp_apis(&client_a, SERVING_TIMEOUT).await {
+        while let Err(e) = slot::serves_kcp_apis(&client_a, slot::serving::Request::KcpApi, SERVING_TIMEOUT).await {
             assert_eq!(e.kind(), NotServingKind::Slow, "{e}");
             assert!(Instant::now() < deadline, "slot a does not serve after the outage: {e}");
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -360,7 +365,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
     let b = start_slot(&runtime, &mut reaper, &shard, "b", version_b, &[&admin]).await;
     let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
     slot::capture_shared(&b.root, &shared).unwrap();
-    slot::serves_kcp_apis(&shard_admin(&b).await, SERVING_TIMEOUT)
+    slot::serves_kcp_apis(&shard_admin(&b).await, slot::serving::Request::KcpApi, SERVING_TIMEOUT)
         .await
         .unwrap();
 

@@ -236,6 +236,7 @@ fn each_pinned_kcp_takes_the_flags_kcpshard_gives_a_slot() {
         shutdown_delay: Duration::from_secs(2),
         token_auth_file: "/state/slot-a/admin-tokens.csv".into(),
         extra_args: vec![],
+        sharded: None,
     };
     let args = kcpshard::slot::kcp_args(&launch).unwrap();
     let mut flags: Vec<&str> = args

@@ -69,10 +69,13 @@ fi
 cat > "$dir/tools.go" <<'EOT'
 //go:build tools
 
-// Package tools pins github.com/kcp-dev/kcp/cmd/kcp into this module's graph.
+// Package tools pins github.com/kcp-dev/kcp/cmd/kcp and cmd/kcp-front-proxy into this module's graph.
 package tools
 
-import _ "github.com/kcp-dev/kcp/cmd/kcp"
+import (
+	_ "github.com/kcp-dev/kcp/cmd/kcp"
+	_ "github.com/kcp-dev/kcp/cmd/kcp-front-proxy"
+)
 EOT
 cd "$dir"
 GOFLAGS=-mod=mod go mod tidy -e

@@ -59,6 +59,7 @@ pub const LISTEN_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+):\d{1,5}$
     status = "KcpShardStatus",
     derive = "PartialEq",
     doc = "A kcp shard run as blue/green slots behind a front, on a shared store. Changing spec.version (or the kcpshard.io/restartedAt annotation) rolls the shard to a new slot without a failed request.",
+    printcolumn = r#"{"name": "Role", "type": "string", "jsonPath": ".spec.shard.name", "description": "In a sharded kcp: root, or the shard's name (spec.shard.name). Empty for a kcp of one shard."}"#,
     printcolumn = r#"{"name": "Version", "type": "string", "jsonPath": ".status.version", "description": "The kcp release the slots behind the front run."}"#,
     printcolumn = r#"{"name": "Desired", "type": "string", "priority": 1, "jsonPath": ".spec.version", "description": "The kcp release the shard should run (spec.version)."}"#,
     printcolumn = r#"{"name": "Active", "type": "string", "jsonPath": ".status.activeSlot", "description": "The slot the front forwards to."}"#,
@@ -99,6 +100,45 @@ pub struct KcpShardSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(HOST_PATTERN), length(min = 1, max = HOST_MAX_LENGTH))]
     pub host: Option<String>,
+    /// This shard's place in a sharded kcp: a root shard and more shards behind kcp-front-proxy.
+    /// Unset: a kcp of one shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardSpec>,
+}
+
+/// kcp's own name of the root shard (`--shard-name` defaults to it).
+pub const ROOT_SHARD_NAME: &str = "root";
+
+/// A shard of a sharded kcp (docs/operations.md, "A sharded kcp with kcpshard").
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardSpec {
+    /// kcp's --shard-name: "root" for the root shard, else this shard's name in kcp (its Shard
+    /// object in the root workspace), e.g. "shard-2".
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// The name of the KcpShard that is the root shard (its spec.shard.name is "root"), managed by
+    /// the same kcpshard serve. Required unless this is the root; its slots start once the root
+    /// is Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_shard: Option<String>,
+    /// The root shard only: the URL of the kcp-front-proxy in front of the sharded kcp, e.g.
+    /// "https://127.0.0.1:6443". Every shard advertises it as kcp's --shard-external-url (the
+    /// workspace URLs clients get), and kcp reaches workspaces on other shards through it.
+    #[serde(default, rename = "externalURL", skip_serializing_if = "Option::is_none")]
+    pub external_url: Option<String>,
+    /// A non-root shard only: a kubeconfig (path on this host) of the cache server kcp's
+    /// --cache-kubeconfig is to use. Default: the cache server embedded in the root shard,
+    /// through the root's front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_kubeconfig: Option<String>,
+}
+
+impl ShardSpec {
+    /// Whether this is the root shard of its sharded kcp.
+    pub fn is_root(&self) -> bool {
+        self.name == ROOT_SHARD_NAME
+    }
 }
 
 fn default_slots() -> u32 {

@@ -7,6 +7,8 @@ use std::fmt::Display;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use kube::ResourceExt;
+
 use super::duration::parse_duration;
 use super::kcpshard::{FrontType, KcpShard, SslMode, StoreType};
 use crate::apiserver::error::FieldCause;
@@ -24,6 +26,12 @@ pub const OWNED_KCP_FLAGS: &[&str] = &[
     "--shard-external-url",
     "--enable-leader-election",
     "--shutdown-delay-duration",
+    // A sharded kcp's (spec.shard).
+    "--shard-name",
+    "--root-shard-kubeconfig-file",
+    "--cache-kubeconfig",
+    "--logical-cluster-admin-kubeconfig",
+    "--external-logical-cluster-admin-kubeconfig",
 ];
 
 /// The longest readinessTimeout or drainTimeout accepted.
@@ -38,6 +46,7 @@ pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
     check_kcp(obj, &mut causes);
     check_store(obj, &mut causes);
     check_front(obj, &mut causes);
+    check_shard(obj, &mut causes);
 
     let readiness = check_duration(
         &mut causes,
@@ -114,6 +123,7 @@ fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
                 "--shutdown-delay-duration" => "set spec.kcp.shutdownDelay instead",
                 "--etcd-servers" | "--etcd-cafile" | "--etcd-certfile" | "--etcd-keyfile" => "set spec.store instead",
                 "--shard-base-url" | "--shard-external-url" | "--bind-address" => "set spec.front.listen instead",
+                "--shard-name" | "--root-shard-kubeconfig-file" | "--cache-kubeconfig" => "set spec.shard instead",
                 _ => "kcpshard sets it for each slot: remove it",
             };
             causes.push(FieldCause {
@@ -121,6 +131,67 @@ fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
                 field: format!("spec.kcp.extraArgs[{i}]"),
                 message: format!("Forbidden: {flag} is set by kcpshard: {hint}"),
             });
+        }
+    }
+}
+
+/// spec.shard: a root names no root and says where the front-proxy is; any other shard names its
+/// root and may name a cache server. Whether the root exists and is one is the controller's to
+/// say (a condition), since it may be applied later.
+fn check_shard(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
+    let Some(shard) = &obj.spec.shard else {
+        return;
+    };
+    if shard.is_root() {
+        if shard.root_shard.is_some() {
+            causes.push(forbidden(
+                "spec.shard.rootShard",
+                "the root shard has no root: remove rootShard, or give this shard another name",
+            ));
+        }
+        if shard.cache_kubeconfig.is_some() {
+            causes.push(forbidden(
+                "spec.shard.cacheKubeconfig",
+                "the root shard runs kcp's cache server itself: remove cacheKubeconfig",
+            ));
+        }
+        match &shard.external_url {
+            None => causes.push(required(
+                "spec.shard.externalURL",
+                "the root shard needs the URL of the kcp-front-proxy in front of the sharded kcp, e.g. https://127.0.0.1:6443",
+            )),
+            Some(url) if !url.starts_with("https://") || url.len() <= "https://".len() => causes.push(invalid(
+                "spec.shard.externalURL",
+                url,
+                "write the front-proxy's https:// URL, e.g. https://127.0.0.1:6443",
+            )),
+            Some(_) => {}
+        }
+    } else {
+        match &shard.root_shard {
+            None => causes.push(required(
+                "spec.shard.rootShard",
+                "a shard other than the root names the KcpShard of its root shard",
+            )),
+            Some(root) if root == &obj.name_any() => causes.push(invalid(
+                "spec.shard.rootShard",
+                root,
+                "names this KcpShard itself: name the KcpShard whose spec.shard.name is root",
+            )),
+            Some(_) => {}
+        }
+        if shard.external_url.is_some() {
+            causes.push(forbidden(
+                "spec.shard.externalURL",
+                "only the root shard says where the front-proxy is; this shard takes it from its root",
+            ));
+        }
+        if shard.cache_kubeconfig.as_deref().is_some_and(|p| p.trim().is_empty()) {
+            causes.push(invalid(
+                "spec.shard.cacheKubeconfig",
+                "",
+                "write the path of a kubeconfig, or remove the field to use the root's cache server",
+            ));
         }
     }
 }
@@ -437,6 +508,58 @@ mod tests {
             let obj: KcpShard = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
             assert_eq!(validate(&obj), vec![], "{path}");
         }
+    }
+
+    fn with_shard(shard: ShardSpec) -> KcpShard {
+        let mut obj = dev();
+        obj.spec.shard = Some(shard);
+        obj
+    }
+
+    fn spec(name: &str, root: Option<&str>, external: Option<&str>, cache: Option<&str>) -> ShardSpec {
+        ShardSpec {
+            name: name.into(),
+            root_shard: root.map(Into::into),
+            external_url: external.map(Into::into),
+            cache_kubeconfig: cache.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_root_shard_names_the_front_proxy_and_no_root_or_cache() {
+        let ok = with_shard(spec("root", None, Some("https://127.0.0.1:6443"), None));
+        assert_eq!(validate(&ok), vec![]);
+        let causes = validate(&with_shard(spec("root", Some("other"), None, Some("/c"))));
+        assert_eq!(
+            fields(&causes),
+            [
+                "spec.shard.rootShard",
+                "spec.shard.cacheKubeconfig",
+                "spec.shard.externalURL"
+            ]
+        );
+        let causes = validate(&with_shard(spec("root", None, Some("http://127.0.0.1:6443"), None)));
+        assert_eq!(fields(&causes), ["spec.shard.externalURL"]);
+    }
+
+    #[test]
+    fn another_shard_names_its_root_and_not_the_front_proxy() {
+        let ok = with_shard(spec("shard-2", Some("root"), None, Some("/etc/kcp/cache.kubeconfig")));
+        assert_eq!(validate(&ok), vec![]);
+        let causes = validate(&with_shard(spec("shard-2", None, Some("https://x:1"), None)));
+        assert_eq!(fields(&causes), ["spec.shard.rootShard", "spec.shard.externalURL"]);
+        assert_eq!(causes[0].reason, "FieldValueRequired");
+        let causes = validate(&with_shard(spec("shard-2", Some("dev"), None, None)));
+        assert!(causes[0].message.contains("this KcpShard itself"), "{causes:?}");
+    }
+
+    #[test]
+    fn the_sharding_flags_are_spec_shard_s_not_extra_args() {
+        let mut obj = dev();
+        obj.spec.kcp.extra_args = vec!["--shard-name=x".into(), "--cache-kubeconfig=/c".into()];
+        let causes = validate(&obj);
+        assert_eq!(fields(&causes), ["spec.kcp.extraArgs[0]", "spec.kcp.extraArgs[1]"]);
+        assert!(causes[0].message.contains("set spec.shard instead"), "{causes:?}");
     }
 
     #[test]

@@ -109,9 +109,15 @@ pub fn load_or_create(state_dir: &Path, host: IpAddr) -> Result<Pki, PkiError> {
 }
 
 fn ca_params() -> CertificateParams {
+    ca_params_named(CA_COMMON_NAME)
+}
+
+/// The parameters of a local CA named `common_name`, valid from 2025 to 2035, rebuilt the same
+/// from constants (so re-issuing under it needs only its key).
+pub fn ca_params_named(common_name: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, CA_COMMON_NAME);
+    params.distinguished_name.push(DnType::CommonName, common_name);
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,

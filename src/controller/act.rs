@@ -339,9 +339,30 @@ impl Actor<'_> {
             stop: None,
         })?;
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
+        // A shard of a sharded kcp: the root's material (a non-root's first slot) and the
+        // kubeconfigs its flags name (controller/sharding.rs).
+        let sharded = match &template.sharded {
+            Some(sharded) => Some(super::sharding::prepare_slot(
+                &self.ctx.state_dir,
+                self.dirs,
+                sharded,
+                &template.front_url,
+                &slot_dirs.root(),
+            )?),
+            None => None,
+        };
+        let also_accepted = match &template.sharded {
+            Some(sharded) => super::sharding::token_lines(&self.ctx.state_dir, sharded)?,
+            None => String::new(),
+        };
         // The admin identities this slot is to accept, before it starts (controller/credentials.rs
         // wrote the record they come from).
-        super::credentials::write_token_file(self.dirs, &template.accepted_identities, &slot_dirs.token_file())?;
+        super::credentials::write_token_file(
+            self.dirs,
+            &template.accepted_identities,
+            &also_accepted,
+            &slot_dirs.token_file(),
+        )?;
         // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
         // kine, if any, has long created kine's schema (docs/background.md section 7).
         let store = self
@@ -361,6 +382,7 @@ impl Actor<'_> {
             shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(Error::Spec)?,
             token_auth_file: std::path::absolute(slot_dirs.token_file())?,
             extra_args: template.extra_args.clone(),
+            sharded,
         };
         let spec = ProcessSpec::new(
             format!("slot-{name}"),
@@ -725,6 +747,17 @@ impl Actor<'_> {
     }
 
     async fn probe(&self) -> Result<Notes, Error> {
+        // A non-root shard serves no `root` workspace to create one in: its new leader is proven
+        // by the controllers Lease it holds (an empty probe workspace; observe.rs).
+        if self.desired.template.sharded.as_ref().is_some_and(|s| !s.is_root()) {
+            self.update_roll(|roll| {
+                roll.probe = Some(ProbeRecord {
+                    workspace: String::new(),
+                    created_at: Utc::now(),
+                })
+            })?;
+            return Ok(vec![]);
+        }
         let (_, client) = self
             .world
             .serving_client(self.ctx, Identity::Admin)
@@ -758,6 +791,15 @@ impl Actor<'_> {
         };
         let now = Utc::now();
         self.update_roll(|roll| roll.probe_succeeded_at = Some(now))?;
+        if probe.workspace.is_empty() {
+            return Ok(vec![Note::normal(
+                "ProbeSucceeded",
+                format!(
+                    "a new slot holds the controllers Lease {:.2}s after the probe began: it leads kcp's controllers",
+                    (now - probe.created_at).num_milliseconds() as f64 / 1000.0
+                ),
+            )]);
+        }
         if let Ok((_, client)) = self.world.serving_client(self.ctx, Identity::Admin).await
             && let Err(e) = slot::access::delete_workspace(&client, &probe.workspace).await
         {
@@ -867,6 +909,7 @@ fn record_from_argv(name: &str, process: &crate::process::ProcessRecord) -> Opti
             // Not known from the argv (the token file holds secrets, not ids): none, so no
             // kubeconfig is written for it and the roll away from it gives every slot the identity.
             accepted_identities: vec![],
+            sharded: None,
         },
         port: flag("secure-port")?.parse().ok()?,
         created_at,

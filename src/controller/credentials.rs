@@ -243,8 +243,8 @@ pub fn renew_kubeconfig(dirs: &ShardDirs, observed: &Observed, front_url: &str) 
 }
 
 /// Writes the `--token-auth-file` of a slot that is to accept the identities `ids`, from the
-/// shard's record.
-pub fn write_token_file(dirs: &ShardDirs, ids: &[String], path: &Path) -> Result<(), super::Error> {
+/// shard's record, and the lines `also` (a sharded kcp's: controller/sharding.rs).
+pub fn write_token_file(dirs: &ShardDirs, ids: &[String], also: &str, path: &Path) -> Result<(), super::Error> {
     let record = state::read_json::<IdentityRecord>(&dirs.identities())?.unwrap_or_default();
     let identities = ids
         .iter()
@@ -259,7 +259,7 @@ pub fn write_token_file(dirs: &ShardDirs, ids: &[String], path: &Path) -> Result
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    identity::write_token_file(path, &identities)?;
+    identity::write_token_file(path, &identities, also)?;
     Ok(())
 }
 

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod preflight;
+pub mod sharding;
 pub mod state;
 pub mod status;
 
@@ -203,6 +204,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         restarted_at: shard.annotations().get(RESTARTED_AT_ANNOTATION).cloned(),
         // From the shard's identity record and what runs: `credentials::reconcile`, in `step`.
         accepted_identities: vec![],
+        // From the root shard: `sharding::resolve`, in `step`.
+        sharded: None,
     };
     Ok(Desired {
         binary_present: binary.is_file(),
@@ -213,6 +216,7 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         drain_timeout: spec.rollout.drain_timeout().map_err(Error::Spec)?,
         deleting: shard.meta().deletion_timestamp.is_some(),
         version_refused: None,
+        root_not_ready: None,
         snapshot_before_version_change: spec.rollout.snapshot_before_version_change
             && spec.store.type_ == crate::api::StoreType::KinePostgres,
         preflight: spec.rollout.preflight,
@@ -333,6 +337,21 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     };
     if let Some(credentials) = &credentials {
         desired.template.accepted_identities = credentials.accepted.clone();
+    }
+    // A shard of a sharded kcp: its flags come from its root. While the root cannot take it,
+    // slots that run keep what they started with, and none starts.
+    if !desired.deleting {
+        match sharding::resolve(&ctx.client, &ctx.state_dir, shard, &desired.template.front_url).await? {
+            sharding::Resolved::Alone => {}
+            sharding::Resolved::Sharded(sharded) => desired.template.sharded = Some(sharded),
+            sharding::Resolved::RootNotReady(why) => {
+                let running = world.observed.slots.iter().filter(|s| s.running);
+                match running.filter_map(|s| s.template.sharded.clone()).next() {
+                    Some(sharded) => desired.template.sharded = Some(sharded),
+                    None => desired.root_not_ready = Some(why),
+                }
+            }
+        }
     }
     let next = plan::plan(&desired, &world.observed);
     tracing::debug!(shard = %name, step = ?next, "planned");

@@ -450,6 +450,11 @@ async fn slot_health(
     let clients = ctx.slot_clients.clone();
     let kubeconfig = dirs.admin_kubeconfig();
     let port = record.port;
+    // A non-root shard of a sharded kcp has no `root` workspace: its own API instead.
+    let api = match &record.template.sharded {
+        Some(sharded) if !sharded.is_root() => crate::slot::serving::Request::ShardApi,
+        _ => crate::slot::serving::Request::KcpApi,
+    };
     let look = move || {
         let clients = clients.clone();
         let kubeconfig = kubeconfig.clone();
@@ -461,7 +466,7 @@ async fn slot_health(
                 .map_err(|e| Failure::slow(e.to_string()))?;
             // The ping beside it: a look takes no longer than its readiness request.
             let (serving, ping) = tokio::join!(
-                crate::slot::serves_kcp_apis(&client, LOOK_TIMEOUT),
+                crate::slot::serves_kcp_apis(&client, api, LOOK_TIMEOUT),
                 access::answers_ping(&client, LOOK_TIMEOUT)
             );
             serving.map_err(|e| Failure {
@@ -506,6 +511,12 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
         .as_ref()
         .filter(|r| r.probe_succeeded_at.is_none())
         .and_then(|r| r.probe.clone());
+    // A non-root shard's probe is the Lease: held by a running slot once no old slot may lead.
+    if probe.as_ref().is_some_and(|p| p.workspace.is_empty()) {
+        world.observed.probe_ready = matches!(&world.observed.lease, LeaseHolder::Slot(name)
+            if world.observed.slots.iter().any(|s| &s.name == name && s.running && s.listening));
+        return;
+    }
     if let Some(probe) = probe
         && let Ok((_, client)) = world.serving_client(ctx, Identity::Admin).await
         && let Ok(Ok(phase)) =

@@ -52,7 +52,50 @@ pub struct SlotLaunch {
     pub token_auth_file: PathBuf,
     /// More flags from the slot template, appended after the safety flags.
     pub extra_args: Vec<String>,
+    /// A shard of a sharded kcp: the flags that join it to its root and the front-proxy.
+    pub sharded: Option<ShardedLaunch>,
 }
+
+/// The flags of a slot of a sharded kcp (docs/architecture.md, "A sharded kcp"; the files are
+/// `super::sharded`'s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardedLaunch {
+    /// `--shard-name`: `root`, or the shard's name.
+    pub shard_name: String,
+    /// `--shard-external-url`: the front-proxy, which workspace URLs name.
+    pub external_url: String,
+    /// `--logical-cluster-admin-kubeconfig`: how kcp reaches another shard directly.
+    pub shards_kubeconfig: PathBuf,
+    /// `--external-logical-cluster-admin-kubeconfig`: how kcp reaches a workspace through the
+    /// front-proxy.
+    pub external_kubeconfig: PathBuf,
+    /// `--requestheader-client-ca-file`: the CA of the front-proxy's client certificate.
+    pub requestheader_ca: PathBuf,
+    /// A non-root shard: `--root-shard-kubeconfig-file` (the root through its front) and
+    /// `--cache-kubeconfig`.
+    pub root: Option<RootLinks>,
+}
+
+/// How a non-root shard reaches its root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootLinks {
+    pub root_kubeconfig: PathBuf,
+    pub cache_kubeconfig: PathBuf,
+}
+
+/// Flags that kcpshard sets for a slot of a sharded kcp and that extra arguments may not set again.
+pub const SHARDED_FLAGS: [&str; 10] = [
+    "shard-name",
+    "root-shard-kubeconfig-file",
+    "cache-kubeconfig",
+    "logical-cluster-admin-kubeconfig",
+    "external-logical-cluster-admin-kubeconfig",
+    "requestheader-client-ca-file",
+    "requestheader-username-headers",
+    "requestheader-group-headers",
+    "requestheader-extra-headers-prefix",
+    "requestheader-allowed-names",
+];
 
 /// Flags that kcpshard sets for every slot and that extra arguments may not set again.
 pub const SAFETY_FLAGS: [&str; 16] = [
@@ -139,6 +182,12 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         )));
     }
     check_extra_args(&launch.extra_args)?;
+    if launch.sharded.is_some()
+        && let Some((flag, arg)) = sets_flag(&launch.extra_args, &SHARDED_FLAGS)
+    {
+        return Err(ArgsError::SafetyFlagOverridden { flag, arg });
+    }
+    let external_url = launch.sharded.as_ref().map_or(&launch.front_url, |s| &s.external_url);
 
     let mut args = vec![
         "start".to_string(),
@@ -148,7 +197,7 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         format!("--etcd-servers={}", launch.etcd_servers),
         "--enable-leader-election=true".to_string(),
         format!("--shard-base-url={}", launch.front_url),
-        format!("--shard-external-url={}", launch.front_url),
+        format!("--shard-external-url={external_url}"),
         format!("--shutdown-delay-duration={}", go_duration(launch.shutdown_delay)),
         format!("--token-auth-file={}", launch.token_auth_file.display()),
     ];
@@ -162,8 +211,50 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
             args.push(format!("--{flag}={}", file.display()));
         }
     }
+    if let Some(sharded) = &launch.sharded {
+        args.extend(sharded_args(sharded));
+    }
     args.extend(launch.extra_args.iter().cloned());
     Ok(args)
+}
+
+/// The flags of [`ShardedLaunch`]: kcp's `pkg/server/options/options.go:171-180` and
+/// `cache.go`, as kcp's `cmd/sharded-test-server/shard.go:78-110` gives them to its shards.
+fn sharded_args(sharded: &ShardedLaunch) -> Vec<String> {
+    use super::sharded::{EXTRA_HEADERS_PREFIX, FRONT_PROXY_USER, GROUP_HEADER, USERNAME_HEADER};
+    let mut args = vec![
+        format!("--shard-name={}", sharded.shard_name),
+        format!(
+            "--logical-cluster-admin-kubeconfig={}",
+            sharded.shards_kubeconfig.display()
+        ),
+        format!(
+            "--external-logical-cluster-admin-kubeconfig={}",
+            sharded.external_kubeconfig.display()
+        ),
+        format!("--requestheader-client-ca-file={}", sharded.requestheader_ca.display()),
+        format!("--requestheader-username-headers={USERNAME_HEADER}"),
+        format!("--requestheader-group-headers={GROUP_HEADER}"),
+        format!("--requestheader-extra-headers-prefix={EXTRA_HEADERS_PREFIX}"),
+        format!("--requestheader-allowed-names={FRONT_PROXY_USER}"),
+    ];
+    if let Some(root) = &sharded.root {
+        args.push(format!(
+            "--root-shard-kubeconfig-file={}",
+            root.root_kubeconfig.display()
+        ));
+        args.push(format!("--cache-kubeconfig={}", root.cache_kubeconfig.display()));
+    }
+    args
+}
+
+/// The first of `flags` that `extra` sets, in any spelling, and the argument that does.
+fn sets_flag(extra: &[String], flags: &[&str]) -> Option<(String, String)> {
+    extra.iter().find_map(|arg| {
+        let body = arg.strip_prefix("--")?;
+        let name = body.split_once('=').map_or(body, |(n, _)| n);
+        flags.contains(&name).then(|| (name.to_string(), arg.clone()))
+    })
 }
 
 /// Refuses extra arguments that set a safety flag, in any spelling pflag accepts
@@ -226,7 +317,68 @@ mod tests {
             shutdown_delay: Duration::from_secs(2),
             token_auth_file: "/state/shards/dev/slots/b/admin-tokens.csv".into(),
             extra_args: vec!["--feature-gates=WorkspaceMounts=true".into()],
+            sharded: None,
         }
+    }
+
+    fn sharded(root: bool) -> ShardedLaunch {
+        ShardedLaunch {
+            shard_name: if root { "root".into() } else { "shard-2".into() },
+            external_url: "https://127.0.0.1:6443".into(),
+            shards_kubeconfig: "/s/slot-b/sharded-shards.kubeconfig".into(),
+            external_kubeconfig: "/s/slot-b/sharded-external.kubeconfig".into(),
+            requestheader_ca: "/s/root/sharded/requestheader-ca.crt".into(),
+            root: (!root).then(|| RootLinks {
+                root_kubeconfig: "/s/slot-b/sharded-root.kubeconfig".into(),
+                cache_kubeconfig: "/s/slot-b/sharded-root.kubeconfig".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_shard_of_a_sharded_kcp_advertises_its_front_as_base_and_the_front_proxy_as_external() {
+        let mut l = launch();
+        l.sharded = Some(sharded(false));
+        let args = kcp_args(&l).unwrap();
+        for want in [
+            "--shard-base-url=https://127.0.0.1:6443",
+            "--shard-external-url=https://127.0.0.1:6443",
+            "--shard-name=shard-2",
+            "--root-shard-kubeconfig-file=/s/slot-b/sharded-root.kubeconfig",
+            "--cache-kubeconfig=/s/slot-b/sharded-root.kubeconfig",
+            "--logical-cluster-admin-kubeconfig=/s/slot-b/sharded-shards.kubeconfig",
+            "--external-logical-cluster-admin-kubeconfig=/s/slot-b/sharded-external.kubeconfig",
+            "--requestheader-client-ca-file=/s/root/sharded/requestheader-ca.crt",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-allowed-names=kcp-front-proxy",
+        ] {
+            assert!(has(&args, want), "{want} in {args:?}");
+        }
+        l.front_url = "https://127.0.0.1:7444".into();
+        let args = kcp_args(&l).unwrap();
+        assert!(has(&args, "--shard-base-url=https://127.0.0.1:7444"), "{args:?}");
+        assert!(has(&args, "--shard-external-url=https://127.0.0.1:6443"), "{args:?}");
+    }
+
+    #[test]
+    fn the_root_shard_gets_no_root_or_cache_flags_and_sharded_flags_cannot_be_overridden() {
+        let mut l = launch();
+        l.sharded = Some(sharded(true));
+        let args = kcp_args(&l).unwrap();
+        assert!(has(&args, "--shard-name=root"), "{args:?}");
+        assert!(
+            !args.iter().any(|a| a.starts_with("--root-shard-kubeconfig-file")),
+            "{args:?}"
+        );
+        assert!(!args.iter().any(|a| a.starts_with("--cache-kubeconfig")), "{args:?}");
+        l.extra_args = vec!["--requestheader-client-ca-file=/mine.crt".into()];
+        assert!(matches!(
+            kcp_args(&l),
+            Err(ArgsError::SafetyFlagOverridden { flag, .. }) if flag == "requestheader-client-ca-file"
+        ));
+        // A lone shard leaves requestheader authentication to the user.
+        l.sharded = None;
+        assert!(kcp_args(&l).is_ok());
     }
 
     fn has(args: &[String], want: &str) -> bool {

@@ -92,15 +92,16 @@ pub fn token_file(identities: &[&Identity]) -> String {
         .collect()
 }
 
-/// Writes [`token_file`] to `path` (0600, atomically) before the slot that reads it starts.
-pub fn write_token_file(path: &Path, identities: &[&Identity]) -> io::Result<()> {
+/// Writes [`token_file`] and the lines `also` to `path` (0600, atomically) before the slot that
+/// reads it starts.
+pub fn write_token_file(path: &Path, identities: &[&Identity], also: &str) -> io::Result<()> {
     if identities.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{}: a slot must accept at least one admin identity", path.display()),
         ));
     }
-    fsutil::write_atomically(path, token_file(identities).as_bytes())
+    fsutil::write_atomically(path, (token_file(identities) + also).as_bytes())
 }
 
 /// What the kubeconfig through the front says.
@@ -201,12 +202,12 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("slots/a/admin-tokens.csv");
         let id = identity();
-        write_token_file(&path, &[&id]).unwrap();
+        write_token_file(&path, &[&id], "").unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(path.parent().unwrap()), 0o700);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), token_file(&[&id]));
-        assert!(write_token_file(&path, &[]).is_err());
+        assert!(write_token_file(&path, &[], "").is_err());
     }
 
     #[test]

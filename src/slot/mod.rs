@@ -17,6 +17,7 @@ pub mod identity;
 pub mod material;
 pub mod schemas;
 pub mod serving;
+pub mod sharded;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -24,6 +24,10 @@ use super::access::call;
 /// The request that tells a slot that serves kcp's own APIs from one that does not: cheap (one
 /// item at most) and the API the workspace probe and most clients of a shard use first.
 pub const KCP_API_PATH: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces?limit=1";
+/// On a non-root shard of a sharded kcp, which holds no `root` workspace and runs no root
+/// bootstrap: a list in the shard's own `system:admin` cluster, where its controllers' Lease is.
+pub const SHARD_API_PATH: &str =
+    "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases?limit=1";
 const READYZ_PATH: &str = "/readyz";
 
 /// The requests of [`serves_kcp_apis`], in the order it sends them.
@@ -33,6 +37,8 @@ pub enum Request {
     Readyz,
     /// `GET` [`KCP_API_PATH`].
     KcpApi,
+    /// `GET` [`SHARD_API_PATH`].
+    ShardApi,
 }
 
 impl Request {
@@ -40,6 +46,7 @@ impl Request {
         match self {
             Request::Readyz => READYZ_PATH,
             Request::KcpApi => KCP_API_PATH,
+            Request::ShardApi => SHARD_API_PATH,
         }
     }
 }
@@ -98,14 +105,14 @@ impl NotServing {
 ///
 /// `client` must dial the slot's own port as the shard admin (`access::shard_admin_client`): a
 /// user without the right to list workspaces in `root` gets 403, which reads as slow.
-pub async fn serves_kcp_apis(client: &kube::Client, timeout: Duration) -> Result<(), NotServing> {
+pub async fn serves_kcp_apis(client: &kube::Client, api: Request, timeout: Duration) -> Result<(), NotServing> {
     let (status, body) = send(client, Request::Readyz, timeout).await?;
     if status != StatusCode::OK || String::from_utf8_lossy(&body).trim() != "ok" {
         return Err(not_serving(Request::Readyz, status, &body));
     }
-    let (status, body) = send(client, Request::KcpApi, timeout).await?;
+    let (status, body) = send(client, api, timeout).await?;
     if status != StatusCode::OK {
-        return Err(not_serving(Request::KcpApi, status, &body));
+        return Err(not_serving(api, status, &body));
     }
     Ok(())
 }

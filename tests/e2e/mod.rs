@@ -1238,6 +1238,11 @@ impl Poller {
         Poller::run(config, Poll::Get(path.to_string()), Duration::from_millis(25), 2)
     }
 
+    /// `GET path` as whoever `config` is, from one client every `every`.
+    pub fn get_every(config: Config, path: &str, every: Duration) -> Poller {
+        Poller::run(config, Poll::Get(path.to_string()), every, 1)
+    }
+
     /// `/readyz` every `every` from one client that keeps its connection alive between polls, as
     /// client-go does. When the kept-alive connection turns out closed or reset before any answer
     /// (the front closes one to a slot that left its serving set at its next request; a killed

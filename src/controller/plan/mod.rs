@@ -373,6 +373,13 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
             },
         });
     }
+    if let Some(message) = &desired.root_not_ready {
+        return Some(Step::Blocked {
+            cause: BlockCause::RootShardNotReady {
+                message: message.clone(),
+            },
+        });
+    }
     if !desired.binary_present {
         return Some(Step::Blocked {
             cause: BlockCause::NoBinary {

@@ -24,6 +24,40 @@ pub struct SlotTemplate {
     /// which rolls the shard.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_identities: Vec<String>,
+    /// A shard of a sharded kcp (spec.shard, resolved against its root: controller/sharding.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharded: Option<ShardedTemplate>,
+}
+
+/// What a slot of a sharded kcp is started with beyond a lone shard's flags.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardedTemplate {
+    /// kcp's `--shard-name`.
+    pub shard_name: String,
+    /// The front-proxy's URL (the root's spec.shard.externalURL): `--shard-external-url`.
+    pub external_url: String,
+    /// The KcpShard of the root shard, whose state holds the sharded kcp's trust (itself for the
+    /// root).
+    pub root_kcp_shard: String,
+    /// A non-root shard: the root's front, which its root-shard and cache kubeconfigs dial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_front_url: Option<String>,
+    /// A non-root shard: spec.shard.cacheKubeconfig (else the root's embedded cache server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_kubeconfig: Option<String>,
+    /// A non-root shard: the ids of the root's admin identities it accepts beside its own, so
+    /// that one kubeconfig reaches workspaces on every shard through the front-proxy. A rotation
+    /// on the root rolls this shard too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub root_identities: Vec<String>,
+}
+
+impl ShardedTemplate {
+    /// Whether this is the root shard (it names no root front).
+    pub fn is_root(&self) -> bool {
+        self.root_front_url.is_none()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +86,9 @@ pub struct Desired {
     /// A preflight that found kcp's own schemas changed does not stop the roll
     /// (spec.rollout.allowMinorVersionChange).
     pub allow_schema_change: bool,
+    /// A non-root shard of a sharded kcp whose root cannot take it yet (missing, not a root, not
+    /// Ready): why, and no slot starts.
+    pub root_not_ready: Option<String>,
 }
 
 /// The front, as observed through its control socket (or caddy's admin API).
@@ -291,6 +328,8 @@ pub enum BlockCause {
     /// The new version changed kcp's own schemas or storage versions on the copy, and
     /// spec.rollout.allowMinorVersionChange is off.
     PreflightSchemaChanged { version: String, changes: Vec<String> },
+    /// A non-root shard's root shard is missing, not a root, or not Ready.
+    RootShardNotReady { message: String },
 }
 
 impl BlockCause {
@@ -304,6 +343,7 @@ impl BlockCause {
             BlockCause::VersionRefused { .. } => "VersionChangeRefused",
             BlockCause::PreflightFailed { .. } => "PreflightFailed",
             BlockCause::PreflightSchemaChanged { .. } => "PreflightSchemaChanged",
+            BlockCause::RootShardNotReady { .. } => "RootShardNotReady",
         }
     }
 
@@ -334,7 +374,7 @@ impl BlockCause {
                 "slot {slot} exited before it was ready{}; the old slots keep serving. Fix spec.version or spec.kcp to retry",
                 detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
             ),
-            BlockCause::VersionRefused { message } => message.clone(),
+            BlockCause::VersionRefused { message } | BlockCause::RootShardNotReady { message } => message.clone(),
             BlockCause::PreflightFailed { version, detail } => format!(
                 "the preflight of kcp {version} on a copy of the data failed: {detail}; the old slots keep serving, no slot of {version} was started. Fix spec.version or spec.kcp to try again (the preflight reruns for a changed spec), or set spec.rollout.preflight to false to roll without it"
             ),

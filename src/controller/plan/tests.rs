@@ -11,6 +11,7 @@ pub(crate) fn template(version: &str) -> SlotTemplate {
         front_url: "https://127.0.0.1:6443".into(),
         restarted_at: None,
         accepted_identities: vec![],
+        sharded: None,
     }
 }
 
@@ -32,6 +33,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         drain_timeout: Duration::from_secs(30),
         deleting: false,
         version_refused: None,
+        root_not_ready: None,
         snapshot_before_version_change: false,
         preflight: false,
         allow_schema_change: false,
@@ -489,6 +491,22 @@ fn a_missing_binary_or_a_refused_version_change_blocks_and_leaves_the_old_slot_a
             cause: BlockCause::VersionRefused { .. }
         }
     ));
+}
+
+#[test]
+fn a_shard_whose_root_is_not_ready_starts_no_slot_and_says_why() {
+    let mut d = desired("v1");
+    d.root_not_ready = Some("the root shard, KcpShard root, is not Ready yet".into());
+    let o = observed(&[], vec![]);
+    match plan(&d, &o) {
+        Step::Blocked {
+            cause: cause @ BlockCause::RootShardNotReady { .. },
+        } => {
+            assert_eq!(cause.reason(), "RootShardNotReady");
+            assert!(cause.message().contains("not Ready yet"), "{}", cause.message());
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
