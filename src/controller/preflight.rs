@@ -81,11 +81,21 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
         completed_at: None,
         removed_at: None,
     };
-    if !store.copies() {
-        let message = format!(
+    let skipped = if !store.copies() {
+        Some(format!(
             "spec.store.type {:?}: kcpshard does not copy an Etcd store, so no preflight of kcp {version} ran; the roll goes on",
             actor.shard.spec.store.type_
-        );
+        ))
+    } else if template.sharded.as_ref().is_some_and(|s| !s.is_root()) {
+        // A non-root shard's data holds no root workspace: alone on a copy, kcp would bootstrap
+        // one, which says nothing about the shard's own roll.
+        Some(format!(
+            "a non-root shard of a sharded kcp is not preflighted (its data needs its root shard), so no preflight of kcp {version} ran; the roll goes on"
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = skipped {
         record.result = Some(PreflightResult::Skipped);
         record.message = Some(message.clone());
         record.completed_at = Some(now);
@@ -148,7 +158,7 @@ async fn launch(actor: &Actor<'_>, record: &PreflightRecord, dirs: &PreflightDir
         .await?;
     let copied = copying.elapsed().as_secs_f64();
     slot::material::seed_root(&actor.dirs.shared(), &dirs.root())?;
-    super::credentials::write_token_file(actor.dirs, &template.accepted_identities, &dirs.token_file())?;
+    super::credentials::write_token_file(actor.dirs, &template.accepted_identities, "", &dirs.token_file())?;
     let launch = slot::args::SlotLaunch {
         name: "preflight".into(),
         version: template.version.clone(),
@@ -162,6 +172,9 @@ async fn launch(actor: &Actor<'_>, record: &PreflightRecord, dirs: &PreflightDir
         shutdown_delay: Duration::ZERO,
         token_auth_file: std::path::absolute(dirs.token_file())?,
         extra_args: template.extra_args.clone(),
+        // A root shard's copy runs as a kcp of one shard: alone, never reached through the
+        // front-proxy (non-root shards are not preflighted).
+        sharded: None,
     };
     let spec = ProcessSpec::new(
         "preflight",
