@@ -18,6 +18,7 @@ pub mod lease;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
+pub mod restore;
 pub mod state;
 pub mod status;
 
@@ -208,6 +209,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         version_refused: None,
         snapshot_before_version_change: spec.rollout.snapshot_before_version_change
             && spec.store.type_ == crate::api::StoreType::KinePostgres,
+        // Judged with the shard's files: `restore::request`, in `step`.
+        restore: None,
     })
 }
 
@@ -259,6 +262,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     let dirs = ShardDirs::new(&ctx.state_dir, &name);
     let working_dir = std::env::current_dir()?;
     let mut desired = desired(shard, &working_dir)?;
+    desired.restore = restore::request(shard, &dirs);
     let world = match observe::observe(ctx, shard, &dirs).await {
         Ok(world) => world,
         Err(e) => match state::corrupt_file(&e) {

@@ -355,6 +355,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_started_at,
         roll: state.roll.clone(),
         blocked: state.blocked.clone(),
+        restore: state.restore.clone(),
     };
     let mut world = World {
         observed,

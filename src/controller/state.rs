@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, RollRecord, SlotTemplate, StopRecord};
+use super::plan::{Blocked, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
 use crate::fsutil;
 
 /// The directories of one shard.
@@ -212,6 +212,9 @@ pub struct ControllerState {
     /// The latest snapshot taken before a version change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotRecord>,
+    /// The latest restore of a snapshot (`kcpshard snapshot restore`), under way or done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreRecord>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

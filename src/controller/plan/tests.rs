@@ -33,6 +33,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         deleting: false,
         version_refused: None,
         snapshot_before_version_change: false,
+        restore: None,
     }
 }
 
@@ -82,6 +83,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_started_at: None,
         roll: None,
         blocked: None,
+        restore: None,
     }
 }
 
@@ -676,4 +678,101 @@ fn a_slot_that_answers_but_is_not_ready_because_its_store_is_away_is_not_killed(
     };
     o.now = at(11);
     assert_eq!(plan(&d, &o), Step::Idle, "it answers: it waits for its store");
+}
+
+fn restore_record(phase: RestorePhase) -> RestoreRecord {
+    RestoreRecord {
+        request: "kcp-v1-to-v2-t.dump".into(),
+        snapshot: "/s/shards/dev/snapshots/kcp-v1-to-v2-t.dump".into(),
+        version: "v1".into(),
+        phase,
+        message: None,
+        requested_at: at(0),
+        restored_at: None,
+        completed_at: None,
+    }
+}
+
+#[test]
+fn a_restore_takes_the_shard_down_restores_with_no_slot_running_then_starts_the_snapshots_version() {
+    let mut d = desired("v1");
+    let restorable = Restorable {
+        path: "/s/shards/dev/snapshots/kcp-v1-to-v2-t.dump".into(),
+        version: "v1".into(),
+    };
+    d.restore = Some(RestoreRequest {
+        value: "kcp-v1-to-v2-t.dump".into(),
+        verdict: Ok(restorable.clone()),
+    });
+    let mut o = observed(&["a"], vec![slot("a", "v2", true)]);
+    assert_eq!(plan(&d, &o), Step::BeginRestore(restorable), "asked: taken up first");
+    d.restore = None;
+    o.restore = Some(restore_record(RestorePhase::Stopping));
+    assert_eq!(
+        plan(&d, &o),
+        set_front(&[], &[], &[("a", LeaveCause::Replaced)]),
+        "the front serves no slot: new connections are refused, not sent to a slot that stops"
+    );
+    o.front = FrontObservation::serving(&[]);
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+    o.slots[0].stop = stopped(StopCause::Restore, 10);
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Exit { slot: "a".into() }));
+    o.slots[0].running = false;
+    o.slots[0].own_store_running = true;
+    assert_eq!(plan(&d, &o), Step::StopSlotStore { name: "a".into() });
+    o.slots[0].own_store_running = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: false
+        }
+    );
+    o.slots.clear();
+    o.store_up = false;
+    assert_eq!(plan(&d, &o), Step::EnsureStore, "pg_restore needs the database");
+    o.store_up = true;
+    assert_eq!(plan(&d, &o), Step::RestoreSnapshot, "no slot runs: restore");
+    o.restore = Some(restore_record(RestorePhase::Starting));
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartSlot { name: "a".into() },
+        "restored: the snapshot's version starts as on a first start"
+    );
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.restore = Some(restore_record(RestorePhase::Starting));
+    assert_eq!(plan(&d, &o), Step::CompleteRestore, "a slot serves the restored data");
+    o.restore = Some(restore_record(RestorePhase::Complete));
+    assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+#[test]
+fn a_restore_that_cannot_be_done_is_refused_and_a_second_one_waits_for_the_first() {
+    let mut d = desired("v2");
+    d.restore = Some(RestoreRequest {
+        value: "kcp-v1-to-v2-t.dump".into(),
+        verdict: Err("spec.version is v2".into()),
+    });
+    let mut o = observed(&["a"], vec![slot("a", "v2", true)]);
+    assert_eq!(
+        plan(&d, &o),
+        Step::RefuseRestore {
+            message: "spec.version is v2".into()
+        }
+    );
+    d.restore = Some(RestoreRequest {
+        value: "other.dump".into(),
+        verdict: Ok(Restorable {
+            path: "/x/other.dump".into(),
+            version: "v2".into(),
+        }),
+    });
+    o.restore = Some(restore_record(RestorePhase::Stopping));
+    assert!(
+        matches!(plan(&d, &o), Step::RefuseRestore { message } if message.contains("under way")),
+        "one restore at a time"
+    );
+    // Deleting wins over a restore: the shard's processes stop, the data stays.
+    d.deleting = true;
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
 }
