@@ -1,7 +1,8 @@
 //! What the controller keeps on disk per shard, under `<state>/shards/<name>/`:
 //!
 //! ```text
-//! controller.json        the roll in progress, a blocked spec, the last completed roll
+//! controller.json        the roll in progress, a blocked spec, the last completed roll, the
+//!                        latest snapshot and the latest restore of one
 //! admin.kubeconfig       kcp through the front: contexts root and base (kcpshard's admin
 //!                        identity, every slot accepts it) and system:admin (shard-admin)
 //! shared/                key material every slot must share (docs/background.md 2), 0700, and
