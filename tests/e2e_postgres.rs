@@ -36,14 +36,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 const PASSWORD: &str = "kcpshard-e2e-Secret-4711";
 
-fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
-    let roll = &object["status"]["lastRoll"];
-    roll["toVersion"] == version
-        && roll["completedAt"].is_string()
-        && roll["startedAt"].as_str().is_some_and(|t| t > after)
-        && ready_now(object)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postgres_outage() {

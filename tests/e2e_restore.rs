@@ -36,14 +36,6 @@ const EXPORTS: &str = "/clusters/root:provider/apis/apis.kcp.io/v1alpha1/apiexpo
 const BINDINGS: &str = "/clusters/root:consumer/apis/apis.kcp.io/v1alpha1/apibindings";
 const WIDGETS: &str = "/clusters/root:consumer/apis/example.io/v1/widgets";
 
-fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
-    let roll = &object["status"]["lastRoll"];
-    roll["toVersion"] == version
-        && roll["completedAt"].is_string()
-        && roll["startedAt"].as_str().is_some_and(|t| t > after)
-        && ready_now(object)
-}
-
 fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }

@@ -37,31 +37,15 @@ pub async fn pg_dump(
     );
     let path = dir.join(&name);
     let partial = dir.join(format!(".{name}.partial"));
-    let program = binary("pg_dump")?;
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.arg("--format=custom")
-        .arg(format!("--file={}", partial.display()))
-        .arg(format!("--host={}", server.host))
-        .arg(format!("--port={}", server.port))
-        .arg(format!("--username={}", server.user))
-        .arg("--no-password")
-        .arg(&server.database)
-        .env("PGSSLMODE", server.ssl_mode.as_str())
-        .envs(server.env());
-    let out = cmd
-        .output()
-        .await
-        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
-    if !out.status.success() {
+    let dumped = run_client(
+        "pg_dump",
+        server,
+        &["--format=custom".into(), format!("--file={}", partial.display())],
+    )
+    .await;
+    if let Err(e) = dumped {
         let _ = std::fs::remove_file(&partial);
-        return Err(StoreError::Postgres {
-            server: server.describe(),
-            message: format!(
-                "pg_dump failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
+        return Err(e);
     }
     std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&partial))?;
     std::fs::rename(&partial, &path).map_err(io(&path))?;
@@ -75,39 +59,51 @@ pub async fn pg_dump(
 /// use the database meanwhile (every kine stopped). Owners are not restored, so a dump taken as
 /// another user restores as this one.
 pub async fn pg_restore(server: &PostgresServer, path: &Path) -> Result<(), StoreError> {
-    let program = binary("pg_restore")?;
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.args([
+    let args = [
         "--clean",
         "--if-exists",
         "--single-transaction",
         "--no-owner",
         "--exit-on-error",
-    ])
-    .arg(format!("--host={}", server.host))
-    .arg(format!("--port={}", server.port))
-    .arg(format!("--username={}", server.user))
-    .arg("--no-password")
-    .arg(format!("--dbname={}", server.database))
-    .arg(path)
-    .env("PGSSLMODE", server.ssl_mode.as_str())
-    .envs(server.env());
-    let out = cmd
+    ];
+    let mut args: Vec<String> = args.map(String::from).to_vec();
+    args.push(path.display().to_string());
+    run_client("pg_restore", server, &args).await.map_err(|e| match e {
+        StoreError::Postgres { server, message } => StoreError::Postgres {
+            server,
+            message: format!("{message} (restoring {}; the database is as it was)", path.display()),
+        },
+        other => other,
+    })
+}
+
+/// Runs PostgreSQL's client `name` (pg_dump, pg_restore) with `args` against the server's
+/// database, connecting as kine does (sslmode, password); its stderr is the error when it fails.
+async fn run_client(name: &str, server: &PostgresServer, args: &[String]) -> Result<(), StoreError> {
+    let program = binary(name)?;
+    let out = tokio::process::Command::new(&program)
+        .arg(format!("--host={}", server.host))
+        .arg(format!("--port={}", server.port))
+        .arg(format!("--username={}", server.user))
+        .arg("--no-password")
+        .arg(format!("--dbname={}", server.database))
+        .args(args)
+        .env("PGSSLMODE", server.ssl_mode.as_str())
+        .envs(server.env())
         .output()
         .await
         .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
-    if !out.status.success() {
-        return Err(StoreError::Postgres {
-            server: server.describe(),
-            message: format!(
-                "pg_restore of {} failed ({}), the database is as it was: {}",
-                path.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
+    if out.status.success() {
+        return Ok(());
     }
-    Ok(())
+    Err(StoreError::Postgres {
+        server: server.describe(),
+        message: format!(
+            "{name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
 }
 
 /// What a snapshot's file name tells: `<database>-<from>-to-<to>-<time>.dump`.
