@@ -641,21 +641,7 @@ fn deletion_stops_the_slots_their_stores_the_store_and_the_front_and_nothing_wai
     let mut d = desired("v1");
     d.deleting = true;
     let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
-    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
-    o.slots[0].stop = stopped(StopCause::Deleting, 10);
-    assert_eq!(plan(&d, &o), Step::Wait(Wait::Exit { slot: "a".into() }));
-    o.slots[0].running = false;
-    o.slots[0].own_store_running = true;
-    assert_eq!(plan(&d, &o), Step::StopSlotStore { name: "a".into() });
-    o.slots[0].own_store_running = false;
-    assert_eq!(
-        plan(&d, &o),
-        Step::RemoveSlot {
-            name: "a".into(),
-            crashed: false
-        }
-    );
-    o.slots.clear();
+    stop_slot_a(&d, &mut o, StopCause::Deleting);
     assert_eq!(plan(&d, &o), Step::StopStore);
     o.store_processes_up = false;
     assert_eq!(plan(&d, &o), Step::StopFront);
@@ -678,6 +664,26 @@ fn a_slot_that_answers_but_is_not_ready_because_its_store_is_away_is_not_killed(
     };
     o.now = at(11);
     assert_eq!(plan(&d, &o), Step::Idle, "it answers: it waits for its store");
+}
+
+/// Walks slot "a", the only one, from serving to gone as a deletion or a restore stops it (it was
+/// sent SIGTERM for `cause`): SIGTERM, its exit, its own kine, its records.
+fn stop_slot_a(d: &Desired, o: &mut Observed, cause: StopCause) {
+    assert_eq!(plan(d, o), Step::TerminateSlot { name: "a".into() });
+    o.slots[0].stop = stopped(cause, 10);
+    assert_eq!(plan(d, o), Step::Wait(Wait::Exit { slot: "a".into() }));
+    o.slots[0].running = false;
+    o.slots[0].own_store_running = true;
+    assert_eq!(plan(d, o), Step::StopSlotStore { name: "a".into() });
+    o.slots[0].own_store_running = false;
+    assert_eq!(
+        plan(d, o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: false
+        }
+    );
+    o.slots.clear();
 }
 
 fn restore_record(phase: RestorePhase) -> RestoreRecord {
@@ -714,21 +720,7 @@ fn a_restore_takes_the_shard_down_restores_with_no_slot_running_then_starts_the_
         "the front serves no slot: new connections are refused, not sent to a slot that stops"
     );
     o.front = FrontObservation::serving(&[]);
-    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
-    o.slots[0].stop = stopped(StopCause::Restore, 10);
-    assert_eq!(plan(&d, &o), Step::Wait(Wait::Exit { slot: "a".into() }));
-    o.slots[0].running = false;
-    o.slots[0].own_store_running = true;
-    assert_eq!(plan(&d, &o), Step::StopSlotStore { name: "a".into() });
-    o.slots[0].own_store_running = false;
-    assert_eq!(
-        plan(&d, &o),
-        Step::RemoveSlot {
-            name: "a".into(),
-            crashed: false
-        }
-    );
-    o.slots.clear();
+    stop_slot_a(&d, &mut o, StopCause::Restore);
     o.store_up = false;
     assert_eq!(plan(&d, &o), Step::EnsureStore, "pg_restore needs the database");
     o.store_up = true;
