@@ -96,7 +96,7 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
             "Restoring",
             format!(
                 "the shard is down for a restore of {}: {}",
-                r.snapshot,
+                r.file_name(),
                 match r.phase {
                     RestorePhase::Stopping => "every slot stops, then the snapshot is restored".to_string(),
                     _ => format!("restored; kcp {} starts on the restored data", r.version),
@@ -121,7 +121,7 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
                     "Progressing",
                     true,
                     "Restoring",
-                    format!("restoring {}: {}", r.snapshot, progress_message(other)),
+                    format!("restoring {}: {}", r.file_name(), progress_message(other)),
                 ),
                 healthy(),
             ),

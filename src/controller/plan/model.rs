@@ -118,6 +118,13 @@ impl RestoreRecord {
     pub fn under_way(&self) -> bool {
         matches!(self.phase, RestorePhase::Stopping | RestorePhase::Starting)
     }
+
+    /// The snapshot's file name, for messages (status.lastRestore has its path).
+    pub fn file_name(&self) -> String {
+        std::path::Path::new(&self.snapshot)
+            .file_name()
+            .map_or_else(|| self.snapshot.clone(), |n| n.to_string_lossy().into_owned())
+    }
 }
 
 /// The front, as observed through its control socket (or caddy's admin API).
