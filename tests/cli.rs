@@ -135,7 +135,9 @@ async fn get_prints_the_printer_columns_and_yaml_and_json() {
     let header: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "ROLE", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
+        [
+            "NAME", "ROLE", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"
+        ],
         "{wide}"
     );
     assert!(

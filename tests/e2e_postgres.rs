@@ -53,14 +53,6 @@ fn assert_no_scratch_database(pg: &support::Postgres) {
     );
 }
 
-fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
-    let roll = &object["status"]["lastRoll"];
-    roll["toVersion"] == version
-        && roll["completedAt"].is_string()
-        && roll["startedAt"].as_str().is_some_and(|t| t > after)
-        && ready_now(object)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postgres_outage() {

@@ -138,7 +138,9 @@ async fn get_shows_the_printer_columns() {
     let header: Vec<&str> = wide.lines().next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "ROLE", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"],
+        [
+            "NAME", "ROLE", "VERSION", "DESIRED", "ACTIVE", "PHASE", "READY", "HOST", "AGE"
+        ],
         "{wide}"
     );
     let row: Vec<&str> = wide.lines().nth(1).unwrap_or_default().split_whitespace().collect();

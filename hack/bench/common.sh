@@ -144,6 +144,54 @@ start_load() {
   kill -0 "$load" 2>/dev/null || { echo "$bench: the load generator exited:" >&2; cat "$state/load.err" >&2; exit 1; }
 }
 
+# Fills the shard with up to N workspaces in root (`prod-00000`...), made through the front as
+# kcpshard's admin identity in batches of 50 (one `kubectl create` each), each batch waited for
+# until Ready before the next; stops adding after BUDGET seconds. Writes $state/fill.json and a
+# line to $state/about.txt: how many got Ready, how long it took, the active slot's RSS after.
+fill_workspaces() { # n budget_seconds
+  python3 - "$kubectl" "$state" "$1" "$2" <<'PY' | tee -a "$state/about.txt" >&2
+import json, subprocess, sys, time
+kubectl, state, n, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+k = [kubectl, "--kubeconfig", f"{state}/shards/bench/admin.kubeconfig", "--context", "root"]
+began = time.time()
+made, batches = 0, []
+def ready():
+    out = subprocess.run(k + ["get", "workspaces", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.phase}{'\\n'}{end}"],
+                         capture_output=True, text=True).stdout
+    return sum(1 for line in out.splitlines() if line.startswith("prod-") and line.endswith(" Ready"))
+while made < n and time.time() - began < budget:
+    size = min(50, n - made)
+    docs = "".join(f"---\napiVersion: tenancy.kcp.io/v1alpha1\nkind: Workspace\nmetadata: {{name: prod-{made + i:05d}}}\n"
+                   for i in range(size))
+    t0 = time.time()
+    r = subprocess.run(k + ["create", "-f", "-"], input=docs, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"fill: kubectl create failed: {r.stderr.strip()[:400]}")
+    made += size
+    created = time.time()
+    while (seen := ready()) < made and time.time() - began < budget:
+        time.sleep(1)
+    batches.append({"made": made, "createSeconds": round(created - t0, 2), "readySeconds": round(time.time() - created, 2)})
+    print(f"fill: {seen} workspaces Ready after {time.time() - began:.0f} s", file=sys.stderr)
+seconds = time.time() - began
+got = ready()
+st = json.loads(subprocess.run([kubectl, "--kubeconfig", f"{state}/kubeconfig", "get", "ks", "bench", "-o", "json"],
+                               capture_output=True, text=True).stdout)["status"]
+rss = []
+for s in st.get("slots", []):
+    try:
+        kib = next(int(l.split()[1]) for l in open(f"/proc/{s['pid']}/status") if l.startswith("VmRSS:"))
+        rss.append(f"slot {s['name']} {kib / 1024:.0f} MiB")
+    except (KeyError, OSError, StopIteration):
+        pass
+json.dump({"asked": n, "made": made, "ready": got, "seconds": round(seconds, 1), "batches": batches},
+          open(f"{state}/fill.json", "w"))
+creates = sum(b["createSeconds"] for b in batches)
+print(f"prod-shaped: {got} of {n} workspaces Ready in {seconds:.0f} s ({creates:.0f} s in kubectl create, "
+      f"batches of 50 waited for until Ready; budget {budget:.0f} s); kcp RSS after: {', '.join(rss) or '-'}")
+PY
+}
+
 # Waits (up to 600 s) until the shard has N slots, all ready and serving, one of them leading, and
 # Ready=True; prints status.slots as JSON.
 wait_slots() { # n

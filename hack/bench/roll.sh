@@ -15,9 +15,14 @@
 # Go's net/http Transport, Python's requests and http.client, curl; /readyz and the workspace list
 # at 0, 1, 5, 20 and 100 ms between requests), and the report counts their ok, retried (asked again
 # after the front closed a reused connection before any byte of an answer) and failed requests.
+# With --workspaces N the shard is first filled with N workspaces (hack/bench/common.sh,
+# fill_workspaces; at most --fill-budget seconds of it), as hack/bench/prod-shaped.sh does. With
+# --preflight on|off spec.rollout.preflight is set, and each version roll's preflight (the times in
+# status.preflight: startedAt, completedAt, result) is reported beside the roll.
 # Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--slots N[,N...]] [--rolls N]
 #                           [--pause SECONDS] [--shutdown-delay DURATION] [--kcp-arg ARG]...
-#                           [--clients] [--png DIR]
+#                           [--clients] [--png DIR] [--workspaces N] [--fill-budget SECONDS]
+#                           [--preflight on|off]
 #   defaults: both, slots 1, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
 #   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
 #   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/operations.md, "A kcp that never gets
@@ -38,6 +43,9 @@ shutdown_delay=""
 kcp_args=""   # spec.kcp.extraArgs, as YAML flow items
 clients=""
 png_dir=""
+workspaces=""
+fill_budget=1800
+preflight=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --store) stores=$2; shift 2 ;;
@@ -48,7 +56,12 @@ while [ $# -gt 0 ]; do
     --kcp-arg) kcp_args+="\"$2\", "; shift 2 ;;
     --clients) clients=1; shift ;;
     --png) png_dir=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    --workspaces) workspaces=$2; shift 2 ;;
+    --fill-budget) fill_budget=$2; shift 2 ;;
+    --preflight)
+      case "$2" in on) preflight=true ;; off) preflight=false ;; *) echo "roll.sh: --preflight takes on or off" >&2; exit 2 ;; esac
+      shift 2 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -130,8 +143,13 @@ others = [d for d in (os.listdir(slots) if os.path.isdir(slots) else []) if d !=
 t["newLeads"] = min((x for d in others for x in klog_times(f"{slots}/{d}/kcp.log", '"Successfully acquired lease"')
                      if within(x, t["oldSlotStoppedListeningAt"], t["probeSucceededAt"])), default=None)
 t["changedAt"] = changed
+# The preflight of this version change, if one ran (spec.rollout.preflight; status.preflight).
+p = (o.get("status") or {}).get("preflight") or {}
+if ts(p.get("startedAt")) and ts(p["startedAt"]) >= changed - 0.05:
+    t["preflightStartedAt"], t["preflightCompletedAt"] = ts(p["startedAt"]), ts(p.get("completedAt"))
 print(json.dumps({"roll": int(roll), "kind": kind, "from": r.get("fromVersion"), "to": r.get("toVersion"),
-                  "snapshot": bool(r.get("snapshot")), "t": t}))
+                  "snapshot": bool(r.get("snapshot")), "preflight": p.get("result") if "preflightStartedAt" in t else None,
+                  "t": t}))
 span = lambda a, b: f"{t[b] - t[a]:.2f}" if t.get(a) is not None and t.get(b) is not None else "-"
 print(f"roll {roll} ({kind} {r.get('fromVersion')} -> {r.get('toVersion')}): done in "
       f"{span('startedAt', 'completedAt')} s, gap {span('oldSlotExitedAt', 'probeSucceededAt')} s, "
@@ -202,6 +220,13 @@ for r in rows:
     print(f"| {r['roll']} | {change} | {s - t['changedAt']:.2f} | " + " | ".join(rel(k) for k in cols)
           + f" | **{f2(gap)}** | **{f2(no_leader)}** | {f2(startup)} | {f2(stop_listening)} | {f2(takeover)} | "
           + (f"**{controller:.2f}**" if controller is not None else "-") + f" | {f2(settle)} |")
+for r in rows:
+    t = r["t"]
+    if t.get("preflightStartedAt") is not None:
+        took = (f"{t['preflightCompletedAt'] - t['preflightStartedAt']:.2f} s"
+                if t.get("preflightCompletedAt") is not None else "not completed")
+        print(f"roll {r['roll']}: preflight {r['preflight']} in {took}, started "
+              f"{t['preflightStartedAt'] - t['changedAt']:.2f} s after the change (in spec->start)")
 # Each failure (and each retried first attempt) placed in its roll and phase.
 from datetime import datetime
 phases = [("startedAt", "start"), ("newSlotStartedAt", "new slot starting"), ("newSlotReadyAt", "ready, switching"),
@@ -297,8 +322,9 @@ PY
 
 run_store() { # sqlite|postgres slots
   local store=$1 slots=$2
-  start_shard "$store" "$slots" "" \
+  start_shard "$store" "$slots" "${preflight:+preflight: $preflight}" \
     "${shutdown_delay:+shutdownDelay: \"$shutdown_delay\"}${shutdown_delay:+${kcp_args:+, }}${kcp_args:+extraArgs: [${kcp_args%, }]}"
+  [ -n "$workspaces" ] && fill_workspaces "$workspaces" "$fill_budget"
   start_load
   if [ -n "$clients" ]; then
     hack/bench/clients/run.sh --front "127.0.0.1:$front_port" --kubeconfig "$state/shards/bench/admin.kubeconfig" \

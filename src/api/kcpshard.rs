@@ -34,6 +34,12 @@ pub const RESTARTED_AT_ANNOTATION: &str = "kcpshard.io/restartedAt";
 /// rotate` sets it) asks for a new admin identity: the shard rolls so that every slot accepts the
 /// new one beside the old, then again so that they refuse the old one.
 pub const ROTATE_CREDENTIALS_ANNOTATION: &str = "kcpshard.io/rotateCredentialsAt";
+/// Setting this annotation asks for a restore of a store snapshot (KinePostgres): its value is a
+/// snapshot's file name in the shard's snapshots directory, or a path. A planned outage: every
+/// slot stops, the snapshot is restored, and slots of the version that served the data in it
+/// start. The controller removes the annotation once it has taken the request up (or refused it),
+/// and reports in status.lastRestore; `kcpshard snapshot restore` sets it and follows.
+pub const RESTORE_SNAPSHOT_ANNOTATION: &str = "kcpshard.io/restoreSnapshot";
 /// The finalizer the controller puts on every KcpShard so it can stop slots and fronts on delete.
 pub const FINALIZER: &str = "kcpshard.io/cleanup";
 
@@ -516,6 +522,10 @@ pub struct KcpShardStatus {
     /// (spec.rollout.preflight).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<PreflightStatus>,
+    /// The latest restore of a store snapshot (the kcpshard.io/restoreSnapshot annotation), under
+    /// way or done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restore: Option<RestoreStatus>,
     /// The latest observations of the shard's state. Ready is True when the front forwards to a
     /// slot that answers /readyz.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -706,4 +716,34 @@ pub struct PreflightStatus {
     /// where its log is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// A restore of a store snapshot: a planned outage (every slot stops, the snapshot is restored,
+/// slots of the version that served the data in it start).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreStatus {
+    /// The kcpshard.io/restoreSnapshot value it was asked for with.
+    pub request: String,
+    /// Path of the snapshot restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The kcp version that served the data in the snapshot, which the slots run after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Stopping (every slot stops; the shard is down), Starting (restored; slots of the version
+    /// start), Complete (a slot serves the restored data), or Refused (message says why).
+    pub phase: String,
+    /// Why it was refused, and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the controller took the request up: from then on the shard is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<MicroTime>,
+    /// When the snapshot was restored into the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<MicroTime>,
+    /// When a slot served the restored data through the front again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<MicroTime>,
 }

@@ -17,6 +17,7 @@ mod front;
 mod get;
 mod rollout;
 mod serve;
+mod snapshot;
 mod table;
 mod watch;
 
@@ -52,6 +53,8 @@ enum Command {
     Events(events::Args),
     /// Follow a roll to its end, like `kubectl rollout status`.
     Rollout(rollout::Args),
+    /// List a shard's store snapshots, or restore one (a planned outage), following it to its end.
+    Snapshot(snapshot::Args),
     /// Rotate a shard's admin identity (the kubeconfig through the front), and follow it to its end.
     Credentials(credentials::Args),
     /// Run the TCP front (started and adopted by `serve`; see docs/front.md), or print a caddy front's config.
@@ -88,6 +91,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Events(args) => events::run(args).await,
         Command::Rollout(args) => rollout::run(args).await,
         Command::Credentials(args) => credentials::run(args).await,
+        Command::Snapshot(args) => snapshot::run(args).await,
         Command::Front(args) => front::run(*args).await,
     }
 }

@@ -13,12 +13,12 @@ use super::clients::Identity;
 use super::error::Error;
 use super::observe::{ObservedSlot, World};
 use super::plan::{
-    BlockCause, Blocked, Desired, FrontChange, KillCause, LeaveCause, ProbeRecord, RestartCause, RollRecord, Step,
-    StopCause, StopRecord,
+    BlockCause, Blocked, Desired, FrontChange, KillCause, LeaveCause, ProbeRecord, RestartCause, Restorable,
+    RestorePhase, RestoreRecord, RollRecord, Step, StopCause, StopRecord,
 };
 use super::state::{CompletedRoll, DataVersion, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
-use crate::api::KcpShard;
+use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION};
 use crate::front::Backend;
 use crate::process::{ProcessSpec, UnitName, free_port};
 use crate::slot;
@@ -56,6 +56,10 @@ impl Actor<'_> {
             Step::ComparePreflight => super::preflight::compare(self).await,
             Step::FailPreflight { cause } => super::preflight::fail(self, cause),
             Step::RemovePreflight => super::preflight::remove(self).await,
+            Step::BeginRestore(restorable) => self.begin_restore(restorable).await,
+            Step::RefuseRestore { message } => self.refuse_restore(message).await,
+            Step::RestoreSnapshot => self.restore_snapshot().await,
+            Step::CompleteRestore => self.complete_restore(),
             Step::EnsureFront => self.ensure_front().await,
             Step::KillFront => self.kill_front(),
             Step::StartSlot { name } => self.start_slot(name).await,
@@ -237,6 +241,156 @@ impl Actor<'_> {
                 started.elapsed().as_secs_f64()
             ),
         )])
+    }
+
+    /// Takes up a restore request: records it (from now on the plan stops every slot) and drops
+    /// the annotation. A request already taken up only has its annotation dropped.
+    async fn begin_restore(&self, restorable: &Restorable) -> Result<Notes, Error> {
+        let request = self.restore_request()?;
+        let mut state = self.dirs.load_state()?;
+        let taken = state
+            .restore
+            .as_ref()
+            .is_some_and(|r| r.under_way() && r.request == request);
+        if !taken {
+            state.restore = Some(RestoreRecord {
+                request: request.clone(),
+                snapshot: restorable.path.clone(),
+                version: restorable.version.clone(),
+                phase: RestorePhase::Stopping,
+                message: None,
+                requested_at: Utc::now(),
+                restored_at: None,
+                completed_at: None,
+            });
+            // What a roll under way or a blocked spec remembered is about data the restore replaces.
+            state.roll = None;
+            state.blocked = None;
+            self.dirs.save_state(&state)?;
+        }
+        self.drop_restore_annotation(&request).await?;
+        if taken {
+            return Ok(vec![]);
+        }
+        Ok(vec![Note::warning(
+            "RestoreStarted",
+            format!(
+                "the shard is down for a restore: the front serves no slot, every slot stops, then {} is restored into the store and kcp {} (which served the data in it) starts on it; what was written after the snapshot was taken is gone",
+                restorable.path, restorable.version
+            ),
+        )])
+    }
+
+    /// Drops a restore request that cannot be done; the record says why (unless a restore is
+    /// under way, which it must not hide).
+    async fn refuse_restore(&self, message: &str) -> Result<Notes, Error> {
+        let request = self.restore_request()?;
+        let mut state = self.dirs.load_state()?;
+        if !state.restore.as_ref().is_some_and(RestoreRecord::under_way) {
+            state.restore = Some(RestoreRecord {
+                request: request.clone(),
+                snapshot: String::new(),
+                version: String::new(),
+                phase: RestorePhase::Refused,
+                message: Some(message.to_string()),
+                requested_at: Utc::now(),
+                restored_at: None,
+                completed_at: None,
+            });
+            self.dirs.save_state(&state)?;
+        }
+        self.drop_restore_annotation(&request).await?;
+        Ok(vec![Note::warning(
+            "RestoreRefused",
+            format!("the restore of {request} is refused: {message}; the shard runs on as it is"),
+        )])
+    }
+
+    fn restore_request(&self) -> Result<String, Error> {
+        self.desired
+            .restore
+            .as_ref()
+            .map(|r| r.value.clone())
+            .ok_or_else(|| Error::Metadata(format!("the {RESTORE_SNAPSHOT_ANNOTATION} annotation is gone")))
+    }
+
+    /// Removes the restore annotation, if it still holds `request` (a new value is a new request).
+    async fn drop_restore_annotation(&self, request: &str) -> Result<(), Error> {
+        let api: kube::Api<KcpShard> = kube::Api::all(self.ctx.client.clone());
+        let path = format!(
+            "/metadata/annotations/{}",
+            RESTORE_SNAPSHOT_ANNOTATION.replace('/', "~1")
+        );
+        let patch: json_patch::Patch = serde_json::from_value(serde_json::json!([
+            {"op": "test", "path": path, "value": request},
+            {"op": "remove", "path": path},
+        ]))
+        .expect("a valid JSON patch");
+        api.patch(
+            &self.shard.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Json::<()>(patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            Error::Metadata(format!(
+                "cannot remove the {RESTORE_SNAPSHOT_ANNOTATION} annotation of KcpShard {}: {e}",
+                self.shard.name_any()
+            ))
+        })
+    }
+
+    /// No slot runs: restores the snapshot (in one transaction), records its version as the
+    /// data's, and lets slots of that version start.
+    async fn restore_snapshot(&self) -> Result<Notes, Error> {
+        let mut state = self.dirs.load_state()?;
+        let Some(record) = state.restore.clone().filter(|r| r.phase == RestorePhase::Stopping) else {
+            return Ok(vec![]);
+        };
+        let started = std::time::Instant::now();
+        self.store()?.restore(std::path::Path::new(&record.snapshot)).await?;
+        let now = Utc::now();
+        self.dirs.save_data_version(&DataVersion {
+            version: record.version.clone(),
+            since: now,
+        })?;
+        state.restore = Some(RestoreRecord {
+            phase: RestorePhase::Starting,
+            restored_at: Some(now),
+            ..record.clone()
+        });
+        state.roll = None;
+        state.blocked = None;
+        self.dirs.save_state(&state)?;
+        Ok(vec![Note::normal(
+            "SnapshotRestored",
+            format!(
+                "restored {} into the store ({:.1}s); {} now records kcp {} as the data's version, and a slot of it starts",
+                record.snapshot,
+                started.elapsed().as_secs_f64(),
+                self.dirs.data_version_file().display(),
+                record.version
+            ),
+        )])
+    }
+
+    fn complete_restore(&self) -> Result<Notes, Error> {
+        let mut state = self.dirs.load_state()?;
+        let Some(record) = state.restore.as_mut().filter(|r| r.phase == RestorePhase::Starting) else {
+            return Ok(vec![]);
+        };
+        let now = Utc::now();
+        record.phase = RestorePhase::Complete;
+        record.completed_at = Some(now);
+        let message = format!(
+            "kcp {} serves the data restored from {} through the front; the shard was down {:.1}s",
+            record.version,
+            record.snapshot,
+            (now - record.requested_at).num_milliseconds() as f64 / 1000.0
+        );
+        self.dirs.save_state(&state)?;
+        Ok(vec![Note::normal("RestoreComplete", message)])
     }
 
     async fn ensure_front(&self) -> Result<Notes, Error> {
@@ -550,8 +704,16 @@ impl Actor<'_> {
     }
 
     fn terminate_slot(&self, name: &str) -> Result<Notes, Error> {
+        let restoring = self
+            .world
+            .state
+            .restore
+            .as_ref()
+            .is_some_and(|r| r.phase == RestorePhase::Stopping);
         let cause = if self.desired.deleting {
             StopCause::Deleting
+        } else if restoring {
+            StopCause::Restore
         } else {
             StopCause::Retired
         };

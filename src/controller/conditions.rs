@@ -14,7 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::api::Phase;
 
-use super::plan::{Desired, FrontObservation, KillCause, Observed, RestartCause, SlotObservation, Step, Wait};
+use super::plan::{
+    Desired, FrontObservation, KillCause, Observed, RestartCause, RestorePhase, SlotObservation, Step, Wait,
+};
 
 /// A condition as computed, before times and generation are stamped on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +87,24 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
     } else {
         verdict("Ready", false, "NoSlotReady", "no ready slot behind the front yet")
     };
+    // A restore is a planned outage: until a slot serves the restored data, Ready says so.
+    let restoring = observed.restore.as_ref().filter(|r| r.under_way());
+    let ready = match restoring {
+        Some(r) if serving.is_empty() => verdict(
+            "Ready",
+            false,
+            "Restoring",
+            format!(
+                "the shard is down for a restore of {}: {}",
+                r.file_name(),
+                match r.phase {
+                    RestorePhase::Stopping => "every slot stops, then the snapshot is restored".to_string(),
+                    _ => format!("restored; kcp {} starts on the restored data", r.version),
+                }
+            ),
+        ),
+        _ => ready,
+    };
     let first_start = observed.roll.as_ref().is_some_and(|r| r.from_version.is_none());
     let (progressing, mut degraded) = match step {
         Step::Blocked { cause } | Step::AbortRoll { cause, .. } => (
@@ -95,10 +115,21 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
             verdict("Progressing", false, "RollComplete", "the shard runs the desired spec"),
             healthy(),
         ),
-        other => (
-            verdict("Progressing", true, progress_reason(other), progress_message(other)),
-            healthy(),
-        ),
+        other => match restoring {
+            Some(r) => (
+                verdict(
+                    "Progressing",
+                    true,
+                    "Restoring",
+                    format!("restoring {}: {}", r.file_name(), progress_message(other)),
+                ),
+                healthy(),
+            ),
+            None => (
+                verdict("Progressing", true, progress_reason(other), progress_message(other)),
+                healthy(),
+            ),
+        },
     };
     let broken: Vec<&SlotObservation> = observed
         .slots
@@ -228,6 +259,8 @@ fn progress_reason(step: &Step) -> &'static str {
         | Step::FailPreflight { .. }
         | Step::RemovePreflight
         | Step::Wait(Wait::Preflight) => "Preflight",
+        Step::BeginRestore(_) | Step::RestoreSnapshot | Step::CompleteRestore => "Restoring",
+        Step::RefuseRestore { .. } => "RestoreRefused",
         Step::EnsureFront => "FrontStarting",
         Step::KillFront => "FrontRestarting",
         Step::StartSlot { .. } => "SlotStarting",
@@ -262,6 +295,10 @@ fn progress_message(step: &Step) -> String {
         Step::ComparePreflight => "comparing kcp's own schemas on the copy with the serving slots'".into(),
         Step::FailPreflight { .. } => "recording the preflight as failed".into(),
         Step::RemovePreflight => "removing the preflight's kcp, kine and copy of the data".into(),
+        Step::BeginRestore(r) => format!("taking up the restore of {}", r.path),
+        Step::RefuseRestore { message } => format!("refusing a restore: {message}"),
+        Step::RestoreSnapshot => "restoring the snapshot into the store".into(),
+        Step::CompleteRestore => "a slot serves the restored data".into(),
         Step::EnsureFront => "starting the front".into(),
         Step::KillFront => "restarting the front, which does not answer on its control socket".into(),
         Step::StartSlot { name } => format!("starting slot {name}"),

@@ -48,6 +48,9 @@ pub enum Error {
     Status { name: String, source: kube::Error },
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The controller could not change the object's metadata (drop a request's annotation).
+    #[error("{0}")]
+    Metadata(String),
     /// One of the controller's own files does not parse; the message says which and what to do.
     #[error("{0}")]
     Unreadable(String),
@@ -71,7 +74,7 @@ impl Error {
             | Error::Unreadable(_)
             | Error::UnknownIdentity { .. }
             | Error::Preflight(_) => "state",
-            Error::Status { .. } | Error::Finalizer(_) => "api",
+            Error::Status { .. } | Error::Finalizer(_) | Error::Metadata(_) => "api",
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod preflight;
+pub mod restore;
 pub mod sharding;
 pub mod state;
 pub mod status;
@@ -221,6 +222,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
             && spec.store.type_ == crate::api::StoreType::KinePostgres,
         preflight: spec.rollout.preflight,
         allow_schema_change: spec.rollout.allow_minor_version_change,
+        // Judged with the shard's files: `restore::request`, in `step`.
+        restore: None,
     })
 }
 
@@ -278,6 +281,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     let dirs = ShardDirs::new(&ctx.state_dir, &name);
     let working_dir = std::env::current_dir()?;
     let mut desired = desired(shard, &working_dir)?;
+    desired.restore = restore::request(shard, &dirs);
     let world = match observe::observe(ctx, shard, &dirs).await {
         Ok(world) => world,
         Err(e) => match state::corrupt_file(&e) {

@@ -359,6 +359,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             Some(record) => Some(super::preflight::observe(ctx, &shard_ref, dirs, record).await?),
             None => None,
         },
+        restore: state.restore.clone(),
     };
     let mut world = World {
         observed,

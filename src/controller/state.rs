@@ -1,7 +1,8 @@
 //! What the controller keeps on disk per shard, under `<state>/shards/<name>/`:
 //!
 //! ```text
-//! controller.json        the roll in progress, a blocked spec, the last completed roll
+//! controller.json        the roll in progress, a blocked spec, the last completed roll, the
+//!                        latest snapshot and the latest restore of one
 //! admin.kubeconfig       kcp through the front: contexts root and base (kcpshard's admin
 //!                        identity, every slot accepts it) and system:admin (shard-admin)
 //! shared/                key material every slot must share (docs/background.md 2), 0700, and
@@ -27,7 +28,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, ProbeRecord, RollRecord, SlotTemplate, StopRecord};
+use super::plan::{Blocked, ProbeRecord, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
 use crate::api::PreflightResult;
 use crate::fsutil;
 
@@ -301,6 +302,9 @@ pub struct ControllerState {
     /// The latest preflight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<PreflightRecord>,
+    /// The latest restore of a snapshot (`kcpshard snapshot restore`), under way or done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreRecord>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

@@ -4,8 +4,10 @@ use serde_json::{Value, json};
 
 use super::conditions::{self, k8s_time};
 use super::observe::World;
-use super::plan::{Desired, LeaseHolder, RollRecord, SlotObservation, Step};
-use crate::api::{FrontStatus, KcpShard, KcpShardStatus, PreflightStatus, RollStatus, SlotStatus, StoreStatus};
+use super::plan::{Desired, LeaseHolder, RestoreRecord, RollRecord, SlotObservation, Step};
+use crate::api::{
+    FrontStatus, KcpShard, KcpShardStatus, PreflightStatus, RestoreStatus, RollStatus, SlotStatus, StoreStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 pub fn build(
@@ -75,6 +77,7 @@ pub fn build(
             completed_at: p.completed_at.map(micro_time),
             message: p.message.clone(),
         }),
+        last_restore: world.state.restore.as_ref().map(restore_status),
         conditions: conditions::merge(previous, &verdicts, generation, observed.now),
     }
 }
@@ -148,6 +151,20 @@ fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollSt
         from_version: roll.from_version.clone(),
         to_version: Some(roll.to_version.clone()),
         snapshot: roll.snapshot.clone(),
+    }
+}
+
+fn restore_status(restore: &RestoreRecord) -> RestoreStatus {
+    let known = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    RestoreStatus {
+        request: restore.request.clone(),
+        snapshot: known(&restore.snapshot),
+        version: known(&restore.version),
+        phase: restore.phase.as_str().into(),
+        message: restore.message.clone(),
+        requested_at: Some(micro_time(restore.requested_at)),
+        restored_at: restore.restored_at.map(micro_time),
+        completed_at: restore.completed_at.map(micro_time),
     }
 }
 

@@ -264,6 +264,17 @@ impl StoreBackend {
         }
     }
 
+    /// Restores a snapshot [`StoreBackend::snapshot`] took over the store's data (KinePostgres
+    /// only: the other stores take no snapshots, and the restore is refused before it gets here).
+    pub async fn restore(&self, path: &Path) -> Result<(), StoreError> {
+        match self {
+            StoreBackend::KinePostgres { server, .. } => snapshot::pg_restore(server, path).await,
+            _ => Err(StoreError::Invalid(
+                "only a KinePostgres store restores snapshots".into(),
+            )),
+        }
+    }
+
     /// Whether kcpshard runs processes for the shard-wide part (kine over sqlite, a managed
     /// PostgreSQL), which [`StoreBackend::stop`] stops.
     pub fn runs_processes(&self) -> bool {

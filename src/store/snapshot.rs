@@ -2,8 +2,10 @@
 //! new release may migrate stored objects, and only a dump taken before it can undo that).
 //!
 //! `pg_dump --format=custom` of the shard's database into `<shard>/snapshots/`, named
-//! `<database>-<from>-to-<to>-<UTC time>.dump`; restore with `pg_restore` (docs/operations.md).
-//! Only the newest `keep` dumps stay.
+//! `<database>-<from>-to-<to>-<UTC time>.dump`: `<from>` is the kcp version that served the data
+//! in it, which is the version a restore starts again ([`SnapshotName`]). Only the newest `keep`
+//! dumps stay. [`pg_restore`] puts a dump back in one transaction (`kcpshard snapshot restore`,
+//! docs/operations.md): a restore that fails leaves the database as it was.
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -35,31 +37,15 @@ pub async fn pg_dump(
     );
     let path = dir.join(&name);
     let partial = dir.join(format!(".{name}.partial"));
-    let program = binary("pg_dump")?;
-    let mut cmd = tokio::process::Command::new(&program);
-    cmd.arg("--format=custom")
-        .arg(format!("--file={}", partial.display()))
-        .arg(format!("--host={}", server.host))
-        .arg(format!("--port={}", server.port))
-        .arg(format!("--username={}", server.user))
-        .arg("--no-password")
-        .arg(&server.database)
-        .env("PGSSLMODE", server.ssl_mode.as_str())
-        .envs(server.env());
-    let out = cmd
-        .output()
-        .await
-        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
-    if !out.status.success() {
+    let dumped = run_client(
+        "pg_dump",
+        server,
+        &["--format=custom".into(), format!("--file={}", partial.display())],
+    )
+    .await;
+    if let Err(e) = dumped {
         let _ = std::fs::remove_file(&partial);
-        return Err(StoreError::Postgres {
-            server: server.describe(),
-            message: format!(
-                "pg_dump failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
+        return Err(e);
     }
     std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&partial))?;
     std::fs::rename(&partial, &path).map_err(io(&path))?;
@@ -68,24 +54,120 @@ pub async fn pg_dump(
     Ok(path)
 }
 
-/// Removes all but the newest `keep` dumps in `dir` (by modification time).
-pub fn prune(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, StoreError> {
-    let io = |source| StoreError::Io {
-        path: dir.to_path_buf(),
-        source,
+/// Restores the dump at `path` into the server's database, replacing what is in it: every object
+/// the dump holds is dropped first (`--clean --if-exists`), all in one transaction. Nothing may
+/// use the database meanwhile (every kine stopped). Owners are not restored, so a dump taken as
+/// another user restores as this one.
+pub async fn pg_restore(server: &PostgresServer, path: &Path) -> Result<(), StoreError> {
+    let args = [
+        "--clean",
+        "--if-exists",
+        "--single-transaction",
+        "--no-owner",
+        "--exit-on-error",
+    ];
+    let mut args: Vec<String> = args.map(String::from).to_vec();
+    args.push(path.display().to_string());
+    run_client("pg_restore", server, &args).await.map_err(|e| match e {
+        StoreError::Postgres { server, message } => StoreError::Postgres {
+            server,
+            message: format!("{message} (restoring {}; the database is as it was)", path.display()),
+        },
+        other => other,
+    })
+}
+
+/// Runs PostgreSQL's client `name` (pg_dump, pg_restore) with `args` against the server's
+/// database, connecting as kine does (sslmode, password); its stderr is the error when it fails.
+async fn run_client(name: &str, server: &PostgresServer, args: &[String]) -> Result<(), StoreError> {
+    let program = binary(name)?;
+    let out = tokio::process::Command::new(&program)
+        .arg(format!("--host={}", server.host))
+        .arg(format!("--port={}", server.port))
+        .arg(format!("--username={}", server.user))
+        .arg("--no-password")
+        .arg(format!("--dbname={}", server.database))
+        .args(args)
+        .env("PGSSLMODE", server.ssl_mode.as_str())
+        .envs(server.env())
+        .output()
+        .await
+        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(StoreError::Postgres {
+        server: server.describe(),
+        message: format!(
+            "{name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    })
+}
+
+/// What a snapshot's file name tells: `<database>-<from>-to-<to>-<time>.dump`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotName {
+    /// The kcp version that served the data in the dump.
+    pub from: String,
+    /// The version the roll it was taken for went to.
+    pub to: String,
+    /// When it was taken, as the name says it (UTC, `%Y%m%dT%H%M%S%.3fZ`).
+    pub taken: String,
+}
+
+impl SnapshotName {
+    /// None for a name kcpshard did not make (or whose `from` is no kcp version: "none", a dump
+    /// taken while no slot served).
+    pub fn parse(file_name: &str) -> Option<SnapshotName> {
+        let stem = file_name.strip_suffix(&format!(".{EXTENSION}"))?;
+        let (head, tail) = stem.rsplit_once("-to-")?;
+        // The database name may hold '-', and so may a pre-release version: the shortest tail
+        // of `head` that is a version.
+        let from = head
+            .match_indices('-')
+            .rev()
+            .map(|(at, _)| &head[at + 1..])
+            .find(|v| crate::api::KcpVersion::parse(v).is_ok())?;
+        let (to, taken) = tail.rsplit_once('-')?;
+        Some(SnapshotName {
+            from: from.to_string(),
+            to: to.to_string(),
+            taken: taken.to_string(),
+        })
+    }
+}
+
+/// The dumps in `dir`, oldest first (by modification time); none when the directory is missing.
+pub fn list(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        other => other.map_err(|source| StoreError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?,
     };
-    let mut dumps: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
-        .map_err(io)?
+    let mut dumps: Vec<(std::time::SystemTime, PathBuf)> = entries
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == EXTENSION))
         .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
         .collect();
     dumps.sort();
+    Ok(dumps.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Removes all but the newest `keep` dumps in `dir` (by modification time).
+pub fn prune(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, StoreError> {
+    let dumps = list(dir)?;
     let excess = dumps.len().saturating_sub(keep);
-    let removed: Vec<PathBuf> = dumps.into_iter().take(excess).map(|(_, p)| p).collect();
+    let removed: Vec<PathBuf> = dumps.into_iter().take(excess).collect();
     for path in &removed {
-        std::fs::remove_file(path).map_err(io)?;
+        std::fs::remove_file(path).map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
+        })?;
         tracing::info!(path = %path.display(), "removed an old snapshot");
     }
     Ok(removed)
@@ -94,6 +176,30 @@ pub fn prune(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_name_tells_the_version_that_served_the_data_in_it() {
+        let name = SnapshotName::parse("kcp-e2e-db-v0.30.0-to-v0.31.2-20261201T180102.123Z.dump").unwrap();
+        assert_eq!(
+            name,
+            SnapshotName {
+                from: "v0.30.0".into(),
+                to: "v0.31.2".into(),
+                taken: "20261201T180102.123Z".into()
+            }
+        );
+        let rc = SnapshotName::parse("kcp-v0.32.0-rc.1-to-v0.32.0-20261201T180102.123Z.dump").unwrap();
+        assert_eq!((rc.from.as_str(), rc.to.as_str()), ("v0.32.0-rc.1", "v0.32.0"));
+        assert_eq!(
+            SnapshotName::parse("kcp-none-to-v0.31.2-20261201T180102.123Z.dump"),
+            None
+        );
+        assert_eq!(
+            SnapshotName::parse("kcp-v0.30.0-to-v0.31.2-20261201T180102.123Z.sql"),
+            None
+        );
+        assert_eq!(SnapshotName::parse("backup.dump"), None);
+    }
 
     #[test]
     fn only_the_newest_dumps_stay() {

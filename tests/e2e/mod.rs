@@ -588,6 +588,16 @@ pub fn condition_is(object: &Value, type_: &str, status: &str) -> bool {
 }
 
 /// Ready=True, observed at the object's current generation.
+/// status.lastRoll is a completed roll to `version` that started after `after` (RFC 3339), and the
+/// shard is Ready.
+pub fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
+    let roll = &object["status"]["lastRoll"];
+    roll["toVersion"] == version
+        && roll["completedAt"].is_string()
+        && roll["startedAt"].as_str().is_some_and(|t| t > after)
+        && ready_now(object)
+}
+
 pub fn ready_now(object: &Value) -> bool {
     let generation = &object["metadata"]["generation"];
     condition(object, "Ready").is_some_and(|c| c["status"] == "True" && &c["observedGeneration"] == generation)

@@ -17,6 +17,9 @@
 //! - with spec.rollout.preflight, no slot of a new version starts while another version serves
 //!   until that version ran alone on a copy of the data, passed, and everything of that run is
 //!   removed; a preflight runs once per template;
+//! - a restore of a store snapshot (a planned outage) runs only once no slot runs: the front
+//!   serves none, every slot and its own kine stop, then the snapshot is restored and slots of
+//!   its version start as on a first start;
 //! - nothing waits: a step sends a signal or a request and returns; its effect is observed later.
 mod model;
 #[cfg(test)]
@@ -63,6 +66,16 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     }
     if desired.deleting {
         return cleanup(desired, observed);
+    }
+    if let Some(request) = &desired.restore {
+        return take_restore_request(request, observed);
+    }
+    if observed
+        .restore
+        .as_ref()
+        .is_some_and(|r| r.phase == RestorePhase::Stopping)
+    {
+        return restoring(desired, observed);
     }
     if observed.store_unresponsive {
         return Step::KillStore;
@@ -120,8 +133,59 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     }
     match observed.slots.iter().find(|s| s.running && s.stopping()) {
         Some(s) => Step::Wait(Wait::Exit { slot: s.name.clone() }),
+        None if observed
+            .restore
+            .as_ref()
+            .is_some_and(|r| r.phase == RestorePhase::Starting) =>
+        {
+            Step::CompleteRestore
+        }
         None => Step::Idle,
     }
+}
+
+/// A restore request: taken up (act drops the annotation; a request already taken up, seen again
+/// before its annotation is gone, is taken up again, which only drops it), or refused.
+fn take_restore_request(request: &RestoreRequest, observed: &Observed) -> Step {
+    if let Some(under_way) = observed.restore.as_ref().filter(|r| r.under_way())
+        && under_way.request != request.value
+    {
+        return Step::RefuseRestore {
+            message: format!(
+                "a restore of {} is under way; ask again once it is complete",
+                under_way.snapshot
+            ),
+        };
+    }
+    match &request.verdict {
+        Ok(restorable) => Step::BeginRestore(restorable.clone()),
+        Err(message) => Step::RefuseRestore {
+            message: message.clone(),
+        },
+    }
+}
+
+/// The shard is down for a restore: the front serves no slot, every slot and its own kine stop,
+/// then (with the store up) the snapshot is restored.
+fn restoring(desired: &Desired, observed: &Observed) -> Step {
+    if !observed.front.backends().is_empty() {
+        let current = observed.front.backends();
+        return Step::SetFront(FrontChange {
+            backends: vec![],
+            joined: vec![],
+            left: current.iter().map(|b| (b.clone(), LeaveCause::Replaced)).collect(),
+        });
+    }
+    if let Some(step) = stop_every_slot(desired, observed) {
+        return step;
+    }
+    if observed.store_unresponsive {
+        return Step::KillStore;
+    }
+    if !observed.store_up {
+        return Step::EnsureStore;
+    }
+    Step::RestoreSnapshot
 }
 
 /// The slots new connections should go to: up to N slots of the desired template that can serve,
@@ -565,26 +629,8 @@ fn roll_progress(desired: &Desired, observed: &Observed) -> Option<Step> {
 /// Deleting: every slot gets SIGTERM (SIGKILL after drainTimeout), their own stores stop and their
 /// records go, then the shard-wide store's processes, then the front. The data stays.
 fn cleanup(desired: &Desired, observed: &Observed) -> Step {
-    if let Some(s) = observed.slots.iter().find(|s| s.running && !s.stopping()) {
-        return Step::TerminateSlot { name: s.name.clone() };
-    }
-    if let Some(step) = kills(desired, observed) {
+    if let Some(step) = stop_every_slot(desired, observed) {
         return step;
-    }
-    if let Some(gone) = observed.slots.iter().find(|s| !s.running) {
-        return if gone.own_store_running {
-            Step::StopSlotStore {
-                name: gone.name.clone(),
-            }
-        } else {
-            Step::RemoveSlot {
-                name: gone.name.clone(),
-                crashed: false,
-            }
-        };
-    }
-    if let Some(s) = observed.slots.first() {
-        return Step::Wait(Wait::Exit { slot: s.name.clone() });
     }
     if observed.preflight.as_ref().is_some_and(|p| p.leftovers) {
         return Step::RemovePreflight;
@@ -596,6 +642,33 @@ fn cleanup(desired: &Desired, observed: &Observed) -> Step {
         return Step::StopFront;
     }
     Step::Idle
+}
+
+/// The next step towards no slot at all (deleting, restoring): SIGTERM to every slot (SIGKILL
+/// after drainTimeout), then each one's own store and records; None once no slot is left.
+fn stop_every_slot(desired: &Desired, observed: &Observed) -> Option<Step> {
+    if let Some(s) = observed.slots.iter().find(|s| s.running && !s.stopping()) {
+        return Some(Step::TerminateSlot { name: s.name.clone() });
+    }
+    if let Some(step) = kills(desired, observed) {
+        return Some(step);
+    }
+    if let Some(gone) = observed.slots.iter().find(|s| !s.running) {
+        return Some(if gone.own_store_running {
+            Step::StopSlotStore {
+                name: gone.name.clone(),
+            }
+        } else {
+            Step::RemoveSlot {
+                name: gone.name.clone(),
+                crashed: false,
+            }
+        });
+    }
+    observed
+        .slots
+        .first()
+        .map(|s| Step::Wait(Wait::Exit { slot: s.name.clone() }))
 }
 
 fn elapsed(now: chrono::DateTime<chrono::Utc>, since: chrono::DateTime<chrono::Utc>) -> Duration {

@@ -89,6 +89,85 @@ pub struct Desired {
     /// A non-root shard of a sharded kcp whose root cannot take it yet (missing, not a root, not
     /// Ready): why, and no slot starts.
     pub root_not_ready: Option<String>,
+    /// A restore asked for with the `kcpshard.io/restoreSnapshot` annotation, as judged.
+    pub restore: Option<RestoreRequest>,
+}
+
+/// A restore asked for (the `kcpshard.io/restoreSnapshot` annotation), judged against the spec
+/// and the snapshots before the plan sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestoreRequest {
+    /// The annotation's value: a snapshot's file name in the shard's snapshots directory, or a path.
+    pub value: String,
+    /// The snapshot's path and the version that served the data in it; or why it cannot be
+    /// restored, saying what to do.
+    pub verdict: Result<Restorable, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Restorable {
+    pub path: String,
+    pub version: String,
+}
+
+/// A restore of a store snapshot, persisted in controller.json from the moment it is taken up:
+/// every slot stops, the snapshot is restored, and slots of the version that served the data in
+/// it start (a planned outage, announced with a Warning event).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRecord {
+    /// The annotation's value it was asked for with.
+    pub request: String,
+    /// The snapshot's path (empty when the request was refused before one was found).
+    pub snapshot: String,
+    /// The kcp version that served the data in the snapshot: the slots that start after it.
+    pub version: String,
+    pub phase: RestorePhase,
+    /// Why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub requested_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RestorePhase {
+    /// Every slot (and its own kine) is being stopped; then the snapshot is restored.
+    Stopping,
+    /// Restored: slots of the snapshot's version start, as on a first start.
+    Starting,
+    /// A slot of that version serves through the front again.
+    Complete,
+    /// Not done: the record's message says why.
+    Refused,
+}
+
+impl RestorePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestorePhase::Stopping => "Stopping",
+            RestorePhase::Starting => "Starting",
+            RestorePhase::Complete => "Complete",
+            RestorePhase::Refused => "Refused",
+        }
+    }
+}
+
+impl RestoreRecord {
+    /// Under way: the shard is down for it, or starting again after it.
+    pub fn under_way(&self) -> bool {
+        matches!(self.phase, RestorePhase::Stopping | RestorePhase::Starting)
+    }
+
+    /// The snapshot's file name, for messages (status.lastRestore has its path).
+    pub fn file_name(&self) -> String {
+        std::path::Path::new(&self.snapshot)
+            .file_name()
+            .map_or_else(|| self.snapshot.clone(), |n| n.to_string_lossy().into_owned())
+    }
 }
 
 /// The front, as observed through its control socket (or caddy's admin API).
@@ -220,6 +299,8 @@ pub enum StopCause {
     Deleting,
     /// Its record was written but its process never started (serve stopped in between).
     NeverStarted,
+    /// Every slot stops for a restore of a store snapshot.
+    Restore,
 }
 
 /// A signal kcpshard sent a slot, and why.
@@ -519,6 +600,8 @@ pub struct Observed {
     pub blocked: Option<Blocked>,
     /// The latest preflight, if any.
     pub preflight: Option<PreflightObservation>,
+    /// The latest restore of a store snapshot, if any was asked for.
+    pub restore: Option<RestoreRecord>,
 }
 
 impl Observed {
@@ -629,6 +712,17 @@ pub enum Step {
     /// Stop the preflight's kcp and kine, remove the copy and the scratch database; a preflight
     /// that never started is forgotten (and started again).
     RemovePreflight,
+    /// Take up a restore request: record it (the shard goes down for it) and drop the annotation.
+    BeginRestore(Restorable),
+    /// Drop a restore request that cannot be done, saying why.
+    RefuseRestore {
+        message: String,
+    },
+    /// Every slot is gone: restore the snapshot into the store, and record its version as the
+    /// data's.
+    RestoreSnapshot,
+    /// A slot of the restored version serves: the restore is complete.
+    CompleteRestore,
     /// Start a slot with the desired template.
     StartSlot {
         name: String,
@@ -707,6 +801,10 @@ impl Step {
             Step::ComparePreflight => "ComparePreflight",
             Step::FailPreflight { .. } => "FailPreflight",
             Step::RemovePreflight => "RemovePreflight",
+            Step::BeginRestore(_) => "BeginRestore",
+            Step::RefuseRestore { .. } => "RefuseRestore",
+            Step::RestoreSnapshot => "RestoreSnapshot",
+            Step::CompleteRestore => "CompleteRestore",
             Step::StartSlot { .. } => "StartSlot",
             Step::SetFront(_) => "SetFront",
             Step::TerminateSlot { .. } => "TerminateSlot",

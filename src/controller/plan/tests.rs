@@ -37,6 +37,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         snapshot_before_version_change: false,
         preflight: false,
         allow_schema_change: false,
+        restore: None,
     }
 }
 
@@ -87,6 +88,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         roll: None,
         blocked: None,
         preflight: None,
+        restore: None,
     }
 }
 
@@ -660,21 +662,7 @@ fn deletion_stops_the_slots_their_stores_the_store_and_the_front_and_nothing_wai
     let mut d = desired("v1");
     d.deleting = true;
     let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
-    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
-    o.slots[0].stop = stopped(StopCause::Deleting, 10);
-    assert_eq!(plan(&d, &o), Step::Wait(Wait::Exit { slot: "a".into() }));
-    o.slots[0].running = false;
-    o.slots[0].own_store_running = true;
-    assert_eq!(plan(&d, &o), Step::StopSlotStore { name: "a".into() });
-    o.slots[0].own_store_running = false;
-    assert_eq!(
-        plan(&d, &o),
-        Step::RemoveSlot {
-            name: "a".into(),
-            crashed: false
-        }
-    );
-    o.slots.clear();
+    stop_slot_a(&d, &mut o, StopCause::Deleting);
     assert_eq!(plan(&d, &o), Step::StopStore);
     o.store_processes_up = false;
     assert_eq!(plan(&d, &o), Step::StopFront);
@@ -879,4 +867,107 @@ fn no_preflight_without_a_version_change_or_with_it_off() {
     let mut d = desired("v2");
     d.preflight = false;
     assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() }, "turned off");
+}
+
+/// Walks slot "a", the only one, from serving to gone as a deletion or a restore stops it (it was
+/// sent SIGTERM for `cause`): SIGTERM, its exit, its own kine, its records.
+fn stop_slot_a(d: &Desired, o: &mut Observed, cause: StopCause) {
+    assert_eq!(plan(d, o), Step::TerminateSlot { name: "a".into() });
+    o.slots[0].stop = stopped(cause, 10);
+    assert_eq!(plan(d, o), Step::Wait(Wait::Exit { slot: "a".into() }));
+    o.slots[0].running = false;
+    o.slots[0].own_store_running = true;
+    assert_eq!(plan(d, o), Step::StopSlotStore { name: "a".into() });
+    o.slots[0].own_store_running = false;
+    assert_eq!(
+        plan(d, o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: false
+        }
+    );
+    o.slots.clear();
+}
+
+fn restore_record(phase: RestorePhase) -> RestoreRecord {
+    RestoreRecord {
+        request: "kcp-v1-to-v2-t.dump".into(),
+        snapshot: "/s/shards/dev/snapshots/kcp-v1-to-v2-t.dump".into(),
+        version: "v1".into(),
+        phase,
+        message: None,
+        requested_at: at(0),
+        restored_at: None,
+        completed_at: None,
+    }
+}
+
+#[test]
+fn a_restore_takes_the_shard_down_restores_with_no_slot_running_then_starts_the_snapshots_version() {
+    let mut d = desired("v1");
+    let restorable = Restorable {
+        path: "/s/shards/dev/snapshots/kcp-v1-to-v2-t.dump".into(),
+        version: "v1".into(),
+    };
+    d.restore = Some(RestoreRequest {
+        value: "kcp-v1-to-v2-t.dump".into(),
+        verdict: Ok(restorable.clone()),
+    });
+    let mut o = observed(&["a"], vec![slot("a", "v2", true)]);
+    assert_eq!(plan(&d, &o), Step::BeginRestore(restorable), "asked: taken up first");
+    d.restore = None;
+    o.restore = Some(restore_record(RestorePhase::Stopping));
+    assert_eq!(
+        plan(&d, &o),
+        set_front(&[], &[], &[("a", LeaveCause::Replaced)]),
+        "the front serves no slot: new connections are refused, not sent to a slot that stops"
+    );
+    o.front = FrontObservation::serving(&[]);
+    stop_slot_a(&d, &mut o, StopCause::Restore);
+    o.store_up = false;
+    assert_eq!(plan(&d, &o), Step::EnsureStore, "pg_restore needs the database");
+    o.store_up = true;
+    assert_eq!(plan(&d, &o), Step::RestoreSnapshot, "no slot runs: restore");
+    o.restore = Some(restore_record(RestorePhase::Starting));
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartSlot { name: "a".into() },
+        "restored: the snapshot's version starts as on a first start"
+    );
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.restore = Some(restore_record(RestorePhase::Starting));
+    assert_eq!(plan(&d, &o), Step::CompleteRestore, "a slot serves the restored data");
+    o.restore = Some(restore_record(RestorePhase::Complete));
+    assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+#[test]
+fn a_restore_that_cannot_be_done_is_refused_and_a_second_one_waits_for_the_first() {
+    let mut d = desired("v2");
+    d.restore = Some(RestoreRequest {
+        value: "kcp-v1-to-v2-t.dump".into(),
+        verdict: Err("spec.version is v2".into()),
+    });
+    let mut o = observed(&["a"], vec![slot("a", "v2", true)]);
+    assert_eq!(
+        plan(&d, &o),
+        Step::RefuseRestore {
+            message: "spec.version is v2".into()
+        }
+    );
+    d.restore = Some(RestoreRequest {
+        value: "other.dump".into(),
+        verdict: Ok(Restorable {
+            path: "/x/other.dump".into(),
+            version: "v2".into(),
+        }),
+    });
+    o.restore = Some(restore_record(RestorePhase::Stopping));
+    assert!(
+        matches!(plan(&d, &o), Step::RefuseRestore { message } if message.contains("under way")),
+        "one restore at a time"
+    );
+    // Deleting wins over a restore: the shard's processes stop, the data stays.
+    d.deleting = true;
+    assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
 }

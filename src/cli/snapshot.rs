@@ -1,0 +1,233 @@
+//! `kcpshard snapshot list NAME` and `kcpshard snapshot restore NAME SNAPSHOT`.
+//!
+//! `list` reads the shard's snapshots directory under the state dir (it runs on serve's host):
+//! each pg_dump file kcpshard took before a version change, with the version that served the data
+//! in it.
+//!
+//! `restore` asks the controller for a restore, a planned outage: it refuses what the controller
+//! would refuse (a store that takes no snapshots, a spec.version other than the snapshot's; the
+//! same words, `controller/restore.rs`), sets the `kcpshard.io/restoreSnapshot` annotation (what
+//! `kubectl annotate` would do), then follows status.lastRestore like `rollout status` follows a
+//! roll: a line per progress message, success once a slot serves the restored data, failure when
+//! the request is refused or the shard is Degraded while it starts again.
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::connect::{Conn, QUALIFIED};
+use super::follow::{Progress, Wording, follow};
+use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION};
+use crate::controller::restore::{refusal, snapshots};
+use crate::store::snapshot::SnapshotName;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// List a shard's store snapshots (KinePostgres: taken before each version change).
+    List(ListArgs),
+    /// Restore a store snapshot: every slot stops (the shard is down), the snapshot is restored,
+    /// and slots of the kcp version that served the data in it start. Follows it to its end.
+    Restore(RestoreArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ListArgs {
+    /// The KcpShard whose snapshots to list.
+    name: String,
+    /// serve's state dir [default: $KCPSHARD_STATE_DIR, else ./.kcpshard]
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct RestoreArgs {
+    /// The KcpShard to restore.
+    name: String,
+    /// A snapshot's file name (as `kcpshard snapshot list` shows it), or its path.
+    snapshot: String,
+    /// Wait until a slot serves the restored data. `--wait=false` returns once the restore is asked for.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    wait: bool,
+    /// Give up waiting after this many seconds (0: wait as long as it takes).
+    #[arg(long, default_value_t = 0)]
+    timeout: u64,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::List(args) => list(args),
+        Command::Restore(args) => restore(args).await,
+    }
+}
+
+fn list(args: ListArgs) -> anyhow::Result<()> {
+    let state_dir = args
+        .state_dir
+        .or_else(|| std::env::var_os("KCPSHARD_STATE_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(".kcpshard"));
+    let found = snapshots(&state_dir, &args.name)?;
+    if found.is_empty() {
+        println!(
+            "No snapshots of shard {} in {} (they are taken of KinePostgres stores before a version change).",
+            args.name,
+            state_dir.display()
+        );
+        return Ok(());
+    }
+    let header = ["SNAPSHOT", "DATA VERSION", "TAKEN BEFORE ROLL TO", "TAKEN", "BYTES"].map(String::from);
+    let rows: Vec<Vec<String>> = std::iter::once(header.to_vec())
+        .chain(found.iter().map(|path| {
+            let file = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let name = SnapshotName::parse(&file);
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            vec![
+                file,
+                name.as_ref().map_or("?".into(), |n| n.from.clone()),
+                name.as_ref().map_or("?".into(), |n| n.to.clone()),
+                name.map_or("?".into(), |n| n.taken),
+                size.to_string(),
+            ]
+        }))
+        .collect();
+    print!("{}", super::table::Columns::default().render(&rows));
+    Ok(())
+}
+
+async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+    let cluster = args.conn.connect().await?;
+    let api = cluster.kcpshards();
+    let object = api.get(&args.name).await.map_err(|e| cluster.explain(e))?;
+    let shard: KcpShard = serde_json::from_value(serde_json::to_value(&object)?)
+        .with_context(|| format!("KcpShard {} does not parse", args.name))?;
+    // A path is the controller's to read: made absolute here, where it was meant.
+    let request = if args.snapshot.contains('/') {
+        std::path::absolute(&args.snapshot)?.display().to_string()
+    } else {
+        args.snapshot.clone()
+    };
+    let file_name = std::path::Path::new(&request)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some(refused) = refusal(&args.name, shard.spec.store.type_, &shard.spec.version, &file_name) {
+        bail!("cannot restore {request}: {refused}");
+    }
+    if let Some(under_way) = shard
+        .status
+        .as_ref()
+        .and_then(|s| s.last_restore.as_ref())
+        .filter(|r| r.phase == "Stopping" || r.phase == "Starting")
+    {
+        bail!(
+            "a restore of {} is under way ({}): follow it with `kcpshard rollout status {}`, and ask again once it is complete",
+            under_way.snapshot.as_deref().unwrap_or(&under_way.request),
+            under_way.phase,
+            args.name
+        );
+    }
+    let asked = Utc::now();
+    let patch = json!({ "metadata": { "annotations": { RESTORE_SNAPSHOT_ANNOTATION: request } } });
+    api.patch(&args.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| cluster.explain(e))?;
+    println!(
+        "{QUALIFIED} \"{}\" restore of {request} requested: the shard goes down until kcp {} serves the restored data; what was written after the snapshot was taken is gone",
+        args.name, shard.spec.version
+    );
+    if !args.wait {
+        return Ok(());
+    }
+    let words = Wording {
+        done: "restored",
+        blocked: "restore is blocked",
+        waiting: "restore",
+        timed_out: "restore (it carries on)",
+    };
+    follow(&cluster, &args.name, args.timeout, &words, |o| {
+        progress(o, &request, asked)
+    })
+    .await
+}
+
+/// Where the restore asked for with `request` at `asked` stands, read from the object.
+fn progress(object: &Value, request: &str, asked: DateTime<Utc>) -> Progress {
+    let restore = &object["status"]["lastRestore"];
+    let requested_at = restore["requestedAt"]
+        .as_str()
+        .and_then(|t| t.parse::<DateTime<Utc>>().ok());
+    if restore["request"] != request || requested_at.is_none_or(|t| t < asked) {
+        return Progress::Stale;
+    }
+    let conditions = object["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let condition = |type_: &str| conditions.iter().find(|c| c["type"] == type_);
+    let message = |c: Option<&Value>| c.and_then(|c| c["message"].as_str()).unwrap_or_default().to_string();
+    match restore["phase"].as_str().unwrap_or_default() {
+        "Refused" => Progress::Blocked(restore["message"].as_str().unwrap_or_default().to_string()),
+        "Complete" => Progress::Done(message(condition("Ready"))),
+        "Starting" if condition("Degraded").is_some_and(|c| c["status"] == "True") => {
+            Progress::Blocked(message(condition("Degraded")))
+        }
+        _ => Progress::Moving(message(condition("Progressing"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(phase: &str, requested_at: &str, degraded: &str) -> Value {
+        json!({ "status": {
+            "lastRestore": { "request": "s.dump", "phase": phase, "requestedAt": requested_at, "message": "refused: why" },
+            "conditions": [
+                { "type": "Ready", "status": "True", "message": "slot a (v0.30.0) serves through the front" },
+                { "type": "Progressing", "status": "True", "message": "restoring s.dump: stopping slot a" },
+                { "type": "Degraded", "status": degraded, "message": "no kcp binary" },
+            ],
+        } })
+    }
+
+    #[test]
+    fn a_restore_is_followed_from_its_request_to_a_slot_serving_the_restored_data() {
+        let asked: DateTime<Utc> = "2026-12-01T10:00:00Z".parse().unwrap();
+        let after = "2026-12-01T10:00:01.000000Z";
+        assert_eq!(
+            progress(
+                &shard("Complete", "2026-12-01T09:00:00.000000Z", "False"),
+                "s.dump",
+                asked
+            ),
+            Progress::Stale,
+            "an earlier restore of the same snapshot"
+        );
+        assert_eq!(
+            progress(&shard("Complete", after, "False"), "t.dump", asked),
+            Progress::Stale
+        );
+        assert_eq!(
+            progress(&shard("Stopping", after, "False"), "s.dump", asked),
+            Progress::Moving("restoring s.dump: stopping slot a".into())
+        );
+        assert_eq!(
+            progress(&shard("Starting", after, "True"), "s.dump", asked),
+            Progress::Blocked("no kcp binary".into())
+        );
+        assert_eq!(
+            progress(&shard("Refused", after, "False"), "s.dump", asked),
+            Progress::Blocked("refused: why".into())
+        );
+        assert_eq!(
+            progress(&shard("Complete", after, "False"), "s.dump", asked),
+            Progress::Done("slot a (v0.30.0) serves through the front".into())
+        );
+    }
+}
