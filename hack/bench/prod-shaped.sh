@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --fill-budget) fill_budget=$2; shift 2 ;;
     --store) store=$2; shift 2 ;;
     --rolls) rolls=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) rest+=("$1"); shift ;;
   esac
 done

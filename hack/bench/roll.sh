@@ -61,7 +61,7 @@ while [ $# -gt 0 ]; do
     --preflight)
       case "$2" in on) preflight=true ;; off) preflight=false ;; *) echo "roll.sh: --preflight takes on or off" >&2; exit 2 ;; esac
       shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
