@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::kine::{self, DB_FILE, KineSpec};
-use super::managed::binary;
 use super::postgres::PostgresServer;
 use super::{StoreBackend, StoreError};
 use crate::process::{Runtime, UnitName};
@@ -111,7 +110,11 @@ impl StoreBackend {
                     }
                 };
                 server.recreate_database(database).await?;
-                pg_restore(server, database, &dump).await?;
+                let scratch = PostgresServer {
+                    database: database.to_string(),
+                    ..server.clone()
+                };
+                super::snapshot::pg_restore(&scratch, &dump).await?;
             }
             StoreBackend::Etcd(_) => return Err(StoreError::Invalid("an Etcd store is not copied".into())),
         }
@@ -162,35 +165,6 @@ async fn vacuum_into(from: &Path, into: &Path) -> Result<(), StoreError> {
     })
     .await
     .map_err(|e| StoreError::Invalid(format!("the sqlite copy's task ended: {e}")))?
-}
-
-async fn pg_restore(server: &PostgresServer, database: &str, dump: &Path) -> Result<(), StoreError> {
-    let program = binary("pg_restore")?;
-    let out = tokio::process::Command::new(&program)
-        .arg(format!("--host={}", server.host))
-        .arg(format!("--port={}", server.port))
-        .arg(format!("--username={}", server.user))
-        .arg("--no-password")
-        .arg("--no-owner")
-        .arg(format!("--dbname={database}"))
-        .arg(dump)
-        .env("PGSSLMODE", server.ssl_mode.as_str())
-        .envs(server.env())
-        .output()
-        .await
-        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
-    if !out.status.success() {
-        return Err(StoreError::Postgres {
-            server: format!("{}:{}/{database}", server.host, server.port),
-            message: format!(
-                "pg_restore of {} failed ({}): {}",
-                dump.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]
