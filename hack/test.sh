@@ -10,8 +10,10 @@ cd "$root"
 build_log=$(mktemp -t kcpshard-test-build.XXXXXX)
 cargo test --workspace --no-run "$@" >"$build_log" 2>&1 &
 build=$!
+trap 'kill "$build" 2>/dev/null || true; rm -f "$build_log"' EXIT
 hack/install-deps.sh
 wait "$build" || true
+trap - EXIT
 rm -f "$build_log"
 export PATH="$root/bin:$PATH"
 export KCPSHARD_BIN_DIR="$root/bin"
