@@ -158,6 +158,7 @@ async fn roll(env: &Env, name: &str, pollers: Vec<Poller>, report: &mut Report) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn a_root_and_a_second_shard_behind_kcp_front_proxy_serve_and_roll_without_a_failed_request() {
     let _serial = serial();
     require_components(&[&kcp_newer()]);

@@ -241,6 +241,7 @@ fn shard(name: &str, host: Option<&str>, spec: Value) -> DynamicObject {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
 async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shards() {
     let _serial = serial();
     let newer = kcp_newer();
