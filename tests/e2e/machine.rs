@@ -75,13 +75,15 @@ impl Machine {
                 .find(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "systemd"))
         });
         machine.leader = leader.unwrap_or_else(|| panic!("systemd-nspawn started no systemd: {}", machine.log_text()));
-        // Until systemd listens, systemctl says nothing; then `--wait` waits for the boot to end.
+        // Until systemd listens, systemctl says nothing, or "offline" (it cannot reach the
+        // manager yet: seen once in CI right after the container started); then `--wait` waits
+        // for the boot to end.
         let mut last_error = String::new();
         let state = support::poll(Duration::from_secs(90), Duration::from_millis(100), || {
             let out = machine.sh("systemctl is-system-running --wait");
             let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
             last_error = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            (!state.is_empty()).then_some(state)
+            (!state.is_empty() && state != "offline").then_some(state)
         })
         .unwrap_or_default();
         assert!(
