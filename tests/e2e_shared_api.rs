@@ -24,9 +24,8 @@ mod e2e;
 mod support;
 
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -51,7 +50,6 @@ impl HostServe {
     fn start(dir: &Path, label: &str, host: &str, state: &Path, kubeconfig: &Path, extra: &[&str]) -> HostServe {
         let log = dir.join(format!("serve-{label}.log"));
         let probe = free_port();
-        let file = std::fs::File::create(&log).unwrap();
         let mut command = Command::new(kcpshard_bin());
         command
             .arg("serve")
@@ -68,19 +66,8 @@ impl HostServe {
             .current_dir(repo_root())
             .env("RUST_LOG", "info,kcpshard=debug")
             .env_remove("KCPSHARD_STATE_DIR")
-            .env_remove("KCPSHARD_HOST_NAME")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().unwrap())
-            .stderr(file)
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
-        let child = command.spawn().expect("spawn kcpshard serve --kubeconfig");
+            .env_remove("KCPSHARD_HOST_NAME");
+        let child = support::spawn_tied(&mut command, &log);
         HostServe {
             host: host.to_string(),
             state: state.to_path_buf(),

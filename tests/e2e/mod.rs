@@ -16,7 +16,6 @@
 pub mod machine;
 
 use std::collections::BTreeMap;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,11 +226,6 @@ impl Env {
     /// Starts `serve` on the state dir (again); returns once its API answers /readyz.
     pub async fn start_serve(&mut self) {
         assert!(self.serve.is_none(), "serve already runs");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.serve_log())
-            .expect("serve.log");
         let mut command = Command::new(&self.serve_binary);
         command
             .arg("serve")
@@ -244,19 +238,8 @@ impl Env {
             .current_dir(repo_root())
             .env("RUST_LOG", "info,kcpshard=debug")
             .env_remove("KCPSHARD_STATE_DIR")
-            .env_remove("KCPSHARD_KINE")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
-        let child = command.spawn().expect("spawn kcpshard serve");
+            .env_remove("KCPSHARD_KINE");
+        let child = crate::support::spawn_tied(&mut command, &self.serve_log());
         self.serve = Some(child);
         self.serve_starts += 1;
         self.client = None;

@@ -193,35 +193,38 @@ pub struct Proc {
     exited: Option<ExitStatus>,
 }
 
+/// Starts `cmd` in a process group of its own, stdin closed, stdout and stderr appended to `log`,
+/// and SIGKILLed (`PR_SET_PDEATHSIG`) when the thread that started it goes away (the test thread
+/// ends, the test binary is killed): a second line of defence behind the tests' own cleanup.
+///
+/// Call it from the test's own thread (or one that lives as long as the process should): a
+/// short-lived thread (e.g. tokio's `spawn_blocking` pool) would SIGKILL the child early.
+pub fn spawn_tied(cmd: &mut Command, log: &Path) -> Child {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
+    cmd.stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .process_group(0);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("start {:?}: {e}", cmd.get_program()))
+}
+
 impl Proc {
-    /// Spawn `cmd` with stdout and stderr appended to `log`.
-    ///
-    /// Call it from the test's own thread (or one that lives as long as the process should):
-    /// `PR_SET_PDEATHSIG` fires when the *thread* that spawned the child exits, so spawning from a
-    /// short-lived thread (e.g. tokio's `spawn_blocking` pool) would SIGKILL the child early.
+    /// Spawn `cmd` with stdout and stderr appended to `log` ([`spawn_tied`]).
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
-        let out = File::options()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
-        cmd.stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
-        unsafe {
-            cmd.pre_exec(|| {
-                // Killed when the thread that started it goes away (test thread ends, test binary
-                // is killed): a second line of defence behind Drop.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                Ok(())
-            });
-        }
         let started = Instant::now();
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {name} ({:?}): {e}", cmd.get_program()));
+        let child = spawn_tied(&mut cmd, log);
         Proc {
             name: name.to_string(),
             child,
