@@ -570,7 +570,6 @@ pub fn condition_is(object: &Value, type_: &str, status: &str) -> bool {
     condition(object, type_).is_some_and(|c| c["status"] == status)
 }
 
-/// Ready=True, observed at the object's current generation.
 /// status.lastRoll is a completed roll to `version` that started after `after` (RFC 3339), and the
 /// shard is Ready.
 pub fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
@@ -581,6 +580,7 @@ pub fn completed_roll_to(object: &Value, version: &str, after: &str) -> bool {
         && ready_now(object)
 }
 
+/// Ready=True, observed at the object's current generation.
 pub fn ready_now(object: &Value) -> bool {
     let generation = &object["metadata"]["generation"];
     condition(object, "Ready").is_some_and(|c| c["status"] == "True" && &c["observedGeneration"] == generation)
@@ -921,6 +921,23 @@ pub async fn request(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, String), String> {
+    exchange(client, method, path, body).await.map(|a| (a.status, a.body))
+}
+
+/// An answer: its status, its `Retry-After` in seconds if it had one, its body.
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<u64>,
+    pub body: String,
+}
+
+/// One request on `client`: the whole answer, or the transport error.
+pub async fn exchange(
+    client: &Client,
+    method: http::Method,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Answer, String> {
     use http_body_util::BodyExt;
     let bytes = body.map(|b| serde_json::to_vec(b).unwrap()).unwrap_or_default();
     let request = http::Request::builder()
@@ -936,13 +953,22 @@ pub async fn request(
         // With its causes: "client error (SendRequest)" alone does not say the connection closed.
         .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
     let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok());
     let body = response
         .into_body()
         .collect()
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok(Answer {
+        status,
+        retry_after,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
 }
 
 /// `/readyz` through the front on a new connection answers 200 `ok`.
@@ -1021,13 +1047,46 @@ pub async fn assert_no_token_leaked(env: &Env, shard: &str, tokens: &[String]) -
 
 /// `GET path` on a new connection answers 200 (kube's retries off, as in [`readyz_ok`]).
 pub async fn get_ok(config: &Config, path: &str) -> Result<(), String> {
+    answered_ok(get_answer(config, path).await)
+}
+
+/// `GET path` on a new connection (kube's retries off, as in [`readyz_ok`]): the whole answer.
+pub async fn get_answer(config: &Config, path: &str) -> Result<Answer, String> {
     let mut config = config.clone();
     config.default_retry = false;
-    match once(&config, http::Method::GET, path, None).await {
-        Ok((200, _)) => Ok(()),
-        Ok((status, body)) => Err(format!("{status}: {}", body.trim())),
+    let client = Client::try_from(config).map_err(|e| e.to_string())?;
+    exchange(&client, http::Method::GET, path, None).await
+}
+
+fn answered_ok(answer: Result<Answer, String>) -> Result<(), String> {
+    match answer {
+        Ok(a) if a.status == 200 => Ok(()),
+        Ok(a) => Err(format!("{}: {}", a.status, a.body.trim())),
         Err(e) => Err(e),
     }
+}
+
+/// How often client-go asks again after an answer that says when to (rest/with_retry.go:309,
+/// `checkWait`: a 429 or any status from 500 up with `Retry-After`; rest/request.go:167,
+/// `maxRetries: 10`).
+const CLIENT_GO_RETRIES: u64 = 10;
+
+/// `GET path` on a new connection as client-go asks it: a 429 or 500-and-up answer with `Retry-After`
+/// is asked again after that many seconds, up to [`CLIENT_GO_RETRIES`] times; each such retry
+/// is counted in `retried_after`, only the last outcome is the poll's.
+async fn get_like_client_go(config: &Config, path: &str, retried_after: &mut u64) -> Result<(), String> {
+    let mut answer = get_answer(config, path).await;
+    for _ in 0..CLIENT_GO_RETRIES {
+        let wait = match &answer {
+            Ok(a) if a.status == 429 || a.status >= 500 => a.retry_after,
+            _ => None,
+        };
+        let Some(seconds) = wait else { break };
+        *retried_after += 1;
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        answer = get_answer(config, path).await;
+    }
+    answered_ok(answer)
 }
 
 /// Creates workspace `name` in root (as whoever `config` is) and waits for phase Ready; returns
@@ -1176,6 +1235,9 @@ pub struct PollStats {
     /// Kept-alive polls asked again because their pooled connection closed before an answer (see
     /// [`Poller::kept_alive`]); not failures.
     pub retried: u64,
+    /// Polls asked again after an answer with `Retry-After` (see [`Poller::get_like_client_go`]);
+    /// not failures.
+    pub retried_after: u64,
 }
 
 impl PollStats {
@@ -1201,6 +1263,8 @@ enum Poll {
     Readyz,
     /// `GET path` on a new connection.
     Get(String),
+    /// `GET path` on a new connection, asked again when the answer says when (as client-go does).
+    GetLikeClientGo(String),
     /// `/readyz` on one client's kept-alive connection.
     KeptAlive,
 }
@@ -1231,9 +1295,13 @@ impl Poller {
         Poller::run(config, Poll::Get(path.to_string()), Duration::from_millis(25), 2)
     }
 
-    /// `GET path` as whoever `config` is, from one client every `every`.
-    pub fn get_every(config: Config, path: &str, every: Duration) -> Poller {
-        Poller::run(config, Poll::Get(path.to_string()), every, 1)
+    /// `GET path` as whoever `config` is, from one client every `every`, asked as client-go asks
+    /// it: an answer that says when to ask again (a 429 or 500-and-up with `Retry-After`, such as kcp's
+    /// own 503 "apiserver is shutting down" to a request that crossed its GOAWAY) is asked again
+    /// after that delay, up to 10 times. Those retries are counted apart, in `retried_after`;
+    /// every other answer but 200 is a failure.
+    pub fn get_like_client_go(config: Config, path: &str, every: Duration) -> Poller {
+        Poller::run(config, Poll::GetLikeClientGo(path.to_string()), every, 1)
     }
 
     /// `/readyz` every `every` from one client that keeps its connection alive between polls, as
@@ -1274,6 +1342,7 @@ impl Poller {
                 let outcome = match &poll {
                     Poll::Readyz => readyz_ok(&config).await,
                     Poll::Get(path) => get_ok(&config, path).await,
+                    Poll::GetLikeClientGo(path) => get_like_client_go(&config, path, &mut stats.retried_after).await,
                     Poll::KeptAlive => {
                         let mut outcome = readyz_on(&kept).await;
                         let mut retries = 0;
@@ -1301,6 +1370,7 @@ impl Poller {
             let stats = task.await.expect("poller task");
             all.polls += stats.polls;
             all.retried += stats.retried;
+            all.retried_after += stats.retried_after;
             all.failures.extend(stats.failures);
             all.succeeded.extend(stats.succeeded);
         }
