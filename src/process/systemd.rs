@@ -193,8 +193,11 @@ impl Systemd {
             {
                 let state = unit_proxy.active_state().await.unwrap_or_default();
                 let pid = service.main_pid().await.unwrap_or(0);
+                // A new transient unit is "inactive (success)" until the manager runs its queued
+                // start job: only one with no job left has ended.
+                let job_queued = unit_proxy.job().await.is_ok_and(|(id, _)| id != 0);
                 match state.as_str() {
-                    "failed" | "inactive" if pid == 0 => {
+                    "failed" | "inactive" if pid == 0 && !job_queued => {
                         let result = service.result().await.unwrap_or_default();
                         return Err(ProcessError::UnitFailed {
                             message: format!("it is {state} ({result})"),
