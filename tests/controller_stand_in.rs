@@ -10,7 +10,9 @@
 //! - a kine or a front that hangs is replaced; a slot that cannot start says what kcp printed;
 //! - deletion takes one short step at a time and serve honours SIGTERM at once in every state;
 //! - a version change is preflighted on a copy of the data, across a crash of serve mid-preflight,
-//!   and a preflight that fails blocks the roll and leaves nothing behind.
+//!   and a preflight that fails blocks the roll and leaves nothing behind;
+//! - the old slot killed mid-preflight: an interim slot of the version that last served the data
+//!   serves until the preflight passed, and no slot of the new version starts before it.
 mod e2e;
 mod support;
 
@@ -333,17 +335,7 @@ async fn a_version_change_is_preflighted_on_a_copy_across_a_serve_crash_and_a_fa
     let slot_a = slot_pid(&env.get("dev").await.unwrap(), "a").expect("slot a runs");
     let poller = Poller::start_every(poll, Duration::from_millis(20));
     // Slow to get ready, so that serve is killed while the preflight's kcp is starting.
-    env.patch(
-        "dev",
-        json!({ "spec": { "version": "v0.31.3", "kcp": { "extraArgs": ["--stand-in-ready-after-ms=3000"] } } }),
-    )
-    .await;
-    let started = env
-        .until("dev", Duration::from_secs(20), "a preflight of v0.31.3 running", |o| {
-            let p = &o["status"]["preflight"];
-            (p["version"] == "v0.31.3" && p["result"].is_null()).then(|| p["startedAt"].clone())
-        })
-        .await;
+    let started = preflight_of_a_slow_version(&env, 3000).await;
     env.kill_serve();
     let preflight_kcp = e2e::processes_with(&env.shard_dir("dev").join("preflight/copy/root").display().to_string());
     assert_eq!(preflight_kcp.len(), 1, "the preflight's kcp runs on: {preflight_kcp:?}");
@@ -352,14 +344,7 @@ async fn a_version_change_is_preflighted_on_a_copy_across_a_serve_crash_and_a_fa
         "the copy of the sqlite file is the preflight's own"
     );
     env.start_serve().await;
-    let done = env
-        .until("dev", Duration::from_secs(60), "the roll to v0.31.3 complete", |o| {
-            (o["status"]["lastRoll"]["completedAt"].is_string()
-                && o["status"]["lastRoll"]["toVersion"] == "v0.31.3"
-                && serving(o).len() == 1)
-                .then(|| o.clone())
-        })
-        .await;
+    let done = rolled_to_v0_31_3(&env).await;
     let p = &done["status"]["preflight"];
     assert_eq!(
         p["startedAt"], started,
@@ -418,6 +403,97 @@ async fn a_version_change_is_preflighted_on_a_copy_across_a_serve_crash_and_a_fa
     assert!(reasons(&env).await.iter().any(|r| r == "PreflightFailed"));
     finish_without_a_failed_poll(&env, poller, "preflight across a serve crash, then a failed one").await;
     env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_old_slot_killed_mid_preflight_an_interim_slot_of_its_version_serves_until_the_preflight_passed() {
+    let (mut env, _front, poll) = start(1).await;
+    let slot_a = slot_pid(&env.get("dev").await.unwrap(), "a").expect("slot a runs");
+    let poller = Poller::start_every(poll, Duration::from_millis(20));
+    // Slow to get ready, so that its preflight is still running when the old slot dies.
+    preflight_of_a_slow_version(&env, 6000).await;
+    signal(slot_a, libc::SIGKILL);
+    let killed = chrono::Utc::now();
+    let interim = env
+        .until("dev", Duration::from_secs(20), "a slot of v0.31.2 serving again", |o| {
+            let slots = o["status"]["slots"].as_array()?;
+            let serves = slots.iter().find(|s| {
+                s["serving"] == true && s["version"] == "v0.31.2" && s["pid"].as_i64() != Some(slot_a as i64)
+            })?;
+            Some((serves["name"].clone(), o["status"]["preflight"].clone()))
+        })
+        .await;
+    let served_again = chrono::Utc::now();
+    assert!(
+        interim.1["result"].is_null() && interim.1["version"] == "v0.31.3",
+        "the interim slot served while the preflight ran: {}",
+        interim.1
+    );
+    env.log(&format!(
+        "slot a SIGKILLed mid-preflight; interim slot {} of v0.31.2 serving {:.1}s later",
+        interim.0,
+        (served_again - killed).num_milliseconds() as f64 / 1000.0
+    ));
+    let done = rolled_to_v0_31_3(&env).await;
+    let p = &done["status"]["preflight"];
+    assert_eq!(p["result"], "Compatible", "{p}");
+    assert!(
+        p["completedAt"].as_str() < done["status"]["lastRoll"]["newSlotStartedAt"].as_str(),
+        "no v0.31.3 slot before its preflight passed: {:#}",
+        done["status"]
+    );
+    let events = env.events("dev").await;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("InterimSlotStarting")
+            && e.message.as_deref().is_some_and(|m| m.contains("kcp v0.31.2"))),
+        "no InterimSlotStarting event:\n{}",
+        e2e::summarize_events(&events)
+    );
+    // The shard did not serve between the kill and the interim slot; never after it.
+    let stats = poller.finish().await;
+    // A poll sent just before the SIGKILL may meet it.
+    let early = killed - chrono::Duration::milliseconds(200);
+    let late: Vec<_> = stats
+        .failures
+        .iter()
+        .filter(|(t, _)| *t < early || *t > served_again)
+        .collect();
+    env.log(&format!(
+        "{} polls, {} failed (none may before the kill or after the interim slot served)",
+        stats.polls,
+        stats.failures.len()
+    ));
+    assert!(
+        late.is_empty(),
+        "polls failed before the kill or after the interim slot served: {late:?}"
+    );
+    env.shutdown(&["dev"]).await;
+}
+
+/// Changes the version to v0.31.3, a stand-in that answers `/readyz` only `ready_after_ms` after
+/// its start, and returns once its preflight runs: its startedAt.
+async fn preflight_of_a_slow_version(env: &Env, ready_after_ms: u64) -> Value {
+    env.patch(
+        "dev",
+        json!({ "spec": { "version": "v0.31.3", "kcp": { "extraArgs": [format!("--stand-in-ready-after-ms={ready_after_ms}")] } } }),
+    )
+    .await;
+    env.until("dev", Duration::from_secs(20), "a preflight of v0.31.3 running", |o| {
+        let p = &o["status"]["preflight"];
+        (p["version"] == "v0.31.3" && p["result"].is_null()).then(|| p["startedAt"].clone())
+    })
+    .await
+}
+
+/// Waits for the roll to v0.31.3 to complete, one slot serving; the shard.
+async fn rolled_to_v0_31_3(env: &Env) -> Value {
+    env.until("dev", Duration::from_secs(60), "the roll to v0.31.3 complete", |o| {
+        (o["status"]["lastRoll"]["completedAt"].is_string()
+            && o["status"]["lastRoll"]["toVersion"] == "v0.31.3"
+            && serving(o).len() == 1)
+            .then(|| o.clone())
+    })
+    .await
 }
 
 /// Stops `poller`, logs how it went under `what`, and fails the test on any failed poll.

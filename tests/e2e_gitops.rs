@@ -317,7 +317,9 @@ fn push(clone: &Path, contents: &str, message: &str) -> chrono::DateTime<Utc> {
 /// The data remembers the version that served it. With the newer release serving: a commit back
 /// to the older one is refused while the newer slot serves on; the shard deleted by hand and serve
 /// restarted, GitOps re-creates it from that file over data the newer release served: refused
-/// again, before any kcp starts; a commit that allows the downgrade starts the older release.
+/// again, before any kcp starts; a commit that allows the downgrade runs the older release's
+/// preflight on a copy first, while an interim slot of the newer one serves the data it last
+/// served, then rolls to the older release.
 async fn data_version_guard(env: &mut Env, clone: &Path, front: &str, older: &str, newer: &str) {
     let slot_roots = format!("--root-directory={}/slots/", env.shard_dir(SHARD).display());
     let serving = active_pid(&env.get(SHARD).await.expect("the shard")).expect("a slot serves");
@@ -360,10 +362,31 @@ async fn data_version_guard(env: &mut Env, clone: &Path, front: &str, older: &st
         "{}  rollout:\n    allowDowngrade: true\n",
         manifest(older, front, false)
     );
+    let allowed_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     push(clone, &allowed, &format!("{SHARD}: allow the downgrade to {older}"));
-    let back = env.wait_ready(SHARD, READY_TIMEOUT).await;
+    let back = env
+        .until(
+            SHARD,
+            READY_TIMEOUT + ROLL_TIMEOUT,
+            &format!("a roll to {older}"),
+            |o| completed_roll_to(o, older, &allowed_at).then(|| o.clone()),
+        )
+        .await;
     assert_eq!(active_version(&back).as_deref(), Some(older), "{}", back["status"]);
-    env.log(&format!("allowDowngrade committed: Ready on {older}"));
+    check_preflight_before_roll(env, SHARD, older, &allowed_at).await;
+    let events = env.events(SHARD).await;
+    let interim = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("InterimSlotStarting"))
+        .filter_map(|e| e.message.clone())
+        .find(|m| m.contains(&format!("kcp {newer}")))
+        .unwrap_or_else(|| {
+            env.fail(&format!(
+                "no InterimSlotStarting of {newer}:\n{}",
+                summarize_events(&events)
+            ))
+        });
+    env.log(&format!("allowDowngrade committed: {interim}; then Ready on {older}"));
 }
 
 /// Waits for Degraded=True with `reason`; returns the condition's message.

@@ -18,11 +18,13 @@
 # With --workspaces N the shard is first filled with N workspaces (hack/bench/common.sh,
 # fill_workspaces; at most --fill-budget seconds of it), as hack/bench/prod-shaped.sh does. With
 # --preflight on|off spec.rollout.preflight is set, and each version roll's preflight (the times in
-# status.preflight: startedAt, completedAt, result) is reported beside the roll.
+# status.preflight: startedAt, completedAt, result) is reported beside the roll. --readiness-timeout
+# sets spec.rollout.readinessTimeout (a new slot's /readyz, and a preflight's /readyz and its
+# probe workspace each get it; a big shard needs minutes).
 # Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--slots N[,N...]] [--rolls N]
 #                           [--pause SECONDS] [--shutdown-delay DURATION] [--kcp-arg ARG]...
 #                           [--clients] [--png DIR] [--workspaces N] [--fill-budget SECONDS]
-#                           [--preflight on|off]
+#                           [--preflight on|off] [--readiness-timeout DURATION]
 #   defaults: both, slots 1, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
 #   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
 #   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/operations.md, "A kcp that never gets
@@ -46,6 +48,7 @@ png_dir=""
 workspaces=""
 fill_budget=1800
 preflight=""
+readiness_timeout=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --store) stores=$2; shift 2 ;;
@@ -61,7 +64,8 @@ while [ $# -gt 0 ]; do
     --preflight)
       case "$2" in on) preflight=true ;; off) preflight=false ;; *) echo "roll.sh: --preflight takes on or off" >&2; exit 2 ;; esac
       shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    --readiness-timeout) readiness_timeout=$2; shift 2 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -322,7 +326,9 @@ PY
 
 run_store() { # sqlite|postgres slots
   local store=$1 slots=$2
-  start_shard "$store" "$slots" "${preflight:+preflight: $preflight}" \
+  local rollout="${preflight:+preflight: $preflight}"
+  [ -n "$readiness_timeout" ] && rollout+="${rollout:+, }readinessTimeout: \"$readiness_timeout\""
+  start_shard "$store" "$slots" "$rollout" \
     "${shutdown_delay:+shutdownDelay: \"$shutdown_delay\"}${shutdown_delay:+${kcp_args:+, }}${kcp_args:+extraArgs: [${kcp_args%, }]}"
   [ -n "$workspaces" ] && fill_workspaces "$workspaces" "$fill_budget"
   start_load

@@ -439,7 +439,7 @@ pub struct RolloutSpec {
     /// Before the first slot of a new spec.version starts, run that version alone against a copy
     /// of the data (a copy of the sqlite file, or the snapshot restored into a scratch database;
     /// Etcd stores are skipped): it must answer /readyz within readinessTimeout and get a probe
-    /// workspace Ready, and what it changed in kcp's own schemas is compared with the serving
+    /// workspace Ready within readinessTimeout again, and what it changed in kcp's own schemas is compared with the serving
     /// slots' (status.preflight). Failed blocks the roll; SchemaChanged rolls only with
     /// allowMinorVersionChange. The copy and its processes are removed after it.
     pub preflight: bool,

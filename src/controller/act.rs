@@ -14,7 +14,7 @@ use super::error::Error;
 use super::observe::{ObservedSlot, World};
 use super::plan::{
     BlockCause, Blocked, Desired, FrontChange, KillCause, LeaveCause, ProbeRecord, RestartCause, Restorable,
-    RestorePhase, RestoreRecord, RollRecord, Step, StopCause, StopRecord,
+    RestorePhase, RestoreRecord, RollRecord, SlotTemplate, Step, StopCause, StopRecord,
 };
 use super::state::{CompletedRoll, DataVersion, ShardDirs, SlotRecord, SnapshotRecord};
 use super::{Context, Note};
@@ -62,7 +62,8 @@ impl Actor<'_> {
             Step::CompleteRestore => self.complete_restore(),
             Step::EnsureFront => self.ensure_front().await,
             Step::KillFront => self.kill_front(),
-            Step::StartSlot { name } => self.start_slot(name).await,
+            Step::StartSlot { name } => self.start_new_slot(name).await,
+            Step::StartInterim { name } => self.start_interim(name).await,
             Step::SetFront(change) => self.set_front(change).await,
             Step::TerminateSlot { name } => self.terminate_slot(name),
             Step::KillSlot { name, cause } => self.kill_slot(name, cause),
@@ -354,6 +355,7 @@ impl Actor<'_> {
         self.dirs.save_data_version(&DataVersion {
             version: record.version.clone(),
             since: now,
+            template: None,
         })?;
         state.restore = Some(RestoreRecord {
             phase: RestorePhase::Starting,
@@ -449,38 +451,69 @@ impl Actor<'_> {
         Ok(vec![Note::warning("FrontUnresponsive", message)])
     }
 
-    async fn start_slot(&self, name: &str) -> Result<Notes, Error> {
-        let template = &self.desired.template;
+    /// Nothing serves while the preflight runs: a slot of the template that last served the data.
+    async fn start_interim(&self, name: &str) -> Result<Notes, Error> {
+        let Some(template) = &self.desired.interim else {
+            return Ok(vec![]);
+        };
+        let started = self.start_slot(name, template, false).await?;
+        let version = &self.desired.template.version;
+        Ok(vec![Note::warning(
+            "InterimSlotStarting",
+            format!(
+                "no slot serves while the preflight of kcp {version} runs: started {started}, the version that last served the data, to serve until the roll to {version} replaces it"
+            ),
+        )])
+    }
+
+    async fn start_new_slot(&self, name: &str) -> Result<Notes, Error> {
+        let started = self.start_slot(name, &self.desired.template, true).await?;
+        Ok(vec![Note::normal(
+            "SlotStarting",
+            format!("started {started}; waiting for /readyz on its own port"),
+        )])
+    }
+
+    /// Starts slot `name` of `template` (its records, its own kine, its kcp), and with
+    /// `begins_roll` records it in the roll of that template. Says what it started.
+    async fn start_slot(&self, name: &str, template: &SlotTemplate, begins_roll: bool) -> Result<String, Error> {
         let slot_dirs = self.dirs.slot(name);
         let port = free_port()?;
         let now = Utc::now();
-        let mut state = self.dirs.load_state()?;
-        // One roll per template: the slots a superseded template started are stopped by this one.
-        if state
-            .roll
-            .as_ref()
-            .is_none_or(|r| r.template.as_ref() != Some(template))
-        {
-            state.roll = Some(RollRecord {
-                template: Some(template.clone()),
-                from_version: self.world.serving_version(),
-                to_version: template.version.clone(),
-                started_at: now,
-                snapshot: state
-                    .snapshot
-                    .as_ref()
-                    .filter(|s| &s.template == template)
-                    .map(|s| s.path.clone()),
-                ..Default::default()
-            });
+        if begins_roll {
+            let mut state = self.dirs.load_state()?;
+            // One roll per template: the slots a superseded template started are stopped by this one.
+            if state
+                .roll
+                .as_ref()
+                .is_none_or(|r| r.template.as_ref() != Some(template))
+            {
+                state.roll = Some(RollRecord {
+                    template: Some(template.clone()),
+                    from_version: self.world.serving_version(),
+                    to_version: template.version.clone(),
+                    started_at: now,
+                    snapshot: state
+                        .snapshot
+                        .as_ref()
+                        .filter(|s| &s.template == template)
+                        .map(|s| s.path.clone()),
+                    ..Default::default()
+                });
+            }
+            state.blocked = None;
+            self.dirs.save_state(&state)?;
         }
-        state.blocked = None;
-        self.dirs.save_state(&state)?;
         // Before the slot touches the data: from now on the data is this version's.
-        if self.world.data_version.as_ref().map(|d| &d.version) != Some(&template.version) {
+        let recorded = self.world.data_version.as_ref();
+        if recorded.and_then(|d| d.template.as_ref()) != Some(template) {
+            let since = recorded
+                .filter(|d| d.version == template.version)
+                .map_or(now, |d| d.since);
             self.dirs.save_data_version(&DataVersion {
                 version: template.version.clone(),
-                since: now,
+                since,
+                template: Some(template.clone()),
             })?;
         }
         slot_dirs.save(&SlotRecord {
@@ -547,14 +580,13 @@ impl Actor<'_> {
             slot_dirs.process(),
         );
         let process = self.ctx.runtime.start(&spec).await?;
-        self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
-        Ok(vec![Note::normal(
-            "SlotStarting",
-            format!(
-                "started slot {name} (kcp {}, pid {}, port {port}, store {}); waiting for /readyz on its own port",
-                template.version, process.pid, store.etcd_servers
-            ),
-        )])
+        if begins_roll {
+            self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
+        }
+        Ok(format!(
+            "slot {name} (kcp {}, pid {}, port {port}, store {})",
+            template.version, process.pid, store.etcd_servers
+        ))
     }
 
     /// Changes the front's serving set: records who joined and left first (a slot that left is

@@ -264,6 +264,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::EnsureFront => "FrontStarting",
         Step::KillFront => "FrontRestarting",
         Step::StartSlot { .. } => "SlotStarting",
+        Step::StartInterim { .. } => "InterimSlotStarting",
         Step::Wait(Wait::Ready { .. }) => "AwaitingReadiness",
         Step::SetFront(_) => "SwitchingFront",
         Step::Wait(Wait::Settle { .. } | Wait::Exit { .. })
@@ -302,6 +303,9 @@ fn progress_message(step: &Step) -> String {
         Step::EnsureFront => "starting the front".into(),
         Step::KillFront => "restarting the front, which does not answer on its control socket".into(),
         Step::StartSlot { name } => format!("starting slot {name}"),
+        Step::StartInterim { name } => {
+            format!("starting slot {name} of the version that last served the data, to serve while the preflight runs")
+        }
         Step::Wait(Wait::Ready { slot }) => format!("waiting for slot {slot} to answer /readyz on its own port"),
         Step::SetFront(change) => format!("the front forwards new connections to {}", change.backends.join(", ")),
         Step::Wait(Wait::Settle { slot, .. }) => {

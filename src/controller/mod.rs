@@ -224,6 +224,25 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         allow_schema_change: spec.rollout.allow_minor_version_change,
         // Judged with the shard's files: `restore::request`, in `step`.
         restore: None,
+        // From the data's record, once the template is whole: `interim`, in `step`.
+        interim: None,
+    })
+}
+
+/// What an interim slot runs (see [`Desired::interim`]): the template last started on the data,
+/// when it is of another version than the spec's and its binary is still there, with the
+/// identities and sharding every slot takes now (a rotation or a root's move since it ran does
+/// not make the interim slot a stranger).
+fn interim(desired: &Desired, data: Option<&state::DataVersion>) -> Option<SlotTemplate> {
+    let recorded = data?.template.as_ref()?;
+    if recorded.version == desired.template.version || !Path::new(&recorded.binary).is_file() {
+        return None;
+    }
+    Some(SlotTemplate {
+        front_url: desired.template.front_url.clone(),
+        accepted_identities: desired.template.accepted_identities.clone(),
+        sharded: desired.template.sharded.clone(),
+        ..recorded.clone()
     })
 }
 
@@ -357,6 +376,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             }
         }
     }
+    desired.interim = interim(&desired, world.data_version.as_ref());
     let next = plan::plan(&desired, &world.observed);
     tracing::debug!(shard = %name, step = ?next, "planned");
     let actor = act::Actor {

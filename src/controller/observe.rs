@@ -334,6 +334,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         .filter_map(|at| at.parse::<DateTime<Utc>>().ok())
         .max();
     let disk = disk_problem(ctx, shard, store.as_ref().ok());
+    let data_version = dirs.load_data_version()?;
 
     let observed = Observed {
         now: Utc::now(),
@@ -360,6 +361,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             None => None,
         },
         restore: state.restore.clone(),
+        data_version: data_version.as_ref().map(|d| d.version.clone()),
     };
     let mut world = World {
         observed,
@@ -369,7 +371,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_endpoints: store_status.map(|seen| seen.endpoints).unwrap_or_default(),
         unresponsive_kines,
         front_kubeconfig: dirs.front_kubeconfig(),
-        data_version: dirs.load_data_version()?,
+        data_version,
     };
     // With the store away nothing needs the Lease or the probe (the store comes first), and a kcp
     // without its store may take its time to answer.

@@ -104,11 +104,22 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
         return Ok(vec![Note::normal("PreflightSkipped", message)]);
     }
     // kcp's own schemas as they are served now, before the copy is taken.
-    let (through, client) = actor
-        .world
-        .serving_client(actor.ctx, Identity::ShardAdmin)
-        .await
-        .map_err(Error::Front)?;
+    let (through, client) = match actor.world.serving_client(actor.ctx, Identity::ShardAdmin).await {
+        Ok(serving) => serving,
+        // Nothing serves and no slot of the version that last served the data can start (the
+        // plan starts one when it can): there is nothing to compare the copy with.
+        Err(e) if !actor.world.observed.front_serves() => {
+            save_new(actor.dirs, record)?;
+            return fail_with(
+                actor,
+                format!(
+                    "no slot serves to read kcp's own schemas from, to compare the copy with ({e}), and none of the version that last served the data could be started (its binary is gone, its record in {} predates the template it keeps, or it did not answer /readyz within spec.rollout.readinessTimeout); set spec.rollout.preflight to false to start kcp {version} without a preflight",
+                    actor.dirs.data_version_file().display()
+                ),
+            );
+        }
+        Err(e) => return Err(Error::Front(e)),
+    };
     let original = schemas::read(&client).await?;
     let dirs = actor.dirs.preflight();
     crate::fsutil::create_private_dir(dirs.dir())?;

@@ -316,6 +316,11 @@ pub struct DataVersion {
     pub version: String,
     /// When a slot of this version first started on the data.
     pub since: DateTime<Utc>,
+    /// The template the last slot started on the data ran (none in records written before it
+    /// was kept, or after a restore): what an interim slot runs while the preflight of a new
+    /// version keeps that version's first slot waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<SlotTemplate>,
 }
 
 /// A store snapshot taken before rolling to `template`.

@@ -14,9 +14,10 @@
 //!   live leader would renew it (docs/background.md section 3), but kcp's leader election and
 //!   controllers reach kcp through its own listener, so once that is closed it can no longer lead;
 //! - a roll that failed for a spec is not retried until the spec changes (no crash loop);
-//! - with spec.rollout.preflight, no slot of a new version starts while another version serves
-//!   until that version ran alone on a copy of the data, passed, and everything of that run is
-//!   removed; a preflight runs once per template;
+//! - with spec.rollout.preflight, no slot of a new version starts while another version serves or
+//!   last served the data, until that version ran alone on a copy of the data, passed, and
+//!   everything of that run is removed; a preflight runs once per template. While it runs and
+//!   nothing serves, a slot of the version that last served the data serves (an interim slot);
 //! - a restore of a store snapshot (a planned outage) runs only once no slot runs: the front
 //!   serves none, every slot and its own kine stop, then the snapshot is restored and slots of
 //!   its version start as on a first start;
@@ -369,12 +370,7 @@ fn closes(observed: &Observed) -> Option<Step> {
 /// front. Once it has settled it gets SIGTERM; one that served only while another that can serve is
 /// in the front.
 fn retirements(desired: &Desired, observed: &Observed, wanted: &[String]) -> Option<Step> {
-    let serving_stays = observed
-        .front
-        .backends()
-        .iter()
-        .filter_map(|b| observed.slot(b))
-        .any(|s| s.can_stay());
+    let serving_stays = observed.front_serves();
     let mut settling = None;
     for s in &observed.slots {
         let spare = s.template == desired.template && s.can_join();
@@ -382,7 +378,9 @@ fn retirements(desired: &Desired, observed: &Observed, wanted: &[String]) -> Opt
         if !s.running || s.stopping() || !unwanted || wanted.contains(&s.name) || observed.front.forwards_to(&s.name) {
             continue;
         }
-        if s.health.ever_ready && !serving_stays {
+        // While nothing else serves, one that served stays, and so does an interim slot on its way.
+        let interim = desired.interim.as_ref() == Some(&s.template);
+        if !serving_stays && (s.health.ever_ready || interim) {
             continue;
         }
         let remaining = match s.left_front_at {
@@ -451,25 +449,20 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
             },
         });
     }
-    let serving_other_version = observed
-        .front
-        .backends()
-        .iter()
-        .filter_map(|b| observed.slot(b))
-        .any(|s| s.template.version != desired.template.version);
+    let version_changes = version_changes(desired, observed);
     if desired.snapshot_before_version_change
         && current.is_empty()
-        && serving_other_version
+        && version_changes
         && observed.snapshot_for.as_ref() != Some(&desired.template)
     {
         return Some(Step::Snapshot);
     }
     if desired.preflight
         && current.is_empty()
-        && serving_other_version
+        && version_changes
         && let Some(step) = preflight(desired, observed)
     {
-        return Some(step);
+        return Some(with_interim(desired, observed, step));
     }
     let running = observed.slots.iter().filter(|s| s.running).count();
     if running > desired.slots {
@@ -479,11 +472,64 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
             slot: leaving.name.clone(),
         }));
     }
-    let name = SLOT_NAMES
+    Some(Step::StartSlot {
+        name: free_slot_name(observed),
+    })
+}
+
+/// The first slot of the desired template changes the version of the data: another version
+/// serves, or (none serving: a re-created shard, an old slot that exited mid-roll) another
+/// version served the data last.
+fn version_changes(desired: &Desired, observed: &Observed) -> bool {
+    let version = &desired.template.version;
+    let other_serves = observed
+        .front
+        .backends()
+        .iter()
+        .filter_map(|b| observed.slot(b))
+        .any(|s| &s.template.version != version);
+    other_serves || observed.data_version.as_ref().is_some_and(|v| v != version)
+}
+
+/// While the preflight of a new version keeps its first slot waiting and nothing serves, a slot
+/// of the template that last served the data serves meanwhile (none is started while one is on its
+/// way, nor more than a roll runs). The preflight reads kcp's own schemas from a slot that answers
+/// before it copies the data, so it starts once that slot answers (or missed readinessTimeout).
+fn with_interim(desired: &Desired, observed: &Observed, preflight: Step) -> Step {
+    let Some(interim) = desired.interim.as_ref() else {
+        return preflight;
+    };
+    if observed.front_serves() {
+        return preflight;
+    }
+    let on_its_way = observed
+        .slots
+        .iter()
+        .find(|s| s.running && !s.stopping() && &s.template == interim);
+    let running = observed.slots.iter().filter(|s| s.running).count();
+    match on_its_way {
+        Some(s)
+            if preflight == Step::StartPreflight
+                && !s.health.ready
+                && elapsed(observed.now, s.started_at) <= desired.readiness_timeout =>
+        {
+            Step::Wait(Wait::Ready { slot: s.name.clone() })
+        }
+        Some(_) => preflight,
+        None if running > desired.slots => preflight,
+        None => Step::StartInterim {
+            name: free_slot_name(observed),
+        },
+    }
+}
+
+/// The first slot name no slot has.
+fn free_slot_name(observed: &Observed) -> String {
+    SLOT_NAMES
         .iter()
         .find(|n| observed.slots.iter().all(|s| s.name != **n))
-        .expect("at most four slots have records");
-    Some(Step::StartSlot { name: name.to_string() })
+        .expect("at most four slots have records")
+        .to_string()
 }
 
 /// The preflight of the desired template, before its first slot starts: started, waited for,
@@ -528,10 +574,13 @@ fn preflight(desired: &Desired, observed: &Observed) -> Option<Step> {
         }
         PreflightRun::Running { probe: None, .. } => Some(Step::PreflightProbe),
         PreflightRun::Running { probe_ready: true, .. } => Some(Step::ComparePreflight),
+        // Alone on a copy of a big shard, kcp's controllers take minutes to catch up before a
+        // workspace gets Ready (docs/benchmarks.md, "A shard shaped like production"): the probe
+        // gets readinessTimeout too, not the roll's one minute before another probe.
         PreflightRun::Running { probe: Some(probe), .. } => {
-            if elapsed(observed.now, probe.created_at) > PROBE_TIMEOUT {
+            if elapsed(observed.now, probe.created_at) > desired.readiness_timeout {
                 fail(PreflightFailure::ProbeTimeout {
-                    timeout_seconds: PROBE_TIMEOUT.as_secs(),
+                    timeout_seconds: desired.readiness_timeout.as_secs(),
                 })
             } else {
                 Some(Step::Wait(Wait::Preflight))

@@ -91,6 +91,10 @@ pub struct Desired {
     pub root_not_ready: Option<String>,
     /// A restore asked for with the `kcpshard.io/restoreSnapshot` annotation, as judged.
     pub restore: Option<RestoreRequest>,
+    /// The template that last started on the data, when that was another version than the spec's
+    /// and its binary is still there (with today's identities and sharding): while the preflight
+    /// of the spec's version runs and nothing serves, a slot of it serves meanwhile.
+    pub interim: Option<SlotTemplate>,
 }
 
 /// A restore asked for (the `kcpshard.io/restoreSnapshot` annotation), judged against the spec
@@ -602,11 +606,23 @@ pub struct Observed {
     pub preflight: Option<PreflightObservation>,
     /// The latest restore of a store snapshot, if any was asked for.
     pub restore: Option<RestoreRecord>,
+    /// The kcp version that last served the shard's data (recorded beside the store before a
+    /// slot of a new version starts), if any did.
+    pub data_version: Option<String>,
 }
 
 impl Observed {
     pub fn slot(&self, name: &str) -> Option<&SlotObservation> {
         self.slots.iter().find(|s| s.name == name)
+    }
+
+    /// The front sends new connections to a slot that may stay there.
+    pub fn front_serves(&self) -> bool {
+        self.front
+            .backends()
+            .iter()
+            .filter_map(|b| self.slot(b))
+            .any(|s| s.can_stay())
     }
 }
 
@@ -674,7 +690,7 @@ pub enum PreflightFailure {
     Exited { last_words: String },
     /// Its kcp did not answer `/readyz` within readinessTimeout.
     NotReady { timeout_seconds: u64 },
-    /// Its probe workspace did not reach Ready within [`super::PROBE_TIMEOUT`].
+    /// Its probe workspace did not reach Ready within readinessTimeout.
     ProbeTimeout { timeout_seconds: u64 },
 }
 
@@ -725,6 +741,12 @@ pub enum Step {
     CompleteRestore,
     /// Start a slot with the desired template.
     StartSlot {
+        name: String,
+    },
+    /// Nothing serves while the preflight of a new version runs (the old slot exited, or none ran:
+    /// a re-created shard): start a slot of the template that last served the data, which serves
+    /// until the roll replaces it. It begins no roll.
+    StartInterim {
         name: String,
     },
     /// Change the slots the front sends new connections to.
@@ -806,6 +828,7 @@ impl Step {
             Step::RestoreSnapshot => "RestoreSnapshot",
             Step::CompleteRestore => "CompleteRestore",
             Step::StartSlot { .. } => "StartSlot",
+            Step::StartInterim { .. } => "StartInterim",
             Step::SetFront(_) => "SetFront",
             Step::TerminateSlot { .. } => "TerminateSlot",
             Step::KillSlot { .. } => "KillSlot",

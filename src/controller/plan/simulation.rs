@@ -3,7 +3,8 @@
 //! spec changes happen at any point. Every step is checked against the plan's invariants, and once
 //! the faults stop the shard must converge. The preflight of a new version is part of the model:
 //! v1 passes it, v2 changes kcp's schemas (it rolls once schema changes are allowed), v3's kcp
-//! exits on the copy.
+//! exits on the copy. The data keeps the version that last started on it, as data-version.json
+//! does, and the preflight's invariant is checked against it.
 use proptest::prelude::*;
 
 use super::tests::{at, desired, template};
@@ -59,6 +60,8 @@ struct Model {
     start_delay_ms: i64,
     /// When the preflight's kcp answers `/readyz` (or, for v3, exits).
     preflight_ready_at: chrono::DateTime<chrono::Utc>,
+    /// The template the last slot started on the data ran (data-version.json).
+    data: Option<SlotTemplate>,
 }
 
 impl Model {
@@ -75,6 +78,7 @@ impl Model {
             lease: None,
             start_delay_ms: 1_500,
             preflight_ready_at: at(0),
+            data: None,
         }
     }
 
@@ -275,18 +279,21 @@ impl Model {
                 }
             }
             Step::StartSlot { name } => {
+                let version = &self.desired.template.version;
                 let other_version_serves = o
                     .front
                     .backends()
                     .iter()
                     .filter_map(|b| o.slot(b))
-                    .any(|s| s.template.version != self.desired.template.version);
+                    .any(|s| &s.template.version != version);
+                let other_version_served = self.data.as_ref().is_some_and(|d| &d.version != version);
                 let first_of_its_template = !o
                     .slots
                     .iter()
                     .any(|s| s.running && !s.stopping() && s.template == self.desired.template);
-                // The first slot of a new version waits for the preflight; the roll it began goes on.
-                if other_version_serves && first_of_its_template {
+                // The first slot of a new version (against what serves, or the data's own
+                // version) waits for the preflight; the roll it began goes on.
+                if (other_version_serves || other_version_served) && first_of_its_template {
                     let passed = o.preflight.as_ref().is_some_and(|p| {
                         p.template == self.desired.template
                             && !p.leftovers
@@ -302,35 +309,23 @@ impl Model {
                         o.preflight
                     );
                 }
-                let running = o.slots.iter().filter(|s| s.running).count();
-                prop_assert!(running <= self.desired.slots, "started {name} with {running} running");
-                prop_assert!(o.slots.iter().all(|s| &s.name != name), "{name} is taken");
                 self.observed.roll.get_or_insert(RollRecord {
-                    to_version: self.desired.template.version.clone(),
+                    to_version: version.clone(),
                     started_at: now,
                     ..Default::default()
                 });
                 self.observed.blocked = None;
-                self.start_delay_ms = 700 + (self.start_delay_ms * 7) % 2_300;
-                self.slots.push(ModelSlot {
-                    seen: SlotObservation {
-                        name: name.clone(),
-                        template: self.desired.template.clone(),
-                        running: true,
-                        started_at: now,
-                        health: Health::default(),
-                        listening: true,
-                        stopped_listening_at: None,
-                        stop: None,
-                        left_front_at: None,
-                        own_store_running: false,
-                        last_words: None,
-                    },
-                    ready_at: now + chrono::Duration::milliseconds(self.start_delay_ms),
-                    hung_since: None,
-                    closes_at: None,
-                    exits_at: None,
-                });
+                self.launch(name, self.desired.template.clone())?;
+            }
+            Step::StartInterim { name } => {
+                prop_assert!(!o.front_serves(), "an interim {name} started while a slot serves");
+                let interim = self.desired.interim.clone().expect("an interim template");
+                prop_assert_eq!(
+                    Some(&interim),
+                    self.data.as_ref(),
+                    "an interim slot of another template than the data's"
+                );
+                self.launch(name, interim)?;
             }
             Step::SetFront(change) => {
                 for joined in &change.joined {
@@ -416,9 +411,35 @@ impl Model {
         Ok(())
     }
 
+    /// Starts slot `name` of `template` on the data, as act's start_slot does.
+    fn launch(&mut self, name: &str, template: SlotTemplate) -> Result<(), TestCaseError> {
+        let now = self.now();
+        let o = &self.observed;
+        let running = o.slots.iter().filter(|s| s.running).count();
+        prop_assert!(running <= self.desired.slots, "started {name} with {running} running");
+        prop_assert!(o.slots.iter().all(|s| s.name != name), "{name} is taken");
+        self.data = Some(template.clone());
+        self.start_delay_ms = 700 + (self.start_delay_ms * 7) % 2_300;
+        self.slots.push(ModelSlot {
+            seen: SlotObservation {
+                started_at: now,
+                template,
+                ..super::tests::slot(name, "", false)
+            },
+            ready_at: now + chrono::Duration::milliseconds(self.start_delay_ms),
+            hung_since: None,
+            closes_at: None,
+            exits_at: None,
+        });
+        Ok(())
+    }
+
     fn tick(&mut self) -> Result<Step, TestCaseError> {
         self.observed.now = self.now() + chrono::Duration::from_std(TICK).unwrap();
         self.observe();
+        // What step() takes from data-version.json.
+        self.observed.data_version = self.data.as_ref().map(|t| t.version.clone());
+        self.desired.interim = self.data.clone().filter(|t| t.version != self.desired.template.version);
         let step = plan(&self.desired, &self.observed);
         // At most N+1 slots ever run.
         let running = self.observed.slots.iter().filter(|s| s.running).count();

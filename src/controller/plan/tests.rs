@@ -38,6 +38,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         preflight: false,
         allow_schema_change: false,
         restore: None,
+        interim: None,
     }
 }
 
@@ -89,6 +90,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         blocked: None,
         preflight: None,
         restore: None,
+        data_version: None,
     }
 }
 
@@ -776,8 +778,14 @@ fn a_preflight_whose_kcp_exits_or_misses_its_timeouts_fails_and_blocks_the_roll(
     o.preflight = Some(preflight_of("v2", running(true, Some(60), false)));
     assert_eq!(
         plan(&d, &o),
+        Step::Wait(Wait::Preflight),
+        "the probe gets readinessTimeout, not the roll's minute"
+    );
+    o.preflight = Some(preflight_of("v2", running(true, Some(0), false)));
+    assert_eq!(
+        plan(&d, &o),
         Step::FailPreflight {
-            cause: PreflightFailure::ProbeTimeout { timeout_seconds: 60 }
+            cause: PreflightFailure::ProbeTimeout { timeout_seconds: 120 }
         }
     );
     o.preflight = Some(finished("v2", PreflightResult::Failed, true));
@@ -867,6 +875,84 @@ fn no_preflight_without_a_version_change_or_with_it_off() {
     let mut d = desired("v2");
     d.preflight = false;
     assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() }, "turned off");
+}
+
+#[test]
+fn a_first_slot_on_data_another_version_served_waits_for_the_preflight_while_an_interim_slot_serves() {
+    // A re-created KcpShard at v2 over data v1 served last: nothing runs.
+    let mut d = desired("v2");
+    d.preflight = true;
+    d.interim = Some(template("v1"));
+    let mut o = observed(&[], vec![]);
+    o.data_version = Some("v1".into());
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartInterim { name: "a".into() },
+        "v1 serves meanwhile"
+    );
+    o.slots = vec![slot("a", "v1", false)];
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Ready { slot: "a".into() }),
+        "one interim slot, not two, not retired; the preflight reads kcp's schemas from it once it answers"
+    );
+    o.slots = vec![slot("a", "v1", true)];
+    assert_eq!(plan(&d, &o), set_front(&["a"], &["a"], &[]), "the interim slot joins");
+    o.front = FrontObservation::serving(&["a"]);
+    assert_eq!(plan(&d, &o), Step::StartPreflight);
+    o.preflight = Some(preflight_of("v2", running(false, None, false)));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight));
+    o.preflight = Some(finished("v2", PreflightResult::Compatible, false));
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartSlot { name: "b".into() },
+        "the roll replaces it once the preflight passed"
+    );
+
+    // One that does not answer within readinessTimeout holds the preflight no longer.
+    let mut o = observed(&[], vec![slot("a", "v1", false)]);
+    o.data_version = Some("v1".into());
+    o.now = at(121);
+    assert_eq!(plan(&d, &o), Step::StartPreflight);
+
+    // Without a recorded template (an older record) or its binary, no interim slot: the
+    // preflight still comes first.
+    d.interim = None;
+    let mut o = observed(&[], vec![]);
+    o.data_version = Some("v1".into());
+    assert_eq!(plan(&d, &o), Step::StartPreflight);
+    o.preflight = Some(preflight_of("v2", running(true, Some(9), false)));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "no v2 slot before it passed");
+    // The data's own version starts with no preflight.
+    o.data_version = Some("v2".into());
+    o.preflight = None;
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+}
+
+#[test]
+fn the_old_slot_gone_mid_preflight_is_replaced_by_an_interim_slot_and_a_failed_preflight_keeps_it() {
+    let mut d = desired("v2");
+    d.preflight = true;
+    d.interim = Some(template("v1"));
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.data_version = Some("v1".into());
+    o.preflight = Some(preflight_of("v2", running(true, Some(9), false)));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "v1 serves: no interim slot");
+    // Slot a was killed: once it left the front and its records went, v1 starts again, not v2.
+    o.slots.clear();
+    o.front = FrontObservation::serving(&[]);
+    assert_eq!(plan(&d, &o), Step::StartInterim { name: "a".into() });
+    o.slots = vec![slot("a", "v1", true)];
+    o.front = FrontObservation::serving(&["a"]);
+    o.preflight = Some(finished("v2", PreflightResult::Failed, false));
+    let Step::Blocked { cause } = plan(&d, &o) else {
+        panic!("{:?}", plan(&d, &o));
+    };
+    assert_eq!(
+        cause.reason(),
+        "PreflightFailed",
+        "blocked, and the interim slot serves on"
+    );
 }
 
 /// Walks slot "a", the only one, from serving to gone as a deletion or a restore stops it (it was
