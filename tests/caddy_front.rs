@@ -87,6 +87,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// The name of a backend whose `/readyz` fails.
 const UNREADY: &str = "unready";
+/// A backend that serves, but answers `/readyz` only after SLOW_FOR: a kcp on a busy machine
+/// (another kcp starting beside it, its kine slow).
+const SLOW_TO_ANSWER: &str = "slow-to-answer";
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -118,7 +121,8 @@ async fn backend(name: &'static str, material: &Material) -> Backend {
     backend_on(name, material, TcpListener::bind("127.0.0.1:0").await.unwrap())
 }
 
-/// `/readyz` and `/who` answer 200 with the backend's name (`/readyz` 500 for [`UNREADY`]); `/slow` the same after SLOW_FOR; `/watch` streams
+/// `/readyz` and `/who` answer 200 with the backend's name (`/readyz` 500 for [`UNREADY`], after
+/// SLOW_FOR for [`SLOW_TO_ANSWER`]); `/slow` the same after SLOW_FOR; `/watch` streams
 /// WATCH_EVENTS lines "<name> <i>" (chunked, like a kcp watch).
 fn backend_on(name: &'static str, material: &Material, listener: TcpListener) -> Backend {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
@@ -167,7 +171,12 @@ async fn answer(name: &'static str, request: Request<Incoming>) -> Response<Body
     match request.uri().path() {
         // A slot that is stopping (kcp after SIGTERM) or not ready yet still serves, but fails this.
         "/readyz" if name == UNREADY => text(StatusCode::INTERNAL_SERVER_ERROR, "[-]shutdown failed".into()),
-        "/readyz" | "/who" => text(StatusCode::OK, name.to_string()),
+        "/readyz" | "/who" => {
+            if name == SLOW_TO_ANSWER && request.uri().path() == "/readyz" {
+                tokio::time::sleep(SLOW_FOR).await;
+            }
+            text(StatusCode::OK, name.to_string())
+        }
         "/slow" => {
             tokio::time::sleep(SLOW_FOR).await;
             text(StatusCode::OK, name.to_string())
@@ -847,4 +856,28 @@ async fn caddys_own_health_checks_keep_a_serving_slot_that_fails_readyz_out_of_r
     );
     // Without a config change: the upstreams are the same two.
     assert_eq!(caddy.admin.upstreams(ID).await.unwrap().len(), 2);
+}
+
+/// A check that times out marks the upstream unhealthy just as a failed one does (caddy
+/// reverseproxy/healthchecks.go:108-122), and with one upstream caddy then has none: it waits
+/// try_duration and answers an empty 503. Worse, a reload (every switch) ends that wait at once
+/// with the same 503 (reverseproxy.go:1068-1077: the retry wait ends with the old handler's
+/// context). So the rendered timeout must exceed how long a busy kcp takes to answer `/readyz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_slow_to_answer_readyz_stays_in_caddys_rotation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let material = material(tmp.path());
+    let slow = backend(SLOW_TO_ANSWER, &material).await;
+    let caddy = start_caddy(&material, slow.addr, |_| {}).await;
+    slow.wait_for("/readyz").await;
+    // Past the first check's answer, and two health intervals more.
+    tokio::time::sleep(SLOW_FOR + Duration::from_secs(2)).await;
+    let connector = connector(&material);
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        answers.push(get_once(caddy.front, &connector, "/who").await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let failed: Vec<_> = answers.iter().filter(|a| a.as_deref() != Ok(SLOW_TO_ANSWER)).collect();
+    assert!(failed.is_empty(), "{} of 20 requests failed: {failed:?}", failed.len());
 }

@@ -40,9 +40,13 @@ pub const DEFAULT_UPSTREAM_ID: &str = "kcp-proxy";
 pub const SLOT_SERVER_NAME: &str = "127.0.0.1";
 /// The tag that ties the server's TLS policy to kcp's certificate among the certificates caddy has.
 const CERTIFICATE_TAG: &str = "kcpshard";
-/// How often caddy asks each upstream's `/readyz`, and how long it waits for the answer.
+/// How often caddy asks each upstream's `/readyz`, and how long it waits for the answer. A check
+/// that times out marks the upstream unhealthy like a failed one (caddy 2.6.2
+/// reverseproxy/healthchecks.go:108-122), and a kcp on a busy machine (a new slot starting beside
+/// it) can take over 1 s to answer while it serves: with one upstream, caddy then answers 503
+/// (docs/reliability.md). 5 s still takes a hung slot out within seconds.
 const HEALTH_INTERVAL: &str = "1s";
-const HEALTH_TIMEOUT: &str = "1s";
+const HEALTH_TIMEOUT: &str = "5s";
 /// Connecting to the admin API; it answers at once or not at all.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// One admin request, including a reload (milliseconds when measured).
