@@ -35,8 +35,10 @@ use crate::slot;
 use crate::slot::schemas::{self, Schemas};
 use crate::store::copy::CopyPlace;
 
-/// How long the preflight's kcp and kine get to exit after SIGTERM: it serves nobody.
-const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long the preflight's kcp and kine get to exit after their stop signal before SIGKILL: none.
+/// They serve nobody and their copy is thrown away, so there is nothing to drain, and RemovePreflight
+/// must not wait inside a reconcile (a kcp drains for seconds after SIGTERM).
+const STOP_GRACE: Duration = Duration::ZERO;
 
 fn place(actor: &Actor<'_>, record: Option<&PreflightRecord>) -> CopyPlace {
     CopyPlace {
