@@ -12,7 +12,8 @@
 //! - a version change is preflighted on a copy of the data, across a crash of serve mid-preflight,
 //!   and a preflight that fails blocks the roll and leaves nothing behind;
 //! - the old slot killed mid-preflight: an interim slot of the version that last served the data
-//!   serves until the preflight passed, and no slot of the new version starts before it.
+//!   serves until the preflight passed, and no slot of the new version starts before it; an
+//!   interim slot that crashes at start is not started again, and the preflight and roll go on.
 mod e2e;
 mod support;
 
@@ -467,6 +468,47 @@ async fn the_old_slot_killed_mid_preflight_an_interim_slot_of_its_version_serves
         late.is_empty(),
         "polls failed before the kill or after the interim slot served: {late:?}"
     );
+    env.shutdown(&["dev"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_interim_slot_that_crashes_at_start_is_not_started_again_and_the_roll_goes_on() {
+    let mut env = Env::start().await;
+    let front = format!("127.0.0.1:{}", free_port());
+    // v0.31.2 exits at start once this file exists: the interim slot runs the same template.
+    let marker = env.state.join("v0.31.2-fails-now");
+    let mut first = spec(&front, 1);
+    first["kcp"]["extraArgs"] = json!([format!("--stand-in-exit-if-exists={}", marker.display())]);
+    env.apply_spec("dev", first).await;
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    let slot_a = slot_pid(&env.get("dev").await.unwrap(), "a").expect("slot a runs");
+    preflight_of_a_slow_version(&env, 6000).await;
+    std::fs::write(&marker, "").unwrap();
+    signal(slot_a, libc::SIGKILL);
+    let done = rolled_to_v0_31_3(&env).await;
+    assert_eq!(
+        done["status"]["preflight"]["result"], "Compatible",
+        "{:#}",
+        done["status"]
+    );
+    let events = env.events("dev").await;
+    let count = |reason: &str| events.iter().filter(|e| e.reason.as_deref() == Some(reason)).count();
+    assert_eq!(
+        (count("InterimSlotStarting"), count("InterimSlotCrashed")),
+        (1, 1),
+        "one interim slot, started once, crashed once:\n{}",
+        e2e::summarize_events(&events)
+    );
+    let crashed = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("InterimSlotCrashed"))
+        .and_then(|e| e.message.clone())
+        .unwrap_or_default();
+    assert!(
+        crashed.contains("told to fail") && crashed.contains("not started again"),
+        "the event says what kcp printed and that no other starts: {crashed}"
+    );
+    env.log(&format!("interim slot crashed once; rolled to v0.31.3: {crashed}"));
     env.shutdown(&["dev"]).await;
 }
 

@@ -813,7 +813,8 @@ impl Actor<'_> {
         Ok(())
     }
 
-    /// Drops the records of a slot whose process is gone, and says how it ended.
+    /// Drops the records of a slot whose process is gone, and says how it ended. An interim slot
+    /// that never got ready is remembered, so that none starts again for this spec.
     fn remove_slot(&self, name: &str, crashed: bool) -> Result<Notes, Error> {
         let slot = self.slot(name)?;
         let seen = self.world.observed.slot(name);
@@ -845,6 +846,18 @@ impl Actor<'_> {
         }
         let served = seen.is_some_and(|s| s.health.ever_ready);
         let last_words = seen.and_then(|s| s.last_words.clone()).unwrap_or_default();
+        if !served && old && self.desired.interim.as_ref() == Some(&slot.record.template) {
+            let mut state = self.dirs.load_state()?;
+            state.interim_crashed_for = Some(self.desired.template.clone());
+            self.dirs.save_state(&state)?;
+            return Ok(vec![Note::warning(
+                "InterimSlotCrashed",
+                format!(
+                    "interim slot {name} (kcp {}, the version that last served the data) exited before it was ready: {last_words}; it is not started again for this spec, so nothing serves until the preflight of kcp {} passed and the roll starts it",
+                    slot.record.template.version, self.desired.template.version
+                ),
+            )]);
+        }
         Ok(vec![Note::warning(
             "SlotCrashed",
             format!(

@@ -362,6 +362,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         },
         restore: state.restore.clone(),
         data_version: data_version.as_ref().map(|d| d.version.clone()),
+        interim_crashed_for: state.interim_crashed_for.clone(),
     };
     let mut world = World {
         observed,

@@ -115,7 +115,7 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
             return fail_with(
                 actor,
                 format!(
-                    "no slot serves to read kcp's own schemas from, to compare the copy with ({e}), and none of the version that last served the data could be started (its binary is gone, its record in {} predates the template it keeps, or it did not answer /readyz within spec.rollout.readinessTimeout); set spec.rollout.preflight to false to start kcp {version} without a preflight",
+                    "no slot serves to read kcp's own schemas from, to compare the copy with ({e}), and none of the version that last served the data could be started (its binary is gone, its record in {} predates the template it keeps, or it exited or did not answer /readyz within spec.rollout.readinessTimeout); set spec.rollout.preflight to false to start kcp {version} without a preflight",
                     actor.dirs.data_version_file().display()
                 ),
             );

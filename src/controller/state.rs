@@ -305,6 +305,9 @@ pub struct ControllerState {
     /// The latest restore of a snapshot (`kcpshard snapshot restore`), under way or done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<RestoreRecord>,
+    /// The spec whose interim slot exited before it was ready: no interim slot starts again for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interim_crashed_for: Option<SlotTemplate>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

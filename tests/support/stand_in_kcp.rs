@@ -18,7 +18,9 @@
 //! - a root under a shard's `preflight/` (a preflight on a copy of the data) has a Lease file of
 //!   its own there: the copy's, not the slots';
 //! - `--stand-in-ready-after-ms=N` (an extra argument) overrides `STANDIN_READY_AFTER_MS`;
-//! - an extra argument containing `bogus` makes it exit 1 with `Error: unknown flag: <arg>`.
+//! - an extra argument containing `bogus` makes it exit 1 with `Error: unknown flag: <arg>`;
+//! - `--stand-in-exit-if-exists=PATH` makes it exit 1 at start while PATH exists (a kcp that
+//!   crashes on its data from some point on).
 //!
 //! Hangs and crashes are real: tests SIGSTOP and SIGKILL it.
 use std::path::{Path, PathBuf};
@@ -155,6 +157,12 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(bogus) = args.iter().find(|a| a.contains("bogus")) {
         eprintln!("Error: unknown flag: {bogus}");
+        std::process::exit(1);
+    }
+    if let Some(marker) = flag(&args, "stand-in-exit-if-exists")
+        && Path::new(&marker).exists()
+    {
+        eprintln!("Error: told to fail by {marker}");
         std::process::exit(1);
     }
     let root = PathBuf::from(flag(&args, "root-directory").expect("--root-directory"));

@@ -609,6 +609,8 @@ pub struct Observed {
     /// The kcp version that last served the shard's data (recorded beside the store before a
     /// slot of a new version starts), if any did.
     pub data_version: Option<String>,
+    /// The spec whose interim slot exited before it was ready (see [`Desired::interim`]).
+    pub interim_crashed_for: Option<SlotTemplate>,
 }
 
 impl Observed {

@@ -383,8 +383,13 @@ impl Model {
                     self.stop(name, StopCause::Abort, true);
                 }
             }
-            Step::RemoveSlot { name, .. } => {
-                prop_assert!(!o.slot(name).unwrap().running, "removed {name} while it runs");
+            Step::RemoveSlot { name, crashed } => {
+                let gone = o.slot(name).unwrap();
+                prop_assert!(!gone.running, "removed {name} while it runs");
+                // As act does: an interim slot that never got ready is not started again.
+                if *crashed && !gone.health.ever_ready && self.desired.interim.as_ref() == Some(&gone.template) {
+                    self.observed.interim_crashed_for = Some(self.desired.template.clone());
+                }
                 self.slots.retain(|m| &m.seen.name != name);
             }
             Step::ReleaseLease { .. } => {

@@ -91,6 +91,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         preflight: None,
         restore: None,
         data_version: None,
+        interim_crashed_for: None,
     }
 }
 
@@ -952,6 +953,44 @@ fn the_old_slot_gone_mid_preflight_is_replaced_by_an_interim_slot_and_a_failed_p
         cause.reason(),
         "PreflightFailed",
         "blocked, and the interim slot serves on"
+    );
+}
+
+#[test]
+fn an_interim_slot_that_crashed_is_not_started_again_for_the_same_spec_and_the_preflight_goes_on() {
+    let mut d = desired("v2");
+    d.preflight = true;
+    d.interim = Some(template("v1"));
+    let mut a = slot("a", "v1", false);
+    a.running = false;
+    let mut o = observed(&[], vec![a]);
+    o.data_version = Some("v1".into());
+    o.preflight = Some(preflight_of("v2", running(false, None, false)));
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: true
+        },
+        "its records go (act remembers the crash)"
+    );
+    o.slots.clear();
+    o.interim_crashed_for = Some(template("v2"));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "no second interim slot");
+    o.preflight = Some(finished("v2", PreflightResult::Compatible, false));
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartSlot { name: "a".into() },
+        "the roll goes on once the preflight passed"
+    );
+    let mut next = desired("v3");
+    next.preflight = true;
+    next.interim = Some(template("v1"));
+    o.preflight = None;
+    assert_eq!(
+        plan(&next, &o),
+        Step::StartInterim { name: "a".into() },
+        "another spec tries an interim slot again"
     );
 }
 
