@@ -238,6 +238,19 @@ async fn a_slot_that_cannot_start_says_what_kcp_printed_and_where_its_log_is() {
         first == 1 && again == 1,
         "RollBlocked {first} then {again} times for one block"
     );
+    let events = env.events("dev").await;
+    let crashed: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("SlotCrashed"))
+        .filter_map(|e| e.message.as_deref())
+        .collect();
+    assert!(
+        crashed
+            .iter()
+            .any(|m| m.contains("none starts while the roll is blocked"))
+            && !crashed.iter().any(|m| m.contains("a replacement starts")),
+        "the crash's event says that no replacement starts: {crashed:?}"
+    );
     env.shutdown(&["dev"]).await;
 }
 

@@ -858,10 +858,18 @@ impl Actor<'_> {
                 ),
             )]);
         }
+        // A new slot that crashed before it was ready blocked its spec first (AbortRoll).
+        let next = match &self.world.observed.blocked {
+            Some(blocked) if blocked.template == self.desired.template => format!(
+                "none starts while the roll is blocked ({}: see the Degraded condition)",
+                blocked.cause.reason()
+            ),
+            _ => "a replacement starts".to_string(),
+        };
         Ok(vec![Note::warning(
             "SlotCrashed",
             format!(
-                "slot {name}{} exited: {last_words}; a replacement starts",
+                "slot {name}{} exited: {last_words}; {next}",
                 if served { ", which served the shard," } else { "" },
             ),
         )])
