@@ -229,8 +229,11 @@ for r in rows:
     if t.get("preflightStartedAt") is not None:
         took = (f"{t['preflightCompletedAt'] - t['preflightStartedAt']:.2f} s"
                 if t.get("preflightCompletedAt") is not None else "not completed")
+        removed = (f"; the roll's new slot started {t['newSlotStartedAt'] - t['preflightCompletedAt']:.2f} s after"
+                   " its result (its removal)"
+                   if t.get("preflightCompletedAt") is not None and t.get("newSlotStartedAt") is not None else "")
         print(f"roll {r['roll']}: preflight {r['preflight']} in {took}, started "
-              f"{t['preflightStartedAt'] - t['changedAt']:.2f} s after the change (in spec->start)")
+              f"{t['preflightStartedAt'] - t['changedAt']:.2f} s after the change (in spec->start){removed}")
 # Each failure (and each retried first attempt) placed in its roll and phase.
 from datetime import datetime
 phases = [("startedAt", "start"), ("newSlotStartedAt", "new slot starting"), ("newSlotReadyAt", "ready, switching"),
