@@ -494,8 +494,9 @@ fn version_changes(desired: &Desired, observed: &Observed) -> bool {
 /// While the preflight of a new version keeps its first slot waiting and nothing serves, a slot
 /// of the template that last served the data serves meanwhile (none is started while one is on its
 /// way, nor more than a roll runs, nor again for a spec whose interim slot exited before it was
-/// ready: it runs that template unchanged, and would crash in a loop). The preflight reads kcp's own schemas from a slot that answers
-/// before it copies the data, so it starts once that slot answers (or missed readinessTimeout).
+/// ready: it runs that template unchanged, and would crash in a loop). The preflight reads kcp's
+/// own schemas from a slot that answers before it copies the data, so it starts once that slot
+/// answers (or missed readinessTimeout).
 fn with_interim(desired: &Desired, observed: &Observed, preflight: Step) -> Step {
     let Some(interim) = desired.interim.as_ref() else {
         return preflight;
