@@ -16,6 +16,7 @@ use crate::api::Phase;
 
 use super::plan::{
     Desired, FrontObservation, KillCause, Observed, RestartCause, RestorePhase, SlotObservation, Step, Wait,
+    started_across_a_store_outage,
 };
 
 /// A condition as computed, before times and generation are stamped on it.
@@ -131,10 +132,12 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
             ),
         },
     };
+    // A new slot that a store outage caught mid-start is started again (plan's not_ready_yet),
+    // not replaced as broken: its 404s are the outage's.
     let broken: Vec<&SlotObservation> = observed
         .slots
         .iter()
-        .filter(|s| s.running && s.health.broken())
+        .filter(|s| s.running && s.health.broken() && !started_across_a_store_outage(observed, s))
         .collect();
     if degraded == healthy() {
         if let Some(s) = broken.first() {
@@ -492,6 +495,25 @@ mod tests {
             degraded.message.starts_with("1 of 2 slots serve (slot b exited)"),
             "{degraded:?}"
         );
+    }
+
+    #[test]
+    fn a_new_slot_answering_404_is_broken_unless_a_store_outage_caught_its_start() {
+        let mut b = slot("b", "v2", false);
+        b.health.broken_looks = 2;
+        b.health.problem = Some("HTTP 404".into());
+        let mut o = observed(&["a"], vec![slot("a", "v1", true), b]);
+        o.roll = Some(crate::controller::plan::RollRecord::default());
+        let v = verdicts(&desired("v2"), &o, &Step::Idle, None);
+        assert_eq!(find(&v, "Degraded").reason, "SlotBroken");
+        // The store went away after b started: b is started again for the outage, not replaced.
+        o.roll.as_mut().unwrap().store_down_at = Some(at(5));
+        let restart = Step::RestartSlot {
+            name: "b".into(),
+            cause: RestartCause::StoreOutage,
+        };
+        let v = verdicts(&desired("v2"), &o, &restart, None);
+        assert!(!find(&v, "Degraded").status, "{:?}", find(&v, "Degraded"));
     }
 
     #[test]

@@ -596,11 +596,7 @@ fn preflight(desired: &Desired, observed: &Observed) -> Option<Step> {
 /// outage or a missed readinessTimeout, then given up on.
 fn not_ready_yet(desired: &Desired, observed: &Observed, slot: &SlotObservation) -> Step {
     let roll = observed.roll.as_ref();
-    let outage_seen = roll
-        .and_then(|r| r.store_down_at)
-        .is_some_and(|down| down >= slot.started_at);
-    let store_restarted = observed.store_started_at.is_some_and(|up| up > slot.started_at);
-    if outage_seen || store_restarted {
+    if started_across_a_store_outage(observed, slot) {
         return Step::RestartSlot {
             name: slot.name.clone(),
             cause: RestartCause::StoreOutage,
@@ -643,6 +639,19 @@ fn not_ready_yet(desired: &Desired, observed: &Observed, slot: &SlotObservation)
             timeout_seconds: desired.readiness_timeout.as_secs(),
         },
     }
+}
+
+/// A slot not ready yet whose start-up a store outage overlapped: the roll saw the store down
+/// after it started, or a store process it needs started after it. Such a kcp may never get ready,
+/// or answer 404 for its own APIs, so it is started again, whatever its looks say.
+pub fn started_across_a_store_outage(observed: &Observed, slot: &SlotObservation) -> bool {
+    let outage_seen = observed
+        .roll
+        .as_ref()
+        .and_then(|r| r.store_down_at)
+        .is_some_and(|down| down >= slot.started_at);
+    let store_restarted = observed.store_started_at.is_some_and(|up| up > slot.started_at);
+    !slot.health.ever_ready && (outage_seen || store_restarted)
 }
 
 /// A roll whose old slots can no longer lead (each stopped listening, or gone) and whose Lease has
