@@ -485,6 +485,7 @@ impl Runtime {
             let _ = kill(Pid::from_raw(-(record.pid as i32)), Signal::SIGKILL);
         }
         if let Some((systemd, unit)) = &managed {
+            systemd.settled(unit, AFTER_SIGKILL).await;
             systemd.forget(unit).await;
         }
         Ok(Termination { exited_after, killed })

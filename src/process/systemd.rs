@@ -297,6 +297,31 @@ impl Systemd {
         self.forget(unit).await;
     }
 
+    /// Waits, at most `bound`, until the manager has taken in the exit of the unit's main process:
+    /// the unit is inactive, failed or gone. The kernel reports the exit before the manager
+    /// records it (SIGCHLD), and a failed state recorded after [`Systemd::forget`] keeps the unit
+    /// listed (a unit SIGKILLed during its stop job fails).
+    pub async fn settled(&self, unit: &UnitName, bound: Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        while tokio::time::Instant::now() < deadline {
+            let Some(path) = self.unit_path(unit).await else {
+                return;
+            };
+            match self.unit(&path).await {
+                Ok(proxy) => {
+                    if matches!(
+                        proxy.active_state().await.as_deref(),
+                        Ok("inactive" | "failed") | Err(_)
+                    ) {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Drops a stopped unit's failed state, so that it is no longer listed.
     pub async fn forget(&self, unit: &UnitName) {
         if let Ok(manager) = self.manager().await {
