@@ -285,6 +285,87 @@ async fn serve_honours_sigterm_within_5s_mid_roll_and_deletion_leaves_nothing_ru
     env.shutdown(&[]).await;
 }
 
+/// The data loss of a store change (the next slot on an empty store) cannot happen: the API
+/// refuses a spec.store that puts the data elsewhere once a slot started on it; a KcpShard created
+/// again with another store runs on the one its data is in, says so, and status names that store;
+/// deletion stops every kine the shard started, one that serves nothing it uses included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_change_is_refused_a_re_created_shard_keeps_its_data_s_store_and_deletion_stops_every_kine() {
+    let (mut env, front, _poll) = start(1).await;
+    let o = env.get("dev").await.unwrap();
+    assert_eq!(o["status"]["store"]["type"], "KineSqlite");
+    assert!(
+        o["status"]["store"]["dataSince"].is_string(),
+        "{}",
+        o["status"]["store"]
+    );
+
+    let postgres = json!({ "type": "KinePostgres", "kinePostgres": { "host": "127.0.0.1", "port": free_port(), "user": "postgres" } });
+    let refused = env
+        .shards()
+        .patch(
+            "dev",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "spec": { "store": postgres } })),
+        )
+        .await
+        .expect_err("a change of spec.store was accepted");
+    let kube::Error::Api(status) = refused else {
+        panic!("not an API error: {refused}")
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    for needed in ["spec.store.type", "is in KineSqlite", "Put spec.store back"] {
+        assert!(status.message.contains(needed), "{needed:?} not in {}", status.message);
+    }
+
+    // A kine of the shard that serves nothing it uses, as an older kcpshard could leave behind.
+    let orphan_dir = env.shard_dir("dev").join("slots/d/store");
+    let kine = kcpshard::store::KineSpec::sqlite(&support::require("kine"), &orphan_dir, "dev").unwrap();
+    let runtime = kcpshard::process::Runtime::new();
+    let orphan = kcpshard::store::kine::ensure_kine(&runtime, &kine).await.unwrap();
+    let orphan_pid = orphan.record.pid as i32;
+    assert!(e2e::alive(orphan_pid));
+    assert!(
+        env.delete_and_wait("dev", Duration::from_secs(30)).await,
+        "the shard was not deleted"
+    );
+    assert!(
+        !e2e::alive(orphan_pid),
+        "the orphaned kine (pid {orphan_pid}) survived the deletion"
+    );
+    assert!(!orphan_dir.join("kine.json").exists(), "its record stayed");
+
+    // Created again on another store: it runs on the one its data is in.
+    let mut again = spec(&front, 1);
+    again["store"] = postgres;
+    env.apply_spec("dev", again).await;
+    let o = env
+        .until(
+            "dev",
+            Duration::from_secs(60),
+            "Ready and Degraded StoreChangeRefused",
+            |o| {
+                (e2e::ready_now(o) && condition(o, "Degraded").is_some_and(|c| c["reason"] == "StoreChangeRefused"))
+                    .then(|| o.clone())
+            },
+        )
+        .await;
+    assert_eq!(o["status"]["store"]["type"], "KineSqlite", "{}", o["status"]["store"]);
+    let message = condition(&o, "Degraded").unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(message.contains("the shard's data is in KineSqlite"), "{message}");
+    let pid = slot_pid(&o, "a").unwrap();
+    let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let kine_port = o["status"]["store"]["endpoints"][0].as_str().unwrap().to_string();
+    assert!(
+        String::from_utf8_lossy(&argv).contains(&format!("--etcd-servers={kine_port}")),
+        "the slot does not dial the sqlite kine {kine_port}"
+    );
+    env.shutdown(&["dev"]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_version_changed_mid_roll_is_the_one_the_roll_record_names() {
     let (mut env, _front, _poll) = start(1).await;

@@ -12,6 +12,9 @@
 //!   3. garbage in `controller.json`: Degraded=True, reason StateFileUnreadable, naming the file
 //!      and what to do, one Warning event, the slot serving on (0 failed polls); moved aside, the
 //!      shard is Ready again with no roll.
+//!   4. `kubectl patch` of spec.store to a managed KinePostgres (what once served an empty kcp at
+//!      the next roll): refused with 422 naming the field, status still names KineSqlite; a
+//!      restart roll afterwards keeps every workspace.
 //! - `slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard`, one shard on PostgreSQL:
 //!   1. SIGKILL of the active slot's own kine (found by `application_name=kcpshard-<shard>-<slot>`
 //!      in its argv): started again on the same port (SlotStoreRestarted), no roll.
@@ -565,6 +568,61 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
         "controller.json moved aside: the serving slot changed"
     );
     all_there(&env, &admin, &workspaces, "the corrupt controller.json").await;
+
+    // 4. A change of spec.store, as a user would try it.
+    let (accepted, out) = kubectl(
+        &env.state.join("kubeconfig"),
+        &[
+            "patch",
+            "ks",
+            shard,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"store":{"type":"KinePostgres","kinePostgres":{"host":"127.0.0.1","managed":true}}}}"#,
+        ],
+        "",
+    );
+    assert!(!accepted, "kubectl patch of spec.store was accepted: {out}");
+    // kubectl prints a 422 Invalid as "is invalid" with its causes.
+    for needed in [
+        "is invalid",
+        "spec.store.type",
+        "is in KineSqlite",
+        "Put spec.store back",
+    ] {
+        assert!(out.contains(needed), "{needed:?} not in kubectl's answer: {out}");
+    }
+    let o = env.get(shard).await.unwrap();
+    assert_eq!(o["status"]["store"]["type"], "KineSqlite", "{}", o["status"]["store"]);
+    let requested = Utc::now();
+    env.patch(shard, json!({ "metadata": { "annotations": restart_annotation() } }))
+        .await;
+    env.until(
+        shard,
+        ROLL_TIMEOUT,
+        "the restart roll after the refused store change",
+        |o| {
+            (completed_roll_to(
+                o,
+                &version,
+                &requested.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            ) && ready_now(o))
+            .then_some(())
+        },
+    )
+    .await;
+    all_there(
+        &env,
+        &admin,
+        &workspaces,
+        "a refused change of spec.store and a restart roll",
+    )
+    .await;
+    report.add(format!(
+        "KineSqlite: kubectl patch of spec.store to KinePostgres: refused ({})",
+        out.trim()
+    ));
 
     let left = env.shutdown(&[shard]).await;
     report.print("e2e_faults: KineSqlite shard");

@@ -215,6 +215,58 @@ pub struct StoreSpec {
     pub etcd: Option<EtcdStore>,
 }
 
+impl StoreSpec {
+    /// The first field by which `self` puts the data somewhere else than `other`: the type, the
+    /// PostgreSQL server (host, port, or whether kcpshard runs it), its database, or the etcd
+    /// endpoints. The other settings (user, password, TLS) say how to reach the same data, and
+    /// None is answered when only they differ.
+    pub fn moved_at(&self, other: &StoreSpec) -> Option<&'static str> {
+        if self.type_ != other.type_ {
+            return Some("spec.store.type");
+        }
+        match (
+            self.type_,
+            &self.kine_postgres,
+            &other.kine_postgres,
+            &self.etcd,
+            &other.etcd,
+        ) {
+            (StoreType::KinePostgres, Some(a), Some(b), _, _) => [
+                ("spec.store.kinePostgres.host", a.host != b.host),
+                ("spec.store.kinePostgres.port", a.port != b.port),
+                ("spec.store.kinePostgres.database", a.database != b.database),
+                ("spec.store.kinePostgres.managed", a.managed != b.managed),
+            ]
+            .into_iter()
+            .find_map(|(field, differs)| differs.then_some(field)),
+            (StoreType::Etcd, _, _, Some(a), Some(b)) => {
+                let members = |e: &EtcdStore| {
+                    let mut m = e.endpoints.clone();
+                    m.sort();
+                    m
+                };
+                (members(a) != members(b)).then_some("spec.store.etcd.endpoints")
+            }
+            _ => None,
+        }
+    }
+
+    /// Where the data is, in words: "KineSqlite", "KinePostgres (database kcp on 127.0.0.1:5432)".
+    pub fn describe(&self) -> String {
+        match (self.type_, &self.kine_postgres, &self.etcd) {
+            (StoreType::KinePostgres, Some(pg), _) => format!(
+                "KinePostgres (database {} on {}{}:{})",
+                pg.database,
+                if pg.managed { "the managed PostgreSQL at " } else { "" },
+                pg.host,
+                pg.port
+            ),
+            (StoreType::Etcd, _, Some(etcd)) => format!("Etcd ({})", etcd.endpoints.join(", ")),
+            (type_, _, _) => type_.as_str().to_string(),
+        }
+    }
+}
+
 /// The kind of store.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum StoreType {
@@ -617,6 +669,11 @@ pub struct StoreStatus {
     pub endpoints: Vec<String>,
     /// Whether the store accepted connections at the last observation.
     pub ready: bool,
+    /// Since when the shard's data is in this store: the first start of a slot on it. From then on
+    /// spec.store cannot name another store (kcpshard cannot move the data yet), and a KcpShard
+    /// created again under the same name runs on this store until its directory is moved aside.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_since: Option<Time>,
     /// Why the store is not ready, or what it is doing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

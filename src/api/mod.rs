@@ -17,5 +17,5 @@ pub mod version;
 pub use crd::{crd, crd_yaml};
 pub use duration::parse_duration;
 pub use kcpshard::*;
-pub use validation::validate;
+pub use validation::{validate, validate_update};
 pub use version::KcpVersion;

@@ -94,6 +94,34 @@ pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
     causes
 }
 
+/// The problems of a change from `old` to `new` that [`validate`] cannot see in `new` alone: a
+/// spec.store that puts the data somewhere else once a slot has started on the old store
+/// (status.store.dataSince). A slot started on the new store would serve an empty kcp while the
+/// data stayed behind, so the change is refused until kcpshard can move the data.
+pub fn validate_update(old: &KcpShard, new: &KcpShard) -> Vec<FieldCause> {
+    let Some(since) = old
+        .status
+        .as_ref()
+        .and_then(|s| s.store.as_ref())
+        .and_then(|s| s.data_since.as_ref())
+    else {
+        return Vec::new();
+    };
+    let Some(field) = new.spec.store.moved_at(&old.spec.store) else {
+        return Vec::new();
+    };
+    let name = new.name_any();
+    vec![forbidden(
+        field,
+        format!(
+            "the data of KcpShard {name} is in {} (since {}), and kcpshard cannot move a shard's data to another store: a slot started on {} would serve an empty kcp. Put spec.store back as it was. To run the shard on the new store without its data, delete the KcpShard, move its store directory (<state dir>/shards/{name}/store) aside, and create it again (docs/operations.md, \"Change a shard's store\")",
+            old.spec.store.describe(),
+            since.0,
+            new.spec.store.describe(),
+        ),
+    )]
+}
+
 fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
     let kcp = &obj.spec.kcp;
     let binary = kcp.binary.as_str();
@@ -586,6 +614,95 @@ mod tests {
         shard(
             "apiVersion: kcpshard.io/v1alpha1\nkind: KcpShard\nmetadata: {name: pg}\nspec:\n  version: v0.32.3\n  store:\n    type: KinePostgres\n    kinePostgres: {host: 127.0.0.1, passwordFrom: {file: /etc/pgpass}}\n",
         )
+    }
+
+    /// `obj` as the controller leaves it once a slot started on its store.
+    fn holding_data(mut obj: KcpShard) -> KcpShard {
+        let since = "2026-12-04T10:00:00Z".parse().unwrap();
+        obj.status = Some(crate::api::KcpShardStatus {
+            store: Some(crate::api::StoreStatus {
+                type_: obj.spec.store.type_,
+                endpoints: vec![],
+                ready: true,
+                message: None,
+                data_since: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since)),
+            }),
+            ..Default::default()
+        });
+        obj
+    }
+
+    #[test]
+    fn a_store_that_holds_the_data_cannot_be_swapped_for_another() {
+        let old = holding_data(dev());
+        let causes = validate_update(&old, &postgres());
+        assert_eq!(fields(&causes), ["spec.store.type"]);
+        assert_eq!(causes[0].reason, "FieldValueForbidden");
+        let message = &causes[0].message;
+        for needed in [
+            "is in KineSqlite (since 2026-12-04T10:00:00Z)",
+            "would serve an empty kcp",
+            "Put spec.store back",
+            "shards/pg/store) aside",
+        ] {
+            assert!(message.contains(needed), "{needed:?} not in {message}");
+        }
+        // The same store with other settings, and anything else, may change.
+        let mut same = old.clone();
+        same.spec.version = "v0.32.4".into();
+        assert_eq!(validate_update(&old, &same), vec![]);
+        // Before a slot started on it, the store may change: there is no data to leave behind.
+        assert_eq!(validate_update(&dev(), &postgres()), vec![]);
+    }
+
+    #[test]
+    fn a_postgres_server_or_database_is_where_the_data_is_and_credentials_are_not() {
+        let old = holding_data(postgres());
+        let moved = |change: fn(&mut crate::api::KinePostgresStore)| {
+            let mut new = postgres();
+            change(new.spec.store.kine_postgres.as_mut().unwrap());
+            fields(&validate_update(&old, &new))
+                .into_iter()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            moved(|pg| pg.host = "db.example".into()),
+            ["spec.store.kinePostgres.host"]
+        );
+        assert_eq!(moved(|pg| pg.port = 5433), ["spec.store.kinePostgres.port"]);
+        assert_eq!(
+            moved(|pg| pg.database = "other".into()),
+            ["spec.store.kinePostgres.database"]
+        );
+        assert_eq!(moved(|pg| pg.managed = true), ["spec.store.kinePostgres.managed"]);
+        assert!(moved(|pg| pg.user = "admin".into()).is_empty());
+        assert!(moved(|pg| pg.password_from = None).is_empty());
+        assert!(moved(|pg| pg.ssl_mode = SslMode::Require).is_empty());
+    }
+
+    #[test]
+    fn etcd_members_are_a_set() {
+        let etcd = |endpoints: &[&str]| {
+            let mut obj = dev();
+            obj.spec.store.type_ = StoreType::Etcd;
+            obj.spec.store.etcd = Some(crate::api::EtcdStore {
+                endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+                ca_file: None,
+                cert_file: None,
+                key_file: None,
+            });
+            obj
+        };
+        let old = holding_data(etcd(&["https://a:2379", "https://b:2379"]));
+        assert_eq!(
+            validate_update(&old, &etcd(&["https://b:2379", "https://a:2379"])),
+            vec![]
+        );
+        assert_eq!(
+            fields(&validate_update(&old, &etcd(&["https://c:2379"]))),
+            ["spec.store.etcd.endpoints"]
+        );
     }
 
     #[test]

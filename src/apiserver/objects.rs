@@ -781,6 +781,11 @@ pub fn next_state(
         }
     }
     *warnings = validate(resource, &mut next, unknown)?;
+    let causes = resource.update_check(existing, &next);
+    if !causes.is_empty() {
+        let name = next["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        return Err(invalid(resource, &name, causes));
+    }
     if !existing["metadata"]["deletionTimestamp"].is_null() {
         let added = finalizers(&next)
             .into_iter()

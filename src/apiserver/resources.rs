@@ -92,6 +92,22 @@ impl Resource {
             _ => Vec::new(),
         }
     }
+
+    /// Checks of an update that compare the stored object with the next one (as stored).
+    pub fn update_check(&self, existing: &Value, next: &Value) -> Vec<FieldCause> {
+        use crate::api::KcpShard;
+        match self.storage {
+            KCPSHARDS => match (
+                serde_json::from_value::<KcpShard>(existing.clone()),
+                serde_json::from_value::<KcpShard>(next.clone()),
+            ) {
+                (Ok(old), Ok(new)) => crate::api::validate_update(&old, &new),
+                // One that does not parse was refused by semantic_check already (or predates it).
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    }
 }
 
 pub const KCPSHARDS: &str = "kcpshards";

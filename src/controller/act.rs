@@ -16,11 +16,11 @@ use super::plan::{
     BlockCause, Blocked, Desired, FrontChange, KillCause, LeaveCause, ProbeRecord, RestartCause, Restorable,
     RestorePhase, RestoreRecord, RollRecord, SlotTemplate, Step, StopCause, StopRecord,
 };
-use super::state::{CompletedRoll, DataVersion, ShardDirs, SlotRecord, SnapshotRecord};
+use super::state::{CompletedRoll, DataVersion, ShardDirs, SlotRecord, SnapshotRecord, StoreRecord};
 use super::{Context, Note};
 use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION};
 use crate::front::Backend;
-use crate::process::{ProcessSpec, UnitName, free_port};
+use crate::process::{ProcessSpec, Runtime, UnitName, free_port};
 use crate::slot;
 use crate::store::StoreBackend;
 
@@ -83,6 +83,7 @@ impl Actor<'_> {
                 self.store()?.stop(&self.ctx.runtime, KINE_STOP_GRACE).await?;
                 Ok(vec![])
             }
+            Step::StopOrphanedKine { record } => self.stop_orphaned_kine(record).await,
             Step::StopFront => {
                 self.ctx
                     .front(self.shard, self.dirs)?
@@ -100,8 +101,25 @@ impl Actor<'_> {
         }
     }
 
+    /// Stops a kine of the shard that serves nothing it uses, and drops its record.
+    async fn stop_orphaned_kine(&self, record: &str) -> Result<Notes, Error> {
+        let path = std::path::Path::new(record);
+        let Some(kine) = Runtime::load(path)? else {
+            return Ok(vec![]);
+        };
+        self.ctx.runtime.terminate(&kine, KINE_STOP_GRACE).await?;
+        std::fs::remove_file(path)?;
+        Ok(vec![Note::normal(
+            "OrphanedKineStopped",
+            format!(
+                "stopped kine (pid {}, {record}), which served no store or slot the shard uses; its data stays",
+                kine.pid
+            ),
+        )])
+    }
+
     pub(super) fn store(&self) -> Result<StoreBackend, Error> {
-        Ok(self.ctx.store(self.shard, self.dirs)?)
+        Ok(self.ctx.store(self.shard, &self.world.store.store, self.dirs)?)
     }
 
     fn slot(&self, name: &str) -> Result<&ObservedSlot, Error> {
@@ -504,7 +522,15 @@ impl Actor<'_> {
             state.blocked = None;
             self.dirs.save_state(&state)?;
         }
-        // Before the slot touches the data: from now on the data is this version's.
+        // Before the slot touches the data: from now on the data is in this store (a spec.store
+        // that names another is not followed, observe.rs), and this version's.
+        let store = &self.world.store;
+        if store.since.is_none() || store.store != self.shard.spec.store && store.refused.is_none() {
+            self.dirs.save_store_record(&StoreRecord {
+                store: store.store.clone(),
+                since: store.since.unwrap_or(now),
+            })?;
+        }
         let recorded = self.world.data_version.as_ref();
         if recorded.and_then(|d| d.template.as_ref()) != Some(template) {
             let since = recorded

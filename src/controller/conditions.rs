@@ -140,7 +140,9 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
         .filter(|s| s.running && s.health.broken() && !started_across_a_store_outage(observed, s))
         .collect();
     if degraded == healthy() {
-        if let Some(s) = broken.first() {
+        if let Some(refused) = &observed.store_refused {
+            degraded = verdict("Degraded", true, "StoreChangeRefused", refused.clone());
+        } else if let Some(s) = broken.first() {
             degraded = verdict(
                 "Degraded",
                 true,
@@ -280,7 +282,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::ReleaseLease { .. } => "ReleasingLease",
         Step::Probe | Step::ProbeSucceeded | Step::Wait(Wait::Probe) => "Probing",
         Step::CompleteRoll => "RollComplete",
-        Step::StopStore | Step::StopFront => "Deleting",
+        Step::StopStore | Step::StopOrphanedKine { .. } | Step::StopFront => "Deleting",
         Step::Idle | Step::Blocked { .. } | Step::AbortRoll { .. } => "Idle",
     }
 }
@@ -348,6 +350,7 @@ fn progress_message(step: &Step) -> String {
         Step::ProbeSucceeded => "a probe workspace reached Ready".into(),
         Step::CompleteRoll => "finishing the roll".into(),
         Step::StopStore | Step::StopFront => "stopping the slots, the store's processes and the front".into(),
+        Step::StopOrphanedKine { record } => format!("stopping a kine the shard no longer uses ({record})"),
         Step::Idle | Step::Blocked { .. } | Step::AbortRoll { .. } => String::new(),
     }
 }
@@ -438,6 +441,20 @@ mod tests {
         assert!(degraded.message.contains("bin/kcp-v9.9.9") && degraded.message.contains("install"));
         assert!(status_of(&v, "Ready"));
         assert_eq!(phase(&v, false), Phase::Degraded);
+    }
+
+    #[test]
+    fn a_spec_store_that_is_not_followed_is_degraded_while_the_shard_serves() {
+        let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+        o.store_refused = Some("spec.store.type names KinePostgres but the shard's data is in KineSqlite".into());
+        let v = verdicts(&desired("v1"), &o, &Step::Idle, None);
+        let degraded = find(&v, "Degraded");
+        assert_eq!(
+            (degraded.status, degraded.reason.as_str()),
+            (true, "StoreChangeRefused")
+        );
+        assert!(degraded.message.contains("data is in KineSqlite"));
+        assert!(status_of(&v, "Ready") && status_of(&v, "StoreReady"));
     }
 
     #[test]

@@ -40,7 +40,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION};
+use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION, StoreSpec};
 use crate::process::exits::ExitNotices;
 use crate::process::{ProcessRecord, Runtime};
 use crate::store::{StoreBackend, StoreError, StorePaths};
@@ -155,13 +155,13 @@ impl Context {
         .map_err(Error::Front)
     }
 
-    /// The store the spec asks for (a password is read now).
-    pub fn store(&self, shard: &KcpShard, dirs: &ShardDirs) -> Result<StoreBackend, StoreError> {
+    /// The backend of `store` for `shard` (a password is read now).
+    pub fn store(&self, shard: &KcpShard, store: &StoreSpec, dirs: &ShardDirs) -> Result<StoreBackend, StoreError> {
         let paths = StorePaths {
             state_dir: std::path::absolute(&self.state_dir).unwrap_or_else(|_| self.state_dir.clone()),
             store_dir: std::path::absolute(dirs.store()).unwrap_or_else(|_| dirs.store()),
         };
-        StoreBackend::from_spec(&shard.spec.store, &self.kine_binary, &paths, &shard.name_any())
+        StoreBackend::from_spec(store, &self.kine_binary, &paths, &shard.name_any())
     }
 
     /// The leader-election identity of a slot's kcp process, from its log (see [`lease`]).
@@ -218,8 +218,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         deleting: shard.meta().deletion_timestamp.is_some(),
         version_refused: None,
         root_not_ready: None,
-        snapshot_before_version_change: spec.rollout.snapshot_before_version_change
-            && spec.store.type_ == crate::api::StoreType::KinePostgres,
+        // And a store that takes snapshots: the one in use, in `step`.
+        snapshot_before_version_change: spec.rollout.snapshot_before_version_change,
         preflight: spec.rollout.preflight,
         allow_schema_change: spec.rollout.allow_minor_version_change,
         // Judged with the shard's files: `restore::request`, in `step`.
@@ -308,6 +308,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             None => return Err(e),
         },
     };
+    desired.snapshot_before_version_change &= world.store.store.type_ == crate::api::StoreType::KinePostgres;
     // A roll is judged from the version that served when it began, not from a half-rolled front;
     // a first slot from the version that last served the data (a re-created shard, a copied state
     // dir), so that no kcp starts on data a newer one has rewritten.

@@ -16,7 +16,7 @@ use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
     FrontObservation, Health, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
-use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord};
+use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
 use crate::front::Backend;
 use crate::process::{ProcessRecord, Runtime};
@@ -41,6 +41,8 @@ pub struct World {
     pub front_kubeconfig: std::path::PathBuf,
     /// The version that last served the shard's data, as recorded beside the store.
     pub data_version: Option<DataVersion>,
+    /// The store the shard runs on: the one its data is in.
+    pub store: StoreInUse,
 }
 
 impl World {
@@ -119,7 +121,8 @@ pub fn slot_processes(slot: &SlotDirs) -> Vec<ProcessRecord> {
 pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDirs) -> Result<World, Error> {
     let shard_ref = ObjectRef::from_obj(shard);
     let state = dirs.load_state()?;
-    let store = ctx.store(shard, dirs).map_err(|e| e.to_string());
+    let store_in_use = StoreRecord::in_use(dirs.load_store_record()?.as_ref(), &shard.spec.store, dirs);
+    let store = ctx.store(shard, &store_in_use.store, dirs).map_err(|e| e.to_string());
     let mut store_status = match &store {
         Ok(store) => store.check(&ctx.runtime).await,
         Err(e) => Err(e.clone()),
@@ -333,6 +336,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         )
         .filter_map(|at| at.parse::<DateTime<Utc>>().ok())
         .max();
+    let orphaned_kines = orphaned_kines(ctx, dirs, &kines)?;
     let disk = disk_problem(ctx, shard, store.as_ref().ok());
     let data_version = dirs.load_data_version()?;
 
@@ -363,6 +367,8 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         restore: state.restore.clone(),
         data_version: data_version.as_ref().map(|d| d.version.clone()),
         interim_crashed_for: state.interim_crashed_for.clone(),
+        store_refused: store_in_use.refused.clone(),
+        orphaned_kines,
     };
     let mut world = World {
         observed,
@@ -373,6 +379,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         unresponsive_kines,
         front_kubeconfig: dirs.front_kubeconfig(),
         data_version,
+        store: store_in_use,
     };
     // With the store away nothing needs the Lease or the probe (the store comes first), and a kcp
     // without its store may take its time to answer.
@@ -380,6 +387,25 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         observe_lease_and_probe(ctx, &mut world).await;
     }
     Ok(world)
+}
+
+/// The records of kines kcpshard started for this shard that still run but serve neither the
+/// store in use nor a slot that has a record: a store an older kcpshard let spec.store move away
+/// from, or a slot's kine whose slot is gone. Deleting the shard stops them.
+fn orphaned_kines(ctx: &Context, dirs: &ShardDirs, in_use: &[(String, Kine)]) -> Result<Vec<String>, Error> {
+    let records = std::iter::once(dirs.store())
+        .chain(SLOT_NAMES.iter().map(|name| dirs.slot(name).store()))
+        .map(|dir| dir.join(crate::store::kine::RECORD_FILE));
+    let mut orphaned = Vec::new();
+    for path in records {
+        if let Some(record) = Runtime::load(&path)?
+            && ctx.runtime.is_running(&record)
+            && !in_use.iter().any(|(_, kine)| kine.record.pid == record.pid)
+        {
+            orphaned.push(path.display().to_string());
+        }
+    }
+    Ok(orphaned)
 }
 
 /// How a slot's process ended (or, with `ended` false, what it is doing), for an event: its exit

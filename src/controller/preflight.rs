@@ -85,8 +85,8 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
     };
     let skipped = if !store.copies() {
         Some(format!(
-            "spec.store.type {:?}: kcpshard does not copy an Etcd store, so no preflight of kcp {version} ran; the roll goes on",
-            actor.shard.spec.store.type_
+            "the store is {}: kcpshard does not copy an Etcd store, so no preflight of kcp {version} ran; the roll goes on",
+            actor.world.store.store.describe()
         ))
     } else if template.sharded.as_ref().is_some_and(|s| !s.is_root()) {
         // A non-root shard's data holds no root workspace: alone on a copy, kcp would bootstrap

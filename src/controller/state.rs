@@ -12,7 +12,8 @@
 //! slots/<a-d>/process.json, kcp.log, root/   its process record, log and kcp root directory
 //! slots/<a-d>/admin-tokens.csv  the admin identities the slot accepts (--token-auth-file)
 //! slots/<a-d>/store/     the slot's own kine (KinePostgres): record and log
-//! store/                 the store's processes and data (kine and sqlite, or a managed PostgreSQL)
+//! store/                 the store's processes and data (kine and sqlite, or a managed PostgreSQL),
+//!                        store.json (which store the data is in) and data-version.json
 //! snapshots/             pg_dump files taken before version changes (KinePostgres)
 //! preflight/             the latest preflight: its process record, kcp.log, the serving slots'
 //!                        schemas it compares with (original.json), and copy/ (the copied data,
@@ -104,6 +105,21 @@ impl ShardDirs {
     pub fn save_data_version(&self, record: &DataVersion) -> io::Result<()> {
         std::fs::create_dir_all(self.store())?;
         write_json(&self.data_version_file(), record)
+    }
+
+    /// Which store the shard's data is in, beside the store (it stays when the KcpShard is
+    /// deleted, and moves with a copied state dir).
+    pub fn store_record_file(&self) -> PathBuf {
+        self.store().join("store.json")
+    }
+
+    pub fn load_store_record(&self) -> io::Result<Option<StoreRecord>> {
+        read_json(&self.store_record_file())
+    }
+
+    pub fn save_store_record(&self, record: &StoreRecord) -> io::Result<()> {
+        std::fs::create_dir_all(self.store())?;
+        write_json(&self.store_record_file(), record)
     }
 
     /// The controller's record for this shard (empty when there is none yet).
@@ -326,6 +342,61 @@ pub struct DataVersion {
     pub template: Option<SlotTemplate>,
 }
 
+/// The store a shard's data is in, written before the first slot starts on it (and again when
+/// the settings that reach it change). From then on the controller runs the shard on this store,
+/// whatever spec.store says: a slot on another store would serve an empty kcp (docs/operations.md,
+/// "Change a shard's store").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreRecord {
+    pub store: crate::api::StoreSpec,
+    /// When the first slot started on it.
+    pub since: DateTime<Utc>,
+}
+
+impl StoreRecord {
+    /// The store the shard runs on, given spec.store: the spec's while it names the store the data
+    /// is in (its other settings may change), the recorded one when it names another; and in that
+    /// case why the spec is not followed, saying what to do.
+    pub fn in_use(record: Option<&StoreRecord>, spec: &crate::api::StoreSpec, dirs: &ShardDirs) -> StoreInUse {
+        let Some(record) = record else {
+            return StoreInUse {
+                store: spec.clone(),
+                since: None,
+                refused: None,
+            };
+        };
+        match spec.moved_at(&record.store) {
+            None => StoreInUse {
+                store: spec.clone(),
+                since: Some(record.since),
+                refused: None,
+            },
+            Some(field) => StoreInUse {
+                store: record.store.clone(),
+                since: Some(record.since),
+                refused: Some(format!(
+                    "{field} names {} but the shard's data is in {} (since {}, {}): the shard runs on the store its data is in, since kcpshard cannot move data between stores. Put spec.store back as it was; to run the shard on the new store without its data, delete the KcpShard, move {} aside, and create it again",
+                    spec.describe(),
+                    record.store.describe(),
+                    record.since.format("%Y-%m-%dT%H:%M:%SZ"),
+                    dirs.store_record_file().display(),
+                    dirs.store().display(),
+                )),
+            },
+        }
+    }
+}
+
+/// The store a shard runs on, and why, when it is not the one spec.store names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreInUse {
+    pub store: crate::api::StoreSpec,
+    /// Since when the data is in it (None before the first slot started).
+    pub since: Option<DateTime<Utc>>,
+    pub refused: Option<String>,
+}
+
 /// A store snapshot taken before rolling to `template`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -439,5 +510,45 @@ mod tests {
 
         let other = super::super::Error::from(io::Error::from(io::ErrorKind::PermissionDenied));
         assert_eq!(corrupt_file(&other), None);
+    }
+
+    #[test]
+    fn a_shard_runs_on_the_store_its_data_is_in_whatever_spec_store_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = ShardDirs::new(dir.path(), "dev");
+        let sqlite: crate::api::StoreSpec = serde_yaml::from_str("type: KineSqlite").unwrap();
+        let postgres: crate::api::StoreSpec =
+            serde_yaml::from_str("{type: KinePostgres, kinePostgres: {host: 127.0.0.1, managed: true}}").unwrap();
+        // No slot started yet: the spec's store.
+        assert_eq!(dirs.load_store_record().unwrap(), None);
+        let fresh = StoreRecord::in_use(None, &postgres, &dirs);
+        assert_eq!(
+            (fresh.store, fresh.since, fresh.refused),
+            (postgres.clone(), None, None)
+        );
+
+        let since = "2026-12-04T10:00:00Z".parse().unwrap();
+        let record = StoreRecord {
+            store: sqlite.clone(),
+            since,
+        };
+        dirs.save_store_record(&record).unwrap();
+        let record = dirs.load_store_record().unwrap();
+        let moved = StoreRecord::in_use(record.as_ref(), &postgres, &dirs);
+        assert_eq!(moved.store, sqlite, "the data's store, not the spec's");
+        assert_eq!(moved.since, Some(since));
+        let why = moved.refused.unwrap();
+        assert!(
+            why.starts_with("spec.store.type names KinePostgres (database kcp on the managed PostgreSQL at 127.0.0.1:5432) but the shard's data is in KineSqlite (since 2026-12-04T10:00:00Z"),
+            "{why}"
+        );
+        assert!(why.contains(&format!("move {} aside", dirs.store().display())), "{why}");
+
+        // Other settings of the same store are the spec's.
+        let mut reached_otherwise = postgres.clone();
+        reached_otherwise.kine_postgres.as_mut().unwrap().user = "admin".into();
+        let record = StoreRecord { store: postgres, since };
+        let same = StoreRecord::in_use(Some(&record), &reached_otherwise, &dirs);
+        assert_eq!((same.store, same.refused), (reached_otherwise, None));
     }
 }

@@ -63,7 +63,8 @@ pub fn build(
             }),
         }),
         store: Some(StoreStatus {
-            type_: shard.spec.store.type_,
+            type_: world.store.store.type_,
+            data_since: world.store.since.map(conditions::k8s_time),
             endpoints: world.store_endpoints.clone(),
             ready: observed.store_up,
             message: observed.store_problem.clone(),

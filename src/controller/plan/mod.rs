@@ -688,7 +688,8 @@ fn roll_progress(desired: &Desired, observed: &Observed) -> Option<Step> {
 }
 
 /// Deleting: every slot gets SIGTERM (SIGKILL after drainTimeout), their own stores stop and their
-/// records go, then the shard-wide store's processes, then the front. The data stays.
+/// records go, then the shard-wide store's processes, every other kine of the shard that still
+/// runs, then the front. The data stays.
 fn cleanup(desired: &Desired, observed: &Observed) -> Step {
     if let Some(step) = stop_every_slot(desired, observed) {
         return step;
@@ -698,6 +699,9 @@ fn cleanup(desired: &Desired, observed: &Observed) -> Step {
     }
     if observed.store_processes_up {
         return Step::StopStore;
+    }
+    if let Some(record) = observed.orphaned_kines.first() {
+        return Step::StopOrphanedKine { record: record.clone() };
     }
     if observed.front_ours && !matches!(observed.front, FrontObservation::Down) {
         return Step::StopFront;

@@ -611,6 +611,11 @@ pub struct Observed {
     pub data_version: Option<String>,
     /// The spec whose interim slot exited before it was ready (see [`Desired::interim`]).
     pub interim_crashed_for: Option<SlotTemplate>,
+    /// spec.store names another store than the one the shard's data is in, which the shard keeps
+    /// running on: why, and what to do.
+    pub store_refused: Option<String>,
+    /// The records of kines of this shard that run but serve nothing it uses (observe.rs).
+    pub orphaned_kines: Vec<String>,
 }
 
 impl Observed {
@@ -799,6 +804,10 @@ pub enum Step {
     CompleteRoll,
     /// Deleting: what kcpshard runs for the shard-wide store, then the front.
     StopStore,
+    /// Deleting: a kine of the shard that serves nothing it uses (its record's path).
+    StopOrphanedKine {
+        record: String,
+    },
     StopFront,
     /// Nothing to do until the spec changes; the running slots keep serving.
     Blocked {
@@ -844,6 +853,7 @@ impl Step {
             Step::ProbeSucceeded => "ProbeSucceeded",
             Step::CompleteRoll => "CompleteRoll",
             Step::StopStore => "StopStore",
+            Step::StopOrphanedKine { .. } => "StopOrphanedKine",
             Step::StopFront => "StopFront",
             Step::Blocked { .. } => "Blocked",
             Step::Wait(_) => "Wait",

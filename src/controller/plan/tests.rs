@@ -92,6 +92,8 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         restore: None,
         data_version: None,
         interim_crashed_for: None,
+        store_refused: None,
+        orphaned_kines: vec![],
     }
 }
 
@@ -670,6 +672,39 @@ fn deletion_stops_the_slots_their_stores_the_store_and_the_front_and_nothing_wai
     o.store_processes_up = false;
     assert_eq!(plan(&d, &o), Step::StopFront);
     o.front = FrontObservation::Down;
+    assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+#[test]
+fn deletion_stops_every_kine_of_the_shard_that_still_runs_before_the_front() {
+    let mut d = desired("v1");
+    d.deleting = true;
+    let mut o = observed(&["a"], vec![]);
+    o.store_processes_up = false;
+    o.orphaned_kines = vec![
+        "/s/shards/dev/store/kine.json".into(),
+        "/s/shards/dev/slots/b/store/kine.json".into(),
+    ];
+    assert_eq!(
+        plan(&d, &o),
+        Step::StopOrphanedKine {
+            record: "/s/shards/dev/store/kine.json".into()
+        }
+    );
+    o.orphaned_kines.remove(0);
+    assert_eq!(
+        plan(&d, &o),
+        Step::StopOrphanedKine {
+            record: "/s/shards/dev/slots/b/store/kine.json".into()
+        }
+    );
+    o.orphaned_kines.clear();
+    assert_eq!(plan(&d, &o), Step::StopFront);
+    // Not deleting: a kine that may still serve a slot (an older kcpshard's) is left alone.
+    d.deleting = false;
+    o.orphaned_kines = vec!["/s/shards/dev/store/kine.json".into()];
+    o.front = FrontObservation::serving(&["a"]);
+    o.slots = vec![slot("a", "v1", true)];
     assert_eq!(plan(&d, &o), Step::Idle);
 }
 
