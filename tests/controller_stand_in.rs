@@ -366,6 +366,106 @@ async fn a_store_change_is_refused_a_re_created_shard_keeps_its_data_s_store_and
     env.shutdown(&["dev"]).await;
 }
 
+/// The dump of the store before a version change is a job: the roll waits for it, nothing else
+/// does. A serving slot SIGKILLed while pg_dump is stopped mid-dump leaves the front within 0.5 s;
+/// once the dump goes on and ends, it is kept and the roll completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_that_crashes_during_a_long_dump_of_the_store_is_acted_on_at_once() {
+    let pg = support::Postgres::start();
+    let mut env = Env::start().await;
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut first = spec(&front, 2);
+    first["store"] = json!({
+        "type": "KinePostgres",
+        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "kcp_jobs", "user": "postgres" },
+    });
+    first["rollout"]["preflight"] = json!(false);
+    env.apply_spec("dev", first).await;
+    settled(&env, "dev", 2, Duration::from_secs(60)).await;
+    env.patch("dev", json!({ "spec": { "version": "v0.31.3" } })).await;
+
+    let snapshots = env.shard_dir("dev").join("snapshots").display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dump = loop {
+        let found = e2e::processes_with(&snapshots);
+        if let Some((pid, argv)) = found.into_iter().find(|(_, argv)| argv.contains("pg_dump")) {
+            signal(pid, libc::SIGSTOP);
+            env.log(&format!("pg_dump (pid {pid}) stopped mid-dump: {argv}"));
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no pg_dump of the store started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let o = env
+        .until("dev", Duration::from_secs(10), "Progressing TakingSnapshot", |o| {
+            condition(o, "Progressing")
+                .filter(|c| c["reason"] == "TakingSnapshot")
+                .map(|_| o.clone())
+        })
+        .await;
+    let victim = serving(&o)[0].clone();
+    let pid = slot_pid(&o, &victim).unwrap();
+    let address = format!(
+        "127.0.0.1:{}",
+        o["status"]["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == victim.as_str())
+            .unwrap()["port"]
+    );
+    signal(pid, libc::SIGKILL);
+    let killed = Instant::now();
+    loop {
+        let status = e2e::front_status(&env, "dev").await;
+        if !status.backends.iter().any(|b| b.address.to_string() == address) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(500),
+            "slot {victim} (SIGKILLed during the dump) is still in the front 0.5 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    env.log(&format!(
+        "slot {victim} SIGKILLed during the dump: out of the front after {:.3?}",
+        killed.elapsed()
+    ));
+    signal(dump, libc::SIGCONT);
+    let done = env
+        .until(
+            "dev",
+            Duration::from_secs(60),
+            "the roll to v0.31.3 complete with 2 slots",
+            |o| {
+                (o["status"]["lastRoll"]["toVersion"] == "v0.31.3"
+                    && o["status"]["lastRoll"]["completedAt"].is_string()
+                    && serving(o).len() == 2)
+                    .then(|| o.clone())
+            },
+        )
+        .await;
+    let kept = done["status"]["lastRoll"]["snapshot"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        kept.starts_with(&snapshots) && kept.ends_with(".dump"),
+        "lastRoll.snapshot: {kept:?}"
+    );
+    let meta = std::fs::metadata(&kept).unwrap();
+    assert!(meta.len() > 0, "an empty dump");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o600
+    );
+    let seen = reasons(&env).await;
+    for reason in ["SnapshotStarted", "SnapshotTaken", "SlotCrashed"] {
+        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
+    }
+    env.shutdown(&["dev"]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_version_changed_mid_roll_is_the_one_the_roll_record_names() {
     let (mut env, _front, _poll) = start(1).await;

@@ -16,7 +16,7 @@ use super::plan::{
     BlockCause, Blocked, Desired, FrontChange, KillCause, LeaveCause, ProbeRecord, RestartCause, Restorable,
     RestorePhase, RestoreRecord, RollRecord, SlotTemplate, Step, StopCause, StopRecord,
 };
-use super::state::{CompletedRoll, DataVersion, ShardDirs, SlotRecord, SnapshotRecord, StoreRecord};
+use super::state::{CompletedRoll, DataVersion, ShardDirs, SlotRecord, StoreRecord};
 use super::{Context, Note};
 use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION};
 use crate::front::Backend;
@@ -50,7 +50,9 @@ impl Actor<'_> {
             Step::AdoptSlot { name } => self.adopt_slot(name),
             Step::EnsureStore => self.ensure_store().await,
             Step::KillStore => self.kill_store(),
-            Step::Snapshot => self.snapshot().await,
+            Step::Snapshot => super::jobs::start_snapshot(self).await,
+            Step::FinishJob => super::jobs::finish(self).await,
+            Step::CancelJob => super::jobs::cancel(self),
             Step::StartPreflight => super::preflight::start(self).await,
             Step::PreflightProbe => super::preflight::probe(self).await,
             Step::ComparePreflight => super::preflight::compare(self).await,
@@ -58,7 +60,7 @@ impl Actor<'_> {
             Step::RemovePreflight => super::preflight::remove(self).await,
             Step::BeginRestore(restorable) => self.begin_restore(restorable).await,
             Step::RefuseRestore { message } => self.refuse_restore(message).await,
-            Step::RestoreSnapshot => self.restore_snapshot().await,
+            Step::RestoreSnapshot => super::jobs::start_restore(self).await,
             Step::CompleteRestore => self.complete_restore(),
             Step::EnsureFront => self.ensure_front().await,
             Step::KillFront => self.kill_front(),
@@ -233,35 +235,6 @@ impl Actor<'_> {
         Ok(notes)
     }
 
-    /// Dumps the store before a roll to a new version, and remembers the file for the roll.
-    async fn snapshot(&self) -> Result<Notes, Error> {
-        let from = self.world.serving_version().unwrap_or_else(|| "none".into());
-        let to = &self.desired.template.version;
-        let keep = self.shard.spec.rollout.snapshots_to_keep.max(1) as usize;
-        let started = std::time::Instant::now();
-        let path = self
-            .store()?
-            .snapshot(&self.dirs.snapshots(), &from, to, keep)
-            .await?
-            .ok_or(Error::NoSnapshots)?;
-        let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-        let mut state = self.dirs.load_state()?;
-        state.snapshot = Some(SnapshotRecord {
-            template: self.desired.template.clone(),
-            path: path.display().to_string(),
-            taken_at: Utc::now(),
-        });
-        self.dirs.save_state(&state)?;
-        Ok(vec![Note::normal(
-            "SnapshotTaken",
-            format!(
-                "dumped the store to {} ({size} bytes, {:.1}s) before rolling {from} to {to}; docs/operations.md says how to restore it",
-                path.display(),
-                started.elapsed().as_secs_f64()
-            ),
-        )])
-    }
-
     /// Takes up a restore request: records it (from now on the plan stops every slot) and drops
     /// the annotation. A request already taken up only has its annotation dropped.
     async fn begin_restore(&self, restorable: &Restorable) -> Result<Notes, Error> {
@@ -358,41 +331,6 @@ impl Actor<'_> {
                 self.shard.name_any()
             ))
         })
-    }
-
-    /// No slot runs: restores the snapshot (in one transaction), records its version as the
-    /// data's, and lets slots of that version start.
-    async fn restore_snapshot(&self) -> Result<Notes, Error> {
-        let mut state = self.dirs.load_state()?;
-        let Some(record) = state.restore.clone().filter(|r| r.phase == RestorePhase::Stopping) else {
-            return Ok(vec![]);
-        };
-        let started = std::time::Instant::now();
-        self.store()?.restore(std::path::Path::new(&record.snapshot)).await?;
-        let now = Utc::now();
-        self.dirs.save_data_version(&DataVersion {
-            version: record.version.clone(),
-            since: now,
-            template: None,
-        })?;
-        state.restore = Some(RestoreRecord {
-            phase: RestorePhase::Starting,
-            restored_at: Some(now),
-            ..record.clone()
-        });
-        state.roll = None;
-        state.blocked = None;
-        self.dirs.save_state(&state)?;
-        Ok(vec![Note::normal(
-            "SnapshotRestored",
-            format!(
-                "restored {} into the store ({:.1}s); {} now records kcp {} as the data's version, and a slot of it starts",
-                record.snapshot,
-                started.elapsed().as_secs_f64(),
-                self.dirs.data_version_file().display(),
-                record.version
-            ),
-        )])
     }
 
     fn complete_restore(&self) -> Result<Notes, Error> {

@@ -257,7 +257,8 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::AdoptSlot { .. } => "SlotAdopting",
         Step::EnsureStore => "StoreStarting",
         Step::KillStore => "StoreRestarting",
-        Step::Snapshot => "TakingSnapshot",
+        Step::Snapshot | Step::Wait(Wait::Job { job: "snapshot" }) => "TakingSnapshot",
+        Step::Wait(Wait::Job { .. }) | Step::FinishJob | Step::CancelJob => "RunningJob",
         Step::StartPreflight
         | Step::PreflightProbe
         | Step::ComparePreflight
@@ -293,6 +294,11 @@ fn progress_message(step: &Step) -> String {
         Step::EnsureStore => "starting the store".into(),
         Step::KillStore => "restarting a kine that does not answer reads".into(),
         Step::Snapshot => "dumping the store before the version changes".into(),
+        Step::Wait(Wait::Job { job }) => {
+            format!("waiting for the {job} job to end (its output: job/job.log in the shard's directory)")
+        }
+        Step::FinishJob => "taking up what the job did".into(),
+        Step::CancelJob => "stopping a job nothing needs any more".into(),
         Step::StartPreflight => "starting the new version alone on a copy of the data (preflight)".into(),
         Step::Wait(Wait::Preflight) => {
             "waiting for the preflight's kcp to answer /readyz and get a probe workspace Ready".into()

@@ -42,8 +42,6 @@ pub enum Error {
         record.display()
     )]
     UnknownIdentity { id: String, record: std::path::PathBuf },
-    #[error("this store takes no snapshots")]
-    NoSnapshots,
     #[error("cannot write the status of KcpShard {name}: {source}")]
     Status { name: String, source: kube::Error },
     #[error("finalizer: {0}")]
@@ -57,6 +55,9 @@ pub enum Error {
     /// A preflight step found its record gone (removed meanwhile); the next look starts over.
     #[error("preflight: {0}")]
     Preflight(String),
+    /// A job (a dump, a restore of the store) failed: how, and what happens next.
+    #[error("{0}")]
+    Job(String),
 }
 
 impl Error {
@@ -64,7 +65,7 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Io(_) => "io",
-            Error::Store(_) | Error::NoSnapshots => "store",
+            Error::Store(_) | Error::Job(_) => "store",
             Error::Process(_) => "process",
             Error::Slot(_) => "kcp",
             Error::Args(_) | Error::Spec(_) => "spec",

@@ -16,6 +16,7 @@ pub mod front;
 pub mod health;
 pub mod heartbeat;
 pub mod host_lease;
+pub mod jobs;
 pub mod lease;
 pub mod metrics;
 pub mod observe;

@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::clients::Identity;
 use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
-    FrontObservation, Health, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
+    FrontObservation, Health, JobObservation, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
 use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
@@ -337,6 +337,19 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         .filter_map(|at| at.parse::<DateTime<Utc>>().ok())
         .max();
     let orphaned_kines = orphaned_kines(ctx, dirs, &kines)?;
+    let job = match &state.job {
+        Some(record) => {
+            let (job_state, pid) = super::jobs::observe(&ctx.runtime, &dirs.job(), record).await?;
+            if let Some(pid) = pid {
+                ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
+            }
+            Some(JobObservation {
+                record: record.clone(),
+                state: job_state,
+            })
+        }
+        None => None,
+    };
     let disk = disk_problem(ctx, shard, store.as_ref().ok());
     let data_version = dirs.load_data_version()?;
 
@@ -369,6 +382,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         interim_crashed_for: state.interim_crashed_for.clone(),
         store_refused: store_in_use.refused.clone(),
         orphaned_kines,
+        job,
     };
     let mut world = World {
         observed,

@@ -15,6 +15,7 @@
 //! store/                 the store's processes and data (kine and sqlite, or a managed PostgreSQL),
 //!                        store.json (which store the data is in) and data-version.json
 //! snapshots/             pg_dump files taken before version changes (KinePostgres)
+//! job/                   the running job's process record and log (a dump, a restore)
 //! preflight/             the latest preflight: its process record, kcp.log, the serving slots'
 //!                        schemas it compares with (original.json), and copy/ (the copied data,
 //!                        its kine, the kcp root and token file), removed after the preflight
@@ -29,7 +30,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, ProbeRecord, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
+use super::plan::{Blocked, JobRecord, ProbeRecord, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
 use crate::api::PreflightResult;
 use crate::fsutil;
 
@@ -74,6 +75,11 @@ impl ShardDirs {
     /// kcpshard's admin identities of this shard (secret: 0600, with the shared material).
     pub fn identities(&self) -> PathBuf {
         self.shared().join("admin-identities.json")
+    }
+
+    /// The job's process record and log (`job/process.json`, `job/job.log`).
+    pub fn job(&self) -> PathBuf {
+        self.root.join("job")
     }
 
     pub fn preflight(&self) -> PreflightDirs {
@@ -324,6 +330,9 @@ pub struct ControllerState {
     /// The spec whose interim slot exited before it was ready: no interim slot starts again for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interim_crashed_for: Option<SlotTemplate>,
+    /// The job under way (a dump, a restore), recorded before its process starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobRecord>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

@@ -115,6 +115,10 @@ pub struct ProcessSpec {
     /// front's unit could not).
     pub stdin: Option<Arc<TcpListener>>,
     pub run_as: Option<RunAs>,
+    /// Its exit status is read after it exits (a job's): under systemd its unit stays loaded once
+    /// the process has exited (RemainAfterExit), instead of being collected at once on success;
+    /// whoever read the status stops the unit ([`Runtime::stop_unit`]).
+    pub keep_exit_status: bool,
 }
 
 impl ProcessSpec {
@@ -139,6 +143,7 @@ impl ProcessSpec {
             notify: false,
             stdin: None,
             run_as: None,
+            keep_exit_status: false,
         }
     }
 

@@ -380,6 +380,9 @@ fn unit_properties(
             }),
         ),
     ];
+    if spec.keep_exit_status {
+        properties.push(("RemainAfterExit", Variant::new(true)));
+    }
     if let Some(file) = env_file {
         properties.push((
             "EnvironmentFiles",
@@ -569,6 +572,7 @@ mod tests {
         );
         let slot = unit_properties(&kcp, Path::new("/opt/kcp"), None, Scope::User).unwrap();
         assert_eq!(property(&slot, "Restart"), Some(&Variant::new("no")));
+        assert!(property(&slot, "RemainAfterExit").is_none());
         assert_eq!(property(&slot, "Type"), Some(&Variant::new("exec")));
         assert_eq!(property(&slot, "KillSignal"), Some(&Variant::new(libc::SIGTERM)));
         assert!(property(&slot, "FileDescriptorStoreMax").is_none());
@@ -592,6 +596,12 @@ mod tests {
             Some(Variant::Fd(_))
         ));
         assert_eq!(property(&front, "StandardOutput"), Some(&Variant::new("journal")));
+
+        // A job's unit stays after its process exits, so that its exit status can be read.
+        let mut job = kcp.clone();
+        job.keep_exit_status = true;
+        let job = unit_properties(&job, Path::new("/usr/bin/pg_dump"), None, Scope::User).unwrap();
+        assert_eq!(property(&job, "RemainAfterExit"), Some(&Variant::new(true)));
     }
 
     #[test]

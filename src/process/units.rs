@@ -10,6 +10,7 @@
 //! | a preflight's kine | `kcpshard-<shard>-preflight-kine.service` |
 //! | a managed PostgreSQL | `kcpshard-<shard>-postgres.service` |
 //! | the front | `kcpshard-<shard>-front.service` |
+//! | a job: a dump or a restore of the store | `kcpshard-<shard>-job.service` |
 //!
 //! The detached runtime names no unit, but keeps the name in its log lines. Shard and slot names
 //! are Kubernetes object names (lowercase letters, digits, `-`, `.`), which unit names allow as
@@ -24,6 +25,11 @@ pub const PREFIX: &str = "kcpshard-";
 pub struct UnitName(String);
 
 impl UnitName {
+    /// A shard's job (a dump or a restore of its store).
+    pub fn job(shard: &str) -> UnitName {
+        UnitName::of(&[shard, "job"])
+    }
+
     /// A slot's kcp.
     pub fn slot(shard: &str, slot: &str) -> UnitName {
         UnitName::of(&[shard, "slot", slot])

@@ -104,10 +104,7 @@ impl StoreBackend {
                 let database = place.scratch_database.as_deref().expect("checked by copy_kine");
                 let dump = match dump {
                     Some(dump) => dump.to_path_buf(),
-                    None => {
-                        super::snapshot::pg_dump(server, &place.dir, "serving", "preflight", chrono::Utc::now(), 1)
-                            .await?
-                    }
+                    None => super::snapshot::pg_dump(server, &place.dir, "serving", "preflight").await?,
                 };
                 server.recreate_database(database).await?;
                 let scratch = PostgresServer {

@@ -251,27 +251,40 @@ impl StoreBackend {
         }
     }
 
-    /// Dumps the store before a roll from `from` to `to` (KinePostgres only); None for stores that
-    /// have no snapshot.
-    pub async fn snapshot(&self, dir: &Path, from: &str, to: &str, keep: usize) -> Result<Option<PathBuf>, StoreError> {
+    /// The PostgreSQL server holding the data, for the stores that take snapshots (KinePostgres).
+    fn snapshot_server(&self) -> Result<&PostgresServer, StoreError> {
         match self {
-            StoreBackend::KinePostgres { server, .. } => {
-                snapshot::pg_dump(server, dir, from, to, chrono::Utc::now(), keep)
-                    .await
-                    .map(Some)
-            }
-            _ => Ok(None),
+            StoreBackend::KinePostgres { server, .. } => Ok(server),
+            _ => Err(StoreError::Invalid(
+                "only a KinePostgres store takes and restores snapshots".into(),
+            )),
         }
     }
 
-    /// Restores a snapshot [`StoreBackend::snapshot`] took over the store's data (KinePostgres
-    /// only: the other stores take no snapshots, and the restore is refused before it gets here).
-    pub async fn restore(&self, path: &Path) -> Result<(), StoreError> {
+    /// Where a dump taken now before a roll from `from` to `to` goes in `dir`.
+    pub fn dump_path(&self, dir: &Path, from: &str, to: &str) -> Result<PathBuf, StoreError> {
+        let server = self.snapshot_server()?;
+        Ok(snapshot::dump_path(&server.database, dir, from, to, chrono::Utc::now()))
+    }
+
+    /// The pg_dump that writes the store into `partial` (a job; [`snapshot::keep_dump`] keeps it).
+    pub fn dump_run(&self, partial: &Path) -> Result<snapshot::ClientRun, StoreError> {
+        snapshot::dump_run(self.snapshot_server()?, partial)
+    }
+
+    /// The pg_restore that puts a snapshot [`StoreBackend::dump_run`] took back into the store's
+    /// data (a job; the other stores take no snapshots, and the restore is refused before it gets
+    /// here).
+    pub fn restore_run(&self, path: &Path) -> Result<snapshot::ClientRun, StoreError> {
+        snapshot::restore_run(self.snapshot_server()?, path)
+    }
+
+    /// Who the store's server is, for messages.
+    pub fn describe_server(&self) -> String {
         match self {
-            StoreBackend::KinePostgres { server, .. } => snapshot::pg_restore(server, path).await,
-            _ => Err(StoreError::Invalid(
-                "only a KinePostgres store restores snapshots".into(),
-            )),
+            StoreBackend::KinePostgres { server, .. } => server.describe(),
+            StoreBackend::KineSqlite { kine } => kine.dir.display().to_string(),
+            StoreBackend::Etcd(cluster) => cluster.etcd_servers(),
         }
     }
 
@@ -294,11 +307,6 @@ impl StoreBackend {
             StoreBackend::KinePostgres { managed, .. } => managed.as_ref().map(|m| m.dir.as_path()),
             StoreBackend::Etcd(_) => None,
         }
-    }
-
-    /// Whether [`StoreBackend::snapshot`] takes one.
-    pub fn takes_snapshots(&self) -> bool {
-        matches!(self, StoreBackend::KinePostgres { .. })
     }
 }
 

@@ -4,7 +4,7 @@
 //! `pg_dump --format=custom` of the shard's database into `<shard>/snapshots/`, named
 //! `<database>-<from>-to-<to>-<UTC time>.dump`: `<from>` is the kcp version that served the data
 //! in it, which is the version a restore starts again ([`SnapshotName`]). Only the newest `keep`
-//! dumps stay. [`pg_restore`] puts a dump back in one transaction (`kcpshard snapshot restore`,
+//! dumps stay. [`restore_run`] puts a dump back in one transaction (`kcpshard snapshot restore`,
 //! docs/operations.md): a restore that fails leaves the database as it was.
 use std::path::{Path, PathBuf};
 
@@ -16,59 +16,114 @@ use super::postgres::PostgresServer;
 
 pub const EXTENSION: &str = "dump";
 
-/// Dumps the database into `dir`, then removes all but the newest `keep` dumps. Returns the path.
-pub async fn pg_dump(
-    server: &PostgresServer,
-    dir: &Path,
-    from: &str,
-    to: &str,
-    now: DateTime<Utc>,
-    keep: usize,
-) -> Result<PathBuf, StoreError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StoreError::Io { path, source }
-    };
-    crate::fsutil::create_private_dir(dir).map_err(io(dir))?;
-    let name = format!(
-        "{}-{from}-to-{to}-{}.{EXTENSION}",
-        server.database,
-        now.format("%Y%m%dT%H%M%S%.3fZ")
-    );
-    let path = dir.join(&name);
-    let partial = dir.join(format!(".{name}.partial"));
-    let dumped = run_client(
-        "pg_dump",
-        server,
-        &["--format=custom".into(), format!("--file={}", partial.display())],
-    )
-    .await;
-    if let Err(e) = dumped {
-        let _ = std::fs::remove_file(&partial);
-        return Err(e);
-    }
-    std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&partial))?;
-    std::fs::rename(&partial, &path).map_err(io(&path))?;
-    crate::fsutil::sync_dir(dir).map_err(io(dir))?;
-    prune(dir, keep)?;
-    Ok(path)
+/// A run of one of PostgreSQL's clients (pg_dump, pg_restore) against a server's database,
+/// connecting as kine does (sslmode, the password in the environment, never in argv). A roll's
+/// snapshot and a restore run it as a job (controller/jobs.rs); the preflight's copy runs it inline.
+#[derive(Debug, Clone)]
+pub struct ClientRun {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
-/// Restores the dump at `path` into the server's database, replacing what is in it: every object
-/// the dump holds is dropped first (`--clean --if-exists`), all in one transaction. Nothing may
-/// use the database meanwhile (every kine stopped). Owners are not restored, so a dump taken as
-/// another user restores as this one.
-pub async fn pg_restore(server: &PostgresServer, path: &Path) -> Result<(), StoreError> {
-    let args = [
+fn client_run(name: &str, server: &PostgresServer, args: Vec<String>) -> Result<ClientRun, StoreError> {
+    let mut all = vec![
+        format!("--host={}", server.host),
+        format!("--port={}", server.port),
+        format!("--username={}", server.user),
+        "--no-password".into(),
+        format!("--dbname={}", server.database),
+    ];
+    all.extend(args);
+    let mut env = vec![("PGSSLMODE".to_string(), server.ssl_mode.as_str().to_string())];
+    env.extend(server.env());
+    Ok(ClientRun {
+        program: binary(name)?,
+        args: all,
+        env,
+    })
+}
+
+/// pg_dump of the database into `partial` (a job: [`keep_dump`] takes the file once it succeeded).
+pub fn dump_run(server: &PostgresServer, partial: &Path) -> Result<ClientRun, StoreError> {
+    client_run(
+        "pg_dump",
+        server,
+        vec!["--format=custom".into(), format!("--file={}", partial.display())],
+    )
+}
+
+/// pg_restore of the dump at `path` into the server's database, replacing what is in it: every
+/// object the dump holds is dropped first (`--clean --if-exists`), all in one transaction, so a
+/// restore that fails leaves the database as it was. Nothing may use the database meanwhile
+/// (every kine stopped). Owners are not restored, so a dump taken as another user restores as
+/// this one.
+pub fn restore_run(server: &PostgresServer, path: &Path) -> Result<ClientRun, StoreError> {
+    let mut args: Vec<String> = [
         "--clean",
         "--if-exists",
         "--single-transaction",
         "--no-owner",
         "--exit-on-error",
-    ];
-    let mut args: Vec<String> = args.map(String::from).to_vec();
+    ]
+    .map(String::from)
+    .to_vec();
     args.push(path.display().to_string());
-    run_client("pg_restore", server, &args).await.map_err(|e| match e {
+    client_run("pg_restore", server, args)
+}
+
+/// Where the dump of `database` taken at `now` before a roll from `from` to `to` goes in `dir`.
+pub fn dump_path(database: &str, dir: &Path, from: &str, to: &str, now: DateTime<Utc>) -> PathBuf {
+    dir.join(format!(
+        "{database}-{from}-to-{to}-{}.{EXTENSION}",
+        now.format("%Y%m%dT%H%M%S%.3fZ")
+    ))
+}
+
+/// Where a dump is written until it is complete: hidden, and without the extension [`list`] keeps.
+pub fn partial_of(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.partial"))
+}
+
+/// Keeps a complete dump: 0600, moved from its partial file to `path`, then all but the newest
+/// `keep` dumps in its directory go.
+pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StoreError::Io { path, source }
+    };
+    let partial = partial_of(path);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&partial))?;
+    std::fs::rename(&partial, path).map_err(io(path))?;
+    crate::fsutil::sync_dir(dir).map_err(io(dir))?;
+    prune(dir, keep)?;
+    Ok(())
+}
+
+/// Dumps the database into `dir` now, waiting for it; returns the dump's path (the preflight's copy).
+pub async fn pg_dump(server: &PostgresServer, dir: &Path, from: &str, to: &str) -> Result<PathBuf, StoreError> {
+    crate::fsutil::create_private_dir(dir).map_err(|source| StoreError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let path = dump_path(&server.database, dir, from, to, Utc::now());
+    let partial = partial_of(&path);
+    if let Err(e) = run(server, dump_run(server, &partial)?).await {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    keep_dump(&path, 1)?;
+    Ok(path)
+}
+
+/// Restores the dump at `path` now, waiting for it ([`restore_run`]; the preflight's copy).
+pub async fn pg_restore(server: &PostgresServer, path: &Path) -> Result<(), StoreError> {
+    run(server, restore_run(server, path)?).await.map_err(|e| match e {
         StoreError::Postgres { server, message } => StoreError::Postgres {
             server,
             message: format!("{message} (restoring {}; the database is as it was)", path.display()),
@@ -77,22 +132,20 @@ pub async fn pg_restore(server: &PostgresServer, path: &Path) -> Result<(), Stor
     })
 }
 
-/// Runs PostgreSQL's client `name` (pg_dump, pg_restore) with `args` against the server's
-/// database, connecting as kine does (sslmode, password); its stderr is the error when it fails.
-async fn run_client(name: &str, server: &PostgresServer, args: &[String]) -> Result<(), StoreError> {
-    let program = binary(name)?;
-    let out = tokio::process::Command::new(&program)
-        .arg(format!("--host={}", server.host))
-        .arg(format!("--port={}", server.port))
-        .arg(format!("--username={}", server.user))
-        .arg("--no-password")
-        .arg(format!("--dbname={}", server.database))
-        .args(args)
-        .env("PGSSLMODE", server.ssl_mode.as_str())
-        .envs(server.env())
+/// Runs a client and waits; its stderr is the error when it fails.
+async fn run(server: &PostgresServer, client: ClientRun) -> Result<(), StoreError> {
+    let name = client
+        .program
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let out = tokio::process::Command::new(&client.program)
+        .args(&client.args)
+        .envs(client.env)
+        .kill_on_drop(true)
         .output()
         .await
-        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", program.display())))?;
+        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", client.program.display())))?;
     if out.status.success() {
         return Ok(());
     }

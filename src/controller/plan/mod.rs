@@ -22,6 +22,7 @@
 //!   serves none, every slot and its own kine stop, then the snapshot is restored and slots of
 //!   its version start as on a first start;
 //! - nothing waits: a step sends a signal or a request and returns; its effect is observed later.
+mod job;
 mod model;
 #[cfg(test)]
 mod simulation;
@@ -30,6 +31,7 @@ pub(crate) mod tests;
 
 use std::time::Duration;
 
+pub use job::*;
 pub use model::*;
 
 /// How long a slot that left the front keeps its connections untouched before SIGTERM: long enough
@@ -64,6 +66,9 @@ pub const SLOT_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     if let Some(name) = observed.unrecorded.first() {
         return Step::AdoptSlot { name: name.clone() };
+    }
+    if observed.job.as_ref().is_some_and(|j| !j.running()) {
+        return Step::FinishJob;
     }
     if desired.deleting {
         return cleanup(desired, observed);
@@ -132,6 +137,10 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         // A preflight no roll waits for any more (the old slots went away during it).
         return Step::RemovePreflight;
     }
+    if observed.job.as_ref().is_some_and(JobObservation::running) {
+        // A job nothing waits for any more (the spec went back to the version that serves).
+        return Step::CancelJob;
+    }
     match observed.slots.iter().find(|s| s.running && s.stopping()) {
         Some(s) => Step::Wait(Wait::Exit { slot: s.name.clone() }),
         None if observed
@@ -186,7 +195,14 @@ fn restoring(desired: &Desired, observed: &Observed) -> Step {
     if !observed.store_up {
         return Step::EnsureStore;
     }
-    Step::RestoreSnapshot
+    let restore = JobKind::Restore {
+        snapshot: observed
+            .restore
+            .as_ref()
+            .map(|r| r.snapshot.clone())
+            .unwrap_or_default(),
+    };
+    job::towards(observed.job.as_ref(), &restore, Step::RestoreSnapshot)
 }
 
 /// The slots new connections should go to: up to N slots of the desired template that can serve,
@@ -455,7 +471,10 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
         && version_changes
         && observed.snapshot_for.as_ref() != Some(&desired.template)
     {
-        return Some(Step::Snapshot);
+        let dump = JobKind::Snapshot {
+            template: Box::new(desired.template.clone()),
+        };
+        return Some(job::towards(observed.job.as_ref(), &dump, Step::Snapshot));
     }
     if desired.preflight
         && current.is_empty()
@@ -691,6 +710,9 @@ fn roll_progress(desired: &Desired, observed: &Observed) -> Option<Step> {
 /// records go, then the shard-wide store's processes, every other kine of the shard that still
 /// runs, then the front. The data stays.
 fn cleanup(desired: &Desired, observed: &Observed) -> Step {
+    if observed.job.as_ref().is_some_and(JobObservation::running) {
+        return Step::CancelJob;
+    }
     if let Some(step) = stop_every_slot(desired, observed) {
         return step;
     }

@@ -4,6 +4,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+#[cfg(doc)]
+use super::job::JobKind;
+use super::job::JobObservation;
+
 /// What a slot runs: everything that, when changed, needs a new slot. Two slots with equal
 /// templates are interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -616,6 +620,8 @@ pub struct Observed {
     pub store_refused: Option<String>,
     /// The records of kines of this shard that run but serve nothing it uses (observe.rs).
     pub orphaned_kines: Vec<String>,
+    /// The shard's job (a dump, a restore), while it has one.
+    pub job: Option<JobObservation>,
 }
 
 impl Observed {
@@ -688,6 +694,8 @@ pub enum Wait {
     Probe,
     /// The preflight's kcp to answer `/readyz`, or its probe workspace to reach Ready.
     Preflight,
+    /// The running job (a dump, a restore: its [`JobKind::name`]) to end.
+    Job { job: &'static str },
 }
 
 /// Why a preflight failed.
@@ -717,8 +725,15 @@ pub enum Step {
     /// kcpshard's front does not answer on its control socket: kill it by its recorded pid
     /// (EnsureFront starts it again).
     KillFront,
-    /// Dump the store before a roll to a new version (docs/background.md section 6).
+    /// Start dumping the store before a roll to a new version (docs/background.md section 6): a
+    /// job (job.rs), whose end FinishJob takes up.
     Snapshot,
+    /// A job ended: take up its result (a dump kept and recorded, a restore's version recorded),
+    /// or report how it failed; the record goes.
+    FinishJob,
+    /// Kill the running job: the spec no longer wants it (another version, the shard deleted) or
+    /// another job must run.
+    CancelJob,
     /// Record a preflight of the desired template, copy the data and start its kine and kcp on
     /// the copy (for a store that is not copied, record it as skipped).
     StartPreflight,
@@ -741,8 +756,8 @@ pub enum Step {
     RefuseRestore {
         message: String,
     },
-    /// Every slot is gone: restore the snapshot into the store, and record its version as the
-    /// data's.
+    /// Every slot is gone: start restoring the snapshot into the store (a job; FinishJob records
+    /// its version as the data's).
     RestoreSnapshot,
     /// A slot of the restored version serves: the restore is complete.
     CompleteRestore,
@@ -838,6 +853,8 @@ impl Step {
             Step::RefuseRestore { .. } => "RefuseRestore",
             Step::RestoreSnapshot => "RestoreSnapshot",
             Step::CompleteRestore => "CompleteRestore",
+            Step::FinishJob => "FinishJob",
+            Step::CancelJob => "CancelJob",
             Step::StartSlot { .. } => "StartSlot",
             Step::StartInterim { .. } => "StartInterim",
             Step::SetFront(_) => "SetFront",

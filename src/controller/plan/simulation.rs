@@ -4,7 +4,8 @@
 //! the faults stop the shard must converge. The preflight of a new version is part of the model:
 //! v1 passes it, v2 changes kcp's schemas (it rolls once schema changes are allowed), v3's kcp
 //! exits on the copy. The data keeps the version that last started on it, as data-version.json
-//! does, and the preflight's invariant is checked against it.
+//! does, and the preflight's invariant is checked against it. A version change dumps the store
+//! first, as a job that runs while everything else goes on.
 use proptest::prelude::*;
 
 use super::tests::{at, desired, template};
@@ -62,6 +63,8 @@ struct Model {
     preflight_ready_at: chrono::DateTime<chrono::Utc>,
     /// The template the last slot started on the data ran (data-version.json).
     data: Option<SlotTemplate>,
+    /// When the running job (a dump) ends.
+    job_ends_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl Model {
@@ -69,6 +72,7 @@ impl Model {
         let mut d = desired("v1");
         d.readiness_timeout = Duration::from_secs(5);
         d.preflight = true;
+        d.snapshot_before_version_change = true;
         let mut observed = super::tests::observed(&[], vec![]);
         observed.now = at(0);
         Model {
@@ -79,6 +83,7 @@ impl Model {
             start_delay_ms: 1_500,
             preflight_ready_at: at(0),
             data: None,
+            job_ends_at: at(0),
         }
     }
 
@@ -130,6 +135,11 @@ impl Model {
             .any(|m| Some(&m.seen.name) == self.lease.as_ref() && m.seen.running && m.seen.listening);
         self.observed.probe_ready = leader_runs && self.observed.roll.as_ref().is_some_and(|r| r.probe.is_some());
         self.observed.slots = self.slots.iter().map(|m| m.seen.clone()).collect();
+        if let Some(job) = self.observed.job.as_mut().filter(|j| j.running())
+            && now >= self.job_ends_at
+        {
+            job.state = JobState::Succeeded;
+        }
         let ready_at = self.preflight_ready_at;
         if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none())
             && let PreflightRun::Running {
@@ -216,7 +226,41 @@ impl Model {
                 }
                 self.observed.store_up = true;
             }
-            Step::Snapshot => self.observed.snapshot_for = Some(self.desired.template.clone()),
+            Step::Snapshot => {
+                prop_assert!(
+                    o.job.as_ref().is_none_or(|j| !j.running()),
+                    "a dump started beside another job: {:?}",
+                    o.job
+                );
+                self.job_ends_at = now + chrono::Duration::milliseconds(800);
+                self.observed.job = Some(JobObservation {
+                    record: JobRecord {
+                        kind: JobKind::Snapshot {
+                            template: Box::new(self.desired.template.clone()),
+                        },
+                        started_at: now,
+                        output: None,
+                        cancelled_at: None,
+                    },
+                    state: JobState::Running,
+                });
+            }
+            Step::FinishJob => {
+                let job = self.observed.job.take().expect("a job");
+                prop_assert!(!job.running(), "finished a job that runs");
+                if let (JobKind::Snapshot { template }, JobState::Succeeded, None) =
+                    (job.record.kind, job.state, job.record.cancelled_at)
+                {
+                    self.observed.snapshot_for = Some(*template);
+                }
+            }
+            Step::CancelJob => {
+                let job = self.observed.job.as_mut().expect("a job");
+                job.record.cancelled_at.get_or_insert(now);
+                job.state = JobState::Failed {
+                    message: "killed".into(),
+                };
+            }
             Step::StartPreflight => {
                 prop_assert!(
                     o.preflight.as_ref().is_none_or(|p| !p.leftovers),

@@ -94,6 +94,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         interim_crashed_for: None,
         store_refused: None,
         orphaned_kines: vec![],
+        job: None,
     }
 }
 
@@ -434,6 +435,109 @@ fn a_version_change_snapshots_the_store_first_and_only_once() {
         Step::Snapshot,
         "a snapshot for another target does not count"
     );
+}
+
+pub(crate) fn job(kind: JobKind, state: JobState) -> Option<JobObservation> {
+    Some(JobObservation {
+        record: JobRecord {
+            kind,
+            started_at: at(0),
+            output: None,
+            cancelled_at: None,
+        },
+        state,
+    })
+}
+
+fn dump_for(version: &str) -> JobKind {
+    JobKind::Snapshot {
+        template: Box::new(template(version)),
+    }
+}
+
+#[test]
+fn a_dump_is_a_job_the_roll_waits_for_while_everything_else_goes_on() {
+    let mut d = desired("v2");
+    d.snapshot_before_version_change = true;
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    d.slots = 2;
+    assert_eq!(plan(&d, &o), Step::Snapshot, "started as a job");
+    o.job = job(dump_for("v2"), JobState::Running);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Job { job: "snapshot" }),
+        "the roll waits for it"
+    );
+    // A serving slot crashes during a long dump: acted on now, not after the dump.
+    o.slots[1].running = false;
+    assert_eq!(
+        plan(&d, &o),
+        set_front(&["a"], &[], &[("b", LeaveCause::Exited)]),
+        "the crashed slot leaves the front at once"
+    );
+    o.front = FrontObservation::serving(&["a"]);
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemoveSlot {
+            name: "b".into(),
+            crashed: true
+        }
+    );
+    o.slots.pop();
+    o.job = job(dump_for("v2"), JobState::Succeeded);
+    assert_eq!(
+        plan(&d, &o),
+        Step::FinishJob,
+        "its end is taken up before anything else"
+    );
+    o.job = None;
+    o.snapshot_for = Some(template("v2"));
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "b".into() });
+}
+
+#[test]
+fn a_job_that_failed_or_was_lost_is_finished_then_started_again() {
+    let mut d = desired("v2");
+    d.snapshot_before_version_change = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    for ended in [
+        JobState::Failed {
+            message: "pg_dump (exit status: 1)".into(),
+        },
+        JobState::Lost,
+    ] {
+        o.job = job(dump_for("v2"), ended);
+        assert_eq!(plan(&d, &o), Step::FinishJob);
+    }
+    o.job = None;
+    assert_eq!(plan(&d, &o), Step::Snapshot);
+}
+
+#[test]
+fn a_job_nothing_wants_is_cancelled_and_one_at_a_time_runs() {
+    let mut d = desired("v3");
+    d.snapshot_before_version_change = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.job = job(dump_for("v2"), JobState::Running);
+    assert_eq!(
+        plan(&d, &o),
+        Step::CancelJob,
+        "a dump for a version no longer asked for"
+    );
+    o.job.as_mut().unwrap().record.cancelled_at = Some(at(1));
+    assert_eq!(plan(&d, &o), Step::CancelJob, "killed again until it is gone");
+    o.job.as_mut().unwrap().state = JobState::Failed {
+        message: "killed".into(),
+    };
+    assert_eq!(plan(&d, &o), Step::FinishJob);
+    // Back to the version that serves: a running dump goes.
+    let d = desired("v1");
+    o.job = job(dump_for("v2"), JobState::Running);
+    assert_eq!(plan(&d, &o), Step::CancelJob);
+    // Deleting: the job goes first.
+    let mut d = desired("v1");
+    d.deleting = true;
+    assert_eq!(plan(&d, &o), Step::CancelJob);
 }
 
 #[test]
@@ -1088,6 +1192,20 @@ fn a_restore_takes_the_shard_down_restores_with_no_slot_running_then_starts_the_
     assert_eq!(plan(&d, &o), Step::EnsureStore, "pg_restore needs the database");
     o.store_up = true;
     assert_eq!(plan(&d, &o), Step::RestoreSnapshot, "no slot runs: restore");
+    let restoring = JobKind::Restore {
+        snapshot: o.restore.as_ref().unwrap().snapshot.clone(),
+    };
+    o.job = job(restoring.clone(), JobState::Running);
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Job { job: "restore" }));
+    o.job = job(dump_for("v2"), JobState::Running);
+    assert_eq!(
+        plan(&d, &o),
+        Step::CancelJob,
+        "one job at a time: a dump goes before a restore"
+    );
+    o.job = job(restoring, JobState::Succeeded);
+    assert_eq!(plan(&d, &o), Step::FinishJob, "FinishJob records the restored version");
+    o.job = None;
     o.restore = Some(restore_record(RestorePhase::Starting));
     assert_eq!(
         plan(&d, &o),

@@ -1,0 +1,86 @@
+//! Long work as tracked jobs (docs/architecture.md, "Jobs"): a step that needs a dump or a restore
+//! of the store starts it as a process of its own, records it in controller.json before the start,
+//! and returns; later looks observe the process, and the plan takes the next step from what they
+//! see. Meanwhile every other rule of the plan applies: a slot that crashes during a long dump is
+//! replaced at once, not after the dump. One job runs per shard at a time; a job the spec no
+//! longer wants (a newer version asked for, the shard deleted) is killed.
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{SlotTemplate, Step, Wait};
+
+/// What a job does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum JobKind {
+    /// pg_dump of the store before the first slot of `template` starts (a version change).
+    #[serde(rename_all = "camelCase")]
+    Snapshot { template: Box<SlotTemplate> },
+    /// pg_restore of the snapshot at `snapshot` (a restore under way).
+    #[serde(rename_all = "camelCase")]
+    Restore { snapshot: String },
+}
+
+impl JobKind {
+    /// The job's name, as steps, events and its files name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobKind::Snapshot { .. } => "snapshot",
+            JobKind::Restore { .. } => "restore",
+        }
+    }
+}
+
+/// A job, as recorded in controller.json before its process starts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRecord {
+    #[serde(flatten)]
+    pub kind: JobKind,
+    pub started_at: DateTime<Utc>,
+    /// Where its result goes when it succeeds (a dump's file); it writes beside it until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// When it was killed because nothing wants it any more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled_at: Option<DateTime<Utc>>,
+}
+
+/// How a job stands, as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    Running,
+    Succeeded,
+    /// It ended in failure: its exit status and the last lines it printed.
+    Failed {
+        message: String,
+    },
+    /// Its process is gone and nobody kept how it ended (serve restarted, or stopped between
+    /// the record and the start): its work is done again.
+    Lost,
+}
+
+/// The job of a shard, as observed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobObservation {
+    pub record: JobRecord,
+    pub state: JobState,
+}
+
+impl JobObservation {
+    pub fn running(&self) -> bool {
+        self.state == JobState::Running
+    }
+}
+
+/// The step towards a job of `wanted`: wait for it while it runs, kill one that does other work
+/// (one job at a time), else `start` it. A job that ended was taken up by FinishJob before.
+pub fn towards(job: Option<&JobObservation>, wanted: &JobKind, start: Step) -> Step {
+    match job {
+        Some(job) if job.running() && job.record.cancelled_at.is_none() && &job.record.kind == wanted => {
+            Step::Wait(Wait::Job { job: wanted.name() })
+        }
+        Some(job) if job.running() => Step::CancelJob,
+        _ => start,
+    }
+}
