@@ -390,14 +390,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let _ = stop.send(true);
     api.await?;
     if let Some(controller) = controller {
-        // Steps are short, so the controller ends within a second; a slow one (a snapshot) is cut
-        // off so that serve honours SIGTERM within 5 s. The processes it runs are not touched.
-        if tokio::time::timeout(SHUTDOWN_GRACE, controller).await.is_err() {
-            tracing::warn!("the controller's last step did not finish within {SHUTDOWN_GRACE:?}; leaving it");
-        }
+        // Steps are short, so the controller ends within a second; a slow one is cut off so that
+        // serve honours SIGTERM within 5 s. The processes it runs are not touched.
+        end_task(controller, SHUTDOWN_GRACE, "the controller's last step").await;
     }
     if let Some(gitops) = gitops {
-        let _ = tokio::time::timeout(SHUTDOWN_GRACE, gitops).await;
+        end_task(gitops, SHUTDOWN_GRACE, "the manifests' sync").await;
     }
     // Only now that nothing acts any more may another serve of this host take over.
     drop(state_lock);
@@ -407,6 +405,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     match failure {
         Some((reason, _)) => anyhow::bail!("{reason}"),
         None => Ok(()),
+    }
+}
+
+/// Waits up to `grace` for `task` to end, then aborts it and waits until it is gone: once this
+/// returns nothing of it runs, so the state lock and the host's Lease may go (a task left to run
+/// could act beside the next serve).
+async fn end_task(mut task: tokio::task::JoinHandle<()>, grace: std::time::Duration, what: &str) {
+    if tokio::time::timeout(grace, &mut task).await.is_err() {
+        tracing::warn!("{what} did not finish within {grace:?}; aborting it");
+        task.abort();
+        let _ = task.await;
     }
 }
 
@@ -622,5 +631,29 @@ mod tests {
             "{body}"
         );
         assert_eq!(why_it_ended(tokio::spawn(async {}).await), "the controller stopped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_that_outlives_the_grace_is_gone_when_serve_lets_go_of_the_state_dir() {
+        struct Step(std::sync::Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Step {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let step = Step(ended.clone());
+        let started = tokio::time::Instant::now();
+        let task = tokio::spawn(async move {
+            let _step = step;
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        });
+        end_task(task, SHUTDOWN_GRACE, "a long step").await;
+        assert!(ended.load(std::sync::atomic::Ordering::SeqCst), "the step still runs");
+        assert_eq!(started.elapsed(), SHUTDOWN_GRACE);
+        // A task that ends within the grace is waited for, not cut off.
+        let task = tokio::spawn(tokio::time::sleep(std::time::Duration::from_secs(1)));
+        end_task(task, SHUTDOWN_GRACE, "a short step").await;
+        assert_eq!(started.elapsed(), SHUTDOWN_GRACE + std::time::Duration::from_secs(1));
     }
 }
