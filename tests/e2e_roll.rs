@@ -609,7 +609,7 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
         "apply: a workspace through the front was Ready in {:.2}s",
         took.as_secs_f64()
     ));
-    // Ready means serving; the first start goes on to probe a workspace, then settles.
+    // A first start is Ready once its probe workspace was; then it settles.
     env.until(
         shard,
         READY_TIMEOUT,

@@ -1,8 +1,9 @@
 //! Conditions and phase: what a user reads with `kubectl get ks` and `kubectl describe`, computed
 //! from what was observed and the step the plan chose. Pure, so the rules are tested as a table.
 //!
-//! - Ready: the front forwards to a slot that answers `/readyz`. It stays True during a roll, because
-//!   the shard keeps serving through the old slot.
+//! - Ready: the front forwards to a slot that answers `/readyz`; on a first start (nothing served
+//!   before it), also a probe workspace got Ready (reason FirstStart until then). It stays True
+//!   during a roll, because the shard keeps serving through the old slot.
 //! - Progressing: a step is under way (a roll, a first start, a replacement).
 //! - Degraded: a roll is blocked, or a step failed; the message says what to fix.
 //! - StoreReady, FrontReady: the store accepts connections; the front runs and has a backend.
@@ -87,6 +88,22 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
         )
     } else {
         verdict("Ready", false, "NoSlotReady", "no ready slot behind the front yet")
+    };
+    // A first start (nothing served before it) is Ready once a probe workspace got Ready: kcp may
+    // answer /readyz and still refuse workspaces for a moment (kcp v0.30.0 under load answered 403
+    // "parent type cannot be resolved: workspacetypes.tenancy.kcp.io \"root:root\" not found"
+    // after its /readyz turned ok), and a user who waited for Ready means to use it.
+    let ready = match &observed.roll {
+        Some(roll) if ready.status && roll.from_version.is_none() && roll.probe_succeeded_at.is_none() => verdict(
+            "Ready",
+            false,
+            "FirstStart",
+            format!(
+                "{}, but kcp's controllers are not known to run yet: Ready once a probe workspace is",
+                ready.message
+            ),
+        ),
+        _ => ready,
     };
     // A restore is a planned outage: until a slot serves the restored data, Ready says so.
     let restoring = observed.restore.as_ref().filter(|r| r.under_way());
@@ -461,6 +478,33 @@ mod tests {
         );
         assert!(degraded.message.contains("data is in KineSqlite"));
         assert!(status_of(&v, "Ready") && status_of(&v, "StoreReady"));
+    }
+
+    #[test]
+    fn a_first_start_is_ready_once_a_probe_workspace_is() {
+        let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+        o.roll = Some(crate::controller::plan::RollRecord {
+            to_version: "v1".into(),
+            started_at: at(0),
+            ..Default::default()
+        });
+        let v = verdicts(&desired("v1"), &o, &Step::Probe, None);
+        let ready = find(&v, "Ready");
+        assert_eq!((ready.status, ready.reason.as_str()), (false, "FirstStart"));
+        assert!(
+            ready.message.starts_with("slot a (v1) serves through the front, but"),
+            "{}",
+            ready.message
+        );
+        o.roll.as_mut().unwrap().probe_succeeded_at = Some(at(5));
+        assert!(status_of(
+            &verdicts(&desired("v1"), &o, &Step::CompleteRoll, None),
+            "Ready"
+        ));
+        // A roll from a version that served: Ready throughout.
+        o.roll.as_mut().unwrap().probe_succeeded_at = None;
+        o.roll.as_mut().unwrap().from_version = Some("v0".into());
+        assert!(status_of(&verdicts(&desired("v1"), &o, &Step::Probe, None), "Ready"));
     }
 
     #[test]
