@@ -87,6 +87,7 @@ impl Drop for Fixture {
         }
         for (pid, start) in self.pids.lock().unwrap().iter() {
             if start_time(*pid) == Some(*start) {
+                // SAFETY: plain kill(2), no memory involved.
                 unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
             }
         }
@@ -676,6 +677,7 @@ async fn the_front_survives_the_death_of_the_process_that_started_it() {
     assert_eq!(live.line().await, "hello from a");
     assert_eq!(live.ask("before").await, "a: before");
 
+    // SAFETY: plain kill(2), no memory involved.
     unsafe { libc::kill(helper.id() as i32, libc::SIGKILL) };
     helper.wait().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;

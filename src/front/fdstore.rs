@@ -10,7 +10,7 @@
 //! (`MAINPID=`) before it exits, and the successor says so too once it is up.
 //! Outside systemd none of this applies: the front binds the address itself.
 use std::net::TcpListener;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use sd_notify::NotifyState;
@@ -60,25 +60,10 @@ pub fn inherited_listener() -> Option<TcpListener> {
 
 /// A TCP socket in the listening state.
 fn is_listening_tcp(fd: BorrowedFd<'_>) -> bool {
-    let int_opt = |option: libc::c_int| {
-        let mut value: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `value`; a descriptor that is not a
-        // socket makes it fail with ENOTSOCK.
-        let r = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                option,
-                (&mut value as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        (r == 0).then_some(value)
-    };
-    int_opt(libc::SO_ACCEPTCONN) == Some(1)
-        && matches!(int_opt(libc::SO_DOMAIN), Some(libc::AF_INET | libc::AF_INET6))
-        && int_opt(libc::SO_TYPE) == Some(libc::SOCK_STREAM)
+    let socket = socket2::SockRef::from(&fd);
+    socket.is_listener().unwrap_or(false)
+        && matches!(socket.domain(), Ok(socket2::Domain::IPV4 | socket2::Domain::IPV6))
+        && socket.r#type().is_ok_and(|t| t == socket2::Type::STREAM)
 }
 
 /// Tells systemd, when it supervises this front, that the front is ready and is the unit's main

@@ -7,6 +7,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use nix::sys::socket::{self, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::UnixStream;
 
@@ -37,99 +38,44 @@ pub async fn recv_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(us
         .await
 }
 
-const CMSG_SPACE: usize = 64;
-
-#[repr(C, align(8))]
-struct CmsgBuf([u8; CMSG_SPACE]);
-
 fn sendmsg_fd(socket: RawFd, bytes: &[u8], fd: RawFd) -> io::Result<usize> {
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    let mut control = CmsgBuf([0; CMSG_SPACE]);
-    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call, and the
-    // control buffer is aligned and large enough for one cmsghdr carrying one int.
-    unsafe {
-        let space = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
-        assert!(space <= CMSG_SPACE);
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.0.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = space as _;
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
-        let n = libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL);
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
+    let fds = [fd];
+    Ok(socket::sendmsg::<()>(
+        socket,
+        &[io::IoSlice::new(bytes)],
+        &[socket::ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?)
 }
 
 fn write_raw(socket: RawFd, bytes: &[u8]) -> io::Result<usize> {
-    // SAFETY: the pointer and length describe a live slice.
-    let n = unsafe {
-        libc::send(
-            socket,
-            bytes.as_ptr() as *const libc::c_void,
-            bytes.len(),
-            libc::MSG_NOSIGNAL,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
+    Ok(socket::send(socket, bytes, MsgFlags::MSG_NOSIGNAL)?)
 }
 
+/// MSG_CMSG_CLOEXEC keeps a received fd from leaking into children; each one is owned at once.
 fn recvmsg_fd(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    let mut control = CmsgBuf([0; CMSG_SPACE]);
-    // SAFETY: as in sendmsg_fd; the kernel writes at most msg_controllen bytes of control data,
-    // and every fd it hands over is wrapped in an OwnedFd at once (MSG_CMSG_CLOEXEC keeps it from
-    // leaking into children).
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.0.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = CMSG_SPACE as _;
-        let n = libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC);
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut received = None;
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg) as *const RawFd;
-                let header = libc::CMSG_LEN(0) as usize;
-                let count = ((*cmsg).cmsg_len as usize - header) / std::mem::size_of::<RawFd>();
-                for i in 0..count {
-                    let fd = OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i)));
-                    // Keep the first; any extra fd is closed when dropped here.
-                    if received.is_none() {
-                        received = Some(fd);
-                    }
+    let mut control = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let message = socket::recvmsg::<()>(socket, &mut iov, Some(&mut control), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let mut received = None;
+    for cmsg in message.cmsgs()? {
+        if let socket::ControlMessageOwned::ScmRights(fds) = cmsg {
+            for raw in fds {
+                // SAFETY: the kernel just installed this descriptor in this process for this
+                // message, and nothing else knows of it.
+                let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+                // Keep the first; any extra fd is closed when dropped here.
+                if received.is_none() {
+                    received = Some(fd);
                 }
             }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 && received.is_none() {
-            return Err(io::Error::other("the passed file descriptor was truncated away"));
-        }
-        Ok((n as usize, received))
     }
+    if message.flags.contains(MsgFlags::MSG_CTRUNC) && received.is_none() {
+        return Err(io::Error::other("the passed file descriptor was truncated away"));
+    }
+    Ok((message.bytes, received))
 }
 
 #[cfg(test)]

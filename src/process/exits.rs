@@ -6,7 +6,7 @@
 //! like the ones this `serve` started. Where pidfds are refused, nothing is watched and the idle
 //! look still finds every exit.
 use std::collections::HashSet;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::Interest;
@@ -77,15 +77,11 @@ impl<K: Send + 'static> ExitNotices<K> {
 }
 
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor (always close-on-exec)
-    // or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the descriptor was just created and nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    Ok(rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?)
 }
 
 #[cfg(test)]

@@ -368,6 +368,7 @@ pub fn run_with_input(mut cmd: Command, input: Option<&[u8]>, timeout: Duration)
             break s;
         }
         if Instant::now() >= deadline {
+            // SAFETY: plain kill(2) of the process group the child leads (process_group(0)).
             unsafe {
                 libc::kill(-(child.id() as i32), libc::SIGKILL);
             }

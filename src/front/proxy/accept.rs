@@ -50,38 +50,27 @@ pub async fn accept_loop(listener: Arc<TcpListener>, router: Arc<Router>, mut st
     }
 }
 
-const KEEPALIVE_IDLE_SECS: libc::c_int = 60;
-const KEEPALIVE_INTERVAL_SECS: libc::c_int = 15;
-const KEEPALIVE_PROBES: libc::c_int = 4;
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+const KEEPALIVE_PROBES: u32 = 4;
 
 /// Sets TCP_NODELAY and keepalive on the listening socket. Linux copies both into every socket
 /// `accept` returns, which saves five syscalls per client connection; an inherited socket gets
 /// the same treatment (idempotent).
 pub fn tune_listener(listener: &TcpListener) {
-    use std::os::fd::AsRawFd;
-    let fd = listener.as_raw_fd();
-    set_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
-    set_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-    set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS);
-    set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, KEEPALIVE_INTERVAL_SECS);
-    set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES);
-}
-
-fn set_int(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
-    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live local.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        warn!(level, name, error = %std::io::Error::last_os_error(), "setsockopt failed");
+    let socket = socket2::SockRef::from(listener);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(error) = socket
+        .set_tcp_nodelay(true)
+        .and_then(|()| socket.set_tcp_keepalive(&keepalive))
+    {
+        warn!(%error, "cannot set TCP_NODELAY and keepalive on the front's listener");
     }
 }
+
 /// One client connection, from accept to close.
 async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     let _tracked = Tracked::new(&router);
@@ -110,30 +99,15 @@ mod tests {
 
     #[tokio::test]
     async fn accepted_sockets_inherit_nodelay_and_keepalive_from_the_listener() {
-        use std::os::fd::AsRawFd;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         tune_listener(&listener);
         let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
         assert!(accepted.nodelay().unwrap());
-        let get = |level, name| {
-            let mut value: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            let rc = unsafe {
-                libc::getsockopt(
-                    accepted.as_raw_fd(),
-                    level,
-                    name,
-                    &mut value as *mut libc::c_int as *mut libc::c_void,
-                    &mut len,
-                )
-            };
-            assert_eq!(rc, 0);
-            value
-        };
-        assert_eq!(get(libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
-        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), KEEPALIVE_IDLE_SECS);
-        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), KEEPALIVE_INTERVAL_SECS);
-        assert_eq!(get(libc::IPPROTO_TCP, libc::TCP_KEEPCNT), KEEPALIVE_PROBES);
+        let accepted = socket2::SockRef::from(&accepted);
+        assert!(accepted.keepalive().unwrap());
+        assert_eq!(accepted.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(accepted.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(accepted.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
     }
 }
