@@ -12,7 +12,7 @@ die() { echo "down: $*" >&2; exit 1; }
 state=${KCPSHARD_STATE_DIR:-$root/.kcpshard}
 source hack/serve.sh
 [ -d "$state" ] || { say "no state dir $state: nothing to stop"; exit 0; }
-[ -x "$kcpshard" ] || die "no $kcpshard to stop the shards with: run hack/up.sh (or cargo build --release) first"
+[ -x "$kcpshard" ] || die "no $kcpshard to stop the shards with: run hack/up.sh (or cargo build) first"
 
 # The shards' processes outlive serve; a serve stops them. Use the one that runs, or start one.
 serve_pid=$(running_serve) || start_serve

@@ -158,6 +158,35 @@ need_go() {
   die "'go' is not on PATH: kcp and kine are built from Go modules and need Go >= $GO_MIN_VERSION. Install Go (https://go.dev/dl/), put it on PATH, and rerun."
 }
 
+# ---------------------------------------------------------------- kine (built beside kcp)
+# Built from a Go module (hack/kine): the pinned release needs a dependency replaced (see its go.mod).
+# Its build (mostly sqlite's C, through cgo) runs beside kcp's, which leaves a core idle while it
+# downloads modules and links.
+kine_build=""
+if wants kine; then
+  moddir=$root/hack/kine
+  grep -qF "github.com/k3s-io/kine $KINE_VERSION" "$moddir/go.mod" \
+    || die "hack/kine/go.mod does not require github.com/k3s-io/kine $KINE_VERSION (hack/versions.env): change both together"
+  kine_want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
+  kine_out=$cache/bin/kine-$KINE_VERSION
+  if [ ! -x "$kine_out" ] || [ "$(cat "$kine_out.stamp" 2>/dev/null)" != "$kine_want" ]; then
+    need_go
+    say "building kine $KINE_VERSION (log: $cache/logs/build-kine-$KINE_VERSION.log)"
+    (
+      start=$(date +%s)
+      (cd "$moddir" && GOFLAGS=-mod=readonly go build -trimpath -o "$kine_out.tmp" \
+          -ldflags "-X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION -X github.com/k3s-io/kine/pkg/version.GitCommit=go-build" \
+          github.com/k3s-io/kine) \
+        >"$cache/logs/build-kine-$KINE_VERSION.log" 2>&1 \
+        || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "building kine $KINE_VERSION (hack/kine) failed"; }
+      mv -f "$kine_out.tmp" "$kine_out"
+      echo "$kine_want" >"$kine_out.stamp"
+      say "built kine $KINE_VERSION in $(( $(date +%s) - start ))s"
+    ) &
+    kine_build=$!
+  fi
+fi
+
 # ---------------------------------------------------------------- kcp (the pins asked for)
 for v in "${kcp_versions[@]}"; do
   moddir=$root/hack/kcp/$v
@@ -204,28 +233,9 @@ if wants kcp-front-proxy; then
   [ "$(readlink "$bin/kcp-front-proxy" 2>/dev/null)" = "kcp-front-proxy-$v" ] || ln -sfn "kcp-front-proxy-$v" "$bin/kcp-front-proxy"
 fi
 
-# ---------------------------------------------------------------- kine
-# Built from a Go module (hack/kine): the pinned release needs a dependency replaced (see its go.mod).
 if wants kine; then
-  moddir=$root/hack/kine
-  grep -qF "github.com/k3s-io/kine $KINE_VERSION" "$moddir/go.mod" \
-    || die "hack/kine/go.mod does not require github.com/k3s-io/kine $KINE_VERSION (hack/versions.env): change both together"
-  want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
-  out=$cache/bin/kine-$KINE_VERSION
-  if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
-    need_go
-    say "building kine $KINE_VERSION (log: $cache/logs/build-kine-$KINE_VERSION.log)"
-    start=$(date +%s)
-    (cd "$moddir" && GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" \
-        -ldflags "-X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION -X github.com/k3s-io/kine/pkg/version.GitCommit=go-build" \
-        github.com/k3s-io/kine) \
-      >"$cache/logs/build-kine-$KINE_VERSION.log" 2>&1 \
-      || { tail -40 "$cache/logs/build-kine-$KINE_VERSION.log" >&2; die "building kine $KINE_VERSION (hack/kine) failed"; }
-    mv -f "$out.tmp" "$out"
-    echo "$want" >"$out.stamp"
-    say "built kine $KINE_VERSION in $(( $(date +%s) - start ))s"
-  fi
-  place "$out" "$bin/kine-$KINE_VERSION"
+  if [ -n "$kine_build" ]; then wait "$kine_build" || exit 1; fi
+  place "$kine_out" "$bin/kine-$KINE_VERSION"
   [ "$(readlink "$bin/kine" 2>/dev/null)" = "kine-$KINE_VERSION" ] || ln -sfn "kine-$KINE_VERSION" "$bin/kine"
 fi
 

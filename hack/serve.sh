@@ -2,7 +2,8 @@
 # not run. Before sourcing: root (the checkout), state (the state dir), say and die.
 # Env: KCPSHARD_API_LISTEN (the API's address; default 127.0.0.1:6440, not the front's 6443).
 
-kcpshard=$root/target/release/kcpshard
+# What hack/up.sh builds (the dev profile).
+kcpshard=$root/target/debug/kcpshard
 
 # The pid of the serve running on $state that up.sh or down.sh started, if it still runs.
 running_serve() {

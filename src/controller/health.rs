@@ -180,13 +180,39 @@ impl HealthChecks {
 
 /// Looks until the process is gone; `wake` is called when what the plan reads changes: a slot
 /// gets ready, stops answering (the failure that makes it unresponsive), answers again, or stops
-/// listening.
+/// listening. Its listener is watched beside the looks, not between them: a look of a stopping
+/// slot can take 2 x LOOK_TIMEOUT, and a slot may exit within that.
 async fn run<F, Fut>(check: &Check, target: &Target, port: Option<u16>, look: F, wake: impl Fn())
 where
     F: Fn() -> Fut,
     Fut: Future<Output = LookResult>,
 {
-    let mut stopping = check.stopping.subscribe();
+    tokio::select! {
+        () = looks(check, target, look, &wake) => {}
+        () = watch_listener(check, port, &wake) => {}
+    }
+    // Gone: a process that was sent SIGTERM and is gone no longer listens. If its listener closed
+    // between two polls and it exited right after, this is the first the checks know of it.
+    let mut stopped = false;
+    check.seen.send_if_modified(|seen| {
+        stopped = *check.stopping.borrow() && seen.listening;
+        if stopped {
+            seen.listening = false;
+            seen.stopped_listening_at = Some(Utc::now());
+        }
+        stopped
+    });
+    if stopped {
+        wake();
+    }
+}
+
+async fn looks<F, Fut>(check: &Check, target: &Target, look: F, wake: &impl Fn())
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = LookResult>,
+{
+    let stopping = check.stopping.subscribe();
     loop {
         if !alive(target) {
             return;
@@ -221,32 +247,41 @@ where
             true => SERVING_INTERVAL,
             false => STARTING_INTERVAL,
         };
-        let until = tokio::time::Instant::now() + pause;
-        // Between looks, a slot that was sent SIGTERM is watched for its listener.
-        while tokio::time::Instant::now() < until {
-            let Some(port) = port.filter(|_| *stopping.borrow()) else {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(until) => {}
-                    _ = stopping.changed() => {}
-                }
-                continue;
-            };
-            let listening = crate::process::procfs::tcp_listening(port);
-            let mut stopped = false;
-            check.seen.send_if_modified(|seen| {
-                if seen.listening && !listening {
-                    seen.listening = false;
-                    seen.stopped_listening_at = Some(Utc::now());
-                    stopped = true;
-                    return true;
-                }
-                false
-            });
-            if stopped {
-                wake();
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Once the slot was sent SIGTERM, polls its port every [`LISTEN_POLL`] until no listener is left
+/// (the moment from which it can no longer lead), then rests. Never returns for a kine (no port).
+async fn watch_listener(check: &Check, port: Option<u16>, wake: &impl Fn()) {
+    let Some(port) = port else {
+        return std::future::pending().await;
+    };
+    let mut stopping = check.stopping.subscribe();
+    loop {
+        if !*stopping.borrow_and_update() {
+            if stopping.changed().await.is_err() {
+                return std::future::pending().await;
             }
-            tokio::time::sleep(LISTEN_POLL.min(until - tokio::time::Instant::now())).await;
+            continue;
         }
+        let listening = crate::process::procfs::tcp_listening(port);
+        let mut stopped = false;
+        check.seen.send_if_modified(|seen| {
+            stopped = seen.listening && !listening;
+            if stopped {
+                seen.listening = false;
+                seen.stopped_listening_at = Some(Utc::now());
+            }
+            stopped
+        });
+        if stopped {
+            wake();
+        }
+        if !check.seen.borrow().listening {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(LISTEN_POLL).await;
     }
 }
 
