@@ -100,3 +100,43 @@ fn an_issue_citation_is_told_from_ordinary_words() {
     assert!(!cites_an_issue("a known issue with caddy"));
     assert!(!cites_an_issue("no issues"));
 }
+
+/// The README's tour is what `hack/up.sh` prints once the shard is Ready (its heredoc, with the
+/// default state dir, manifests/dev.yaml's front and the pins filled in), so that it works by copy
+/// and paste.
+#[test]
+fn the_readme_tour_is_what_up_sh_prints() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).unwrap();
+    let pin = |name: &str| {
+        read("hack/versions.env")
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_string))
+            .unwrap_or_else(|| panic!("no {name} in hack/versions.env"))
+    };
+    let up = read("hack/up.sh");
+    let printed = up
+        .split_once("    cd $root\n")
+        .and_then(|(_, rest)| rest.split_once("\nEOT\n"))
+        .map(|(tour, _)| tour.trim_end())
+        .expect("hack/up.sh prints the tour in a heredoc starting with `    cd $root`");
+    let printed = printed
+        .replace("\\$", "$")
+        .replace("$rel_state", ".kcpshard")
+        .replace("$front", "127.0.0.1:6443")
+        .replace("$KCP_VERSION_OLDER", &pin("KCP_VERSION_OLDER"));
+    assert!(
+        read("manifests/dev.yaml").contains("listen: 127.0.0.1:6443"),
+        "manifests/dev.yaml's front moved: update this test and the README"
+    );
+    let readme = read("README.md");
+    let tour = readme
+        .split_once("What `hack/up.sh` prints once the shard is Ready (after `cd` to the checkout):\n\n")
+        .and_then(|(_, rest)| rest.split_once("\n\n    hack/down.sh"))
+        .map(|(tour, down)| format!("{tour}\n\n    hack/down.sh{}", down.lines().next().unwrap_or("")))
+        .expect("README.md has the tour under \"A short tour\"");
+    assert_eq!(
+        tour, printed,
+        "README.md's tour differs from what hack/up.sh prints: copy the script's output into the README"
+    );
+}
