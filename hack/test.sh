@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: check formatting and lints, install every real component
-# (hack/install-deps.sh), then run every test with bin/ first on PATH. Extra arguments go to
+# The test command: check formatting and lints, install every real component the tests use
+# (hack/install-deps.sh --for test), then run every test with bin/ first on PATH. Extra arguments go to
 # `cargo test`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
