@@ -65,19 +65,23 @@ fn progress(object: &Value) -> Progress {
 /// (the controller replaces the slot whenever they differ, a removed annotation included).
 fn restart_not_taken_up(object: &Value) -> Option<String> {
     let requested = object["metadata"]["annotations"][crate::api::RESTARTED_AT_ANNOTATION].as_str();
-    let active = &object["status"]["activeSlot"];
-    let served = object["status"]["slots"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|slot| &slot["name"] == active)
-        .and_then(|slot| slot["restartedAt"].as_str());
-    if requested == served {
-        return None;
-    }
+    // `status.activeSlot` names every slot the front forwards to, comma-separated (spec.slots).
+    let serving: Vec<&str> = object["status"]["activeSlot"]
+        .as_str()
+        .map(|active| active.split(',').collect())
+        .unwrap_or_default();
+    let restarted_at = |name: &str| {
+        object["status"]["slots"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|slot| slot["name"] == name)
+            .and_then(|slot| slot["restartedAt"].as_str())
+    };
+    let stale = serving.iter().find(|name| restarted_at(name) != requested)?;
     Some(match requested {
-        Some(at) => format!("a restart was requested ({at}); the active slot was started before it"),
-        None => "the restart annotation was removed; the active slot was started for it".into(),
+        Some(at) => format!("a restart was requested ({at}); serving slot {stale} was started before it"),
+        None => format!("the restart annotation was removed; serving slot {stale} was started for it"),
     })
 }
 
@@ -145,6 +149,13 @@ mod tests {
             Progress::Done("Ready message".into()),
             "never requested"
         );
+        // Two slots serve: done once both were started for the request.
+        object["metadata"]["annotations"] = json!({ "kcpshard.io/restartedAt": "3" });
+        object["status"]["activeSlot"] = json!("c,d");
+        object["status"]["slots"] = json!([{"name": "c", "restartedAt": "3"}, {"name": "d", "restartedAt": "2"}]);
+        assert!(matches!(progress(&object), Progress::Moving(m) if m.contains("serving slot d")));
+        object["status"]["slots"][1]["restartedAt"] = json!("3");
+        assert_eq!(progress(&object), Progress::Done("Ready message".into()));
         let mut blocked = shard(2, 2, "True", "False", "True");
         blocked["status"]["activeSlot"] = json!("b");
         blocked["status"]["slots"] = json!([{"name": "b"}]);
