@@ -18,7 +18,7 @@
 //! - `slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard`, one shard on PostgreSQL:
 //!   1. SIGKILL of the active slot's own kine (found by `application_name=kcpshard-<shard>-<slot>`
 //!      in its argv): started again on the same port (SlotStoreRestarted), no roll.
-//!   2. a slot that starts slowly: spec.rollout.readinessTimeout 5s with a restart request: the
+//!   2. a slot that starts slowly: spec.rollout.readinessTimeout 1s with a restart request: the
 //!      slot is started once more (SlotRestarting), then the roll is abandoned (Degraded,
 //!      SlotNotReady), the old slot serves with 0 failed polls.
 //!   3. raising readinessTimeout retries the roll at once; its NEW kcp is SIGKILLed after it
@@ -919,7 +919,9 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
         render_events(&events)
     ));
 
-    // 2. A slot that starts slowly: readinessTimeout 5s.
+    // 2. A slot that starts slowly: readinessTimeout 1s, the least accepted. No kcp is ready that
+    //    fast (its post-start hooks alone take seconds); with 5s a kcp on a quiet machine was
+    //    ready in 4.7s and the roll completed.
     workspaces.push("before-slow-slot".into());
     create_workspace(&env, shard, &front, "before-slow-slot").await;
     let before = env.get(shard).await.unwrap();
@@ -928,7 +930,7 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     let requested = Instant::now();
     env.patch(
         shard,
-        json!({ "metadata": { "annotations": restart_annotation() }, "spec": { "rollout": { "readinessTimeout": "5s" } } }),
+        json!({ "metadata": { "annotations": restart_annotation() }, "spec": { "rollout": { "readinessTimeout": "1s" } } }),
     )
     .await;
     let degraded = degraded_with(&env, shard, "SlotNotReady", Duration::from_secs(90)).await;
@@ -963,12 +965,12 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     assert!(
         slow_events
             .iter()
-            .any(|(t, r, m)| t == "Warning" && r == "SlotRestarting" && m.contains("within 5s")),
+            .any(|(t, r, m)| t == "Warning" && r == "SlotRestarting" && m.contains("within 1s")),
         "the slow slot was not started once more before the roll stopped:\n{}",
         render_events(&slow_events)
     );
     report.add(format!(
-        "readinessTimeout 5s: roll abandoned {:.2}s after the request (Degraded/SlotNotReady: {message}); the old slot served on: /readyz through the front: {}\n  events:\n{}",
+        "readinessTimeout 1s: roll abandoned {:.2}s after the request (Degraded/SlotNotReady: {message}); the old slot served on: /readyz through the front: {}\n  events:\n{}",
         abandoned.as_secs_f64(),
         failure_window(&stats, since),
         render_events(&events_since(&env, shard, since).await)
