@@ -7,7 +7,8 @@
 //!      connections and one on a kept-alive connection: 0 failed;
 //!   2. SIGKILL of the slot that leads kcp's controllers, under both pollers: no poll sent after the
 //!      slot was gone fails (those in flight on it are counted and shown); a workspace created
-//!      through the front right after the kill is Ready within 8 s; another slot leads; a
+//!      through the front right after the kill is Ready within 8 s when the warm standby leads
+//!      (30 s when the replacement wins kcp's election and leads cold); another slot leads; a
 //!      replacement runs and two slots serve again; events SlotCrashed and LeaseReleased;
 //!   3. SIGSTOP of a serving slot: out of the front within 3 s (SlotUnresponsive, Degraded
 //!      FewerSlots naming it), no failed poll after that; killed after livenessTimeout (10 s,
@@ -32,6 +33,10 @@ use chrono::Utc;
 use e2e::*;
 use serde_json::{Value, json};
 
+/// A workspace created after the leader's SIGKILL is Ready within this when a warm standby leads.
+const WARM_LEADER_READY: Duration = Duration::from_secs(8);
+/// ... and within this when the replacement slot won the Lease and leads cold.
+const COLD_LEADER_READY: Duration = Duration::from_secs(30);
 const READY_TIMEOUT: Duration = Duration::from_secs(240);
 const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 /// spec.rollout.livenessTimeout of both shards.
@@ -240,6 +245,15 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         .and_then(|slots| slots.iter().find(|s| s["name"] == victim.as_str()))
         .and_then(|s| s["port"].as_u64())
         .unwrap_or_else(|| env.fail(&format!("no port for slot {victim} in status"))) as u16;
+    // The slots that serve beside the victim: warm standbys, whose kcp controllers are ready to lead.
+    let standbys: Vec<i32> = env.get(shard).await.unwrap()["status"]["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["serving"] == true)
+        .filter_map(|s| s["pid"].as_i64().map(|p| p as i32))
+        .filter(|p| *p != pid)
+        .collect();
     let pollers = Pollers::start(&poll);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let killed_at = Utc::now();
@@ -254,17 +268,31 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
     let gone_at = Utc::now();
     let admin = front_admin(&env, shard, &front).await;
     let (workspace, (new_leader, leads_after)) = tokio::join!(
-        create_workspace_ready(&admin, "after-the-kill", Duration::from_secs(8)),
+        create_workspace_ready(&admin, "after-the-kill", COLD_LEADER_READY),
         async {
-            let name = env
+            let leads = env
                 .until(shard, Duration::from_secs(30), "another slot to lead", |o| {
-                    leader(o).filter(|(_, p)| *p != pid).map(|(n, _)| n)
+                    leader(o).filter(|(_, p)| *p != pid)
                 })
                 .await;
-            (name, killed.elapsed())
+            (leads, killed.elapsed())
         }
     );
     let workspace_ready = workspace.unwrap_or_else(|e| env.fail(&format!("after the SIGKILL of the leader: {e}")));
+    let (new_leader, new_leader_pid) = new_leader;
+    // Once the dead leader's Lease is deleted, kcp's electors race for it: the standby retries
+    // every 2 s (jittered up to 4.4 s), and the replacement kcpshard starts tries at once. A warm
+    // standby leads with its controllers ready; a replacement that wins leads cold, and starts
+    // every controller first.
+    let bound = if standbys.contains(&new_leader_pid) {
+        WARM_LEADER_READY
+    } else {
+        COLD_LEADER_READY
+    };
+    assert!(
+        workspace_ready <= bound,
+        "after the SIGKILL of the leader, slot {new_leader} (pid {new_leader_pid}; standbys {standbys:?}) leads, and a workspace took {workspace_ready:?} to get Ready, more than {bound:?}"
+    );
     let back = two_slots_again(&env, shard, pid, "the kill").await;
     let replaced_after = killed.elapsed();
     let (new, kept) = pollers.finish().await;
