@@ -7,7 +7,7 @@
 //!      connections and one on a kept-alive connection: 0 failed;
 //!   2. SIGKILL of the slot that leads kcp's controllers, under both pollers: no poll sent after the
 //!      slot was gone fails (those in flight on it are counted and shown); a workspace created
-//!      through the front right after the kill is Ready within 8 s when the warm standby leads
+//!      through the front right after the kill is Ready within 12 s when the warm standby leads
 //!      (30 s when the replacement wins kcp's election and leads cold); another slot leads; a
 //!      replacement runs and two slots serve again; events SlotCrashed and LeaseReleased;
 //!   3. SIGSTOP of a serving slot: out of the front within 3 s (SlotUnresponsive, Degraded
@@ -34,7 +34,9 @@ use e2e::*;
 use serde_json::{Value, json};
 
 /// A workspace created after the leader's SIGKILL is Ready within this when a warm standby leads.
-const WARM_LEADER_READY: Duration = Duration::from_secs(8);
+/// A standby starts kcp's controllers only once it leads: leading 1.7 s after the kill, a
+/// workspace was Ready 7.8 s after it on a quiet 2-core machine, so 8 s left no margin.
+const WARM_LEADER_READY: Duration = Duration::from_secs(12);
 /// ... and within this when the replacement slot won the Lease and leads cold.
 const COLD_LEADER_READY: Duration = Duration::from_secs(30);
 const READY_TIMEOUT: Duration = Duration::from_secs(240);
