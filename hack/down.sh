@@ -7,9 +7,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-say() { echo "down: $*" >&2; }
-die() { echo "down: $*" >&2; exit 1; }
-state=${KCPSHARD_STATE_DIR:-$root/.kcpshard}
 source hack/serve.sh
 [ -d "$state" ] || { say "no state dir $state: nothing to stop"; exit 0; }
 [ -x "$kcpshard" ] || die "no $kcpshard to stop the shards with: run hack/up.sh (or cargo build) first"

@@ -1,6 +1,11 @@
 # Starting `kcpshard serve` on the development state dir, for hack/up.sh and hack/down.sh; sourced,
-# not run. Before sourcing: root (the checkout), state (the state dir), say and die.
-# Env: KCPSHARD_API_LISTEN (the API's address; default 127.0.0.1:6440, not the front's 6443).
+# not run. Before sourcing: root (the checkout). Defines state, say and die.
+# Env: KCPSHARD_STATE_DIR (default .kcpshard/), KCPSHARD_API_LISTEN (the API's address; default
+# 127.0.0.1:6440, not the front's 6443).
+
+state=${KCPSHARD_STATE_DIR:-$root/.kcpshard}
+say() { echo "$(basename "$0" .sh): $*" >&2; }
+die() { say "$*"; exit 1; }
 
 # What hack/up.sh builds (the dev profile).
 kcpshard=$root/target/debug/kcpshard

@@ -8,17 +8,14 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-say() { echo "up: $*" >&2; }
-die() { echo "up: $*" >&2; exit 1; }
-state=${KCPSHARD_STATE_DIR:-$root/.kcpshard}
 source hack/serve.sh
 source hack/versions.env
 running=$(running_serve) && die "kcpshard serve already runs on $state (pid $running); hack/down.sh stops it"
 
 # Build kcpshard while install-deps downloads and builds kcp and kine: much of a first install is
-# downloads, which leave the CPU idle. The dev profile: it builds in a third of the release build's
-# time (2.6 min against 7 on 2 cores), a development shard does not need the speed, and
-# hack/test.sh reuses its dependencies.
+# downloads, which leave the CPU idle. The dev profile: it builds in 2.6 min alone on 2 cores
+# (the release build took 7 min in a newcomer's first run), a development shard does not need the
+# speed, and hack/test.sh reuses its dependencies.
 build_log=$(mktemp -t kcpshard-up-build.XXXXXX)
 trap 'rm -f "$build_log"' EXIT
 say "building kcpshard (cargo build; a few minutes the first time)"

@@ -193,14 +193,20 @@ where
     }
     // Gone: a process that was sent SIGTERM and is gone no longer listens. If its listener closed
     // between two polls and it exited right after, this is the first the checks know of it.
-    let mut stopped = false;
-    check.seen.send_if_modified(|seen| {
-        stopped = *check.stopping.borrow() && seen.listening;
-        if stopped {
+    if *check.stopping.borrow() {
+        record_stopped_listening(check, &wake);
+    }
+}
+
+/// Records the moment a slot that listened no longer does (once), and wakes the controller.
+fn record_stopped_listening(check: &Check, wake: &impl Fn()) {
+    let stopped = check.seen.send_if_modified(|seen| {
+        let was = seen.listening;
+        if was {
             seen.listening = false;
             seen.stopped_listening_at = Some(Utc::now());
         }
-        stopped
+        was
     });
     if stopped {
         wake();
@@ -265,20 +271,8 @@ async fn watch_listener(check: &Check, port: Option<u16>, wake: &impl Fn()) {
             }
             continue;
         }
-        let listening = crate::process::procfs::tcp_listening(port);
-        let mut stopped = false;
-        check.seen.send_if_modified(|seen| {
-            stopped = seen.listening && !listening;
-            if stopped {
-                seen.listening = false;
-                seen.stopped_listening_at = Some(Utc::now());
-            }
-            stopped
-        });
-        if stopped {
-            wake();
-        }
-        if !check.seen.borrow().listening {
+        if !crate::process::procfs::tcp_listening(port) {
+            record_stopped_listening(check, wake);
             return std::future::pending().await;
         }
         tokio::time::sleep(LISTEN_POLL).await;
