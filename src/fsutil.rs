@@ -5,7 +5,7 @@
 //! files are 0600 in 0700 directories.
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 /// Replaces `path` with `bytes` atomically and durably, mode 0600.
@@ -14,31 +14,21 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .parent()
         .ok_or_else(|| std::io::Error::other("a file path needs a parent directory"))?;
     create_private_dir(dir)?;
-    let tmp = path.with_extension("tmp");
-    let written = (|| {
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        // A leftover temp file keeps its old mode through open(); make sure it is 0600.
-        file.set_permissions(fs::Permissions::from_mode(0o600))?;
-        file.write_all(bytes)?;
-        file.sync_all()
-    })();
-    if let Err(e) = written {
-        // A part of a file (a full disk) is not left behind to take space or be mistaken for data.
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    fs::rename(&tmp, path)?;
+    // A temp file of its own (0600), removed when dropped: a part of a file (a full disk) is not
+    // left behind to take space or be mistaken for data, and two writers never share one.
+    let mut tmp = tempfile::Builder::new().prefix(".").suffix(".tmp").tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
     sync_dir(dir)
 }
 
 /// The write failed because the disk (or the user's quota) is full.
 pub fn is_no_space(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+    // By kind too: tempfile wraps the OS error with the temp file's path, keeping only its kind.
+    e.kind() == std::io::ErrorKind::StorageFull
+        || e.kind() == std::io::ErrorKind::QuotaExceeded
+        || matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 /// Makes a directory entry change (rename, remove) durable.
@@ -56,6 +46,14 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     // into it could be lost with the directory on a power loss.
     match dir.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
+        _ => Ok(()),
+    }
+}
+
+/// Removes a file that may already be gone.
+pub fn remove_if_there(path: &Path) -> std::io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
 }

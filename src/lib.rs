@@ -16,6 +16,7 @@ pub mod api;
 pub mod apiserver;
 pub mod cli;
 pub mod controller;
+pub mod errors;
 pub mod front;
 pub mod fsutil;
 pub mod gitops;

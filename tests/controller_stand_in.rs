@@ -9,8 +9,11 @@
 //!   shard says Degraded at once and serves again after livenessTimeout and one start;
 //! - a kine or a front that hangs is replaced; a slot that cannot start says what kcp printed;
 //! - deletion takes one short step at a time and serve honours SIGTERM at once in every state;
+//!   every step of rolls, a preflight and a deletion acts within 0.1 s (the steps that still wait
+//!   are named);
 //! - a version change is preflighted on a copy of the data, across a crash of serve mid-preflight,
-//!   and a preflight that fails blocks the roll and leaves nothing behind;
+//!   and a preflight that fails blocks the roll and leaves nothing behind; the copy is a job, and
+//!   a slot that crashes while it runs is acted on at once;
 //! - the old slot killed mid-preflight: an interim slot of the version that last served the data
 //!   serves until the preflight passed, and no slot of the new version starts before it; an
 //!   interim slot that crashes at start is not started again, and the preflight and roll go on.
@@ -45,6 +48,18 @@ async fn start(slots: u32) -> (Env, String, kube::Config) {
     let poll = e2e::front_shard_admin(&env, "dev", &front).await;
     env.started = Instant::now();
     (env, front, poll)
+}
+
+/// A `kine` in `dir` that runs the shell lines `first`, then the real kine.
+fn kine_wrapper(dir: &std::path::Path, first: &str) -> std::path::PathBuf {
+    let kine = dir.join("kine");
+    let script = format!(
+        "#!/bin/sh\n{first}\nexec '{}' \"$@\"\n",
+        support::require("kine").display()
+    );
+    std::fs::write(&kine, script).unwrap();
+    std::fs::set_permissions(&kine, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    kine
 }
 
 async fn reasons(env: &Env) -> Vec<String> {
@@ -285,6 +300,316 @@ async fn serve_honours_sigterm_within_5s_mid_roll_and_deletion_leaves_nothing_ru
     env.shutdown(&[]).await;
 }
 
+/// SIGTERM while a step is in progress: serve waits its grace for the step, then aborts it and
+/// waits until it is gone, and only then lets go of the state dir. The step here is StartSlot of
+/// a restart roll on KinePostgres, waiting for the new slot's own kine, which takes 20 s to accept
+/// (a wrapper that sleeps first, once a flag file exists); serve exits within 5 s, says it cut the
+/// step, and logs no line of a step after it let go. The next serve finishes the roll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go() {
+    let wrapper_dir = tempfile::tempdir().unwrap();
+    let slow = wrapper_dir.path().join("slow");
+    let kine = kine_wrapper(wrapper_dir.path(), &format!("[ -e '{}' ] && sleep 20", slow.display()));
+    let pg = support::Postgres::start();
+    let mut env = Env::start_with_kine(&[], kine.clone()).await;
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut first = spec(&front, 1);
+    first["store"] = json!({
+        "type": "KinePostgres",
+        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "kcp_sigterm", "user": "postgres" },
+    });
+    env.apply_spec("dev", first).await;
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+
+    std::fs::write(&slow, "").unwrap();
+    // The slots' kines, by the database in their endpoint.
+    let kines = || {
+        e2e::processes_with("kcp_sigterm")
+            .into_iter()
+            .filter(|(_, argv)| argv.contains("--listen-address"))
+            .map(|(pid, _)| pid)
+            .collect::<Vec<_>>()
+    };
+    let old = kines();
+    assert_eq!(old.len(), 1, "slot a's kine: {old:?}");
+    env.request_restart("dev").await;
+    // StartSlot starts slot b's slow kine and waits for it to accept.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !kines().iter().any(|pid| *pid != old[0]) {
+        assert!(Instant::now() < deadline, "no kine started for the new slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = env.serve_pid().unwrap();
+    let asked = Instant::now();
+    signal(pid, libc::SIGTERM);
+    while e2e::alive(pid) {
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "serve still runs 5 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.log(&format!("serve exited {:.2?} after SIGTERM mid-step", asked.elapsed()));
+    let log = std::fs::read_to_string(env.serve_log()).unwrap();
+    assert!(
+        log.contains("did not finish within") && log.contains("aborting it"),
+        "serve did not cut the step in progress:\n{}",
+        env.serve_log_tail(30)
+    );
+    let (_, after) = log
+        .split_once("letting go of the state dir")
+        .unwrap_or_else(|| panic!("serve never let go of the state dir:\n{}", env.serve_log_tail(30)));
+    let late: Vec<&str> = after.lines().filter(|l| l.contains("step{")).collect();
+    assert!(
+        late.is_empty(),
+        "a step ran after serve let go of the state dir: {late:?}"
+    );
+
+    std::fs::remove_file(&slow).unwrap();
+    env.stop_serve();
+    env.start_serve().await;
+    env.until("dev", Duration::from_secs(60), "the restart roll complete", |o| {
+        let slots = o["status"]["slots"].as_array().cloned().unwrap_or_default();
+        (o["status"]["lastRoll"]["completedAt"].is_string()
+            && slots.len() == 1
+            && slots[0]["name"] == "b"
+            && slots[0]["serving"] == true)
+            .then_some(())
+    })
+    .await;
+    env.shutdown(&["dev"]).await;
+}
+
+/// A kine that takes 2 s to accept (a wrapper that sleeps first) is started by EnsureStore, which
+/// returns at once: status says the controller waits for it (StoreStarting), and the shard comes
+/// up once it accepts. A kine that exits at its start (a wrapper that exits 1 with a message) is a
+/// failed step naming its log and its last words, and the shard comes up once it starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kine_slow_to_accept_is_waited_for_outside_any_step_and_one_that_exits_says_why() {
+    let wrapper_dir = tempfile::tempdir().unwrap();
+    let slow = wrapper_dir.path().join("slow");
+    let broken = wrapper_dir.path().join("broken");
+    let kine = kine_wrapper(
+        wrapper_dir.path(),
+        &format!(
+            "[ -e '{}' ] && {{ echo 'kine: cannot open the database' >&2; exit 1; }}\n[ -e '{}' ] && sleep 2",
+            broken.display(),
+            slow.display()
+        ),
+    );
+    std::fs::write(&slow, "").unwrap();
+    let mut env = Env::start_with_kine(&[], kine.clone()).await;
+    let front = format!("127.0.0.1:{}", free_port());
+    env.apply_spec("dev", spec(&front, 1)).await;
+    let waiting = env
+        .until("dev", Duration::from_secs(10), "StoreStarting while kine starts", |o| {
+            condition(o, "Progressing")
+                .filter(|c| c["reason"] == "StoreStarting" && c["message"].as_str().unwrap_or("").contains("waiting"))
+                .map(|c| c["message"].clone())
+        })
+        .await;
+    env.log(&format!("while kine starts: {waiting}"));
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    // A step that waited for this kine would take its 2 s.
+    let slow_steps = e2e::slow_steps(&env, "dev", "0.5").await;
+    assert!(
+        !slow_steps.iter().any(|(step, ..)| step == "EnsureStore"),
+        "EnsureStore waited for the slow kine (steps over 0.5 s: {slow_steps:?})"
+    );
+
+    std::fs::remove_file(&slow).unwrap();
+    std::fs::write(&broken, "").unwrap();
+    let store = env.shard_dir("dev").join("store").display().to_string();
+    let running = e2e::processes_with(&store)
+        .into_iter()
+        .find(|(_, argv)| argv.contains("--listen-address"))
+        .expect("the shard's kine");
+    signal(running.0, libc::SIGKILL);
+    let failed = env
+        .until("dev", Duration::from_secs(10), "a failed EnsureStore", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["message"].as_str().unwrap_or("").contains("cannot open the database"))
+                .map(|c| c["message"].as_str().unwrap().to_string())
+        })
+        .await;
+    assert!(
+        failed.contains("kine exited during startup") && failed.contains("kine.log"),
+        "the failure does not name kine's exit and its log: {failed}"
+    );
+    std::fs::remove_file(&broken).unwrap();
+    // The next attempt after the step's backoff starts kine again, on the port the slot dials.
+    env.until("dev", Duration::from_secs(60), "the store back", |o| {
+        condition(o, "StoreReady").filter(|c| c["status"] == "True").map(|_| ())
+    })
+    .await;
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    env.shutdown(&["dev"]).await;
+}
+
+/// spec.front.listen changes: the old front stops accepting at once and drains a connection held
+/// open through it, while the controller goes on: a serving slot SIGKILLed meanwhile is acted on
+/// (SlotCrashed) within 0.5 s. Once that connection closes, the front starts on its new address
+/// and the shard (rolled to its new URL) serves there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_front_that_moves_drains_and_starts_on_its_new_address_and_a_slot_that_dies_meanwhile_is_acted_on_at_once() {
+    let (mut env, front, _poll) = start(2).await;
+    // Held open through the old front, which then drains it (up to 30 s).
+    let held = tokio::net::TcpStream::connect(&front).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let holder = loop {
+        let status = e2e::front_status(&env, "dev").await;
+        if let Some((slot, _)) = status.connections.iter().find(|(_, c)| c.open > 0) {
+            break slot.clone();
+        }
+        assert!(Instant::now() < deadline, "the front holds no connection: {status:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The slot that does not hold the connection, chosen while both serve (a draining front
+    // reports no backends).
+    let o = env.get("dev").await.unwrap();
+    let victim = serving(&o)
+        .into_iter()
+        .find(|s| *s != holder)
+        .expect("another serving slot");
+    let victim_pid = slot_pid(&o, &victim).unwrap();
+    let moved = format!("127.0.0.1:{}", free_port());
+    env.patch("dev", json!({ "spec": { "front": { "listen": moved } } }))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(&front).await.is_ok() {
+        assert!(Instant::now() < deadline, "the old front still accepts on {front}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        reasons(&env).await.iter().any(|r| r == "FrontMoving"),
+        "no FrontMoving event"
+    );
+
+    // Its crash leaves the drain as it is.
+    signal(victim_pid, libc::SIGKILL);
+    let killed = Instant::now();
+    while !reasons(&env).await.iter().any(|r| r == "SlotCrashed") {
+        assert!(
+            killed.elapsed() < Duration::from_millis(500),
+            "slot {victim}, SIGKILLed while the front drains, is not acted on 0.5 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    env.log(&format!(
+        "slot {victim} SIGKILLed while the front drains: SlotCrashed after {:.3?}",
+        killed.elapsed()
+    ));
+    assert!(
+        tokio::net::TcpStream::connect(&moved).await.is_err(),
+        "the new front started before the old one was gone"
+    );
+
+    drop(held);
+    let o = settled(&env, "dev", 2, Duration::from_secs(60)).await;
+    assert_eq!(o["spec"]["front"]["listen"], moved.as_str());
+    assert_eq!(e2e::front_status(&env, "dev").await.listen.to_string(), moved);
+    tokio::net::TcpStream::connect(&moved)
+        .await
+        .expect("the front does not accept on its new address");
+    env.shutdown(&["dev"]).await;
+}
+
+/// A step starts something and returns: over a first start, a restart roll of two slots, a version
+/// roll with its preflight and a deletion whose kine ignores its SIGTERM (SIGSTOPped), every step
+/// acted within 0.1 s by the
+/// controller's own step durations (`/metrics`), apart from the steps named below, which still
+/// wait inside a reconcile. The kine is killed once its grace is over, and only then is the
+/// shard gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_step_of_rolls_a_preflight_and_a_deletion_returns_within_a_tenth_of_a_second() {
+    let (mut env, _front, _poll) = start(2).await;
+    env.request_restart("dev").await;
+    let wanted = env.get("dev").await.unwrap()["metadata"]["annotations"]["kcpshard.io/restartedAt"].clone();
+    env.until("dev", Duration::from_secs(60), "the restart roll", |o| {
+        let slots = o["status"]["slots"].as_array().cloned().unwrap_or_default();
+        let fresh = slots.len() == 2 && slots.iter().all(|s| s["serving"] == true && s["restartedAt"] == wanted);
+        (fresh && condition(o, "Progressing").is_some_and(|c| c["status"] == "False")).then_some(())
+    })
+    .await;
+    env.patch("dev", json!({ "spec": { "version": "v0.31.3" } })).await;
+    let rolled = rolled_to_v0_31_3_with_two_slots(&env).await;
+    assert_eq!(
+        rolled["status"]["preflight"]["result"], "Compatible",
+        "{}",
+        rolled["status"]
+    );
+    let kine: Value =
+        serde_json::from_slice(&std::fs::read(env.shard_dir("dev").join("store/kine.json")).unwrap()).unwrap();
+    let kine_pid = kine["pid"].as_i64().unwrap() as i32;
+    signal(kine_pid, libc::SIGSTOP);
+    let deleting = Instant::now();
+    assert!(
+        env.delete_and_wait("dev", Duration::from_secs(40)).await,
+        "the shard was not deleted"
+    );
+    let took = deleting.elapsed();
+    assert!(
+        !e2e::alive(kine_pid),
+        "the stopped kine (pid {kine_pid}) survived the deletion"
+    );
+    assert!(
+        took >= kcpshard::store::kine::STOP_GRACE,
+        "the shard was gone {took:?} after its deletion, before its kine's grace was over"
+    );
+    assert!(
+        reasons(&env).await.iter().any(|r| r == "KilledAfterGrace"),
+        "no KilledAfterGrace event"
+    );
+    let slow = e2e::slow_steps(&env, "dev", "0.1").await;
+    env.log(&format!(
+        "deleted in {took:?}; steps over 0.1 s (step, how many, of): {slow:?}"
+    ));
+    let unexpected: Vec<_> = slow
+        .iter()
+        .filter(|(step, ..)| !e2e::STILL_WAITING.contains(&step.as_str()))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "steps took longer than 0.1 s (step, how many, of): {unexpected:?}"
+    );
+    env.shutdown(&[]).await;
+}
+
+/// The preflight's copy of the data is a job: a serving slot SIGKILLed while `kcpshard job
+/// sqlite-copy` is stopped mid-copy leaves the front within 0.5 s; once the copy goes on and
+/// ends, the preflight runs on it and the roll completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_that_crashes_during_the_preflights_copy_of_the_data_is_acted_on_at_once() {
+    let (mut env, _front, _poll) = start(2).await;
+    // 200 MiB beside kine's table, so that the copy takes long enough to be caught running.
+    let db = rusqlite::Connection::open(env.shard_dir("dev").join("store/state.db")).unwrap();
+    db.busy_timeout(Duration::from_secs(30)).unwrap();
+    db.execute_batch(
+        "CREATE TABLE filler (b BLOB); WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200) INSERT INTO filler SELECT zeroblob(1048576) FROM n;",
+    )
+    .unwrap();
+    drop(db);
+    env.patch("dev", json!({ "spec": { "version": "v0.31.3" } })).await;
+    let shard_dir = env.shard_dir("dev").display().to_string();
+    let copy = stop_a_job_mid_way(&env, &shard_dir, "sqlite-copy").await;
+    kill_a_serving_slot_and_see_it_leave_the_front(&env, "Preflight", "the preflight's copy").await;
+    signal(copy, libc::SIGCONT);
+    let done = rolled_to_v0_31_3_with_two_slots(&env).await;
+    let p = &done["status"]["preflight"];
+    assert_eq!(p["result"], "Compatible", "{p}");
+    assert!(
+        p["startedAt"].as_str() < p["copiedAt"].as_str() && p["copiedAt"].as_str() <= p["launchedAt"].as_str(),
+        "recorded, copied, then launched: {p}"
+    );
+    assert!(
+        e2e::preflight_leftovers(&env, "dev").is_empty(),
+        "{:?}",
+        e2e::preflight_leftovers(&env, "dev")
+    );
+    env.shutdown(&["dev"]).await;
+}
+
 /// The data loss of a store change (the next slot on an empty store) cannot happen: the API
 /// refuses a spec.store that puts the data elsewhere once a slot started on it; a KcpShard created
 /// again with another store runs on the one its data is in, says so, and status names that store;
@@ -385,66 +710,10 @@ async fn a_slot_that_crashes_during_a_long_dump_of_the_store_is_acted_on_at_once
     env.patch("dev", json!({ "spec": { "version": "v0.31.3" } })).await;
 
     let snapshots = env.shard_dir("dev").join("snapshots").display().to_string();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let dump = loop {
-        let found = e2e::processes_with(&snapshots);
-        if let Some((pid, argv)) = found.into_iter().find(|(_, argv)| argv.contains("pg_dump")) {
-            signal(pid, libc::SIGSTOP);
-            env.log(&format!("pg_dump (pid {pid}) stopped mid-dump: {argv}"));
-            break pid;
-        }
-        assert!(Instant::now() < deadline, "no pg_dump of the store started");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    let o = env
-        .until("dev", Duration::from_secs(10), "Progressing TakingSnapshot", |o| {
-            condition(o, "Progressing")
-                .filter(|c| c["reason"] == "TakingSnapshot")
-                .map(|_| o.clone())
-        })
-        .await;
-    let victim = serving(&o)[0].clone();
-    let pid = slot_pid(&o, &victim).unwrap();
-    let address = format!(
-        "127.0.0.1:{}",
-        o["status"]["slots"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["name"] == victim.as_str())
-            .unwrap()["port"]
-    );
-    signal(pid, libc::SIGKILL);
-    let killed = Instant::now();
-    loop {
-        let status = e2e::front_status(&env, "dev").await;
-        if !status.backends.iter().any(|b| b.address.to_string() == address) {
-            break;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_millis(500),
-            "slot {victim} (SIGKILLed during the dump) is still in the front 0.5 s later"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    env.log(&format!(
-        "slot {victim} SIGKILLed during the dump: out of the front after {:.3?}",
-        killed.elapsed()
-    ));
+    let dump = stop_a_job_mid_way(&env, &snapshots, "pg_dump").await;
+    kill_a_serving_slot_and_see_it_leave_the_front(&env, "TakingSnapshot", "the dump").await;
     signal(dump, libc::SIGCONT);
-    let done = env
-        .until(
-            "dev",
-            Duration::from_secs(60),
-            "the roll to v0.31.3 complete with 2 slots",
-            |o| {
-                (o["status"]["lastRoll"]["toVersion"] == "v0.31.3"
-                    && o["status"]["lastRoll"]["completedAt"].is_string()
-                    && serving(o).len() == 2)
-                    .then(|| o.clone())
-            },
-        )
-        .await;
+    let done = rolled_to_v0_31_3_with_two_slots(&env).await;
     let kept = done["status"]["lastRoll"]["snapshot"]
         .as_str()
         .unwrap_or_default()
@@ -557,7 +826,7 @@ async fn a_version_change_is_preflighted_on_a_copy_across_a_serve_crash_and_a_fa
         "slot a was replaced"
     );
     let seen = reasons(&env).await;
-    for reason in ["PreflightStarted", "PreflightPassed"] {
+    for reason in ["PreflightStarted", "PreflightLaunched", "PreflightPassed"] {
         assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
     }
 
@@ -714,10 +983,16 @@ async fn preflight_of_a_slow_version(env: &Env, ready_after_ms: u64) -> Value {
         json!({ "spec": { "version": "v0.31.3", "kcp": { "extraArgs": [format!("--stand-in-ready-after-ms={ready_after_ms}")] } } }),
     )
     .await;
-    env.until("dev", Duration::from_secs(20), "a preflight of v0.31.3 running", |o| {
-        let p = &o["status"]["preflight"];
-        (p["version"] == "v0.31.3" && p["result"].is_null()).then(|| p["startedAt"].clone())
-    })
+    env.until(
+        "dev",
+        Duration::from_secs(20),
+        "a preflight of v0.31.3 started on its copy",
+        |o| {
+            let p = &o["status"]["preflight"];
+            (p["version"] == "v0.31.3" && p["result"].is_null() && p["launchedAt"].is_string())
+                .then(|| p["startedAt"].clone())
+        },
+    )
     .await
 }
 
@@ -729,6 +1004,76 @@ async fn rolled_to_v0_31_3(env: &Env) -> Value {
             && serving(o).len() == 1)
             .then(|| o.clone())
     })
+    .await
+}
+
+/// SIGSTOPs the job's process whose argv holds `dir` and `program` once it runs; its pid.
+async fn stop_a_job_mid_way(env: &Env, dir: &str, program: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = e2e::processes_with(dir);
+        if let Some((pid, argv)) = found.into_iter().find(|(_, argv)| argv.contains(program)) {
+            signal(pid, libc::SIGSTOP);
+            env.log(&format!("{program} (pid {pid}) stopped mid-way: {argv}"));
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "no {program} started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Once Progressing says `reason` (the job runs), SIGKILLs a serving slot and fails the test
+/// unless it is out of the front within 0.5 s.
+async fn kill_a_serving_slot_and_see_it_leave_the_front(env: &Env, reason: &str, during: &str) {
+    let o = env
+        .until("dev", Duration::from_secs(10), &format!("Progressing {reason}"), |o| {
+            condition(o, "Progressing")
+                .filter(|c| c["reason"] == reason)
+                .map(|_| o.clone())
+        })
+        .await;
+    let victim = serving(&o)[0].clone();
+    let address = format!(
+        "127.0.0.1:{}",
+        o["status"]["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == victim.as_str())
+            .unwrap()["port"]
+    );
+    signal(slot_pid(&o, &victim).unwrap(), libc::SIGKILL);
+    let killed = Instant::now();
+    loop {
+        let status = e2e::front_status(env, "dev").await;
+        if !status.backends.iter().any(|b| b.address.to_string() == address) {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_millis(500),
+            "slot {victim} (SIGKILLed during {during}) is still in the front 0.5 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    env.log(&format!(
+        "slot {victim} SIGKILLed during {during}: out of the front after {:.3?}",
+        killed.elapsed()
+    ));
+}
+
+/// Waits for the roll to v0.31.3 to complete, two slots serving; the shard.
+async fn rolled_to_v0_31_3_with_two_slots(env: &Env) -> Value {
+    env.until(
+        "dev",
+        Duration::from_secs(60),
+        "the roll to v0.31.3 complete with 2 slots",
+        |o| {
+            (o["status"]["lastRoll"]["toVersion"] == "v0.31.3"
+                && o["status"]["lastRoll"]["completedAt"].is_string()
+                && serving(o).len() == 2)
+                .then(|| o.clone())
+        },
+    )
     .await
 }
 

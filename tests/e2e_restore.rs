@@ -306,5 +306,15 @@ async fn a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and
         );
     }
     env.log(&format!("the whole walk took {:.1}s", begun.elapsed().as_secs_f64()));
-    env.shutdown(&[shard]).await;
+    // No step of the snapshot, the restore and the deletion waited, but those that still wait
+    // inside a reconcile or for kcp's or PostgreSQL's answers (docs/architecture.md, "The steps").
+    assert!(
+        env.delete_and_wait(shard, Duration::from_secs(90)).await,
+        "KcpShard {shard} was not deleted"
+    );
+    let slow = slow_steps(&env, shard, "0.1").await;
+    env.log(&format!("steps over 0.1 s on real kcp (step, how many, of): {slow:?}"));
+    let unexpected = unexpectedly_slow_steps(&env, shard, "1.0").await;
+    assert!(unexpected.is_empty(), "steps over 1 s: {unexpected:?}");
+    env.shutdown(&[]).await;
 }

@@ -17,8 +17,6 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kcpshard");
-const HELPER_ENV: &str = "KCPSHARD_FRONT_TEST_HELPER_DIR";
-const HELPER_BACKEND_ENV: &str = "KCPSHARD_FRONT_TEST_HELPER_BACKEND";
 const ANY_PORT: &str = "127.0.0.1:0";
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -610,46 +608,16 @@ async fn metrics_count_connections_per_slot() {
 // ------------------------------------------------------------------------------------------------
 // Surviving the starter, and handing over
 
-/// Not a test on its own: run by `the_front_survives_the_death_of_the_process_that_started_it` in
-/// a child process (the stand-in for `serve`), which that test then SIGKILLs.
-#[test]
-fn helper_starts_a_front_and_waits() {
-    let Some(dir) = std::env::var_os(HELPER_ENV) else {
-        return;
-    };
-    let backend: SocketAddr = std::env::var(HELPER_BACKEND_ENV).unwrap().parse().unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let client = front::ensure_running(launch(bin(), Path::new(&dir)), any_port())
-            .await
-            .unwrap();
-        client
-            .serve(&[Backend {
-                slot: "a".into(),
-                address: backend,
-            }])
-            .await
-            .unwrap();
-        let status = client.status().await.unwrap();
-        println!("READY {} {}", status.pid, status.listen);
-        tokio::time::sleep(Duration::from_secs(600)).await;
-    });
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_front_survives_the_death_of_the_process_that_started_it() {
     use std::io::BufRead;
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
-    let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "helper_starts_a_front_and_waits",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(HELPER_ENV, &f.dir)
-        .env(HELPER_BACKEND_ENV, a.address.to_string())
+    // A stand-in for serve (tests/support/front_starter.rs), SIGKILLed once the front serves.
+    let mut helper = std::process::Command::new(env!("CARGO_BIN_EXE_front-starter"))
+        .arg(BIN)
+        .arg(&f.dir)
+        .arg(a.address.to_string())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -659,15 +627,14 @@ async fn the_front_survives_the_death_of_the_process_that_started_it() {
         std::io::BufReader::new(stdout)
             .lines()
             .map_while(Result::ok)
-            // libtest prints "test NAME ... " on the same line first.
-            .find_map(|l| l.find("READY ").map(|at| l[at..].to_string()))
+            .find_map(|l| l.strip_prefix("READY ").map(str::to_string))
     });
     let ready = tokio::time::timeout(Duration::from_secs(20), ready)
         .await
         .unwrap()
         .unwrap();
     let ready = ready.expect("the helper started a front");
-    let mut words = ready.split_whitespace().skip(1);
+    let mut words = ready.split_whitespace();
     let pid: u32 = words.next().unwrap().parse().unwrap();
     let listen: SocketAddr = words.next().unwrap().parse().unwrap();
     f.track(pid);

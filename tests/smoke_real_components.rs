@@ -285,3 +285,49 @@ fn missing_component_fails_with_the_install_hint() {
         .unwrap_or_default();
     assert!(msg.contains("hack/install-deps.sh"), "hint missing from: {msg}");
 }
+
+/// A kine that died comes back on the port its slots dial. When another program took that port
+/// meanwhile, the error names it, and no kine starts on another port (the slots would dial
+/// nothing); once the port is free, kine is back on it.
+#[tokio::test]
+async fn a_kine_comes_back_on_its_port_and_a_taken_port_names_its_holder() {
+    use kcpshard::store::{KineSpec, StoreError, kine};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = KineSpec::sqlite(&support::require("kine"), dir.path(), "port").unwrap();
+    let runtime = kcpshard::process::Runtime::new();
+    let first = kine::ensure_kine(&runtime, &spec).await.unwrap();
+    let port = first.port;
+    runtime.kill(&first.record).await.unwrap();
+    // Another program takes the port as soon as the dying kine lets go of it (tokio sets
+    // SO_REUSEADDR, as kine does: the port's last connection is left in TIME-WAIT).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let squatter = loop {
+        match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(listener) => break listener,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "port {port} still taken 10 s after kine's SIGKILL: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let taken = kine::ensure_kine(&runtime, &spec)
+        .await
+        .expect_err("kine started beside the squatter");
+    let StoreError::PortTaken { port: named, holder } = &taken else {
+        panic!("not PortTaken: {taken}");
+    };
+    assert_eq!(*named, port);
+    let holder = holder.clone().unwrap_or_default();
+    assert!(holder.starts_with(&format!("pid {} ", std::process::id())), "{taken}");
+    assert!(taken.to_string().contains("stop that process"), "{taken}");
+    assert!(
+        kine::kine_processes(&runtime, &spec).unwrap().is_empty(),
+        "a kine runs on another port"
+    );
+
+    drop(squatter);
+    let back = kine::ensure_kine(&runtime, &spec).await.unwrap();
+    assert_eq!(back.endpoint, first.endpoint, "kine came back elsewhere");
+    runtime.kill(&back.record).await.unwrap();
+}

@@ -6,25 +6,38 @@ use std::time::Duration;
 /// The schema pattern every duration field carries.
 pub const DURATION_PATTERN: &str = r"^\d+(ms|s|m|h)$";
 
-/// Parses `<integer><unit>` with unit `ms`, `s`, `m` or `h`. The error says what to write instead.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+/// What to write instead of a value that is not a duration.
+const HINT: &str = "write an integer and one unit (ms, s, m or h), e.g. \"500ms\", \"30s\", \"2m\"";
+
+/// A spec duration that does not parse; the message says what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("{0:?} is not a duration: {HINT}")]
+    NotADuration(String),
+    #[error("{0:?} is too large: {HINT}")]
+    TooLarge(String),
+}
+
+/// Parses `<integer><unit>` with unit `ms`, `s`, `m` or `h`.
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let hint = "write an integer and one unit (ms, s, m or h), e.g. \"500ms\", \"30s\", \"2m\"";
+    let not_a_duration = || DurationError::NotADuration(text.to_string());
+    let too_large = || DurationError::TooLarge(text.to_string());
     if digits.is_empty() {
-        return Err(format!("{text:?} is not a duration: {hint}"));
+        return Err(not_a_duration());
     }
-    let n: u64 = digits.parse().map_err(|_| format!("{text:?} is too large: {hint}"))?;
+    let n: u64 = digits.parse().map_err(|_| too_large())?;
     let millis_per_unit: u64 = match unit {
         "ms" => 1,
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
-        _ => return Err(format!("{text:?} is not a duration: {hint}")),
+        _ => return Err(not_a_duration()),
     };
     n.checked_mul(millis_per_unit)
         .map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too large: {hint}"))
+        .ok_or_else(too_large)
 }
 
 #[cfg(test)]

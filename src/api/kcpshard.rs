@@ -5,13 +5,13 @@
 //! Every field carries a doc comment: it becomes the field's `description` in the CRD, which is what
 //! `kubectl explain ks.spec.store` prints. Defaults live here too (`#[serde(default)]`), so the
 //! schema carries them and the API server fills them in as a real kube-apiserver would.
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-use super::duration::{DURATION_PATTERN, parse_duration};
+use super::duration::{DURATION_PATTERN, DurationError, parse_duration};
+use super::status::KcpShardStatus;
 
 /// API group of the KcpShard resource.
 pub const GROUP: &str = "kcpshard.io";
@@ -189,7 +189,7 @@ impl KcpSettings {
     }
 
     /// `shutdownDelay` as a [`Duration`] (validation has checked it parses).
-    pub fn shutdown_delay(&self) -> Result<Duration, String> {
+    pub fn shutdown_delay(&self) -> Result<Duration, DurationError> {
         parse_duration(&self.shutdown_delay)
     }
 }
@@ -523,284 +523,17 @@ impl Default for RolloutSpec {
 
 impl RolloutSpec {
     /// `readinessTimeout` as a [`Duration`].
-    pub fn readiness_timeout(&self) -> Result<Duration, String> {
+    pub fn readiness_timeout(&self) -> Result<Duration, DurationError> {
         parse_duration(&self.readiness_timeout)
     }
 
     /// `drainTimeout` as a [`Duration`].
-    pub fn drain_timeout(&self) -> Result<Duration, String> {
+    pub fn drain_timeout(&self) -> Result<Duration, DurationError> {
         parse_duration(&self.drain_timeout)
     }
 
     /// `livenessTimeout` as a [`Duration`].
-    pub fn liveness_timeout(&self) -> Result<Duration, String> {
+    pub fn liveness_timeout(&self) -> Result<Duration, DurationError> {
         parse_duration(&self.liveness_timeout)
     }
-}
-
-/// What the controller observed and did. Written only by the controller, through /status.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct KcpShardStatus {
-    /// The metadata.generation this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-    /// Where the shard is in its life cycle: Pending, Progressing (a roll runs), Ready, Degraded
-    /// (no slot serves, or a roll failed) or Deleting.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<Phase>,
-    /// The slots the front forwards new connections to, comma-separated (e.g. "a" or "a,b").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub active_slot: Option<String>,
-    /// The kcp version the slots behind the front run (the oldest, if they differ): it differs
-    /// from spec.version while a roll runs or when one was refused.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// The slots that exist: those that serve and, during a roll, the new one and the old ones
-    /// that drain.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
-    pub slots: Vec<SlotStatus>,
-    /// The front as observed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub front: Option<FrontStatus>,
-    /// The store as observed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub store: Option<StoreStatus>,
-    /// When each step of the latest roll happened.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_roll: Option<RollStatus>,
-    /// The latest preflight: the new version run alone on a copy of the data before a roll to it
-    /// (spec.rollout.preflight).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub preflight: Option<PreflightStatus>,
-    /// The latest restore of a store snapshot (the kcpshard.io/restoreSnapshot annotation), under
-    /// way or done.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_restore: Option<RestoreStatus>,
-    /// The latest observations of the shard's state. Ready is True when the front forwards to a
-    /// slot that answers /readyz.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
-    pub conditions: Vec<Condition>,
-}
-
-/// Where the shard is in its life cycle.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
-pub enum Phase {
-    Pending,
-    Progressing,
-    Ready,
-    Degraded,
-    Deleting,
-}
-
-impl Phase {
-    /// The name as written in YAML.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Progressing => "Progressing",
-            Phase::Ready => "Ready",
-            Phase::Degraded => "Degraded",
-            Phase::Deleting => "Deleting",
-        }
-    }
-}
-
-/// One kcp process serving the shard.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct SlotStatus {
-    /// The slot's name, e.g. blue or green; its root directory is named after it.
-    pub name: String,
-    /// The kcp release the slot runs.
-    pub version: String,
-    /// Process id of the slot's kcp, while it runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    /// The slot's own secure port on loopback.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 65535))]
-    pub port: Option<u16>,
-    /// Whether the slot answered /readyz on its own port at the last observation.
-    pub ready: bool,
-    /// Whether the front sends it new connections.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub serving: bool,
-    /// Whether it holds the kcp-controllers Lease: its kcp runs kcp's controllers.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub leader: bool,
-    /// What is wrong with it, if anything: its last failed /readyz, or that it is stopping.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// When the slot's process started.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<Time>,
-    /// The kcpshard.io/restartedAt annotation the slot was started for: a restart request is taken
-    /// up once the active slot carries its value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restarted_at: Option<String>,
-}
-
-/// The front as observed.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FrontStatus {
-    /// The address the front listens on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub listen: Option<String>,
-    /// host:port the front forwards new connections to (the active slot's port).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<String>,
-}
-
-/// The store as observed.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct StoreStatus {
-    /// The kind of store in use.
-    #[serde(rename = "type")]
-    pub type_: StoreType,
-    /// The etcd-protocol endpoints slots use (a kine's listen address, or the etcd members).
-    /// Never includes a password.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
-    pub endpoints: Vec<String>,
-    /// Whether the store accepted connections at the last observation.
-    pub ready: bool,
-    /// Since when the shard's data is in this store: the first start of a slot on it. From then on
-    /// spec.store cannot name another store (kcpshard cannot move the data yet), and a KcpShard
-    /// created again under the same name runs on this store until its directory is moved aside.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_since: Option<Time>,
-    /// Why the store is not ready, or what it is doing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-}
-
-/// When each step of a roll happened (docs/architecture.md, "The steps"), and what it rolled between. Times have
-/// microseconds: the steps of a roll are often less than a second apart.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RollStatus {
-    /// When the roll began.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<MicroTime>,
-    /// When the new slot's process started.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_slot_started_at: Option<MicroTime>,
-    /// When the new slot first answered /readyz on its own port.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_slot_ready_at: Option<MicroTime>,
-    /// When the front began forwarding new connections to the new slot.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub front_switched_at: Option<MicroTime>,
-    /// When the old slot, sent SIGTERM, stopped listening (after spec.kcp.shutdownDelay): from then
-    /// on it leads no controllers, and the Lease is released while it drains its connections.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub old_slot_stopped_listening_at: Option<MicroTime>,
-    /// When the old slot's process exited.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub old_slot_exited_at: Option<MicroTime>,
-    /// When the kcp-controllers Lease was deleted, so the new slot could take leadership.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_released_at: Option<MicroTime>,
-    /// When a probe workspace reached phase Ready (a leader runs controllers).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe_succeeded_at: Option<MicroTime>,
-    /// When the roll finished.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<MicroTime>,
-    /// The version the old slot ran.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_version: Option<String>,
-    /// The version the new slot runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub to_version: Option<String>,
-    /// Path of the store snapshot taken before the roll, if one was taken.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot: Option<String>,
-}
-
-/// The outcome of a preflight.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
-pub enum PreflightResult {
-    /// The new version started on the copy, got a workspace Ready and changed none of kcp's own
-    /// schemas or storage versions: the roll goes on.
-    Compatible,
-    /// The new version started and served, and changed kcp's own schemas or storage versions
-    /// (see changes): the roll goes on only with spec.rollout.allowMinorVersionChange, and a roll
-    /// back would need the snapshot.
-    SchemaChanged,
-    /// The new version exited, missed readinessTimeout, or got no workspace Ready on the copy:
-    /// the roll is blocked, the old slots serve on.
-    Failed,
-    /// The store is not copied (Etcd): no preflight ran.
-    Skipped,
-}
-
-impl PreflightResult {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PreflightResult::Compatible => "Compatible",
-            PreflightResult::SchemaChanged => "SchemaChanged",
-            PreflightResult::Failed => "Failed",
-            PreflightResult::Skipped => "Skipped",
-        }
-    }
-}
-
-/// A preflight of one version on a copy of the data.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PreflightStatus {
-    /// The version that was tried.
-    pub version: String,
-    /// Empty while it runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<PreflightResult>,
-    /// What the new version changed in kcp's own resources, one line each (e.g. "CRD
-    /// shards.core.kcp.io: storedVersions [v1alpha1] -> [v1alpha1 v1alpha2]").
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
-    pub changes: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<MicroTime>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<MicroTime>,
-    /// What happened: how long each check took, or why it failed (kcp's last error line and
-    /// where its log is).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-}
-
-/// A restore of a store snapshot: a planned outage (every slot stops, the snapshot is restored,
-/// slots of the version that served the data in it start).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct RestoreStatus {
-    /// The kcpshard.io/restoreSnapshot value it was asked for with.
-    pub request: String,
-    /// Path of the snapshot restored.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot: Option<String>,
-    /// The kcp version that served the data in the snapshot, which the slots run after it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// Stopping (every slot stops; the shard is down), Starting (restored; slots of the version
-    /// start), Complete (a slot serves the restored data), or Refused (message says why).
-    pub phase: String,
-    /// Why it was refused, and what to do.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    /// When the controller took the request up: from then on the shard is down.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requested_at: Option<MicroTime>,
-    /// When the snapshot was restored into the store.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restored_at: Option<MicroTime>,
-    /// When a slot served the restored data through the front again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<MicroTime>,
 }

@@ -11,11 +11,13 @@ pub mod crd;
 pub mod duration;
 pub mod kcpshard;
 pub mod manifest;
+pub mod status;
 pub mod validation;
 pub mod version;
 
 pub use crd::{crd, crd_yaml};
-pub use duration::parse_duration;
+pub use duration::{DurationError, parse_duration};
 pub use kcpshard::*;
+pub use status::*;
 pub use validation::{validate, validate_update};
 pub use version::KcpVersion;

@@ -118,12 +118,12 @@ impl Cluster {
                 "cannot reach the kcpshard API at {}: is `kcpshard serve` running? (kubeconfig: {}): {}",
                 self.server,
                 self.kubeconfig,
-                error_chain(&err)
+                crate::errors::chain(&err)
             ),
             other => anyhow!(
                 "request to the kcpshard API at {} failed: {}",
                 self.server,
-                error_chain(&other)
+                crate::errors::chain(&other)
             ),
         }
     }
@@ -132,17 +132,4 @@ impl Cluster {
 /// True when the error is the server saying the object does not exist.
 pub fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
-}
-
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![err.to_string()];
-    let mut source = err.source();
-    while let Some(next) = source {
-        let text = next.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = next.source();
-    }
-    parts.join(": ")
 }

@@ -15,6 +15,7 @@ mod events;
 mod follow;
 mod front;
 mod get;
+mod job;
 mod rollout;
 mod serve;
 mod snapshot;
@@ -59,6 +60,9 @@ enum Command {
     Credentials(credentials::Args),
     /// Run the TCP front (started and adopted by `serve`; see docs/front.md), or print a caddy front's config.
     Front(Box<front::Args>),
+    /// Run one of serve's jobs (serve starts them; not for use by hand).
+    #[command(hide = true)]
+    Job(job::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -74,7 +78,7 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", crate::errors::chain(err.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -93,6 +97,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Credentials(args) => credentials::run(args).await,
         Command::Snapshot(args) => snapshot::run(args).await,
         Command::Front(args) => front::run(*args).await,
+        Command::Job(args) => job::run(args).await,
     }
 }
 
@@ -107,8 +112,11 @@ fn init_tracing(serving: bool) {
         "warn"
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Colours only on a terminal: serve's log is mostly a file or the journal.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
 }

@@ -80,15 +80,12 @@ impl Assignment {
             let host = &self.host;
             match &why {
                 NotOurs::OtherHost(other) if runs_here => tracing::warn!(
-                    shard = %name,
                     "KcpShard {name} names spec.host {other:?}, not this host ({host:?}), yet its state dir is here: its processes here keep running and are no longer managed. To move a shard, delete it and create it again with the new host"
                 ),
                 NotOurs::OtherHost(other) => tracing::info!(
-                    shard = %name,
                     "KcpShard {name} is for host {other:?}; this serve is {host:?} and leaves it to that host's serve"
                 ),
                 NotOurs::NoHost => tracing::warn!(
-                    shard = %name,
                     "KcpShard {name} names no spec.host: on a shared API no serve runs it. Set spec.host to the --host-name of the serve that should run it (this one is {host:?})"
                 ),
             }

@@ -1,7 +1,13 @@
 //! Why a reconcile failed. Each kind has a label for the failure metric
 //! (`kcpshard_controller_steps_total{result="..."}`), so the metric says which error it was.
+//! A message that includes its cause keeps that cause out of `source()`, so that a chain printed
+//! with `{:#}` says each cause once.
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
+use crate::api::DurationError;
+use crate::front::FrontError;
+use crate::front::caddy::CaddyError;
 use crate::process::ProcessError;
 use crate::slot::{ArgsError, SlotError};
 use crate::store::StoreError;
@@ -19,18 +25,37 @@ pub enum Error {
     Slot(#[from] SlotError),
     #[error(transparent)]
     Args(#[from] ArgsError),
-    /// A field of the spec the schema cannot check.
-    #[error("{0}")]
-    Spec(String),
-    #[error("{0:#}")]
-    Front(anyhow::Error),
-    #[error("{}", front_address_message(*listen, holder.as_deref(), source))]
+    /// A duration of the spec that the schema's pattern let through does not parse.
+    #[error("{field}: {cause}")]
+    Duration { field: &'static str, cause: DurationError },
+    #[error("spec.front.listen {value:?} is not an IP address and port ({cause}): write it as 127.0.0.1:6443")]
+    FrontListen {
+        value: String,
+        cause: std::net::AddrParseError,
+    },
+    #[error("spec.front.type is Caddy but spec.front.caddy is missing: add adminAddress and upstreamId")]
+    CaddyUnset,
+    /// kcpshard's own front: starting, upgrading or telling it where to forward.
+    #[error(transparent)]
+    Front(#[from] FrontError),
+    /// The user's caddy, through its admin API.
+    #[error(transparent)]
+    Caddy(#[from] CaddyError),
+    #[error(
+        "{cause} (the shard's certificate, key and CA for caddy's config are in {} once the first slot is ready)",
+        shared.display()
+    )]
+    CaddyUnready { cause: CaddyError, shared: PathBuf },
+    #[error("{}", front_address_message(*listen, holder.as_deref(), cause))]
     FrontAddress {
         listen: SocketAddr,
         /// The process that holds the address, when kcpshard can tell.
         holder: Option<String>,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
+    /// A step that asks kcp through a serving slot found none.
+    #[error("no slot answers /readyz")]
+    NoServingSlot,
     #[error("slot {0} has no record (it was removed meanwhile); the next look starts over")]
     NoSuchSlot(String),
     #[error(
@@ -41,23 +66,32 @@ pub enum Error {
         "admin identity {id}, which the slot is to accept, is not in {}: the controller makes it on its next look",
         record.display()
     )]
-    UnknownIdentity { id: String, record: std::path::PathBuf },
-    #[error("cannot write the status of KcpShard {name}: {source}")]
-    Status { name: String, source: kube::Error },
-    #[error("finalizer: {0}")]
-    Finalizer(String),
-    /// The controller could not change the object's metadata (drop a request's annotation).
-    #[error("{0}")]
-    Metadata(String),
-    /// One of the controller's own files does not parse; the message says which and what to do.
-    #[error("{0}")]
-    Unreadable(String),
+    UnknownIdentity { id: String, record: PathBuf },
+    #[error(
+        "the sharded kcp's system identity ({}) is missing: the root shard makes it on its next look",
+        path.display()
+    )]
+    NoSystemIdentity { path: PathBuf },
     /// A preflight step found its record gone (removed meanwhile); the next look starts over.
-    #[error("preflight: {0}")]
-    Preflight(String),
+    #[error("the preflight's record is gone; the next look starts over")]
+    NoPreflight,
+    /// A restore step found the request annotation gone (removed meanwhile).
+    #[error("the {annotation} annotation is gone; the restore is not started")]
+    NoRestoreRequest { annotation: &'static str },
+    /// A request to kcpshard's API about a KcpShard failed: what it was for, and kube's answer.
+    #[error("cannot {what} of KcpShard {name}: {}", crate::errors::chain(cause))]
+    Api {
+        what: &'static str,
+        name: String,
+        cause: kube::Error,
+    },
     /// A job (a dump, a restore of the store) failed: how, and what happens next.
-    #[error("{0}")]
-    Job(String),
+    #[error("the {job} failed: {message}; {next}")]
+    JobFailed {
+        job: &'static str,
+        message: String,
+        next: &'static str,
+    },
 }
 
 impl Error {
@@ -65,17 +99,22 @@ impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Io(_) => "io",
-            Error::Store(_) | Error::Job(_) => "store",
+            Error::Store(_) => "store",
+            Error::JobFailed { .. } => "job",
             Error::Process(_) => "process",
             Error::Slot(_) => "kcp",
-            Error::Args(_) | Error::Spec(_) => "spec",
-            Error::Front(_) | Error::FrontAddress { .. } => "front",
+            Error::NoServingSlot => "no_serving_slot",
+            Error::Args(_) | Error::Duration { .. } | Error::FrontListen { .. } | Error::CaddyUnset => "spec",
+            Error::Front(_) => "front",
+            Error::FrontAddress { .. } => "front_address",
+            Error::Caddy(_) | Error::CaddyUnready { .. } => "caddy",
             Error::NoSuchSlot(_)
             | Error::Unadoptable { .. }
-            | Error::Unreadable(_)
             | Error::UnknownIdentity { .. }
-            | Error::Preflight(_) => "state",
-            Error::Status { .. } | Error::Finalizer(_) | Error::Metadata(_) => "api",
+            | Error::NoSystemIdentity { .. }
+            | Error::NoPreflight
+            | Error::NoRestoreRequest { .. } => "state",
+            Error::Api { .. } => "api",
         }
     }
 }
@@ -106,16 +145,16 @@ mod tests {
         let denied = Error::FrontAddress {
             listen,
             holder: None,
-            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            cause: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         };
         assert!(denied.to_string().contains("CAP_NET_BIND_SERVICE"), "{denied}");
         assert!(!denied.to_string().contains("in use"), "{denied}");
         let taken = Error::FrontAddress {
             listen,
             holder: Some("pid 77 (nginx: master process)".into()),
-            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+            cause: std::io::Error::from(std::io::ErrorKind::AddrInUse),
         };
         assert!(taken.to_string().contains("in use by pid 77 (nginx"), "{taken}");
-        assert_eq!(taken.metric_label(), "front");
+        assert_eq!(taken.metric_label(), "front_address");
     }
 }

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use super::Error;
 use crate::api::{FrontSpec, FrontType};
 use crate::front::caddy::CaddyAdmin;
 use crate::front::{self, Backend, FrontClient, FrontLaunch, SlotConnections};
-use crate::process::{Runtime, UnitName};
+use crate::process::{ProcessRecord, Runtime, UnitName};
 
 /// The front of one shard.
 pub enum Front {
@@ -54,11 +55,11 @@ impl Front {
         dir: PathBuf,
         shard: &str,
         runtime: &Runtime,
-    ) -> anyhow::Result<Front> {
-        let listen: SocketAddr = spec
-            .listen
-            .parse()
-            .map_err(|e| anyhow::anyhow!("spec.front.listen {:?} is not an IP address and port: {e}", spec.listen))?;
+    ) -> Result<Front, Error> {
+        let listen: SocketAddr = spec.listen.parse().map_err(|cause| Error::FrontListen {
+            value: spec.listen.clone(),
+            cause,
+        })?;
         Ok(match spec.type_ {
             FrontType::Tcp => Front::Tcp {
                 binary,
@@ -68,10 +69,7 @@ impl Front {
                 runtime: runtime.clone(),
             },
             FrontType::Caddy => {
-                let caddy = spec
-                    .caddy
-                    .as_ref()
-                    .ok_or_else(|| anyhow::anyhow!("spec.front.type is Caddy but spec.front.caddy is missing"))?;
+                let caddy = spec.caddy.as_ref().ok_or(Error::CaddyUnset)?;
                 Front::Caddy {
                     admin: CaddyAdmin::new(&caddy.admin_address),
                     upstream_id: caddy.upstream_id.clone(),
@@ -133,7 +131,7 @@ impl Front {
     /// Starts kcpshard's front on the spec's address (the caller has checked it is free), or
     /// upgrades it to this binary; or checks that caddy's admin API answers and has the handler.
     /// Returns what happened, for an event.
-    pub async fn ensure(&self) -> anyhow::Result<String> {
+    pub async fn ensure(&self) -> Result<String, Error> {
         match self {
             Front::Tcp {
                 binary,
@@ -174,7 +172,7 @@ impl Front {
     /// Makes `to` the serving set: new connections go to one of them (kcpshard's front: the one
     /// with the fewest open connections; caddy: its load balancing, over the upstreams that pass
     /// its active `/readyz` checks). A slot left out is retired: its open connections stay.
-    pub async fn serve(&self, to: &[Backend]) -> anyhow::Result<()> {
+    pub async fn serve(&self, to: &[Backend]) -> Result<(), Error> {
         match self {
             Front::Tcp { dir, .. } => FrontClient::connect(dir).await?.serve(to).await?,
             Front::Caddy { admin, upstream_id, .. } => {
@@ -200,15 +198,13 @@ impl Front {
         }
     }
 
-    /// Stops kcpshard's front; a caddy is the user's and stays.
-    pub async fn stop(&self) -> anyhow::Result<()> {
-        if let Front::Tcp {
-            dir, shard, runtime, ..
-        } = self
-        {
-            front::stop(runtime, shard, dir).await?;
+    /// kcpshard's front process, by its own pid record: what deleting the shard stops. None
+    /// when none runs, and for a caddy, which is the user's and stays.
+    pub fn process(&self) -> Option<ProcessRecord> {
+        match self {
+            Front::Tcp { dir, .. } => front::recorded_process(dir),
+            Front::Caddy { .. } => None,
         }
-        Ok(())
     }
 
     /// kcpshard's front process, by its recorded pid, still runs (whether or not it answers).

@@ -13,6 +13,7 @@ use super::act::{Actor, Notes};
 use super::error::Error;
 use super::plan::{JobKind, JobRecord, JobState, RestorePhase, RestoreRecord};
 use super::state::{DataVersion, SnapshotRecord};
+use crate::fsutil::remove_if_there;
 use crate::process::{ProcessSpec, Runtime, UnitName};
 use crate::store::snapshot::{self, ClientRun};
 
@@ -64,7 +65,12 @@ pub async fn start_restore(actor: &Actor<'_>) -> Result<Notes, Error> {
 
 /// Records the job, then starts its process: a serve that stops in between finds the record and
 /// no process (the job is lost, and done again).
-async fn start(actor: &Actor<'_>, kind: JobKind, output: Option<String>, run: ClientRun) -> Result<(), Error> {
+pub(super) async fn start(
+    actor: &Actor<'_>,
+    kind: JobKind,
+    output: Option<String>,
+    run: ClientRun,
+) -> Result<(), Error> {
     let dir = actor.dirs.job();
     crate::fsutil::create_private_dir(&dir)?;
     let process = dir.join(PROCESS_FILE);
@@ -162,6 +168,14 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
                 ),
             )])
         }
+        (kind @ (JobKind::PreflightDump { .. } | JobKind::PreflightCopy { .. }), JobState::Succeeded) => {
+            if let Some(dump) = &record.output {
+                snapshot::keep_dump(Path::new(dump), 1)?;
+            }
+            actor.dirs.save_state(&state)?;
+            super::preflight::copied(actor.dirs, kind, record.output.as_deref())?;
+            Ok(vec![])
+        }
         (JobKind::Restore { snapshot }, JobState::Succeeded) => {
             let Some(restore) = state.restore.clone().filter(|r| r.phase == RestorePhase::Stopping) else {
                 actor.dirs.save_state(&state)?;
@@ -190,16 +204,28 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
                 ),
             )])
         }
-        (kind, JobState::Failed { message }) => {
+        (JobKind::PreflightDump { .. } | JobKind::PreflightCopy { .. }, JobState::Failed { message }) => {
             drop_output()?;
             actor.dirs.save_state(&state)?;
-            let after = match kind {
-                JobKind::Restore { .. } => {
-                    "; the database is as it was (one transaction), and the restore is tried again"
-                }
-                JobKind::Snapshot { .. } => "; the roll waits, and the dump is tried again",
-            };
-            Err(Error::Job(format!("{message}{after}")))
+            super::preflight::fail_with(actor, format!("its copy of the data failed: {message}"))
+        }
+        (JobKind::Restore { .. }, JobState::Failed { message }) => {
+            drop_output()?;
+            actor.dirs.save_state(&state)?;
+            Err(Error::JobFailed {
+                job: "restore",
+                message,
+                next: "the database is as it was (one transaction), and the restore is tried again",
+            })
+        }
+        (JobKind::Snapshot { .. }, JobState::Failed { message }) => {
+            drop_output()?;
+            actor.dirs.save_state(&state)?;
+            Err(Error::JobFailed {
+                job: "dump before the roll",
+                message,
+                next: "the roll waits, and the dump is tried again",
+            })
         }
         (kind, JobState::Lost) => {
             drop_output()?;
@@ -230,13 +256,6 @@ pub fn cancel(actor: &Actor<'_>) -> Result<Notes, Error> {
         actor.ctx.runtime.signal(&process, Signal::SIGKILL)?;
     }
     Ok(vec![])
-}
-
-fn remove_if_there(path: &Path) -> std::io::Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::plan::Step;
@@ -18,6 +19,20 @@ struct StepLabels {
     shard: String,
     step: &'static str,
     result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepKindLabels {
+    shard: String,
+    step: &'static str,
+}
+
+/// The step durations' buckets, in seconds: a step is meant to return within 0.1 s
+/// (docs/architecture.md, "The steps").
+const STEP_SECONDS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0];
+
+fn step_histogram() -> Histogram {
+    Histogram::new(STEP_SECONDS)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,14 +54,29 @@ struct PhaseLabels {
 }
 
 /// Cheap to clone: every clone counts into the same metrics.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ControllerMetrics {
     steps: Family<StepLabels, Counter>,
+    step_seconds: Family<StepKindLabels, Histogram, fn() -> Histogram>,
     rolls: Family<ShardLabels, Counter>,
     last_roll: Family<PhaseLabels, Gauge<f64, AtomicU64>>,
     process_exits: Family<ShardLabels, Counter>,
     store_free: Family<DiskLabels, Gauge>,
     store_size: Family<DiskLabels, Gauge>,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> ControllerMetrics {
+        ControllerMetrics {
+            steps: Family::default(),
+            step_seconds: Family::new_with_constructor(step_histogram),
+            rolls: Family::default(),
+            last_roll: Family::default(),
+            process_exits: Family::default(),
+            store_free: Family::default(),
+            store_size: Family::default(),
+        }
+    }
 }
 
 impl ControllerMetrics {
@@ -55,6 +85,11 @@ impl ControllerMetrics {
             "steps",
             "Steps the controller took, by shard, step (Idle and the waits included) and result: ok, or what failed (io, store, process, kcp, spec, front, state, api)",
             self.steps.clone(),
+        );
+        registry.register(
+            "step_duration_seconds",
+            "How long each step took to act, by shard and step (the waits included), failed ones too",
+            self.step_seconds.clone(),
         );
         registry.register(
             "rolls",
@@ -104,8 +139,15 @@ impl ControllerMetrics {
             .inc();
     }
 
-    /// A step was taken; `error` is the failure's label (see [`super::Error::metric_label`]).
-    pub fn step_taken(&self, shard: &str, step: &Step, error: Option<&'static str>) {
+    /// A step was taken in `took`; `error` is the failure's label (see
+    /// [`super::Error::metric_label`]).
+    pub fn step_taken(&self, shard: &str, step: &Step, took: std::time::Duration, error: Option<&'static str>) {
+        self.step_seconds
+            .get_or_create(&StepKindLabels {
+                shard: shard.to_string(),
+                step: step.name(),
+            })
+            .observe(took.as_secs_f64());
         self.steps
             .get_or_create(&StepLabels {
                 shard: shard.to_string(),
@@ -186,9 +228,10 @@ mod tests {
     #[test]
     fn steps_rolls_and_the_free_space_under_the_store_are_exposed_per_shard() {
         let metrics = ControllerMetrics::default();
-        metrics.step_taken("dev", &Step::Probe, None);
-        metrics.step_taken("dev", &Step::Probe, None);
-        metrics.step_taken("dev", &Step::EnsureStore, Some("store"));
+        let ms = std::time::Duration::from_millis;
+        metrics.step_taken("dev", &Step::Probe, ms(3), None);
+        metrics.step_taken("dev", &Step::Probe, ms(40), None);
+        metrics.step_taken("dev", &Step::EnsureStore, ms(700), Some("store"));
         metrics.process_exited("dev");
         metrics.store_disk_seen(
             "dev",
@@ -221,6 +264,11 @@ mod tests {
         for line in [
             r#"kcpshard_controller_steps_total{shard="dev",step="Probe",result="ok"} 2"#,
             r#"kcpshard_controller_steps_total{shard="dev",step="EnsureStore",result="store"} 1"#,
+            r#"kcpshard_controller_step_duration_seconds_bucket{le="0.005",shard="dev",step="Probe"} 1"#,
+            r#"kcpshard_controller_step_duration_seconds_bucket{le="0.1",shard="dev",step="Probe"} 2"#,
+            r#"kcpshard_controller_step_duration_seconds_bucket{le="0.5",shard="dev",step="EnsureStore"} 0"#,
+            r#"kcpshard_controller_step_duration_seconds_bucket{le="1.0",shard="dev",step="EnsureStore"} 1"#,
+            r#"kcpshard_controller_step_duration_seconds_count{shard="dev",step="EnsureStore"} 1"#,
             r#"kcpshard_controller_rolls_total{shard="dev"} 1"#,
             r#"kcpshard_controller_process_exits_total{shard="dev"} 1"#,
             r#"kcpshard_controller_store_free_bytes{shard="dev",path="/state"} 12582912"#,

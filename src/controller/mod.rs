@@ -11,6 +11,7 @@ pub mod assignment;
 pub mod clients;
 pub mod conditions;
 pub mod credentials;
+mod desired;
 pub mod error;
 pub mod front;
 pub mod health;
@@ -22,10 +23,12 @@ pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod preflight;
+mod report;
 pub mod restore;
 pub mod sharding;
 pub mod state;
 pub mod status;
+pub mod stops;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,19 +43,28 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tracing::Instrument;
 
-use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION, StoreSpec};
+use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION, ROTATE_CREDENTIALS_ANNOTATION, StoreSpec};
 use crate::process::exits::ExitNotices;
 use crate::process::{ProcessRecord, Runtime};
 use crate::store::{StoreBackend, StoreError, StorePaths};
+pub use desired::desired;
+use desired::interim;
 pub use error::Error;
 use plan::{Desired, SlotTemplate, Step, Wait};
+use report::{publish, report_unreadable, stored_status, write_status};
 use state::ShardDirs;
 
 /// Requeue after a step that changed something: take the next one at once.
 const NEXT_STEP: Duration = Duration::from_millis(10);
+/// What a step may take: it starts something and returns (docs/architecture.md, "Steps").
+const STEP_BUDGET: Duration = Duration::from_millis(100);
 /// Requeue while the probe workspace gets Ready: how late the roll learns that a leader runs.
 const WHILE_PROBING: Duration = Duration::from_millis(100);
+/// Requeue while the store's kine starts: nothing wakes the controller when it begins to accept
+/// (an empty sqlite database takes about 0.1 s), and slots wait for it.
+const WHILE_STORE_STARTS: Duration = Duration::from_millis(25);
 /// Requeue while a slot starts or drains: its readiness, listener and exit wake the controller
 /// (health checks, pidfds); this only bounds how late a timeout is noticed.
 const WHILE_WAITING: Duration = Duration::from_secs(1);
@@ -93,8 +105,9 @@ pub struct Context {
     pub state_dir: PathBuf,
     /// The kine binary the store runs (KineSqlite, KinePostgres).
     pub kine_binary: PathBuf,
-    /// This binary, which runs `kcpshard front`.
-    pub front_binary: PathBuf,
+    /// This binary, which runs `kcpshard front` and the jobs that are no program of their own
+    /// (`kcpshard job`).
+    pub kcpshard_binary: PathBuf,
     pub slot_clients: Arc<clients::SlotClients>,
     pub metrics: metrics::ControllerMetrics,
     /// Wakes the controller for a shard when one of its processes exits, or a health check saw
@@ -119,7 +132,7 @@ impl Context {
         runtime: Runtime,
         state_dir: PathBuf,
         kine_binary: PathBuf,
-        front_binary: PathBuf,
+        kcpshard_binary: PathBuf,
         metrics: metrics::ControllerMetrics,
         exits: ExitNotices<(ObjectRef<KcpShard>, Wake)>,
         heartbeat: heartbeat::Heartbeat,
@@ -132,7 +145,7 @@ impl Context {
             runtime,
             state_dir,
             kine_binary,
-            front_binary,
+            kcpshard_binary,
             slot_clients: Default::default(),
             metrics,
             health: health::HealthChecks::new(exits.clone()),
@@ -148,12 +161,11 @@ impl Context {
     pub fn front(&self, shard: &KcpShard, dirs: &ShardDirs) -> Result<front::Front, Error> {
         front::Front::from_spec(
             &shard.spec.front,
-            self.front_binary.clone(),
+            self.kcpshard_binary.clone(),
             dirs.front(),
             &shard.name_any(),
             &self.runtime,
         )
-        .map_err(Error::Front)
     }
 
     /// The backend of `store` for `shard` (a password is read now).
@@ -192,61 +204,8 @@ impl Context {
     }
 }
 
-/// The desired state from the spec: the template every current slot must have (but for the admin
-/// identities it accepts, which `step` adds from [`credentials::reconcile`]).
-pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
-    let spec = &shard.spec;
-    let binary = working_dir.join(spec.kcp.binary_for(&spec.version));
-    let template = SlotTemplate {
-        version: spec.version.clone(),
-        binary: binary.display().to_string(),
-        extra_args: spec.kcp.extra_args.clone(),
-        shutdown_delay: spec.kcp.shutdown_delay.clone(),
-        front_url: format!("https://{}", spec.front.listen),
-        restarted_at: shard.annotations().get(RESTARTED_AT_ANNOTATION).cloned(),
-        // From the shard's identity record and what runs: `credentials::reconcile`, in `step`.
-        accepted_identities: vec![],
-        // From the root shard: `sharding::resolve`, in `step`.
-        sharded: None,
-    };
-    Ok(Desired {
-        binary_present: binary.is_file(),
-        template,
-        slots: spec.slots as usize,
-        readiness_timeout: spec.rollout.readiness_timeout().map_err(Error::Spec)?,
-        liveness_timeout: spec.rollout.liveness_timeout().map_err(Error::Spec)?,
-        drain_timeout: spec.rollout.drain_timeout().map_err(Error::Spec)?,
-        deleting: shard.meta().deletion_timestamp.is_some(),
-        version_refused: None,
-        root_not_ready: None,
-        // And a store that takes snapshots: the one in use, in `step`.
-        snapshot_before_version_change: spec.rollout.snapshot_before_version_change,
-        preflight: spec.rollout.preflight,
-        allow_schema_change: spec.rollout.allow_minor_version_change,
-        // Judged with the shard's files: `restore::request`, in `step`.
-        restore: None,
-        // From the data's record, once the template is whole: `interim`, in `step`.
-        interim: None,
-    })
-}
-
-/// What an interim slot runs (see [`Desired::interim`]): the template last started on the data,
-/// when it is of another version than the spec's and its binary is still there, with the
-/// identities and sharding every slot takes now (a rotation or a root's move since it ran does
-/// not make the interim slot a stranger).
-fn interim(desired: &Desired, data: Option<&state::DataVersion>) -> Option<SlotTemplate> {
-    let recorded = data?.template.as_ref()?;
-    if recorded.version == desired.template.version || !Path::new(&recorded.binary).is_file() {
-        return None;
-    }
-    Some(SlotTemplate {
-        front_url: desired.template.front_url.clone(),
-        accepted_identities: desired.template.accepted_identities.clone(),
-        sharded: desired.template.sharded.clone(),
-        ..recorded.clone()
-    })
-}
-
+/// One reconcile of a shard. Its span names the shard for every line logged under it.
+#[tracing::instrument(name = "reconcile", skip_all, fields(shard = %shard.name_any()))]
 async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Error> {
     let api: Api<KcpShard> = Api::all(ctx.client.clone());
     let name = shard.name_any();
@@ -290,7 +249,11 @@ async fn patch_finalizers(api: &Api<KcpShard>, name: &str, patch: serde_json::Va
     let patch: json_patch::Patch = serde_json::from_value(patch).expect("a valid JSON patch");
     api.patch::<KcpShard>(name, &PatchParams::default(), &Patch::Json(patch))
         .await
-        .map_err(|e| Error::Finalizer(format!("cannot update the finalizers of KcpShard {name}: {e}")))?;
+        .map_err(|cause| Error::Api {
+            what: "update the finalizers",
+            name: name.to_string(),
+            cause,
+        })?;
     Ok(Action::requeue(NEXT_STEP))
 }
 
@@ -310,63 +273,13 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         },
     };
     desired.snapshot_before_version_change &= world.store.store.type_ == crate::api::StoreType::KinePostgres;
-    // A roll is judged from the version that served when it began, not from a half-rolled front;
-    // a first slot from the version that last served the data (a re-created shard, a copied state
-    // dir), so that no kcp starts on data a newer one has rewritten.
-    let from = world
-        .state
-        .roll
-        .as_ref()
-        .and_then(|r| r.from_version.clone())
-        .or_else(|| world.serving_version());
-    if let Some(from) = &from {
-        desired.version_refused = shard
-            .spec
-            .rollout
-            .version_change(from, &shard.spec.version)
-            .err()
-            .map(|refused| format!("{refused}; the running slots keep serving"));
-    } else if let Some(data) = &world.data_version {
-        desired.version_refused = shard
-            .spec
-            .rollout
-            .version_change(&data.version, &shard.spec.version)
-            .err()
-            .map(|refused| {
-                format!(
-                    "no slot runs, and kcp {} last served this shard's data (since {}, {}): {refused}",
-                    data.version,
-                    data.since.format("%Y-%m-%dT%H:%M:%SZ"),
-                    dirs.data_version_file().display()
-                )
-            });
-    }
+    desired.version_refused = desired::version_refused(shard, &world, &dirs);
     // The admin identities every slot must accept are part of the template: a rotation rolls.
-    let credentials = if desired.deleting {
-        None
-    } else {
-        let credentials = credentials::reconcile(
-            &dirs,
-            shard,
-            &world.observed,
-            &desired.template.front_url,
-            chrono::Utc::now(),
-        );
-        match credentials {
-            Ok(credentials) => Some(credentials),
-            Err(e) => match state::corrupt_file(&e) {
-                Some(path) => return report_unreadable(ctx, shard, &path, &e).await,
-                None => return Err(e),
-            },
-        }
-    };
-    if let Some(credentials) = &credentials {
-        desired.template.accepted_identities = credentials.accepted.clone();
-    }
+    desired.template.accepted_identities = plan::accepted(&world.observed.identities, &world.observed);
     // A shard of a sharded kcp: its flags come from its root. While the root cannot take it,
     // slots that run keep what they started with, and none starts.
     if !desired.deleting {
-        match sharding::resolve(&ctx.client, &ctx.state_dir, shard, &desired.template.front_url).await? {
+        match sharding::resolve(&ctx.client, &ctx.state_dir, shard).await? {
             sharding::Resolved::Alone => {}
             sharding::Resolved::Sharded(sharded) => desired.template.sharded = Some(sharded),
             sharding::Resolved::RootNotReady(why) => {
@@ -380,7 +293,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     }
     desired.interim = interim(&desired, world.data_version.as_ref());
     let next = plan::plan(&desired, &world.observed);
-    tracing::debug!(shard = %name, step = ?next, "planned");
+    tracing::debug!(step = ?next, "planned");
     let actor = act::Actor {
         ctx,
         shard,
@@ -388,9 +301,19 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         desired: &desired,
         world: &world,
     };
-    let outcome = actor.act(&next).await;
+    let acting = tokio::time::Instant::now();
+    let span = tracing::info_span!("step", step = next.name(), slot = next.slot());
+    let outcome = actor.act(&next).instrument(span).await;
+    let took = acting.elapsed();
+    if took > STEP_BUDGET {
+        tracing::warn!(
+            step = next.name(),
+            ?took,
+            "a step took longer than it should (docs/architecture.md, \"The steps\")"
+        );
+    }
     ctx.metrics
-        .step_taken(&name, &next, outcome.as_ref().err().map(Error::metric_label));
+        .step_taken(&name, &next, took, outcome.as_ref().err().map(Error::metric_label));
     let (notes, failure) = match outcome {
         Ok(notes) => (notes, None),
         Err(e) => {
@@ -398,7 +321,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             if let Some(path) = state::corrupt_file(&e) {
                 return report_unreadable(ctx, shard, &path, &e).await;
             }
-            tracing::warn!(shard = %name, step = ?next, error = %e, "step failed");
+            tracing::warn!(step = ?next, error = %e, "step failed");
             (vec![Note::warning("StepFailed", e.to_string())], Some(e.to_string()))
         }
     };
@@ -417,15 +340,11 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             .as_ref()
             .is_some_and(|s| s.conditions.iter().any(|c| c.reason == problem.reason()));
         (!told).then(|| {
-            tracing::warn!(shard = %name, reason = problem.reason(), "{}", problem.message);
+            tracing::warn!(reason = problem.reason(), "{}", problem.message);
             Note::warning(problem.reason(), problem.message.clone())
         })
     });
-    let credential_notes = credentials
-        .iter()
-        .flat_map(|c| c.notes.iter().cloned())
-        .chain(disk_note);
-    for note in credential_notes.chain(notes) {
+    for note in disk_note.into_iter().chain(notes) {
         // A failing step is reported when it starts failing, not on every look.
         let repeat = note.reason == "StepFailed"
             && degraded.is_some_and(|c| c.reason == "StepFailed" && c.message == note.message);
@@ -441,11 +360,18 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     };
     let upcoming = plan::plan(&desired, &world.observed);
     let mut status = status::build(shard, stored.as_ref(), &desired, &world, &upcoming, failure.as_deref());
-    if let Some(credentials) = &credentials {
+    if !desired.deleting
+        && let Some(verdict) = credentials::verdict(
+            &world.observed.identities,
+            desired.rotation_request.as_deref(),
+            &plan::accepted(&world.observed.identities, &world.observed),
+            &dirs.front_kubeconfig(),
+        )
+    {
         let previous = stored.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
         status.conditions.extend(conditions::merge(
             previous,
-            std::slice::from_ref(&credentials.verdict),
+            std::slice::from_ref(&verdict),
             shard.metadata.generation,
             world.observed.now,
         ));
@@ -480,88 +406,11 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
         (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
         (Step::Wait(Wait::Probe | Wait::Preflight), _) => Action::requeue(WHILE_PROBING),
+        (Step::Wait(Wait::Store), _) => Action::requeue(WHILE_STORE_STARTS),
         (Step::Wait(_), _) => Action::requeue(WHILE_WAITING),
         _ => Action::requeue(NEXT_STEP),
     };
     Ok((action, desired.deleting && next == Step::Idle))
-}
-
-/// One of the controller's own files does not parse: no step is taken (the processes run on as
-/// they are), and the user reads in Degraded which file it is and what to do. Moving it aside is
-/// safe: what it held is observed again (running slots, the front's backend), and a slot whose
-/// record had to be rebuilt is replaced by a roll.
-async fn report_unreadable(
-    ctx: &Context,
-    shard: &KcpShard,
-    path: &Path,
-    error: &Error,
-) -> Result<(Action, bool), Error> {
-    let name = shard.name_any();
-    let message = format!(
-        "{error}. The controller takes no step for this shard while it cannot read that file; the slots, store and front keep running as they are. Move it aside (mv {path} {path}.bad): the controller then rebuilds what it can observe (running slots, the front's backend) and replaces by a roll a slot whose record it had to rebuild",
-        path = path.display()
-    );
-    tracing::warn!(shard = %name, file = %path.display(), %error, "a state file does not parse");
-    let api: Api<KcpShard> = Api::all(ctx.client.clone());
-    let stored = stored_status(&api, &name).await?;
-    let reported = stored.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == "Degraded" && c.reason == status::UNREADABLE_REASON && c.message == message)
-    });
-    if !reported {
-        publish(ctx, shard, Note::warning("StateFileUnreadable", message.clone())).await;
-    }
-    let status = status::unreadable(stored.as_ref(), shard.metadata.generation, &message, chrono::Utc::now());
-    write_status(&api, &name, stored.as_ref(), &status).await?;
-    Ok((Action::requeue(WHEN_IDLE), false))
-}
-
-/// The status as stored now (the watcher's copy may lag a write behind).
-async fn stored_status(api: &Api<KcpShard>, name: &str) -> Result<Option<crate::api::KcpShardStatus>, Error> {
-    api.get_status(name)
-        .await
-        .map(|shard| shard.status)
-        .map_err(|source| Error::Status {
-            name: name.to_string(),
-            source,
-        })
-}
-
-/// Writes `status` as one merge patch over `stored`: an unchanged status is a no-op on the server.
-async fn write_status(
-    api: &Api<KcpShard>,
-    name: &str,
-    stored: Option<&crate::api::KcpShardStatus>,
-    status: &crate::api::KcpShardStatus,
-) -> Result<(), Error> {
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(status::as_patch(stored, status)),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|source| Error::Status {
-        name: name.to_string(),
-        source,
-    })
-}
-
-async fn publish(ctx: &Context, shard: &KcpShard, note: Note) {
-    let event = Event {
-        type_: note.type_,
-        reason: note.reason.into(),
-        note: Some(note.message),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    // A recorder per event: a shared one folds events of the same reason into one series and keeps
-    // the first message ("started slot a" would hide "started slot b").
-    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-    if let Err(e) = recorder.publish(&event, &shard.object_ref(&())).await {
-        tracing::warn!(error = %e, "cannot record an event");
-    }
 }
 
 fn error_policy(shard: Arc<KcpShard>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -14,7 +14,8 @@ use kube::runtime::reflector::ObjectRef;
 use super::clients::Identity;
 use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
-    FrontObservation, Health, JobObservation, LeaseHolder, Observed, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
+    FrontObservation, Health, JobObservation, LeaseHolder, Observed, ProcessStop, SLOT_NAMES, SlotObservation,
+    StopCause, StopRecord,
 };
 use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
@@ -62,7 +63,7 @@ impl World {
     }
 
     /// A client of a slot the front forwards to that answers, on its own port.
-    pub async fn serving_client(&self, ctx: &Context, identity: Identity) -> anyhow::Result<(String, kube::Client)> {
+    pub async fn serving_client(&self, ctx: &Context, identity: Identity) -> Result<(String, kube::Client), Error> {
         let slot = self
             .observed
             .front
@@ -76,7 +77,7 @@ impl World {
                     .iter()
                     .find(|s| s.running && s.listening && s.health.ready)
             })
-            .ok_or_else(|| anyhow::anyhow!("no slot answers /readyz"))?;
+            .ok_or(Error::NoServingSlot)?;
         let recorded = self.slot(&slot.name).expect("observed slots have records");
         // The shard admin is in the slot's own kubeconfig; kcpshard's admin identity, which every
         // slot accepts, in the shard's kubeconfig through the front.
@@ -320,7 +321,11 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             false,
         ),
     };
-    for pid in store_status.iter().flat_map(|seen| &seen.pids) {
+    let store_starting = match (&store, &store_status) {
+        (Ok(store), Err(_)) => store.starting(&ctx.runtime).await,
+        _ => None,
+    };
+    for pid in store_status.iter().flat_map(|seen| &seen.pids).chain(&store_starting) {
         ctx.exits.watch(*pid, (shard_ref.clone(), Wake::Exit));
     }
     // When the store's processes last started (a restart after an outage).
@@ -350,15 +355,25 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         }
         None => None,
     };
+    let stopping: Vec<ProcessStop> = state
+        .stops
+        .iter()
+        .filter(|stop| Runtime::observe(stop.pid).is_some_and(|p| p.start_time == stop.start_time))
+        .cloned()
+        .collect();
+    for stop in &stopping {
+        ctx.exits.watch(stop.pid, (shard_ref.clone(), Wake::Exit));
+    }
     let disk = disk_problem(ctx, shard, store.as_ref().ok());
     let data_version = dirs.load_data_version()?;
 
-    let observed = Observed {
+    let mut observed = Observed {
         now: Utc::now(),
         store_up: store_status.is_ok(),
+        store_starting: store_starting.is_some(),
         store_problem: store_status.as_ref().err().cloned(),
         store_unresponsive: !unresponsive_kines.is_empty(),
-        store_processes_up: store_status.is_ok() && store.as_ref().is_ok_and(|s| s.runs_processes()),
+        store_processes_up: store.as_ref().is_ok_and(|s| s.processes_running(&ctx.runtime)),
         snapshot_for: state.snapshot.as_ref().map(|s| s.template.clone()),
         front: front_observation,
         front_problem,
@@ -374,7 +389,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         roll: state.roll.clone(),
         blocked: state.blocked.clone(),
         preflight: match &state.preflight {
-            Some(record) => Some(super::preflight::observe(ctx, &shard_ref, dirs, record).await?),
+            Some(record) => Some(super::preflight::observe(ctx, shard, store.as_ref().ok(), dirs, record).await?),
             None => None,
         },
         restore: state.restore.clone(),
@@ -383,7 +398,23 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_refused: store_in_use.refused.clone(),
         orphaned_kines,
         job,
+        stopping,
+        identities: Default::default(),
+        sharded_trust_stale: match &shard.spec.shard {
+            Some(sharded) if sharded.is_root() => {
+                super::sharding::Trust::of(dirs).stale(dirs, &super::desired::front_url(&shard.spec.front))?
+            }
+            _ => false,
+        },
     };
+    let identities = super::credentials::load(dirs)?;
+    observed.identities = super::credentials::observe(Some(&identities));
+    observed.identities.kubeconfig_stale = super::credentials::kubeconfig_stale(
+        dirs,
+        &identities,
+        &observed,
+        &super::desired::front_url(&shard.spec.front),
+    )?;
     let mut world = World {
         observed,
         state,

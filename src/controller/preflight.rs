@@ -27,13 +27,14 @@ use kube::runtime::reflector::ObjectRef;
 use super::act::{Actor, Notes};
 use super::clients::Identity;
 use super::health::LOOK_TIMEOUT;
-use super::plan::{PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord};
-use super::state::{ControllerState, PreflightDirs, PreflightRecord, ShardDirs};
+use super::plan::{JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord};
+use super::state::{ControllerState, PreflightRecord, ShardDirs};
 use super::{Context, Error, Note, Wake};
 use crate::process::{ProcessSpec, Runtime, UnitName, free_port};
 use crate::slot;
 use crate::slot::schemas::{self, Schemas};
-use crate::store::copy::CopyPlace;
+use crate::store::copy::{CopyPlace, CopyRun};
+use crate::store::{KineStart, StoreBackend};
 
 /// How long the preflight's kcp and kine get to exit after their stop signal before SIGKILL: none.
 /// They serve nobody and their copy is thrown away, so there is nothing to drain, and RemovePreflight
@@ -41,19 +42,20 @@ use crate::store::copy::CopyPlace;
 const STOP_GRACE: Duration = Duration::ZERO;
 
 fn place(actor: &Actor<'_>, record: Option<&PreflightRecord>) -> CopyPlace {
+    copy_place(actor.dirs, record, actor.shard)
+}
+
+fn copy_place(dirs: &ShardDirs, record: Option<&PreflightRecord>, shard: &crate::api::KcpShard) -> CopyPlace {
     CopyPlace {
-        dir: actor.dirs.preflight().copy(),
+        dir: dirs.preflight().copy(),
         scratch_database: record.and_then(|r| r.scratch_database.clone()),
-        shard: actor.shard.name_any(),
+        shard: shard.name_any(),
     }
 }
 
 fn save(dirs: &ShardDirs, change: impl FnOnce(&mut PreflightRecord)) -> Result<PreflightRecord, Error> {
     let mut state = dirs.load_state()?;
-    let record = state
-        .preflight
-        .as_mut()
-        .ok_or_else(|| Error::Preflight("the preflight's record is gone".into()))?;
+    let record = state.preflight.as_mut().ok_or(Error::NoPreflight)?;
     change(record);
     let record = record.clone();
     dirs.save_state(&state)?;
@@ -75,6 +77,9 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
         port: 0,
         started_at: now,
         scratch_database: store.scratch_database(),
+        dump: None,
+        copied_at: None,
+        launched_at: None,
         ready_at: None,
         probe: None,
         result: None,
@@ -120,30 +125,22 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
                 ),
             );
         }
-        Err(e) => return Err(Error::Front(e)),
+        Err(e) => return Err(e),
     };
     let original = schemas::read(&client).await?;
     let dirs = actor.dirs.preflight();
     crate::fsutil::create_private_dir(dirs.dir())?;
     super::state::write_json(&dirs.original(), &original)?;
     record.port = free_port()?;
-    save_new(actor.dirs, record.clone())?;
-    match launch(actor, &record, &dirs).await {
-        Ok((pid, copied)) => Ok(vec![Note::normal(
-            "PreflightStarted",
-            format!(
-                "started kcp {version} alone on a copy of the data (copied in {copied:.1}s; pid {pid}, port {}, never behind the front); {} of kcp's own resources read from slot {through} to compare with",
-                record.port,
-                original.len()
-            ),
-        )]),
-        Err(e) => {
-            // A copy that cannot be made fails the preflight (a spec change tries again); what it
-            // left is removed next.
-            let detail = format!("it could not start on a copy of the data: {e}");
-            fail_with(actor, detail)
-        }
-    }
+    save_new(actor.dirs, record)?;
+    Ok(vec![Note::normal(
+        "PreflightStarted",
+        format!(
+            "copying the data for kcp {version} to run alone on (a job: {}); {} of kcp's own resources read from slot {through} to compare with",
+            actor.dirs.job().join("job.log").display(),
+            original.len()
+        ),
+    )])
 }
 
 fn save_new(dirs: &ShardDirs, record: PreflightRecord) -> Result<(), Error> {
@@ -153,23 +150,68 @@ fn save_new(dirs: &ShardDirs, record: PreflightRecord) -> Result<(), Error> {
     Ok(())
 }
 
-/// Copies the data, starts its kine and the kcp; the kcp's pid and how long the copy took.
-async fn launch(actor: &Actor<'_>, record: &PreflightRecord, dirs: &PreflightDirs) -> Result<(u32, f64), Error> {
+/// CopyPreflight: starts the next job of the copy (a dump first when the store needs one and none
+/// was taken for this version change) and returns. A copy that cannot be started fails the
+/// preflight (a spec change tries again); what it left is removed next.
+pub async fn copy(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = current(actor.dirs)?;
     let template = &record.template;
-    let store = actor.store()?;
-    // The snapshot taken for this version change, if any, is the copy (KinePostgres).
+    // The dump taken for this version change, if any, is what the copy is restored from.
     let dump = actor
         .world
         .state
         .snapshot
         .as_ref()
         .filter(|s| &s.template == template)
-        .map(|s| PathBuf::from(&s.path));
-    let copying = std::time::Instant::now();
-    let etcd_servers = store
-        .copy_for_preflight(&actor.ctx.runtime, &place(actor, Some(record)), dump.as_deref())
-        .await?;
-    let copied = copying.elapsed().as_secs_f64();
+        .map(|s| s.path.clone())
+        .or_else(|| record.dump.clone())
+        .map(PathBuf::from);
+    let run = actor
+        .store()?
+        .copy_run(
+            &place(actor, Some(&record)),
+            dump.as_deref(),
+            &actor.ctx.kcpshard_binary,
+        )
+        .await;
+    let template = Box::new(template.clone());
+    match run {
+        Ok(CopyRun::Dump { run, dump }) => {
+            let output = Some(dump.display().to_string());
+            super::jobs::start(actor, JobKind::PreflightDump { template }, output, run).await?;
+        }
+        Ok(CopyRun::Copy(run)) => super::jobs::start(actor, JobKind::PreflightCopy { template }, None, run).await?,
+        Err(e) => return fail_with(actor, format!("its copy of the data could not be started: {e}")),
+    }
+    Ok(vec![])
+}
+
+/// FinishJob of a preflight's dump or copy that succeeded: records it, so that the next part
+/// (the copy, or the launch) follows.
+pub fn copied(dirs: &ShardDirs, kind: &JobKind, output: Option<&str>) -> Result<(), Error> {
+    let now = Utc::now();
+    save(dirs, |r| match kind {
+        JobKind::PreflightDump { .. } => r.dump = output.map(String::from),
+        _ => r.copied_at = Some(now),
+    })?;
+    Ok(())
+}
+
+/// LaunchPreflight: starts a kine on the copy (or adopts the one a serve that stopped started)
+/// and returns; once it accepts (the plan waits, [`observe`]), the next LaunchPreflight starts the
+/// new kcp on it.
+pub async fn launch(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = current(actor.dirs)?;
+    let dirs = actor.dirs.preflight();
+    let template = &record.template;
+    let etcd_servers = match actor
+        .store()?
+        .serve_copy(&actor.ctx.runtime, &place(actor, Some(&record)))
+        .await?
+    {
+        KineStart::Accepting(kine) => kine.endpoint,
+        KineStart::Starting(_) => return Ok(Vec::new()),
+    };
     slot::material::seed_root(&actor.dirs.shared(), &dirs.root())?;
     super::credentials::write_token_file(actor.dirs, &template.accepted_identities, "", &dirs.token_file())?;
     let launch = slot::args::SlotLaunch {
@@ -197,8 +239,20 @@ async fn launch(actor: &Actor<'_>, record: &PreflightRecord, dirs: &PreflightDir
         dirs.log(),
         dirs.process(),
     );
+    let launched_at = Utc::now();
+    save(actor.dirs, |r| r.launched_at = Some(launched_at))?;
     let process = actor.ctx.runtime.start(&spec).await?;
-    Ok((process.pid, copied))
+    let copied = match (record.copied_at, record.dump.is_some()) {
+        (Some(at), _) => format!("copied in {:.1}s", seconds(record.started_at, at)),
+        (None, _) => "copied".into(),
+    };
+    Ok(vec![Note::normal(
+        "PreflightLaunched",
+        format!(
+            "started kcp {} alone on a copy of the data ({copied}; pid {}, port {}, never behind the front)",
+            template.version, process.pid, record.port
+        ),
+    )])
 }
 
 /// PreflightProbe.
@@ -304,7 +358,7 @@ pub fn fail(actor: &Actor<'_>, cause: &PreflightFailure) -> Result<Notes, Error>
     fail_with(actor, detail)
 }
 
-fn fail_with(actor: &Actor<'_>, detail: String) -> Result<Notes, Error> {
+pub(super) fn fail_with(actor: &Actor<'_>, detail: String) -> Result<Notes, Error> {
     let now = Utc::now();
     let record = save(actor.dirs, |r| {
         r.result = Some(PreflightResult::Failed);
@@ -341,10 +395,7 @@ pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
         .store()?
         .remove_copy(runtime, &place(actor, Some(&record)), STOP_GRACE)
         .await?;
-    match std::fs::remove_file(dirs.process()) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-        _ => {}
-    }
+    crate::fsutil::remove_if_there(&dirs.process())?;
     let mut state = actor.dirs.load_state()?;
     if record.result.is_none() {
         state.preflight = None;
@@ -356,25 +407,34 @@ pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
 }
 
 fn current(dirs: &ShardDirs) -> Result<PreflightRecord, Error> {
-    dirs.load_state()?
-        .preflight
-        .ok_or_else(|| Error::Preflight("no preflight is recorded".into()))
+    dirs.load_state()?.preflight.ok_or(Error::NoPreflight)
 }
 
 /// What the plan needs of the recorded preflight: its kcp's state (one `/readyz` and one look at
 /// its probe workspace, each bounded by [`LOOK_TIMEOUT`]) and whether anything of it is left.
 pub async fn observe(
     ctx: &Context,
-    shard_ref: &ObjectRef<crate::api::KcpShard>,
+    shard: &crate::api::KcpShard,
+    store: Option<&StoreBackend>,
     dirs: &ShardDirs,
     record: &PreflightRecord,
 ) -> Result<PreflightObservation, Error> {
+    let shard_ref = ObjectRef::from_obj(shard);
     let files = dirs.preflight();
+    let copy = copy_place(dirs, Some(record), shard);
     let run = match (record.result, Runtime::load(&files.process())?) {
         (Some(_), _) => PreflightRun::Exited {
             last_words: "done".into(),
         },
-        (None, None) => PreflightRun::NeverStarted,
+        (None, None)
+            if record.copied_at.is_some()
+                && let Some(store) = store
+                && store.copy_starting(&ctx.runtime, &copy).await =>
+        {
+            PreflightRun::StoreStarting
+        }
+        (None, None) if record.copied_at.is_some() => PreflightRun::Copied,
+        (None, None) => PreflightRun::Copying,
         (None, Some(process)) if !ctx.runtime.is_running(&process) => PreflightRun::Exited {
             last_words: super::observe::last_words(&ctx.runtime, &process, true).await,
         },
@@ -407,6 +467,7 @@ pub async fn observe(
     Ok(PreflightObservation {
         template: record.template.clone(),
         started_at: record.started_at,
+        launched_at: record.launched_at,
         run,
         result: record.result,
         detail,

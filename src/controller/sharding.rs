@@ -3,9 +3,10 @@
 //!
 //! - The root shard (spec.shard.name `root`) holds the sharded kcp's trust under
 //!   `shards/<root>/sharded/`: the system identity every shard accepts, the requestheader CA, the
-//!   front-proxy's client certificate, and the files kcp-front-proxy is run with. [`resolve`]
-//!   makes what is missing before the root's first slot starts, and never replaces a file (a new
-//!   identity or CA would cut every slot that started with the old one).
+//!   front-proxy's client certificate, and the files kcp-front-proxy is run with. Observe finds
+//!   what is missing or out of date ([`Trust::stale`]) and the plan's `WriteTrust` step makes it
+//!   ([`Trust::write`]) before the root's first slot starts; it never replaces the identity or
+//!   the CA (a new one would cut every slot that started with the old one).
 //! - Any other shard names its root (spec.shard.rootShard). Its slots start only once that
 //!   KcpShard exists, is a root, is Ready and has its trust (else the plan says Blocked,
 //!   `RootShardNotReady`, with what to do); running slots keep serving meanwhile.
@@ -68,45 +69,78 @@ impl Trust {
         state::read_json::<Identity>(&self.identity())
     }
 
-    /// Makes what is missing of the root's trust; `root` is the root's state, `root_front_url` its
-    /// front. The front-proxy's kubeconfig names the root's serving certificate, which its first
-    /// slot makes (and kcp-front-proxy is started after the root is Ready).
-    fn ensure(&self, root: &ShardDirs, root_front_url: &str) -> std::io::Result<()> {
+    /// For observe: some of the root's trust is missing, or kcp-front-proxy's kubeconfig or
+    /// mapping would change (the root's front moved); `root` is the root's state,
+    /// `root_front_url` its front.
+    pub fn stale(&self, root: &ShardDirs, root_front_url: &str) -> std::io::Result<bool> {
+        let Some(identity) = self.load_identity()? else {
+            return Ok(true);
+        };
+        if !self.requestheader_ca().exists() || !self.front_proxy_cert().exists() {
+            return Ok(true);
+        }
+        for (path, content) in self.front_proxy_files(root, root_front_url, &identity)? {
+            if fsutil::read_optional(&path)?.as_deref() != Some(content.as_bytes()) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// WriteTrust: makes what is missing of the root's trust and rewrites kcp-front-proxy's files
+    /// that would change. The front-proxy's kubeconfig names the root's serving certificate,
+    /// which its first slot makes (and kcp-front-proxy is started after the root is Ready).
+    pub fn write(&self, root: &ShardDirs, root_front_url: &str) -> std::io::Result<Vec<PathBuf>> {
         std::fs::create_dir_all(&self.dir)?;
+        let mut written = Vec::new();
         let identity = match self.load_identity()? {
             Some(identity) => identity,
             None => {
                 let identity = Identity::issue(chrono::Utc::now())?;
                 state::write_json(&self.identity(), &identity)?;
+                written.push(self.identity());
                 identity
             }
         };
         if !self.requestheader_ca().exists() || !self.front_proxy_cert().exists() {
             let ca = sharded::new_requestheader_ca().map_err(std::io::Error::other)?;
             let (cert, key) = sharded::front_proxy_client_cert(&ca).map_err(std::io::Error::other)?;
-            fsutil::write_atomically(&self.requestheader_ca_key(), ca.key_pem.as_bytes())?;
-            fsutil::write_atomically(&self.front_proxy_key(), key.as_bytes())?;
-            fsutil::write_atomically(&self.front_proxy_cert(), cert.as_bytes())?;
-            fsutil::write_atomically(&self.requestheader_ca(), ca.cert_pem.as_bytes())?;
+            for (path, pem) in [
+                (self.requestheader_ca_key(), &ca.key_pem),
+                (self.front_proxy_key(), &key),
+                (self.front_proxy_cert(), &cert),
+                (self.requestheader_ca(), &ca.cert_pem),
+            ] {
+                fsutil::write_atomically(&path, pem.as_bytes())?;
+                written.push(path);
+            }
         }
+        for (path, content) in self.front_proxy_files(root, root_front_url, &identity)? {
+            if fsutil::read_optional(&path)?.as_deref() != Some(content.as_bytes()) {
+                fsutil::write_atomically(&path, content.as_bytes())?;
+                written.push(path);
+            }
+        }
+        Ok(written)
+    }
+
+    /// kcp-front-proxy's kubeconfig and mapping file, with what they must hold.
+    fn front_proxy_files(
+        &self,
+        root: &ShardDirs,
+        root_front_url: &str,
+        identity: &Identity,
+    ) -> std::io::Result<[(PathBuf, String); 2]> {
         let ca = std::path::absolute(root.shared().join("apiserver.crt"))?;
-        let kubeconfig = sharded::kubeconfig(root_front_url, &ca, &identity);
-        write_if_changed(&self.front_proxy_kubeconfig(), &kubeconfig)?;
+        let kubeconfig = sharded::kubeconfig(root_front_url, &ca, identity);
         let mapping = sharded::front_proxy_mapping(
             root_front_url,
             &ca,
             &std::path::absolute(self.front_proxy_cert())?,
             &std::path::absolute(self.front_proxy_key())?,
         );
-        write_if_changed(&self.mapping(), &mapping)
+        Ok([(self.front_proxy_kubeconfig(), kubeconfig), (self.mapping(), mapping)])
     }
-}
-
-fn write_if_changed(path: &Path, content: &str) -> std::io::Result<()> {
-    if fsutil::read_optional(path)?.as_deref() != Some(content.as_bytes()) {
-        fsutil::write_atomically(path, content.as_bytes())?;
-    }
-    Ok(())
 }
 
 /// The result of [`resolve`].
@@ -119,20 +153,14 @@ pub enum Resolved {
     RootNotReady(String),
 }
 
-/// Resolves `shard`'s spec.shard against its root: for the root, makes its trust first.
-pub async fn resolve(
-    client: &Client,
-    state_dir: &Path,
-    shard: &KcpShard,
-    front_url: &str,
-) -> Result<Resolved, super::Error> {
+/// Resolves `shard`'s spec.shard against its root. Reads only: the root's trust is written by the
+/// WriteTrust step.
+pub async fn resolve(client: &Client, state_dir: &Path, shard: &KcpShard) -> Result<Resolved, super::Error> {
     let Some(spec) = &shard.spec.shard else {
         return Ok(Resolved::Alone);
     };
     let name = shard.name_any();
     if spec.is_root() {
-        let dirs = ShardDirs::new(state_dir, &name);
-        Trust::of(&dirs).ensure(&dirs, front_url)?;
         return Ok(Resolved::Sharded(ShardedTemplate {
             shard_name: spec.name.clone(),
             external_url: spec.external_url.clone().unwrap_or_default(),
@@ -144,10 +172,11 @@ pub async fn resolve(
     }
     let root_name = spec.root_shard.clone().unwrap_or_default();
     let api: Api<KcpShard> = Api::all(client.clone());
-    let root = api
-        .get_opt(&root_name)
-        .await
-        .map_err(|e| super::Error::Spec(format!("cannot read the root shard, KcpShard {root_name}: {e}")))?;
+    let root = api.get_opt(&root_name).await.map_err(|cause| super::Error::Api {
+        what: "read the root shard",
+        name: root_name.clone(),
+        cause,
+    })?;
     let Some(root) = root else {
         return Ok(Resolved::RootNotReady(format!(
             "spec.shard.rootShard names KcpShard {root_name}, which does not exist: apply it (spec.shard.name: root), or fix rootShard; no slot starts until then"
@@ -195,12 +224,9 @@ pub fn prepare_slot(
 ) -> Result<ShardedLaunch, super::Error> {
     let root_dirs = ShardDirs::new(state_dir, &template.root_kcp_shard);
     let trust = Trust::of(&root_dirs);
-    let identity = trust.load_identity()?.ok_or_else(|| {
-        super::Error::Spec(format!(
-            "the sharded kcp's system identity ({}) is missing: the root shard makes it on its next look",
-            trust.identity().display()
-        ))
-    })?;
+    let identity = trust
+        .load_identity()?
+        .ok_or_else(|| super::Error::NoSystemIdentity { path: trust.identity() })?;
     if template.root_front_url.is_some() {
         seed_from_root(&root_dirs.shared(), &own.shared(), slot_root)?;
     }
@@ -261,7 +287,7 @@ pub fn token_lines(state_dir: &Path, template: &ShardedTemplate) -> Result<Strin
     let trust = Trust::of(&root_dirs);
     let system = trust
         .load_identity()?
-        .ok_or_else(|| super::Error::Spec(format!("{} is missing", trust.identity().display())))?;
+        .ok_or_else(|| super::Error::NoSystemIdentity { path: trust.identity() })?;
     let mut lines = sharded::system_token_line(&system);
     if !template.root_identities.is_empty() {
         let record = state::read_json::<IdentityRecord>(&root_dirs.identities())?.unwrap_or_default();

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, JobRecord, ProbeRecord, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
+use super::plan::{Blocked, JobRecord, ProbeRecord, ProcessStop, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
 use crate::api::PreflightResult;
 use crate::fsutil;
 
@@ -204,10 +204,7 @@ impl SlotDirs {
     /// directory and log stay for inspection.
     pub fn forget(&self) -> io::Result<()> {
         for file in [self.record(), self.process(), self.token_file()] {
-            match std::fs::remove_file(&file) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
+            fsutil::remove_if_there(&file)?;
         }
         Ok(())
     }
@@ -270,6 +267,16 @@ pub struct PreflightRecord {
     /// The scratch database the copy is restored into (KinePostgres), named before it is made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scratch_database: Option<String>,
+    /// The dump taken for it (KinePostgres, when none was taken for the version change), once
+    /// its job succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dump: Option<String>,
+    /// When the copy of the data was complete (its job succeeded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_at: Option<DateTime<Utc>>,
+    /// When its kcp started on the copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launched_at: Option<DateTime<Utc>>,
     /// When its kcp first answered `/readyz`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_at: Option<DateTime<Utc>>,
@@ -333,6 +340,10 @@ pub struct ControllerState {
     /// The job under way (a dump, a restore), recorded before its process starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobRecord>,
+    /// The processes asked to stop (the store's, a slot's kine, the front), recorded before the
+    /// stop is sent; the latest per thing stopped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stops: Vec<ProcessStop>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

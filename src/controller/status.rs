@@ -75,6 +75,8 @@ pub fn build(
             result: p.result,
             changes: p.changes.clone(),
             started_at: Some(micro_time(p.started_at)),
+            copied_at: p.copied_at.map(micro_time),
+            launched_at: p.launched_at.map(micro_time),
             completed_at: p.completed_at.map(micro_time),
             message: p.message.clone(),
         }),

@@ -12,7 +12,7 @@
 //! is the front's own (its pid and start time, field 22 of `/proc/<pid>/stat`): a pid that now
 //! names another process is never signalled.
 use std::net::SocketAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,6 +215,12 @@ pub(crate) fn prepare_dir(dir: &Path) -> Result<(), FrontError> {
 }
 
 /// The pid of the front recorded in `dir`, while that process runs.
+/// The front process serving `dir`, by its pid record, while it runs.
+pub fn recorded_process(dir: &Path) -> Option<ProcessRecord> {
+    let recorded = read_pid_record(dir).filter(is_alive)?;
+    Runtime::observe(recorded.pid).filter(|p| p.start_time == recorded.start_time)
+}
+
 pub fn recorded_pid(dir: &Path) -> Option<u32> {
     read_pid_record(dir).filter(is_alive).map(|r| r.pid)
 }
@@ -225,28 +231,11 @@ pub(crate) fn read_pid_record(dir: &Path) -> Option<PidRecord> {
 }
 
 /// Written by the spawner right after the spawn and by the front itself once it is up (a front
-/// started by hand, or a successor, has no other writer), so each writer uses its own temp file.
+/// started by hand, or a successor, has no other writer); each write has a temp file of its own.
 pub(crate) fn write_pid_record(dir: &Path, record: &PidRecord) -> Result<(), FrontError> {
-    use std::io::Write as _;
     let path = dir.join(PID_FILE);
     let bytes = serde_json::to_vec_pretty(record).expect("a pid record always serializes");
-    let tmp = dir.join(format!("{PID_FILE}.{}.tmp", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        fsutil::sync_dir(dir)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        FrontError::io(format!("cannot write {}", path.display()), e)
-    })
+    fsutil::write_atomically(&path, &bytes).map_err(|e| FrontError::io(format!("cannot write {}", path.display()), e))
 }
 
 /// Field 22 of `/proc/<pid>/stat`, or `None` if the process is gone.

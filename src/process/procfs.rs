@@ -136,6 +136,13 @@ fn listening_inodes(text: &str, port: u16) -> Vec<u64> {
         .collect()
 }
 
+/// "pid 1234 (caddy run ...)" for an error about who holds an address.
+pub fn describe(pid: u32) -> String {
+    let argv = cmdline(pid).unwrap_or_default().join(" ");
+    let argv: String = argv.chars().take(120).collect();
+    format!("pid {pid} ({argv})")
+}
+
 /// The process that holds the listening socket on TCP `port`, when this user may see it (its
 /// descriptors are readable: our own processes, or all of them as root).
 pub fn listener_pid(port: u16) -> Option<u32> {

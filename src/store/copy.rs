@@ -2,19 +2,30 @@
 //! version runs on a copy, never on the shard's own store.
 //!
 //! - KineSqlite: `VACUUM INTO` (sqlite's consistent copy of a live database, taken in one read
-//!   transaction while kine writes on; sqlite linked in through rusqlite, so no program is needed)
-//!   of `state.db` into the copy's directory, served by a kine of its own.
+//!   transaction while kine writes on; sqlite linked in through rusqlite, run as `kcpshard job
+//!   sqlite-copy`) of `state.db` into the copy's directory, served by a kine of its own.
 //! - KinePostgres: a pg_dump (the snapshot taken before the version change, or one taken for the
 //!   preflight) restored with pg_restore into a scratch database on the same server, served by a
-//!   kine of its own. The scratch database is dropped with the copy (`WITH (FORCE)`: its kine's
+//!   kine of its own.
+//!
+//! The copy runs as the controller's jobs ([`StoreBackend::copy_run`]), never inside a step. The scratch database is dropped with the copy (`WITH (FORCE)`: its kine's
 //!   connections go with it).
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::kine::{self, DB_FILE, KineSpec};
 use super::postgres::PostgresServer;
+use super::snapshot::ClientRun;
 use super::{StoreBackend, StoreError};
 use crate::process::{Runtime, UnitName};
+
+/// The next process of a copy, run as a job.
+pub enum CopyRun {
+    /// pg_dump of the store into `dump` (written beside it until it succeeded); the copy follows.
+    Dump { run: ClientRun, dump: PathBuf },
+    /// The copy itself: pg_restore of the dump into the scratch database, or sqlite's VACUUM INTO.
+    Copy(ClientRun),
+}
 
 /// Where a copy lives: `dir` (removed with it), and for KinePostgres the scratch database.
 #[derive(Debug, Clone)]
@@ -79,44 +90,81 @@ impl StoreBackend {
         })
     }
 
-    /// Copies the data into `place` and starts a kine on the copy; returns its endpoint. `dump` is
-    /// a pg_dump of the data taken for this version change, if there is one (KinePostgres).
-    pub async fn copy_for_preflight(
+    /// The next process that copies the data into `place`, as a job. `dump` is a pg_dump of the
+    /// data taken for this version change, if there is one (KinePostgres); without one, a dump
+    /// into `place.dir` comes first. The scratch database is made anew before a restore into it.
+    /// `kcpshard` is this binary, whose `kcpshard job sqlite-copy` copies a sqlite database.
+    pub async fn copy_run(
         &self,
-        runtime: &Runtime,
         place: &CopyPlace,
         dump: Option<&Path>,
-    ) -> Result<String, StoreError> {
-        crate::fsutil::create_private_dir(&place.dir).map_err(|source| StoreError::Io {
-            path: place.dir.clone(),
-            source,
-        })?;
+        kcpshard: &Path,
+    ) -> Result<CopyRun, StoreError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io { path, source }
+        };
+        crate::fsutil::create_private_dir(&place.dir).map_err(io(&place.dir))?;
         match self {
             StoreBackend::KineSqlite { kine } => {
                 let into = place.dir.join("store");
-                crate::fsutil::create_private_dir(&into).map_err(|source| StoreError::Io {
-                    path: into.clone(),
-                    source,
-                })?;
-                vacuum_into(&kine.dir.join(DB_FILE), &into.join(DB_FILE)).await?;
+                crate::fsutil::create_private_dir(&into).map_err(io(&into))?;
+                let arg = |path: PathBuf| {
+                    std::path::absolute(&path)
+                        .map_err(io(&path))
+                        .map(|p| p.display().to_string())
+                };
+                Ok(CopyRun::Copy(ClientRun {
+                    program: kcpshard.to_path_buf(),
+                    args: vec![
+                        "job".into(),
+                        "sqlite-copy".into(),
+                        "--from".into(),
+                        arg(kine.dir.join(DB_FILE))?,
+                        "--into".into(),
+                        arg(into.join(DB_FILE))?,
+                    ],
+                    env: Vec::new(),
+                }))
             }
             StoreBackend::KinePostgres { server, .. } => {
-                let database = place.scratch_database.as_deref().expect("checked by copy_kine");
-                let dump = match dump {
-                    Some(dump) => dump.to_path_buf(),
-                    None => super::snapshot::pg_dump(server, &place.dir, "serving", "preflight").await?,
+                let Some(dump) = dump else {
+                    let dir = std::path::absolute(&place.dir).map_err(io(&place.dir))?;
+                    let dump =
+                        super::snapshot::dump_path(&server.database, &dir, "serving", "preflight", chrono::Utc::now());
+                    let run = super::snapshot::dump_run(server, &super::snapshot::partial_of(&dump))?;
+                    return Ok(CopyRun::Dump { run, dump });
                 };
+                let database = place.scratch_database.as_deref().ok_or_else(|| {
+                    StoreError::Invalid("a preflight copy on PostgreSQL needs a scratch database".into())
+                })?;
                 server.recreate_database(database).await?;
                 let scratch = PostgresServer {
                     database: database.to_string(),
                     ..server.clone()
                 };
-                super::snapshot::pg_restore(&scratch, &dump).await?;
+                Ok(CopyRun::Copy(super::snapshot::restore_run(&scratch, dump)?))
             }
-            StoreBackend::Etcd(_) => return Err(StoreError::Invalid("an Etcd store is not copied".into())),
+            StoreBackend::Etcd(_) => Err(StoreError::Invalid("an Etcd store is not copied".into())),
         }
-        let spec = self.copy_kine(place)?.expect("copied stores have a kine");
-        Ok(kine::ensure_kine(runtime, &spec).await?.endpoint)
+    }
+
+    /// Starts (or adopts) the kine that serves the copy in `place`, without waiting for it to
+    /// accept ([`StoreBackend::copy_starting`] says when it still starts).
+    pub async fn serve_copy(&self, runtime: &Runtime, place: &CopyPlace) -> Result<kine::KineStart, StoreError> {
+        let spec = self
+            .copy_kine(place)?
+            .ok_or_else(|| StoreError::Invalid("an Etcd store is not copied".into()))?;
+        kine::start_kine(runtime, &spec).await
+    }
+
+    /// The kine over the copy in `place` was started and does not accept yet (within its ready
+    /// timeout).
+    pub async fn copy_starting(&self, runtime: &Runtime, place: &CopyPlace) -> bool {
+        match self.copy_kine(place) {
+            Ok(Some(spec)) => kine::starting_kine(runtime, &spec).await.is_some(),
+            _ => false,
+        }
     }
 
     /// Stops the copy's kine, drops the scratch database and removes `place.dir`; idempotent.
@@ -139,7 +187,7 @@ impl StoreBackend {
 
 /// sqlite's `VACUUM INTO`: a consistent copy of a database another process writes to (one read
 /// transaction; the source is opened read-only and waited on for up to 30 s when busy).
-async fn vacuum_into(from: &Path, into: &Path) -> Result<(), StoreError> {
+pub async fn vacuum_into(from: &Path, into: &Path) -> Result<(), StoreError> {
     let (from, into) = (from.to_path_buf(), into.to_path_buf());
     let failed = |from: &Path, into: &Path, e: rusqlite::Error| {
         StoreError::Invalid(format!(

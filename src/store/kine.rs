@@ -5,12 +5,13 @@
 //! Layout of a kine's directory (0700): `kine.json` (the [`ProcessRecord`]; the ports are in its
 //! argv, so the record is the one source of truth), `kine.log`, and for sqlite `state.db`.
 //!
-//! [`ensure_kine`] is idempotent and crash-safe: it adopts the recorded kine when it runs and
-//! accepts; it finds a kine whose record was never written (serve died right after the spawn) by its
-//! `--endpoint=` argument, which is unique per kine; it stops extra kines on that endpoint; only then
-//! does it start one, on the recorded port when there is one, so that a slot that dials a kine that
-//! died finds the new one at the same address. kine's port accepting means its schema is ready
-//! (kine creates its tables before it listens).
+//! [`start_kine`] and [`ensure_kine`] are idempotent and crash-safe: they adopt the recorded kine
+//! when it runs and accepts (or is still starting); they find a kine whose record was never written
+//! (serve died right after the spawn) by its `--endpoint=` argument, which is unique per kine; they
+//! stop extra kines on that endpoint; only then do they start one, on the recorded port when there
+//! is one, so that a slot that dials a kine that died finds the new one at the same address.
+//! `start_kine` returns once kine runs; `ensure_kine` waits for it to accept. kine's port accepting
+//! means its schema is ready (kine creates its tables before it listens).
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,8 @@ pub const SQLITE_PARAMS: &str =
 
 /// How long a fresh kine may take to accept (an empty sqlite database takes well under a second).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
-const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long a kine gets to exit after SIGTERM before SIGKILL; it exits in milliseconds.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 const START_ATTEMPTS: usize = 3;
 
 /// A running kine and how to reach it.
@@ -172,12 +174,105 @@ pub async fn running_kine(runtime: &Runtime, spec: &KineSpec) -> Option<Kine> {
     (runtime.is_running(&record) && port_accepts(port).await).then(|| Kine::at(port, record, true))
 }
 
-/// Makes sure the kine of `spec` runs and accepts, adopting a running one.
+/// The recorded kine of `spec` when it runs, does not accept yet, and is still within its ready
+/// timeout: a start in progress, which a look waits for instead of starting another.
+pub async fn starting_kine(runtime: &Runtime, spec: &KineSpec) -> Option<ProcessRecord> {
+    let record = Runtime::load(&spec.record_path()).ok().flatten()?;
+    let port = listen_port(&record.args)?;
+    (runtime.is_running(&record) && !port_accepts(port).await && running_for(&record) < spec.ready_timeout)
+        .then_some(record)
+}
+
+/// What [`start_kine`] found or did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KineStart {
+    /// A kine accepts at its endpoint.
+    Accepting(Kine),
+    /// A kine runs and does not accept yet (its schema is being made): started now, or earlier and
+    /// still within its ready timeout.
+    Starting(Kine),
+}
+
+/// What runs on a kine's endpoint before anything is started.
+enum Found {
+    Accepting(Kine),
+    Starting(Kine),
+    /// The recorded kine runs and did not accept within its ready timeout.
+    TimedOut(Kine),
+}
+
+/// Adopts the kine of `spec` that runs, or starts one, and returns without waiting for it to
+/// accept: a later look finds it accepting ([`running_kine`]) or still starting ([`starting_kine`]).
+/// One that ran its ready timeout without accepting is stopped and the step fails naming its log
+/// (the next attempt starts another); one that exited on its own during its start is started
+/// again and the step fails naming why it exited ([`StoreError::StartedAgain`]).
+pub async fn start_kine(runtime: &Runtime, spec: &KineSpec) -> Result<KineStart, StoreError> {
+    match adopt(runtime, spec).await? {
+        Some(Found::Accepting(kine)) => return Ok(KineStart::Accepting(kine)),
+        Some(Found::Starting(kine)) => return Ok(KineStart::Starting(kine)),
+        Some(Found::TimedOut(kine)) => return Err(failure(runtime, &kine.record, spec).await?),
+        None => {}
+    }
+    let recorded = Runtime::load(&spec.record_path())?;
+    let exited = match &recorded {
+        Some(rec)
+            if running_for(rec) < spec.ready_timeout
+                && runtime
+                    .exit_status(rec)
+                    .await
+                    .is_some_and(|status| status.code().is_some()) =>
+        {
+            Some(failure(runtime, rec, spec).await?)
+        }
+        _ => None,
+    };
+    let kine = spawn(runtime, spec, recorded.as_ref()).await?;
+    match exited {
+        Some(exited) => Err(StoreError::StartedAgain {
+            exited: Box::new(exited),
+            pid: kine.record.pid,
+        }),
+        None => Ok(KineStart::Starting(kine)),
+    }
+}
+
+/// Makes sure the kine of `spec` runs and accepts, adopting a running one, and waits for it (up
+/// to its ready timeout, three attempts): for the steps that still wait for their kine (a slot's
+/// own, a preflight copy's).
 pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, StoreError> {
+    let mut last_error = None;
+    for _ in 0..START_ATTEMPTS {
+        let kine = match adopt(runtime, spec).await? {
+            Some(Found::Accepting(kine)) => return Ok(kine),
+            Some(Found::Starting(kine) | Found::TimedOut(kine)) => kine,
+            None => spawn(runtime, spec, Runtime::load(&spec.record_path())?.as_ref()).await?,
+        };
+        let started = Instant::now();
+        let left = spec.ready_timeout.saturating_sub(running_for(&kine.record));
+        if wait_accepting(runtime, &kine.record, kine.port, left).await {
+            tracing::info!(pid = kine.record.pid, port = kine.port, ready_in = ?started.elapsed(), "kine accepts");
+            return Ok(kine);
+        }
+        let error = failure(runtime, &kine.record, spec).await?;
+        tracing::warn!(error = %error, "kine did not come up");
+        // The port was taken between our probe and kine's bind, or two kines raced to create the
+        // schema on a fresh PostgreSQL database (docs/background.md section 7): try again.
+        let retry = matches!(error, StoreError::Exited { .. });
+        last_error = Some(error);
+        if !retry {
+            break;
+        }
+    }
+    Err(last_error.expect("at least one attempt"))
+}
+
+/// Every kine on the endpoint of `spec`, the recorded one first, then any unrecorded ones (serve
+/// died right after a spawn): the first that accepts is adopted (and recorded), the recorded one
+/// still within its ready timeout is waited for, and every other one is stopped (one kine per
+/// endpoint).
+async fn adopt(runtime: &Runtime, spec: &KineSpec) -> Result<Option<Found>, StoreError> {
     let record_path = spec.record_path();
     let recorded = Runtime::load(&record_path)?;
-
-    // Every kine on this endpoint: the recorded one first, then any unrecorded ones.
     let mut candidates: Vec<ProcessRecord> = Vec::new();
     if let Some(rec) = &recorded
         && runtime.is_running(rec)
@@ -192,113 +287,154 @@ pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, Sto
         }
     }
 
-    let mut adopted: Option<Kine> = None;
+    let mut found: Option<Found> = None;
     for rec in candidates {
-        if adopted.is_none()
+        if found.is_none()
             && let Some(port) = listen_port(&rec.args)
-            && wait_accepting(runtime, &rec, port, spec.ready_timeout).await
         {
-            if Runtime::load(&record_path)?.as_ref() != Some(&rec) {
-                rec.save(&record_path)?;
+            if port_accepts(port).await && runtime.is_running(&rec) {
+                if Runtime::load(&record_path)?.as_ref() != Some(&rec) {
+                    rec.save(&record_path)?;
+                }
+                tracing::info!(pid = rec.pid, port, "adopted the running kine");
+                found = Some(Found::Accepting(Kine::at(port, rec, true)));
+                continue;
             }
-            tracing::info!(pid = rec.pid, port, "adopted the running kine");
-            adopted = Some(Kine::at(port, rec, true));
-            continue;
+            if recorded.as_ref() == Some(&rec) {
+                let kine = Kine::at(port, rec, true);
+                found = Some(if running_for(&kine.record) < spec.ready_timeout {
+                    Found::Starting(kine)
+                } else {
+                    Found::TimedOut(kine)
+                });
+                continue;
+            }
         }
-        // One kine per endpoint: stop one that does not accept or is one too many.
         tracing::warn!(pid = rec.pid, dir = %spec.dir.display(), "stopping a kine that is not the one in use");
         runtime.terminate(&rec, STOP_GRACE).await?;
     }
-    if let Some(kine) = adopted {
-        return Ok(kine);
-    }
-
-    // A kine that died comes back on its port: slots dial that address.
-    let mut reuse_port = recorded.as_ref().and_then(|r| listen_port(&r.args));
-    let mut last_error = None;
-    for _ in 0..START_ATTEMPTS {
-        let io = |e| StoreError::Io {
-            path: spec.dir.clone(),
-            source: e,
-        };
-        let port = match reuse_port.take() {
-            Some(port) => port,
-            None => free_port().map_err(io)?,
-        };
-        let metrics_port = if spec.metrics {
-            Some(free_port().map_err(io)?)
-        } else {
-            None
-        };
-        let mut process = ProcessSpec::new(
-            "kine",
-            spec.unit.clone(),
-            &spec.binary,
-            kine_args(&spec.endpoint, port, metrics_port),
-            spec.log_path(),
-            record_path.clone(),
-        );
-        process.env = spec.env.clone();
-        let rec = runtime.start(&process).await?;
-        let started = Instant::now();
-        if wait_accepting(runtime, &rec, port, spec.ready_timeout).await {
-            tracing::info!(pid = rec.pid, port, ready_in = ?started.elapsed(), "kine accepts");
-            return Ok(Kine::at(port, rec, false));
-        }
-        let running = runtime.is_running(&rec);
-        runtime.terminate(&rec, STOP_GRACE).await?;
-        let log = Runtime::log_location(&rec);
-        let log_tail = runtime.log_tail(&rec, LOG_TAIL_LINES).await.join("\n");
-        let error = if running {
-            StoreError::NotReady {
-                waited: spec.ready_timeout,
-                log,
-                log_tail,
-            }
-        } else {
-            // The port was taken between our probe and kine's bind, or two kines raced to create
-            // the schema on a fresh PostgreSQL database (docs/background.md section 7): try again.
-            StoreError::Exited {
-                status: runtime.exit_status(&rec).await.map(|s| s.to_string()),
-                log,
-                log_tail,
-            }
-        };
-        tracing::warn!(error = %error, "kine did not come up");
-        let retry = matches!(error, StoreError::Exited { .. });
-        last_error = Some(error);
-        if !retry {
-            break;
-        }
-    }
-    Err(last_error.expect("at least one attempt"))
+    Ok(found)
 }
 
-/// Stops the kine of `spec` (and any unrecorded kine on the same endpoint), and removes its
-/// record. Returns how the recorded one ended; None when none ran.
-pub async fn stop_kine(runtime: &Runtime, spec: &KineSpec, grace: Duration) -> Result<Option<Termination>, StoreError> {
-    let record_path = spec.record_path();
-    let mut result = None;
-    if let Some(rec) = Runtime::load(&record_path)?
-        && runtime.is_running(&rec)
-    {
-        result = Some(runtime.terminate(&rec, grace).await?);
-    }
-    for pid in Runtime::find_by_argument(&endpoint_arg(&spec.endpoint)) {
-        if let Some(rec) = Runtime::observe(pid) {
-            runtime.terminate(&rec, grace).await?;
-        }
-    }
-    match std::fs::remove_file(&record_path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(StoreError::Io {
-                path: record_path,
-                source: e,
+/// Starts a kine for `spec`. One that died comes back on its recorded port: slots dial that
+/// address. Every kine on this endpoint was adopted or stopped before, so whatever accepts there
+/// is another program.
+async fn spawn(runtime: &Runtime, spec: &KineSpec, recorded: Option<&ProcessRecord>) -> Result<Kine, StoreError> {
+    let io = |e| StoreError::Io {
+        path: spec.dir.clone(),
+        source: e,
+    };
+    let port = match recorded.and_then(|r| Some((r, listen_port(&r.args)?))) {
+        Some((rec, port)) if !port_let_go(port, rec).await => {
+            return Err(StoreError::PortTaken {
+                port,
+                holder: crate::process::procfs::listener_pid(port).map(crate::process::procfs::describe),
             });
         }
+        Some((_, port)) => port,
+        None => free_port().map_err(io)?,
+    };
+    let metrics_port = if spec.metrics {
+        Some(free_port().map_err(io)?)
+    } else {
+        None
+    };
+    let mut process = ProcessSpec::new(
+        "kine",
+        spec.unit.clone(),
+        &spec.binary,
+        kine_args(&spec.endpoint, port, metrics_port),
+        spec.log_path(),
+        spec.record_path(),
+    );
+    process.env = spec.env.clone();
+    let rec = runtime.start(&process).await?;
+    tracing::info!(pid = rec.pid, port, "kine started");
+    Ok(Kine::at(port, rec, false))
+}
+
+/// Whether `port`, on which the kine recorded as `rec` listened, is free. A kine killed a moment
+/// ago can still hold it: its main thread is a zombie (so it no longer counts as running) while its
+/// other threads exit and the last one closes its sockets; that takes milliseconds, and is given
+/// up to a second.
+async fn port_let_go(port: u16, rec: &ProcessRecord) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while port_accepts(port).await {
+        let exiting = crate::process::procfs::stat(rec.pid).is_some_and(|s| s.start_time == rec.start_time);
+        if !exiting || Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    true
+}
+
+/// Why the kine recorded as `rec` did not come up, with the end of its log; one that still runs
+/// (it did not accept within its ready timeout) is stopped.
+async fn failure(runtime: &Runtime, rec: &ProcessRecord, spec: &KineSpec) -> Result<StoreError, StoreError> {
+    let running = runtime.is_running(rec);
+    if running {
+        runtime.terminate(rec, STOP_GRACE).await?;
+    }
+    let log = Runtime::log_location(rec);
+    let log_tail = runtime.log_tail(rec, LOG_TAIL_LINES).await.join("\n");
+    Ok(if running {
+        StoreError::NotReady {
+            waited: spec.ready_timeout,
+            log,
+            log_tail,
+        }
+    } else {
+        StoreError::Exited {
+            status: runtime.exit_status(rec).await.map(|s| s.to_string()),
+            log,
+            log_tail,
+        }
+    })
+}
+
+/// How long ago the recorded process started (zero when its start time cannot be read).
+fn running_for(rec: &ProcessRecord) -> Duration {
+    rec.started_at
+        .parse::<chrono::DateTime<chrono::Utc>>()
+        .ok()
+        .and_then(|at| (chrono::Utc::now() - at).to_std().ok())
+        .unwrap_or_default()
+}
+
+/// The running kines of `spec`: the recorded one first, then any unrecorded kine on the same
+/// endpoint.
+pub fn kine_processes(runtime: &Runtime, spec: &KineSpec) -> Result<Vec<ProcessRecord>, StoreError> {
+    let mut running: Vec<ProcessRecord> = Runtime::load(&spec.record_path())?
+        .filter(|rec| runtime.is_running(rec))
+        .into_iter()
+        .collect();
+    for pid in Runtime::find_by_argument(&endpoint_arg(&spec.endpoint)) {
+        if !running.iter().any(|r| r.pid == pid)
+            && let Some(rec) = Runtime::observe(pid)
+        {
+            running.push(rec);
+        }
+    }
+    Ok(running)
+}
+
+/// Stops the kine of `spec` (and any unrecorded kine on the same endpoint) and waits for them,
+/// then removes its record. Returns how the recorded one ended; None when none ran.
+pub async fn stop_kine(runtime: &Runtime, spec: &KineSpec, grace: Duration) -> Result<Option<Termination>, StoreError> {
+    let record_path = spec.record_path();
+    let recorded = Runtime::load(&record_path)?;
+    let mut result = None;
+    for rec in kine_processes(runtime, spec)? {
+        let ended = runtime.terminate(&rec, grace).await?;
+        if recorded.as_ref() == Some(&rec) {
+            result = Some(ended);
+        }
+    }
+    crate::fsutil::remove_if_there(&record_path).map_err(|source| StoreError::Io {
+        path: record_path,
+        source,
+    })?;
     Ok(result)
 }
 
@@ -320,16 +456,20 @@ async fn wait_accepting(runtime: &Runtime, rec: &ProcessRecord, port: u16, timeo
     }
 }
 
-/// A TCP connection to 127.0.0.1:`port` succeeds within 200 ms.
+/// A TCP connection to 127.0.0.1:`port` succeeds within 200 ms, to another socket than itself.
 pub async fn port_accepts(port: u16) -> bool {
-    matches!(
-        tokio::time::timeout(
-            Duration::from_millis(200),
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-        )
-        .await,
-        Ok(Ok(_))
+    match tokio::time::timeout(
+        Duration::from_millis(200),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
     )
+    .await
+    {
+        // Kine's ports are in the ephemeral range: a connect to one nobody listens on can pick
+        // that very port as its source and connect to itself (TCP simultaneous open), which looks
+        // like a listener that nobody holds.
+        Ok(Ok(stream)) => stream.local_addr().ok() != stream.peer_addr().ok(),
+        _ => false,
+    }
 }
 
 fn absolute_private_dir(dir: &Path) -> Result<PathBuf, StoreError> {

@@ -26,7 +26,7 @@ use crate::process::{ProcessRecord, ProcessSpec, RunAs, Runtime, UnitName};
 /// How long a starting postmaster may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a fast shutdown may take before SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(30);
+pub const STOP_GRACE: Duration = Duration::from_secs(30);
 pub const RECORD_FILE: &str = "postgres.json";
 
 /// A PostgreSQL cluster kcpshard runs for one shard.
@@ -140,6 +140,7 @@ impl ManagedPostgres {
         crate::fsutil::create_private_dir(&self.socket_dir()).map_err(io(&self.socket_dir()))?;
         owner.give(&self.dir, &self.state_dir)?;
         owner.give(&self.socket_dir(), &self.state_dir)?;
+        owner.can_reach(&self.dir, "its cluster")?;
         if !self.data().join("PG_VERSION").is_file() {
             self.initdb(&owner, server)?;
         }
@@ -150,26 +151,40 @@ impl ManagedPostgres {
     /// started with pg_ctl (named by `postmaster.pid`, its argv naming this data directory), which
     /// is recorded and adopted.
     fn running(&self, runtime: &Runtime) -> Result<Option<ProcessRecord>, StoreError> {
+        let Some((record, recorded)) = self.found(runtime)? else {
+            return Ok(None);
+        };
+        if !recorded {
+            tracing::info!(pid = record.pid, "adopting the running managed PostgreSQL");
+            record.save(&self.record())?;
+        }
+        Ok(Some(record))
+    }
+
+    /// Whether a postmaster of this cluster runs (nothing is recorded).
+    pub fn runs(&self, runtime: &Runtime) -> bool {
+        self.found(runtime).is_ok_and(|found| found.is_some())
+    }
+
+    /// The running postmaster, and whether it is the recorded one.
+    fn found(&self, runtime: &Runtime) -> Result<Option<(ProcessRecord, bool)>, StoreError> {
         if let Some(record) = Runtime::load(&self.record())?
             && runtime.is_running(&record)
         {
-            return Ok(Some(record));
+            return Ok(Some((record, true)));
         }
         let data = self.data().display().to_string();
-        let Some(found) = self
+        Ok(self
             .postmaster_pid()
             .and_then(Runtime::observe)
             .filter(|r| r.args.iter().any(|a| a == &data))
-        else {
-            return Ok(None);
-        };
-        tracing::info!(pid = found.pid, "adopting the running managed PostgreSQL");
-        let record = ProcessRecord {
-            stop_signal: Some(Signal::SIGINT.as_str().to_string()),
-            ..found
-        };
-        record.save(&self.record())?;
-        Ok(Some(record))
+            .map(|found| {
+                let record = ProcessRecord {
+                    stop_signal: Some(Signal::SIGINT.as_str().to_string()),
+                    ..found
+                };
+                (record, false)
+            }))
     }
 
     fn initdb(&self, owner: &Owner, server: &PostgresServer) -> Result<(), StoreError> {
@@ -181,7 +196,9 @@ impl ManagedPostgres {
                 source,
             })?;
         }
-        let mut cmd = owner.command(&binary("initdb")?);
+        let initdb = binary("initdb")?;
+        owner.can_reach(&initdb, "initdb")?;
+        let mut cmd = owner.command(&initdb);
         cmd.arg("-D")
             .arg(&data)
             .arg("-U")
@@ -213,12 +230,9 @@ impl ManagedPostgres {
         Ok(())
     }
 
-    /// Stops the cluster (fast shutdown: open sessions are ended); the data stays.
-    pub async fn stop(&self, runtime: &Runtime) -> Result<(), StoreError> {
-        if let Some(record) = self.running(runtime)? {
-            runtime.terminate(&record, STOP_GRACE).await?;
-        }
-        Ok(())
+    /// The running postmaster, whose stop signal is a fast shutdown (open sessions are ended).
+    pub fn process(&self, runtime: &Runtime) -> Result<Option<ProcessRecord>, StoreError> {
+        self.running(runtime)
     }
 }
 
@@ -254,6 +268,38 @@ impl Owner {
         cmd
     }
 
+    /// An error naming the directory that keeps the owner from `path` (what it is for in `what`),
+    /// if one does: a directory on the way that the owner may not search (a checkout or state dir
+    /// under a 0700 directory of another user).
+    fn can_reach(&self, path: &Path, what: &str) -> Result<(), StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(RunAs { user, uid, gid }) = &self.run_as else {
+            return Ok(());
+        };
+        for dir in path.ancestors().skip(1).collect::<Vec<_>>().into_iter().rev() {
+            let Ok(meta) = std::fs::metadata(dir) else {
+                continue;
+            };
+            let mode = meta.mode();
+            let search = match (meta.uid() == *uid, meta.gid() == *gid) {
+                (true, _) => mode & 0o100,
+                (false, true) => mode & 0o010,
+                (false, false) => mode & 0o001,
+            };
+            if search == 0 {
+                return Err(StoreError::Invalid(format!(
+                    "the managed PostgreSQL runs as user {user}, which cannot reach {what} at {}: {} (mode {:o}, owner uid {}) is not searchable by {user}; make it searchable (chmod o+x {}) or keep kcpshard's state dir and binaries out of it",
+                    path.display(),
+                    dir.display(),
+                    mode & 0o7777,
+                    meta.uid(),
+                    dir.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Makes `path` the owner's, and every directory from `top` down to it searchable by the owner.
     fn give(&self, path: &Path, top: &Path) -> Result<(), StoreError> {
         let Some(RunAs { uid, gid, .. }) = self.run_as else {
@@ -284,7 +330,8 @@ impl Owner {
 }
 
 /// A PostgreSQL server program: on PATH, else in the newest /usr/lib/postgresql/<version>/bin
-/// (Debian does not put initdb and postgres on PATH).
+/// (Debian does not put initdb and postgres on PATH). Links are resolved: the `postgres` user runs
+/// it, and may not reach a link in a checkout's `bin/` under another user's private directory.
 pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect::<Vec<_>>())
@@ -302,6 +349,7 @@ pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
         .into_iter()
         .chain(debian.into_iter().rev())
         .find(|p| p.is_file())
+        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
         .ok_or_else(|| {
             StoreError::Invalid(format!(
                 "no {name} on PATH or under /usr/lib/postgresql/*/bin: install the PostgreSQL server (apt-get install postgresql) for a managed store"
@@ -327,4 +375,40 @@ fn run(mut cmd: Command, what: &str, log: &Path) -> Result<(), StoreError> {
         output.trim(),
         log.display()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_the_owner_cannot_search_is_named_with_what_to_do() {
+        let top = tempfile::tempdir().unwrap();
+        let mode = |path: &Path, mode| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        mode(top.path(), 0o755);
+        let private = top.path().join("checkout");
+        let cluster = private.join("state/postgres");
+        std::fs::create_dir_all(&cluster).unwrap();
+        mode(&private, 0o700);
+        // Another user than the directories' owner (the tests run as root, or as one user).
+        let owner = Owner {
+            run_as: Some(RunAs {
+                user: "nobody".into(),
+                uid: 65534,
+                gid: 65534,
+            }),
+        };
+        let err = owner.can_reach(&cluster, "its cluster").unwrap_err().to_string();
+        for needed in [
+            "runs as user nobody",
+            &format!("{} (mode 700", private.display()),
+            "chmod o+x",
+            "its cluster",
+        ] {
+            assert!(err.contains(needed), "{needed:?} not in {err}");
+        }
+        mode(&private, 0o711);
+        owner.can_reach(&cluster, "its cluster").unwrap();
+        assert!(Owner { run_as: None }.can_reach(&cluster, "its cluster").is_ok());
+    }
 }

@@ -28,10 +28,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::api::{StoreSpec, StoreType};
-use crate::process::{ProcessError, Runtime, UnitName};
+use crate::process::{ProcessError, ProcessRecord, Runtime, UnitName};
 
 pub use etcd::{EtcdCluster, EtcdTls};
-pub use kine::{Kine, KineSpec, ensure_kine_sqlite, stop_kine_sqlite};
+pub use kine::{Kine, KineSpec, KineStart, ensure_kine_sqlite, stop_kine_sqlite};
 pub use managed::ManagedPostgres;
 pub use postgres::PostgresServer;
 
@@ -150,13 +150,26 @@ impl StoreBackend {
         }
     }
 
-    /// Starts the shard-wide part, or adopts it; returns what is up, for an event.
+    /// The pid of the shard-wide kine (KineSqlite) when it was started and does not accept yet,
+    /// within its ready timeout: a look waits for it rather than start another.
+    pub async fn starting(&self, runtime: &Runtime) -> Option<u32> {
+        match self {
+            StoreBackend::KineSqlite { kine } => kine::starting_kine(runtime, kine).await.map(|rec| rec.pid),
+            _ => None,
+        }
+    }
+
+    /// Starts the shard-wide part, or adopts it, and returns what is up, for an event. A
+    /// KineSqlite store's kine is started and not waited for ([`StoreBackend::starting`]).
     pub async fn ensure(&self, runtime: &Runtime) -> Result<String, StoreError> {
         match self {
-            StoreBackend::KineSqlite { kine } => Ok(format!(
-                "kine accepts connections at {}",
-                kine::ensure_kine(runtime, kine).await?.endpoint
-            )),
+            StoreBackend::KineSqlite { kine } => Ok(match kine::start_kine(runtime, kine).await? {
+                kine::KineStart::Accepting(kine) => format!("kine accepts connections at {}", kine.endpoint),
+                kine::KineStart::Starting(kine) => format!(
+                    "kine started at {} (pid {}); slots start once it accepts",
+                    kine.endpoint, kine.record.pid
+                ),
+            }),
             StoreBackend::KinePostgres { server, managed, .. } => {
                 if let Some(managed) = managed {
                     managed.ensure(runtime, server).await?;
@@ -225,29 +238,32 @@ impl StoreBackend {
         }
     }
 
-    /// Stops what only slot `slot` used (its kine, for KinePostgres).
-    pub async fn stop_slot(
+    /// The running processes only slot `slot` used (its kine, for KinePostgres), each with how
+    /// long it gets to exit after its stop signal before SIGKILL.
+    pub fn slot_processes(
         &self,
         runtime: &Runtime,
         slot_dir: &Path,
         slot: &str,
-        grace: Duration,
-    ) -> Result<(), StoreError> {
-        if let Some(spec) = self.slot_kine(slot_dir, slot) {
-            kine::stop_kine(runtime, &spec, grace).await?;
+    ) -> Result<Vec<(ProcessRecord, Duration)>, StoreError> {
+        match self.slot_kine(slot_dir, slot) {
+            Some(spec) => Ok(with_grace(kine::kine_processes(runtime, &spec)?, kine::STOP_GRACE)),
+            None => Ok(Vec::new()),
         }
-        Ok(())
     }
 
-    /// Stops the shard-wide processes kcpshard runs; the data stays.
-    pub async fn stop(&self, runtime: &Runtime, grace: Duration) -> Result<(), StoreError> {
+    /// The running shard-wide processes kcpshard runs (a KineSqlite store's kine, a managed
+    /// PostgreSQL), each with how long it gets to exit after its stop signal before SIGKILL.
+    pub fn processes(&self, runtime: &Runtime) -> Result<Vec<(ProcessRecord, Duration)>, StoreError> {
         match self {
-            StoreBackend::KineSqlite { kine } => kine::stop_kine(runtime, kine, grace).await.map(|_| ()),
-            StoreBackend::KinePostgres { managed, .. } => match managed {
-                Some(managed) => managed.stop(runtime).await,
-                None => Ok(()),
-            },
-            StoreBackend::Etcd(_) => Ok(()),
+            StoreBackend::KineSqlite { kine } => Ok(with_grace(kine::kine_processes(runtime, kine)?, kine::STOP_GRACE)),
+            StoreBackend::KinePostgres {
+                managed: Some(managed), ..
+            } => Ok(with_grace(
+                managed.process(runtime)?.into_iter().collect(),
+                managed::STOP_GRACE,
+            )),
+            StoreBackend::KinePostgres { managed: None, .. } | StoreBackend::Etcd(_) => Ok(Vec::new()),
         }
     }
 
@@ -288,13 +304,15 @@ impl StoreBackend {
         }
     }
 
-    /// Whether kcpshard runs processes for the shard-wide part (kine over sqlite, a managed
-    /// PostgreSQL), which [`StoreBackend::stop`] stops.
-    pub fn runs_processes(&self) -> bool {
+    /// Whether a shard-wide process kcpshard runs for the store (see [`StoreBackend::processes`])
+    /// runs, answering or not.
+    pub fn processes_running(&self, runtime: &Runtime) -> bool {
         match self {
-            StoreBackend::KineSqlite { .. } => true,
-            StoreBackend::KinePostgres { managed, .. } => managed.is_some(),
-            StoreBackend::Etcd(_) => false,
+            StoreBackend::KineSqlite { kine } => kine::kine_processes(runtime, kine).is_ok_and(|p| !p.is_empty()),
+            StoreBackend::KinePostgres {
+                managed: Some(managed), ..
+            } => managed.runs(runtime),
+            StoreBackend::KinePostgres { managed: None, .. } | StoreBackend::Etcd(_) => false,
         }
     }
 
@@ -308,6 +326,10 @@ impl StoreBackend {
             StoreBackend::Etcd(_) => None,
         }
     }
+}
+
+fn with_grace(processes: Vec<ProcessRecord>, grace: Duration) -> Vec<(ProcessRecord, Duration)> {
+    processes.into_iter().map(|p| (p, grace)).collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -327,10 +349,20 @@ pub enum StoreError {
         log: String,
         log_tail: String,
     },
+    #[error(
+        "kine's port {port}, which the running slots dial, is taken by {}: stop that process and kine comes back on it (on another port the slots would dial nothing)",
+        holder.as_deref().unwrap_or("a process this user cannot see")
+    )]
+    PortTaken { port: u16, holder: Option<String> },
     #[error("kine exited during startup ({}); see {log}:\n{log_tail}", status.as_deref().unwrap_or("status unknown"))]
     Exited {
         status: Option<String>,
         log: String,
         log_tail: String,
     },
+    /// The kine started last exited on its own before it accepted; another one was started, and
+    /// the step reports the exit so that a kine that keeps failing is retried at the pace of the
+    /// controller's backoff, with its cause in status.
+    #[error("{exited}; started another (pid {pid})")]
+    StartedAgain { exited: Box<StoreError>, pid: u32 },
 }

@@ -105,60 +105,6 @@ pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Dumps the database into `dir` now, waiting for it; returns the dump's path (the preflight's copy).
-pub async fn pg_dump(server: &PostgresServer, dir: &Path, from: &str, to: &str) -> Result<PathBuf, StoreError> {
-    crate::fsutil::create_private_dir(dir).map_err(|source| StoreError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let path = dump_path(&server.database, dir, from, to, Utc::now());
-    let partial = partial_of(&path);
-    if let Err(e) = run(server, dump_run(server, &partial)?).await {
-        let _ = std::fs::remove_file(&partial);
-        return Err(e);
-    }
-    keep_dump(&path, 1)?;
-    Ok(path)
-}
-
-/// Restores the dump at `path` now, waiting for it ([`restore_run`]; the preflight's copy).
-pub async fn pg_restore(server: &PostgresServer, path: &Path) -> Result<(), StoreError> {
-    run(server, restore_run(server, path)?).await.map_err(|e| match e {
-        StoreError::Postgres { server, message } => StoreError::Postgres {
-            server,
-            message: format!("{message} (restoring {}; the database is as it was)", path.display()),
-        },
-        other => other,
-    })
-}
-
-/// Runs a client and waits; its stderr is the error when it fails.
-async fn run(server: &PostgresServer, client: ClientRun) -> Result<(), StoreError> {
-    let name = client
-        .program
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let out = tokio::process::Command::new(&client.program)
-        .args(&client.args)
-        .envs(client.env)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| StoreError::Invalid(format!("cannot run {}: {e}", client.program.display())))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(StoreError::Postgres {
-        server: server.describe(),
-        message: format!(
-            "{name} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-    })
-}
-
 /// What a snapshot's file name tells: `<database>-<from>-to-<to>-<time>.dump`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotName {

@@ -181,6 +181,8 @@ pub struct Env {
     pub started: Instant,
     /// Flags after `--kine-binary`, given to every start of `serve`.
     serve_args: Vec<String>,
+    /// The `--kine-binary` of every start of `serve`.
+    kine_binary: PathBuf,
     /// The kcpshard binary the next start of `serve` runs (the front it starts runs it too).
     pub serve_binary: PathBuf,
 }
@@ -192,6 +194,11 @@ impl Env {
 
     /// Starts `serve` with these flags too (e.g. `--manifests DIR`), on this and every restart.
     pub async fn start_with(serve_args: &[&str]) -> Env {
+        Env::start_with_kine(serve_args, bin_dir().join("kine")).await
+    }
+
+    /// As [`Env::start_with`], with serve running `kine` for the shards' kines.
+    pub async fn start_with_kine(serve_args: &[&str], kine: PathBuf) -> Env {
         let dir = tempfile::Builder::new()
             .prefix("kcpshard-e2e-")
             .tempdir()
@@ -205,6 +212,7 @@ impl Env {
             client: None,
             started: Instant::now(),
             serve_args: serve_args.iter().map(|a| a.to_string()).collect(),
+            kine_binary: kine,
             serve_binary: kcpshard_bin(),
         };
         env.start_serve().await;
@@ -233,7 +241,7 @@ impl Env {
             .arg(&self.state)
             .args(["--api-listen", "127.0.0.1:0"])
             .arg("--kine-binary")
-            .arg(bin_dir().join("kine"))
+            .arg(&self.kine_binary)
             .args(&self.serve_args)
             .current_dir(repo_root())
             .env("RUST_LOG", "info,kcpshard=debug")
@@ -698,6 +706,85 @@ pub async fn front_status(env: &Env, shard: &str) -> kcpshard::front::FrontStatu
         .status()
         .await
         .unwrap_or_else(|e| env.fail(&format!("status of the front of {shard}: {e}")))
+}
+
+/// serve's `/metrics`.
+pub async fn serve_metrics(env: &Env) -> String {
+    env.client()
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap_or_else(|e| env.fail(&format!("GET /metrics: {e}")))
+}
+
+/// The steps that still wait inside a reconcile for what they started (docs/architecture.md,
+/// "Jobs"): EnsureStore for a KinePostgres slot's own kine or a managed PostgreSQL to accept,
+/// StartSlot for a KinePostgres slot's own kine (and under systemd for the unit's main pid),
+/// EnsureFront for a new front's control socket. Every other step is to act within 0.1 s.
+pub const STILL_WAITING: [&str; 3] = ["EnsureStore", "StartSlot", "EnsureFront"];
+
+/// The steps that make requests to a kcp and wait for its answers: create a workspace (Probe,
+/// PreflightProbe, which first deletes the copied Lease), read kcp's own schemas (StartPreflight,
+/// ComparePreflight), delete the Lease (ReleaseLease). On this 2-core machine under a roll these
+/// took 104-148 ms on real kcp (e2e_roll, 2026-12-04); in the stand-in tests they stay under 0.1 s.
+pub const REQUESTS_TO_KCP: [&str; 5] = [
+    "StartPreflight",
+    "PreflightProbe",
+    "ComparePreflight",
+    "Probe",
+    "ReleaseLease",
+];
+
+/// The steps that make or drop the preflight's scratch database on a KinePostgres store (CREATE and
+/// DROP DATABASE) and wait for the server: over 0.1 s in a CI run (2026-12-04).
+pub const REQUESTS_TO_POSTGRES: [&str; 2] = ["CopyPreflight", "RemovePreflight"];
+
+/// Steps over `over` seconds (see [`slow_steps`]) that are none of the named waits and requests.
+/// The real-kcp tests hold every other step to 1 s: a step that waits for a process or a copy
+/// takes seconds, while the 0.1 s goal is held by the stand-in tests (on real kcp, with CI's
+/// load beside them, a step's requests and writes take 0.1-0.3 s).
+pub async fn unexpectedly_slow_steps(env: &Env, shard: &str, over: &str) -> Vec<(String, u64, u64)> {
+    let named = |step: &str| {
+        STILL_WAITING.contains(&step) || REQUESTS_TO_KCP.contains(&step) || REQUESTS_TO_POSTGRES.contains(&step)
+    };
+    slow_steps(env, shard, over)
+        .await
+        .into_iter()
+        .filter(|(step, ..)| !named(step))
+        .collect()
+}
+
+/// The steps the controller took for `shard` that took longer than `over` seconds to act (a bucket
+/// of serve's `kcpshard_controller_step_duration_seconds`: "0.1", "0.25", "0.5", "1.0"): per step,
+/// how many of how many.
+pub async fn slow_steps(env: &Env, shard: &str, over: &str) -> Vec<(String, u64, u64)> {
+    let metrics = serve_metrics(env).await;
+    let series = |prefix: &str, step: &str| {
+        metrics.lines().find_map(|l| {
+            l.strip_prefix(&format!("{prefix}{step}\"}} "))?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+    };
+    let mut slow = Vec::new();
+    let count_prefix = format!("kcpshard_controller_step_duration_seconds_count{{shard=\"{shard}\",step=\"");
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix(&count_prefix) else {
+            continue;
+        };
+        let Some((step, count)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let count: u64 = count.trim().parse().unwrap_or(0);
+        let bucket =
+            format!("kcpshard_controller_step_duration_seconds_bucket{{le=\"{over}\",shard=\"{shard}\",step=\"");
+        let fast =
+            series(&bucket, step).unwrap_or_else(|| env.fail(&format!("no {over} s bucket for {step}:\n{metrics}")));
+        if fast < count {
+            slow.push((step.to_string(), count - fast, count));
+        }
+    }
+    slow
 }
 
 pub fn parse_time(v: &Value) -> Option<DateTime<Utc>> {
@@ -1238,6 +1325,11 @@ pub struct PollStats {
     /// Polls asked again after an answer with `Retry-After` (see [`Poller::get_like_client_go`]);
     /// not failures.
     pub retried_after: u64,
+    /// The longest a poll took: while the store is down a request hangs before it fails, and a
+    /// user waits that long.
+    pub slowest: Duration,
+    /// Polls that failed or took over a second: (when each was sent, when it ended).
+    pub disrupted: Vec<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 impl PollStats {
@@ -1338,7 +1430,7 @@ impl Poller {
             while !flag.load(Ordering::SeqCst) {
                 tick.tick().await;
                 stats.polls += 1;
-                let sent = Utc::now();
+                let (sent, started) = (Utc::now(), Instant::now());
                 let outcome = match &poll {
                     Poll::Readyz => readyz_ok(&config).await,
                     Poll::Get(path) => get_ok(&config, path).await,
@@ -1354,6 +1446,11 @@ impl Poller {
                         outcome
                     }
                 };
+                let took = started.elapsed();
+                stats.slowest = stats.slowest.max(took);
+                if outcome.is_err() || took > Duration::from_secs(1) {
+                    stats.disrupted.push((sent, Utc::now()));
+                }
                 match outcome {
                     Ok(()) => stats.succeeded.push(sent),
                     Err(e) => stats.failures.push((sent, e)),
@@ -1373,9 +1470,12 @@ impl Poller {
             all.retried_after += stats.retried_after;
             all.failures.extend(stats.failures);
             all.succeeded.extend(stats.succeeded);
+            all.slowest = all.slowest.max(stats.slowest);
+            all.disrupted.extend(stats.disrupted);
         }
         all.failures.sort_by_key(|(t, _)| *t);
         all.succeeded.sort();
+        all.disrupted.sort();
         all
     }
 }
@@ -1534,7 +1634,7 @@ pub fn preflight_leftovers(env: &Env, shard: &str) -> Vec<String> {
 }
 
 /// After a roll to `version` that began at `after` (RFC 3339): the preflight ran first, passed,
-/// was told as events (PreflightStarted, PreflightPassed), finished before the roll's first new
+/// was told as events (PreflightStarted, PreflightLaunched, PreflightPassed), finished before the roll's first new
 /// slot started and left nothing behind. Returns its status.
 pub async fn check_preflight_before_roll(env: &Env, shard: &str, version: &str, after: &str) -> Value {
     let object = env.get(shard).await.unwrap();
@@ -1562,14 +1662,15 @@ pub async fn check_preflight_before_roll(env: &Env, shard: &str, version: &str, 
     let events = env.events(shard).await;
     for e in events
         .iter()
-        .filter(|e| e.reason.as_deref() == Some("PreflightStarted"))
+        .filter(|e| matches!(e.reason.as_deref(), Some("PreflightStarted" | "PreflightLaunched")))
     {
         env.log(&format!(
-            "PreflightStarted: {}",
+            "{}: {}",
+            e.reason.as_deref().unwrap_or_default(),
             e.message.as_deref().unwrap_or_default()
         ));
     }
-    for reason in ["PreflightStarted", "PreflightPassed"] {
+    for reason in ["PreflightStarted", "PreflightLaunched", "PreflightPassed"] {
         assert!(
             events
                 .iter()

@@ -92,6 +92,14 @@ pub fn require(component: &str) -> PathBuf {
     )
 }
 
+/// [`require`], with the link in `bin/` resolved: the `postgres` user runs it, and may not reach a
+/// link in a checkout under another user's private directory (as kcpshard itself resolves it,
+/// store/managed.rs).
+fn require_as_postgres(component: &str) -> PathBuf {
+    let link = require(component);
+    fs::canonicalize(&link).unwrap_or(link)
+}
+
 /// Pins from hack/versions.env (KEY=VALUE lines, optional double quotes).
 pub fn pins() -> &'static BTreeMap<String, String> {
     static PINS: OnceLock<BTreeMap<String, String>> = OnceLock::new();
@@ -430,7 +438,7 @@ impl Postgres {
     }
 
     fn start_with(tls: Option<&ServerTls>) -> Postgres {
-        let initdb = require("initdb");
+        let initdb = require_as_postgres("initdb");
         require("postgres");
         require("psql");
         let dir = tempfile::Builder::new().prefix("kcpshard-pg-").tempdir().unwrap();
@@ -513,7 +521,7 @@ impl Postgres {
 
     /// The postmaster on `port`, over `<dir>/data`.
     fn launch(dir: &Path, port: u16, ids: Option<(u32, u32)>) -> Proc {
-        let mut cmd = Command::new(require("postgres"));
+        let mut cmd = Command::new(require_as_postgres("postgres"));
         cmd.arg("-D")
             .arg(dir.join("data"))
             .args(["-p", &port.to_string(), "-k"])

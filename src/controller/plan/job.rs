@@ -19,6 +19,14 @@ pub enum JobKind {
     /// pg_restore of the snapshot at `snapshot` (a restore under way).
     #[serde(rename_all = "camelCase")]
     Restore { snapshot: String },
+    /// pg_dump of the store for the preflight of `template` (no dump was taken for the version
+    /// change); its copy follows.
+    #[serde(rename_all = "camelCase")]
+    PreflightDump { template: Box<SlotTemplate> },
+    /// The copy of the data the preflight of `template` runs on: pg_restore into its scratch
+    /// database, or sqlite's VACUUM INTO.
+    #[serde(rename_all = "camelCase")]
+    PreflightCopy { template: Box<SlotTemplate> },
 }
 
 impl JobKind {
@@ -27,6 +35,16 @@ impl JobKind {
         match self {
             JobKind::Snapshot { .. } => "snapshot",
             JobKind::Restore { .. } => "restore",
+            JobKind::PreflightDump { .. } => "preflight-dump",
+            JobKind::PreflightCopy { .. } => "preflight-copy",
+        }
+    }
+
+    /// The template whose preflight the job copies the data for, if it does.
+    pub fn preflight_of(&self) -> Option<&SlotTemplate> {
+        match self {
+            JobKind::PreflightDump { template } | JobKind::PreflightCopy { template } => Some(template),
+            JobKind::Snapshot { .. } | JobKind::Restore { .. } => None,
         }
     }
 }
@@ -70,6 +88,24 @@ pub struct JobObservation {
 impl JobObservation {
     pub fn running(&self) -> bool {
         self.state == JobState::Running
+    }
+}
+
+/// While the data is copied for the preflight of `template`: wait for its job, kill one that does
+/// other work, or start the next part of the copy with `copy`.
+pub fn towards_preflight_copy(job: Option<&JobObservation>, template: &SlotTemplate, copy: Step) -> Step {
+    match job {
+        Some(job)
+            if job.running()
+                && job.record.cancelled_at.is_none()
+                && job.record.kind.preflight_of() == Some(template) =>
+        {
+            Step::Wait(Wait::Job {
+                job: job.record.kind.name(),
+            })
+        }
+        Some(job) if job.running() => Step::CancelJob,
+        _ => copy,
     }
 }
 

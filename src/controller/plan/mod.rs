@@ -22,17 +22,34 @@
 //!   serves none, every slot and its own kine stop, then the snapshot is restored and slots of
 //!   its version start as on a first start;
 //! - nothing waits: a step sends a signal or a request and returns; its effect is observed later.
+mod cleanup;
+mod desired;
+mod identities;
 mod job;
-mod model;
+mod observed;
+mod preflight;
+mod records;
+mod restore;
 #[cfg(test)]
 mod simulation;
+mod step;
+mod stopping;
 #[cfg(test)]
 pub(crate) mod tests;
 
 use std::time::Duration;
 
+pub use desired::*;
+pub use identities::*;
 pub use job::*;
-pub use model::*;
+pub use observed::*;
+pub use records::*;
+pub use step::*;
+pub use stopping::*;
+
+use cleanup::*;
+use preflight::*;
+use restore::*;
 
 /// How long a slot that left the front keeps its connections untouched before SIGTERM: long enough
 /// for a connection the front accepted just before the change to finish its TLS handshake and send
@@ -70,8 +87,17 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     if observed.job.as_ref().is_some_and(|j| !j.running()) {
         return Step::FinishJob;
     }
+    if let Some(step) = overdue(observed) {
+        return step;
+    }
     if desired.deleting {
         return cleanup(desired, observed);
+    }
+    if let Some(step) = identities_step(desired, observed) {
+        return step;
+    }
+    if observed.sharded_trust_stale {
+        return Step::WriteTrust;
     }
     if let Some(request) = &desired.restore {
         return take_restore_request(request, observed);
@@ -87,12 +113,22 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         return Step::KillStore;
     }
     if !observed.store_up {
-        return Step::EnsureStore;
+        return towards_store(observed);
     }
+    // The front moves (spec.front.listen changed): the old one is asked to stop, which closes its
+    // listening socket at once and drains its open connections; the new one starts once it is
+    // gone. Meanwhile a slot that dies or hangs is still acted on.
+    let front_stopping = observed.stopping.iter().any(|s| s.what == Stopping::Front);
     match observed.front {
         FrontObservation::Unresponsive => return Step::KillFront,
+        FrontObservation::Down if observed.front_ours && front_stopping => {
+            return gone_slots(desired, observed)
+                .or_else(|| kills(desired, observed))
+                .unwrap_or(Step::Wait(Wait::Stopping { what: Stopping::Front }));
+        }
         FrontObservation::Down if observed.front_ours => return Step::EnsureFront,
-        _ if observed.front_elsewhere || observed.front_outdated => return Step::EnsureFront,
+        _ if observed.front_elsewhere => return towards_stopped(observed, Stopping::Front, Step::MoveFront),
+        _ if observed.front_outdated => return Step::EnsureFront,
         _ => {}
     }
     let wanted = wanted_front(desired, observed);
@@ -125,7 +161,7 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         .is_some_and(|p| p.leftovers && p.template != desired.template)
     {
         // The spec moved on: what a preflight of an older spec left goes.
-        return Step::RemovePreflight;
+        return remove_preflight(observed);
     }
     if let Some(step) = starts(desired, observed) {
         return step;
@@ -135,7 +171,7 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     }
     if observed.preflight.as_ref().is_some_and(|p| p.leftovers) {
         // A preflight no roll waits for any more (the old slots went away during it).
-        return Step::RemovePreflight;
+        return remove_preflight(observed);
     }
     if observed.job.as_ref().is_some_and(JobObservation::running) {
         // A job nothing waits for any more (the spec went back to the version that serves).
@@ -152,57 +188,6 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         }
         None => Step::Idle,
     }
-}
-
-/// A restore request: taken up (act drops the annotation; a request already taken up, seen again
-/// before its annotation is gone, is taken up again, which only drops it), or refused.
-fn take_restore_request(request: &RestoreRequest, observed: &Observed) -> Step {
-    if let Some(under_way) = observed.restore.as_ref().filter(|r| r.under_way())
-        && under_way.request != request.value
-    {
-        return Step::RefuseRestore {
-            message: format!(
-                "a restore of {} is under way; ask again once it is complete",
-                under_way.snapshot
-            ),
-        };
-    }
-    match &request.verdict {
-        Ok(restorable) => Step::BeginRestore(restorable.clone()),
-        Err(message) => Step::RefuseRestore {
-            message: message.clone(),
-        },
-    }
-}
-
-/// The shard is down for a restore: the front serves no slot, every slot and its own kine stop,
-/// then (with the store up) the snapshot is restored.
-fn restoring(desired: &Desired, observed: &Observed) -> Step {
-    if !observed.front.backends().is_empty() {
-        let current = observed.front.backends();
-        return Step::SetFront(FrontChange {
-            backends: vec![],
-            joined: vec![],
-            left: current.iter().map(|b| (b.clone(), LeaveCause::Replaced)).collect(),
-        });
-    }
-    if let Some(step) = stop_every_slot(desired, observed) {
-        return step;
-    }
-    if observed.store_unresponsive {
-        return Step::KillStore;
-    }
-    if !observed.store_up {
-        return Step::EnsureStore;
-    }
-    let restore = JobKind::Restore {
-        snapshot: observed
-            .restore
-            .as_ref()
-            .map(|r| r.snapshot.clone())
-            .unwrap_or_default(),
-    };
-    job::towards(observed.job.as_ref(), &restore, Step::RestoreSnapshot)
 }
 
 /// The slots new connections should go to: up to N slots of the desired template that can serve,
@@ -302,9 +287,7 @@ fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
         });
     }
     if gone.own_store_running {
-        return Some(Step::StopSlotStore {
-            name: gone.name.clone(),
-        });
+        return Some(stop_slot_store(observed, &gone.name));
     }
     Some(Step::RemoveSlot {
         name: gone.name.clone(),
@@ -496,55 +479,6 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
     })
 }
 
-/// The first slot of the desired template changes the version of the data: another version
-/// serves, or (none serving: a re-created shard, an old slot that exited mid-roll) another
-/// version served the data last.
-fn version_changes(desired: &Desired, observed: &Observed) -> bool {
-    let version = &desired.template.version;
-    let other_serves = observed
-        .front
-        .backends()
-        .iter()
-        .filter_map(|b| observed.slot(b))
-        .any(|s| &s.template.version != version);
-    other_serves || observed.data_version.as_ref().is_some_and(|v| v != version)
-}
-
-/// While the preflight of a new version keeps its first slot waiting and nothing serves, a slot
-/// of the template that last served the data serves meanwhile (none is started while one is on its
-/// way, nor more than a roll runs, nor again for a spec whose interim slot exited before it was
-/// ready: it runs that template unchanged, and would crash in a loop). The preflight reads kcp's
-/// own schemas from a slot that answers before it copies the data, so it starts once that slot
-/// answers (or missed readinessTimeout).
-fn with_interim(desired: &Desired, observed: &Observed, preflight: Step) -> Step {
-    let Some(interim) = desired.interim.as_ref() else {
-        return preflight;
-    };
-    if observed.front_serves() {
-        return preflight;
-    }
-    let on_its_way = observed
-        .slots
-        .iter()
-        .find(|s| s.running && !s.stopping() && &s.template == interim);
-    let running = observed.slots.iter().filter(|s| s.running).count();
-    match on_its_way {
-        Some(s)
-            if preflight == Step::StartPreflight
-                && !s.health.ready
-                && elapsed(observed.now, s.started_at) <= desired.readiness_timeout =>
-        {
-            Step::Wait(Wait::Ready { slot: s.name.clone() })
-        }
-        Some(_) => preflight,
-        None if running > desired.slots => preflight,
-        None if observed.interim_crashed_for.as_ref() == Some(&desired.template) => preflight,
-        None => Step::StartInterim {
-            name: free_slot_name(observed),
-        },
-    }
-}
-
 /// The first slot name no slot has.
 fn free_slot_name(observed: &Observed) -> String {
     SLOT_NAMES
@@ -552,63 +486,6 @@ fn free_slot_name(observed: &Observed) -> String {
         .find(|n| observed.slots.iter().all(|s| s.name != **n))
         .expect("at most four slots have records")
         .to_string()
-}
-
-/// The preflight of the desired template, before its first slot starts: started, waited for,
-/// probed, compared or failed, then removed; None once it passed and nothing of it is left.
-fn preflight(desired: &Desired, observed: &Observed) -> Option<Step> {
-    let Some(run) = observed.preflight.as_ref().filter(|p| p.template == desired.template) else {
-        return Some(Step::StartPreflight);
-    };
-    let version = &desired.template.version;
-    if let Some(result) = run.result {
-        if run.leftovers {
-            return Some(Step::RemovePreflight);
-        }
-        let cause = match result {
-            PreflightResult::Compatible | PreflightResult::Skipped => return None,
-            PreflightResult::SchemaChanged if desired.allow_schema_change => return None,
-            PreflightResult::SchemaChanged => BlockCause::PreflightSchemaChanged {
-                version: version.clone(),
-                changes: run.detail.clone(),
-            },
-            PreflightResult::Failed => BlockCause::PreflightFailed {
-                version: version.clone(),
-                detail: run.detail.join("; "),
-            },
-        };
-        return Some(Step::Blocked { cause });
-    }
-    let fail = |cause| Some(Step::FailPreflight { cause });
-    match &run.run {
-        PreflightRun::NeverStarted => Some(Step::RemovePreflight),
-        PreflightRun::Exited { last_words } => fail(PreflightFailure::Exited {
-            last_words: last_words.clone(),
-        }),
-        PreflightRun::Running { ready: false, .. } => {
-            if elapsed(observed.now, run.started_at) > desired.readiness_timeout {
-                fail(PreflightFailure::NotReady {
-                    timeout_seconds: desired.readiness_timeout.as_secs(),
-                })
-            } else {
-                Some(Step::Wait(Wait::Preflight))
-            }
-        }
-        PreflightRun::Running { probe: None, .. } => Some(Step::PreflightProbe),
-        PreflightRun::Running { probe_ready: true, .. } => Some(Step::ComparePreflight),
-        // Alone on a copy of a big shard, kcp's controllers take minutes to catch up before a
-        // workspace gets Ready (docs/benchmarks.md, "A shard shaped like production"): the probe
-        // gets readinessTimeout too, not the roll's one minute before another probe.
-        PreflightRun::Running { probe: Some(probe), .. } => {
-            if elapsed(observed.now, probe.created_at) > desired.readiness_timeout {
-                fail(PreflightFailure::ProbeTimeout {
-                    timeout_seconds: desired.readiness_timeout.as_secs(),
-                })
-            } else {
-                Some(Step::Wait(Wait::Preflight))
-            }
-        }
-    }
 }
 
 /// A new slot that has not answered `/readyz` yet: waited for, started again once after a store
@@ -706,58 +583,14 @@ fn roll_progress(desired: &Desired, observed: &Observed) -> Option<Step> {
     Some(Step::CompleteRoll)
 }
 
-/// Deleting: every slot gets SIGTERM (SIGKILL after drainTimeout), their own stores stop and their
-/// records go, then the shard-wide store's processes, every other kine of the shard that still
-/// runs, then the front. The data stays.
-fn cleanup(desired: &Desired, observed: &Observed) -> Step {
-    if observed.job.as_ref().is_some_and(JobObservation::running) {
-        return Step::CancelJob;
-    }
-    if let Some(step) = stop_every_slot(desired, observed) {
-        return step;
-    }
-    if observed.preflight.as_ref().is_some_and(|p| p.leftovers) {
-        return Step::RemovePreflight;
-    }
-    if observed.store_processes_up {
-        return Step::StopStore;
-    }
-    if let Some(record) = observed.orphaned_kines.first() {
-        return Step::StopOrphanedKine { record: record.clone() };
-    }
-    if observed.front_ours && !matches!(observed.front, FrontObservation::Down) {
-        return Step::StopFront;
-    }
-    Step::Idle
-}
-
-/// The next step towards no slot at all (deleting, restoring): SIGTERM to every slot (SIGKILL
-/// after drainTimeout), then each one's own store and records; None once no slot is left.
-fn stop_every_slot(desired: &Desired, observed: &Observed) -> Option<Step> {
-    if let Some(s) = observed.slots.iter().find(|s| s.running && !s.stopping()) {
-        return Some(Step::TerminateSlot { name: s.name.clone() });
-    }
-    if let Some(step) = kills(desired, observed) {
-        return Some(step);
-    }
-    if let Some(gone) = observed.slots.iter().find(|s| !s.running) {
-        return Some(if gone.own_store_running {
-            Step::StopSlotStore {
-                name: gone.name.clone(),
-            }
-        } else {
-            Step::RemoveSlot {
-                name: gone.name.clone(),
-                crashed: false,
-            }
-        });
-    }
-    observed
-        .slots
-        .first()
-        .map(|s| Step::Wait(Wait::Exit { slot: s.name.clone() }))
-}
-
 fn elapsed(now: chrono::DateTime<chrono::Utc>, since: chrono::DateTime<chrono::Utc>) -> Duration {
     (now - since).to_std().unwrap_or_default()
+}
+
+/// The store is not up: start it, or wait for the kine that was started to accept.
+fn towards_store(observed: &Observed) -> Step {
+    match observed.store_starting {
+        true => Step::Wait(Wait::Store),
+        false => Step::EnsureStore,
+    }
 }

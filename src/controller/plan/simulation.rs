@@ -26,7 +26,7 @@ enum Fault {
     /// spec.rollout.allowMinorVersionChange flips.
     AllowSchemaChange(bool),
     /// serve stopped between recording a preflight and starting its kcp.
-    PreflightNeverStarted,
+    PreflightInterrupted,
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -38,7 +38,7 @@ fn fault() -> impl Strategy<Value = Fault> {
             .prop_map(|(version, slots)| Fault::Spec { version, slots }),
         Just(Fault::StoreDown),
         any::<bool>().prop_map(Fault::AllowSchemaChange),
-        Just(Fault::PreflightNeverStarted),
+        Just(Fault::PreflightInterrupted),
     ]
 }
 
@@ -65,6 +65,10 @@ struct Model {
     data: Option<SlotTemplate>,
     /// When the running job (a dump) ends.
     job_ends_at: chrono::DateTime<chrono::Utc>,
+    /// When the store's kine, started, accepts.
+    store_accepts_at: chrono::DateTime<chrono::Utc>,
+    /// When the kine over the preflight's copy, started, accepts (None: not started).
+    copy_accepts_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Model {
@@ -75,6 +79,9 @@ impl Model {
         d.snapshot_before_version_change = true;
         let mut observed = super::tests::observed(&[], vec![]);
         observed.now = at(0);
+        // A new shard of a sharded kcp's root: no admin identity and no trust yet.
+        observed.identities = IdentitiesObservation::default();
+        observed.sharded_trust_stale = true;
         Model {
             desired: d,
             observed,
@@ -84,6 +91,8 @@ impl Model {
             preflight_ready_at: at(0),
             data: None,
             job_ends_at: at(0),
+            store_accepts_at: at(0),
+            copy_accepts_at: None,
         }
     }
 
@@ -135,10 +144,20 @@ impl Model {
             .any(|m| Some(&m.seen.name) == self.lease.as_ref() && m.seen.running && m.seen.listening);
         self.observed.probe_ready = leader_runs && self.observed.roll.as_ref().is_some_and(|r| r.probe.is_some());
         self.observed.slots = self.slots.iter().map(|m| m.seen.clone()).collect();
+        if self.observed.store_starting && now >= self.store_accepts_at {
+            self.observed.store_starting = false;
+            self.observed.store_up = true;
+        }
         if let Some(job) = self.observed.job.as_mut().filter(|j| j.running())
             && now >= self.job_ends_at
         {
             job.state = JobState::Succeeded;
+        }
+        if let Some(p) = self.observed.preflight.as_mut()
+            && p.run == PreflightRun::StoreStarting
+            && self.copy_accepts_at.is_some_and(|at| now >= at)
+        {
+            p.run = PreflightRun::Copied;
         }
         let ready_at = self.preflight_ready_at;
         if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none())
@@ -184,11 +203,19 @@ impl Model {
                 self.desired.template = template(version);
                 self.desired.slots = slots;
             }
-            Fault::StoreDown => self.observed.store_up = false,
+            Fault::StoreDown => {
+                self.observed.store_up = false;
+                self.observed.store_starting = false;
+            }
             Fault::AllowSchemaChange(allow) => self.desired.allow_schema_change = allow,
-            Fault::PreflightNeverStarted => {
-                if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none()) {
-                    p.run = PreflightRun::NeverStarted;
+            Fault::PreflightInterrupted => {
+                // serve restarted mid-preflight: the copy's job, if any, is lost, and a kcp that
+                // had not been started yet is not.
+                if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none())
+                    && p.run == PreflightRun::Copying
+                    && let Some(job) = self.observed.job.as_mut().filter(|j| j.running())
+                {
+                    job.state = JobState::Lost;
                 }
             }
         }
@@ -224,7 +251,9 @@ impl Model {
                 {
                     roll.store_down_at = Some(now);
                 }
-                self.observed.store_up = true;
+                prop_assert!(!o.store_starting, "a second kine started beside one that starts");
+                self.observed.store_starting = true;
+                self.store_accepts_at = now + chrono::Duration::milliseconds(300);
             }
             Step::Snapshot => {
                 prop_assert!(
@@ -248,10 +277,16 @@ impl Model {
             Step::FinishJob => {
                 let job = self.observed.job.take().expect("a job");
                 prop_assert!(!job.running(), "finished a job that runs");
-                if let (JobKind::Snapshot { template }, JobState::Succeeded, None) =
-                    (job.record.kind, job.state, job.record.cancelled_at)
-                {
-                    self.observed.snapshot_for = Some(*template);
+                match (job.record.kind, job.state, job.record.cancelled_at) {
+                    (JobKind::Snapshot { template }, JobState::Succeeded, None) => {
+                        self.observed.snapshot_for = Some(*template);
+                    }
+                    (JobKind::PreflightCopy { template }, JobState::Succeeded, None) => {
+                        if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.template == *template) {
+                            p.run = PreflightRun::Copied;
+                        }
+                    }
+                    _ => {}
                 }
             }
             Step::CancelJob => {
@@ -267,19 +302,58 @@ impl Model {
                     "a preflight started over another's leftovers: {:?}",
                     o.preflight
                 );
-                self.preflight_ready_at = now + chrono::Duration::milliseconds(1_000);
+                self.copy_accepts_at = None;
                 self.observed.preflight = Some(PreflightObservation {
                     template: self.desired.template.clone(),
                     started_at: now,
-                    run: PreflightRun::Running {
-                        ready: false,
-                        probe: None,
-                        probe_ready: false,
-                    },
+                    launched_at: None,
+                    run: PreflightRun::Copying,
                     result: None,
                     detail: vec![],
                     leftovers: true,
                 });
+            }
+            Step::CopyPreflight => {
+                prop_assert!(
+                    o.job.as_ref().is_none_or(|j| !j.running()),
+                    "a preflight copy started beside another job: {:?}",
+                    o.job
+                );
+                let p = self.observed.preflight.as_ref().expect("a preflight");
+                prop_assert_eq!(&p.run, &PreflightRun::Copying, "copied a preflight twice");
+                self.job_ends_at = now + chrono::Duration::milliseconds(600);
+                self.observed.job = Some(JobObservation {
+                    record: JobRecord {
+                        kind: JobKind::PreflightCopy {
+                            template: Box::new(p.template.clone()),
+                        },
+                        started_at: now,
+                        output: None,
+                        cancelled_at: None,
+                    },
+                    state: JobState::Running,
+                });
+            }
+            Step::LaunchPreflight => {
+                let p = self.observed.preflight.as_mut().expect("a preflight");
+                prop_assert_eq!(
+                    &p.run,
+                    &PreflightRun::Copied,
+                    "launched a preflight before its copy was complete"
+                );
+                // The first launch starts the copy's kine; the one after it accepts, its kcp.
+                if self.copy_accepts_at.is_none_or(|at| now < at) {
+                    self.copy_accepts_at = Some(now + chrono::Duration::milliseconds(200));
+                    p.run = PreflightRun::StoreStarting;
+                    return Ok(());
+                }
+                self.preflight_ready_at = now + chrono::Duration::milliseconds(1_000);
+                p.launched_at = Some(now);
+                p.run = PreflightRun::Running {
+                    ready: false,
+                    probe: None,
+                    probe_ready: false,
+                };
             }
             Step::PreflightProbe => {
                 let p = self.observed.preflight.as_mut().expect("a preflight");
@@ -312,6 +386,12 @@ impl Model {
                 p.result = Some(PreflightResult::Failed);
             }
             Step::RemovePreflight => {
+                prop_assert!(
+                    o.job
+                        .as_ref()
+                        .is_none_or(|j| !j.running() || j.record.kind.preflight_of().is_none()),
+                    "removed a preflight's copy while its job writes it"
+                );
                 let p = self.observed.preflight.as_mut().expect("a preflight");
                 if p.result.is_none() {
                     self.observed.preflight = None;
@@ -454,6 +534,14 @@ impl Model {
             }
             Step::ProbeSucceeded => self.observed.roll.as_mut().expect("a roll").probe_succeeded_at = Some(now),
             Step::CompleteRoll => self.observed.roll = None,
+            Step::IssueIdentity => {
+                prop_assert!(
+                    o.identities.ids.is_empty(),
+                    "a second identity without a rotation request"
+                );
+                self.observed.identities.ids.push("id-1".into());
+            }
+            Step::WriteTrust => self.observed.sharded_trust_stale = false,
             Step::Blocked { .. } | Step::Wait(_) | Step::Idle => {}
             other => prop_assert!(false, "the model has no {other:?}"),
         }
@@ -466,6 +554,10 @@ impl Model {
         let o = &self.observed;
         let running = o.slots.iter().filter(|s| s.running).count();
         prop_assert!(running <= self.desired.slots, "started {name} with {running} running");
+        prop_assert!(
+            !o.identities.ids.is_empty() && !o.sharded_trust_stale,
+            "started {name} before the shard's identity and trust were written"
+        );
         prop_assert!(o.slots.iter().all(|s| s.name != name), "{name} is taken");
         self.data = Some(template.clone());
         self.start_delay_ms = 700 + (self.start_delay_ms * 7) % 2_300;

@@ -1,4 +1,8 @@
 //! The plan as a table of situations: each test names what a user would see happen.
+//!
+//! Longer than 600 lines on purpose: one plan, one table. Its situations share the helpers below
+//! (and `simulation.rs` and the steps' tests use them), and a change to one rule is read against
+//! the neighbouring rules' cases.
 use super::*;
 use chrono::{DateTime, TimeZone, Utc};
 
@@ -39,6 +43,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         allow_schema_change: false,
         restore: None,
         interim: None,
+        rotation_request: None,
     }
 }
 
@@ -74,6 +79,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_problem: None,
         store_unresponsive: false,
         store_processes_up: true,
+        store_starting: false,
         snapshot_for: None,
         front: FrontObservation::serving(backends),
         front_problem: None,
@@ -95,6 +101,14 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_refused: None,
         orphaned_kines: vec![],
         job: None,
+        stopping: vec![],
+        // The shard's admin identity is made and the kubeconfig is current: the identity steps
+        // (plan/identities.rs) have nothing to do.
+        identities: IdentitiesObservation {
+            ids: vec!["id".into()],
+            ..Default::default()
+        },
+        sharded_trust_stale: false,
     }
 }
 
@@ -129,6 +143,10 @@ fn a_new_shard_gets_its_store_then_its_front_then_slot_a() {
     o.store_up = false;
     o.front = FrontObservation::Down;
     assert_eq!(plan(&desired("v1"), &o), Step::EnsureStore);
+    // Its kine was started and does not accept yet: waited for, not started again.
+    o.store_starting = true;
+    assert_eq!(plan(&desired("v1"), &o), Step::Wait(Wait::Store));
+    o.store_starting = false;
     o.store_up = true;
     assert_eq!(plan(&desired("v1"), &o), Step::EnsureFront);
     o.front = FrontObservation::serving(&[]);
@@ -766,6 +784,19 @@ fn after_a_serve_restart_a_slot_in_the_front_is_not_taken_for_one_that_never_got
     assert_eq!(plan(&d, &o), Step::Idle);
 }
 
+/// A stop of `what` sent at `sent` (seconds, see [`at`]) to a process that still runs, which is
+/// killed `grace` seconds later.
+fn stop_sent(what: Stopping, sent: i64, grace: i64) -> ProcessStop {
+    ProcessStop {
+        what,
+        pid: 42,
+        start_time: 7,
+        sent_at: at(sent),
+        kill_at: at(sent + grace),
+        killed: false,
+    }
+}
+
 #[test]
 fn deletion_stops_the_slots_their_stores_the_store_and_the_front_and_nothing_waits() {
     let mut d = desired("v1");
@@ -773,10 +804,49 @@ fn deletion_stops_the_slots_their_stores_the_store_and_the_front_and_nothing_wai
     let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
     stop_slot_a(&d, &mut o, StopCause::Deleting);
     assert_eq!(plan(&d, &o), Step::StopStore);
+    // Asked to stop: waited for, while it still serves and once it no longer does.
+    o.stopping = vec![stop_sent(Stopping::Store, 9, 10)];
+    let waiting = Step::Wait(Wait::Stopping { what: Stopping::Store });
+    assert_eq!(plan(&d, &o), waiting);
     o.store_processes_up = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::StopFront,
+        "a store that no longer serves exits beside the front"
+    );
+    o.stopping.clear();
     assert_eq!(plan(&d, &o), Step::StopFront);
+    o.stopping = vec![stop_sent(Stopping::Front, 9, 40)];
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Stopping { what: Stopping::Front }));
     o.front = FrontObservation::Down;
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Stopping { what: Stopping::Front }),
+        "not done while the front's process drains"
+    );
+    o.stopping.clear();
     assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+#[test]
+fn a_process_asked_to_stop_is_killed_once_its_grace_is_over_and_then_waited_for() {
+    let mut d = desired("v1");
+    d.deleting = true;
+    let mut o = observed(&[], vec![]);
+    o.stopping = vec![stop_sent(Stopping::Store, 5, 10)];
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Stopping { what: Stopping::Store }));
+    o.now = at(15);
+    assert_eq!(plan(&d, &o), Step::KillStopping { what: Stopping::Store });
+    o.stopping[0].killed = true;
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Stopping { what: Stopping::Store }));
+    // Not deleting: a slot's own kine that outlives its grace is killed as well.
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    let kine = Stopping::SlotStore { slot: "b".into() };
+    o.stopping = vec![stop_sent(kine.clone(), 5, 10)];
+    assert_eq!(plan(&d, &o), Step::Idle);
+    o.now = at(16);
+    assert_eq!(plan(&d, &o), Step::KillStopping { what: kine });
 }
 
 #[test]
@@ -833,6 +903,7 @@ fn preflight_of(version: &str, run: PreflightRun) -> PreflightObservation {
     PreflightObservation {
         template: template(version),
         started_at: at(0),
+        launched_at: matches!(run, PreflightRun::Running { .. } | PreflightRun::Exited { .. }).then(|| at(0)),
         run,
         result: None,
         detail: vec![],
@@ -874,6 +945,28 @@ fn a_version_change_runs_the_preflight_after_the_snapshot_and_before_the_new_slo
     assert_eq!(plan(&d, &o), Step::Snapshot, "the snapshot comes first");
     o.snapshot_for = Some(template("v2"));
     assert_eq!(plan(&d, &o), Step::StartPreflight);
+    o.preflight = Some(preflight_of("v2", PreflightRun::Copying));
+    assert_eq!(plan(&d, &o), Step::CopyPreflight, "the data is copied by a job");
+    let copy = JobKind::PreflightCopy {
+        template: Box::new(template("v2")),
+    };
+    o.job = job(copy, JobState::Running);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Job { job: "preflight-copy" }),
+        "the copy is waited for"
+    );
+    o.job = None;
+    o.preflight = Some(preflight_of("v2", PreflightRun::Copied));
+    assert_eq!(plan(&d, &o), Step::LaunchPreflight, "its kine starts on the copy");
+    o.preflight = Some(preflight_of("v2", PreflightRun::StoreStarting));
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "the copy's kine is starting");
+    o.preflight = Some(preflight_of("v2", PreflightRun::Copied));
+    assert_eq!(
+        plan(&d, &o),
+        Step::LaunchPreflight,
+        "its kine accepts: its kcp starts on the copy"
+    );
     o.preflight = Some(preflight_of("v2", running(false, None, false)));
     assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "its kcp is starting");
     o.preflight = Some(preflight_of("v2", running(true, None, false)));
@@ -915,6 +1008,13 @@ fn a_preflight_whose_kcp_exits_or_misses_its_timeouts_fails_and_blocks_the_roll(
             cause: PreflightFailure::NotReady { timeout_seconds: 120 }
         }
     );
+    o.preflight.as_mut().unwrap().launched_at = Some(at(30));
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Preflight),
+        "readinessTimeout counts from its kcp's start, not the copy's"
+    );
+    o.preflight.as_mut().unwrap().launched_at = Some(at(0));
     o.preflight = Some(preflight_of("v2", running(true, Some(60), false)));
     assert_eq!(
         plan(&d, &o),
@@ -981,12 +1081,30 @@ fn a_preflight_left_by_a_crash_or_an_older_spec_is_removed() {
     let mut d = desired("v2");
     d.preflight = true;
     let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
-    o.preflight = Some(preflight_of("v2", PreflightRun::NeverStarted));
+    o.preflight = Some(preflight_of("v2", PreflightRun::Copying));
     assert_eq!(
         plan(&d, &o),
-        Step::RemovePreflight,
-        "recorded, never started: removed, then started again"
+        Step::CopyPreflight,
+        "recorded, its copy lost or never started: the copy starts again"
     );
+    o.preflight = Some(preflight_of("v2", PreflightRun::Copied));
+    assert_eq!(
+        plan(&d, &o),
+        Step::LaunchPreflight,
+        "copied, its kcp never started: it starts"
+    );
+    o.preflight = Some(preflight_of("v3", PreflightRun::Copying));
+    let copy = JobKind::PreflightCopy {
+        template: Box::new(template("v3")),
+    };
+    o.job = job(copy, JobState::Running);
+    assert_eq!(
+        plan(&d, &o),
+        Step::CancelJob,
+        "the spec moved on: the copy's job stops before the copy is removed"
+    );
+    o.job = None;
+    assert_eq!(plan(&d, &o), Step::RemovePreflight, "the spec moved on");
     o.preflight = Some(preflight_of("v3", running(true, None, false)));
     assert_eq!(plan(&d, &o), Step::RemovePreflight, "the spec moved on");
     d.template = template("v1");
@@ -1142,6 +1260,10 @@ fn stop_slot_a(d: &Desired, o: &mut Observed, cause: StopCause) {
     o.slots[0].running = false;
     o.slots[0].own_store_running = true;
     assert_eq!(plan(d, o), Step::StopSlotStore { name: "a".into() });
+    let kine = Stopping::SlotStore { slot: "a".into() };
+    o.stopping = vec![stop_sent(kine.clone(), 10, 10)];
+    assert_eq!(plan(d, o), Step::Wait(Wait::Stopping { what: kine }));
+    o.stopping.clear();
     o.slots[0].own_store_running = false;
     assert_eq!(
         plan(d, o),
@@ -1248,4 +1370,37 @@ fn a_restore_that_cannot_be_done_is_refused_and_a_second_one_waits_for_the_first
     // Deleting wins over a restore: the shard's processes stop, the data stays.
     d.deleting = true;
     assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
+}
+
+#[test]
+fn a_front_that_moves_is_asked_to_stop_the_new_one_starts_once_it_is_gone_and_a_crash_meanwhile_is_acted_on() {
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.front_elsewhere = true;
+    assert_eq!(plan(&d, &o), Step::MoveFront);
+    // Asked to stop, it closed its listening and control sockets and drains its connections.
+    o.front_elsewhere = false;
+    o.front = FrontObservation::Down;
+    o.stopping = vec![stop_sent(Stopping::Front, 9, 40)];
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Stopping { what: Stopping::Front }));
+    // A slot that dies meanwhile is acted on at once; one that hangs past livenessTimeout too.
+    o.slots[0].running = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::RemoveSlot {
+            name: "a".into(),
+            crashed: true
+        }
+    );
+    o.slots[0].running = true;
+    o.slots[0].health.ready = false;
+    o.slots[0].health.failures = 10;
+    o.slots[0].health.last_alive_at = Some(at(-60));
+    assert!(matches!(plan(&d, &o), Step::KillSlot { .. }), "{:?}", plan(&d, &o));
+    // Gone: the new front starts; one that outlives its grace is killed first.
+    o.slots[0] = slot("a", "v1", true);
+    o.stopping.clear();
+    assert_eq!(plan(&d, &o), Step::EnsureFront);
+    o.stopping = vec![stop_sent(Stopping::Front, -40, 40)];
+    assert!(matches!(plan(&d, &o), Step::KillStopping { .. }), "{:?}", plan(&d, &o));
 }

@@ -265,7 +265,9 @@ mod tests {
         assert!(routes.borrow().closing.is_empty(), "serving it again lifts the close");
     }
 
-    #[tokio::test]
+    // On the paused clock a sleep ends once every other task waits: no assumption of how fast
+    // this machine is.
+    #[tokio::test(start_paused = true)]
     async fn drain_waits_for_the_last_connection_or_the_bound() {
         let router = Router::new(Vec::new());
         assert_eq!(router.drain(Duration::from_secs(5)).await, 0);
@@ -279,7 +281,7 @@ mod tests {
         closer.await.unwrap();
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_connection_without_a_backend_waits_for_a_serving_set() {
         let router = Router::new(Vec::new());
         let waiter = {

@@ -1,6 +1,12 @@
 //! The data path end to end on loopback: a front's accept loop in front of small TCP backends
 //! that speak in TLS-shaped records (record headers and lengths as TLS 1.3 has them, bodies
 //! filler), for what needs all of it: retirement and the closing of open connections.
+//!
+//! A test that sleeps and then looks at the front's counters runs on tokio's paused clock: its
+//! sleep ends only once every task (the front's, the slots', the clients') waits and no socket has
+//! anything to read, so it looks at a settled front however loaded the machine is. The tests that
+//! keep clients busy without a pause (a paused clock never advances then), or that measure a
+//! pause in an answer, run on the real clock and wait for what they check with a deadline.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -140,7 +146,7 @@ async fn ends_within(stream: &mut TcpStream, bound: Duration) -> bool {
     )
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn closing_a_slot_ends_its_open_connections_and_spares_the_others() {
     // Two backends that accept and hold their connections open, echoing nothing.
     let hold = || async {
@@ -184,7 +190,7 @@ async fn closing_a_slot_ends_its_open_connections_and_spares_the_others() {
     assert_eq!(router.connections()["b"].open, 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_next_request_to_a_retired_slot_closes_its_http1_connection_and_nothing_else() {
     let old = slot(plain_answer, Duration::ZERO).await;
     let new = slot(plain_answer, Duration::ZERO).await;
@@ -225,7 +231,7 @@ async fn the_next_request_to_a_retired_slot_closes_its_http1_connection_and_noth
     assert_eq!(ask(&mut on_new, 5 + ANSWER).await, Asked::Answered);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_request_in_flight_at_the_retirement_gets_its_answer_and_the_next_one_a_close() {
     fn late(_: usize) -> Vec<Vec<u8>> {
         vec![Vec::new(), data(ANSWER)]
@@ -249,7 +255,7 @@ async fn a_request_in_flight_at_the_retirement_gets_its_answer_and_the_next_one_
     assert_eq!(router.connections()["a"].retired_pending, 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_large_answer_to_a_slow_reader_is_delivered_whole_before_the_close() {
     const RECORDS: usize = 512; // 8 MiB in 16 KiB records
     fn large(n: usize) -> Vec<Vec<u8>> {

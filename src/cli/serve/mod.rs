@@ -40,6 +40,14 @@ use crate::process::{Runtime, RuntimeKind};
 use crate::readiness::{self, Readiness};
 use crate::{controller, gitops};
 
+mod api;
+mod notify;
+mod shutdown;
+
+use api::Api;
+use notify::notify_systemd;
+use shutdown::{SHUTDOWN_GRACE, end_task, shutdown_signal, why_it_ended};
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Directory holding the objects, the PKI, the kubeconfig this command writes, and each shard's
@@ -101,7 +109,7 @@ pub struct Args {
 }
 
 fn parse_lease_duration(text: &str) -> Result<Duration, String> {
-    let duration = crate::api::parse_duration(text)?;
+    let duration = crate::api::parse_duration(text).map_err(|e| e.to_string())?;
     if duration < Duration::from_secs(3) || duration.subsec_nanos() != 0 {
         return Err(format!(
             "{text}: a Lease lasts whole seconds, at least 3s (it is renewed a third of it before it expires)"
@@ -124,91 +132,6 @@ fn refused(args: &Args) -> Option<&'static str> {
         );
     }
     None
-}
-
-/// The API serve reads: a future that serves it (or the probes) until shutdown, and what the
-/// rest of serve needs of it.
-struct Api {
-    client: kube::Client,
-    readiness: Readiness,
-    metrics: Arc<ApiMetrics>,
-    serving: Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>,
-    /// Sent once the API (or the probe listener) listens.
-    listening: tokio::sync::oneshot::Receiver<SocketAddr>,
-    kind: ApiKind,
-}
-
-impl Api {
-    /// The local API from the state dir.
-    fn local(args: &Args, until: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<Api> {
-        let config = ServeConfig {
-            state_dir: args.state_dir.clone(),
-            api_listen: args.api_listen,
-        };
-        let server = ApiServer::open(&config.state_dir)?;
-        let (tx, listening) = tokio::sync::oneshot::channel();
-        Ok(Api {
-            client: server.client(),
-            readiness: server.readiness.clone(),
-            metrics: server.metrics.clone(),
-            kind: ApiKind::Local,
-            listening,
-            serving: Box::pin(async move { apiserver::serve(&config, server, until, tx).await }),
-        })
-    }
-
-    /// The shared API of `kubeconfig`, and the probe listener.
-    async fn shared(
-        args: &Args,
-        kubeconfig: &Path,
-        until: impl Future<Output = ()> + Send + 'static,
-    ) -> anyhow::Result<Api> {
-        let file = kube::config::Kubeconfig::read_from(kubeconfig)
-            .with_context(|| format!("cannot read the kubeconfig {}", kubeconfig.display()))?;
-        let options = kube::config::KubeConfigOptions {
-            context: args.context.clone(),
-            ..Default::default()
-        };
-        let config = kube::Config::from_custom_kubeconfig(file, &options)
-            .await
-            .with_context(|| format!("cannot use the kubeconfig {}", kubeconfig.display()))?;
-        let server = config.cluster_url.to_string();
-        let client = kube::Client::try_from(config).context("cannot build a client of the shared API")?;
-        let shards: kube::Api<KcpShard> = kube::Api::all(client.clone());
-        match shards.list(&kube::api::ListParams::default().limit(1)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => anyhow::bail!(
-                "the API at {server} does not serve kcpshards.kcpshard.io: apply the CRD there first (kcpshard crd | kubectl apply -f -)"
-            ),
-            Err(e) => return Err(e).with_context(|| format!("cannot list the KcpShards of the API at {server}")),
-        }
-        let listener = tokio::net::TcpListener::bind(args.probe_listen)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot listen on {} for /readyz: is another program using it? pass --probe-listen with a free address",
-                    args.probe_listen
-                )
-            })?;
-        let address = listener.local_addr()?;
-        tracing::info!(%server, probes = %address, "reconciling the KcpShards of a shared API; /readyz, /healthz and /metrics over HTTP");
-        let (tx, listening) = tokio::sync::oneshot::channel();
-        let _ = tx.send(address);
-        let readiness = Readiness::default();
-        let metrics = Arc::new(ApiMetrics::default());
-        let serving = readiness::serve_probes(listener, readiness.clone(), metrics.clone(), until);
-        Ok(Api {
-            client,
-            readiness,
-            metrics,
-            kind: ApiKind::Shared,
-            listening,
-            serving: Box::pin(async move {
-                serving.await;
-                Ok(())
-            }),
-        })
-    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -398,6 +321,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         end_task(gitops, SHUTDOWN_GRACE, "the manifests' sync").await;
     }
     // Only now that nothing acts any more may another serve of this host take over.
+    tracing::info!("nothing of the controller runs any more: letting go of the state dir");
     drop(state_lock);
     if let Some(lease) = lease {
         lease.release().await;
@@ -406,152 +330,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some((reason, _)) => anyhow::bail!("{reason}"),
         None => Ok(()),
     }
-}
-
-/// Waits up to `grace` for `task` to end, then aborts it and waits until it is gone: once this
-/// returns nothing of it runs, so the state lock and the host's Lease may go (a task left to run
-/// could act beside the next serve).
-async fn end_task(mut task: tokio::task::JoinHandle<()>, grace: std::time::Duration, what: &str) {
-    if tokio::time::timeout(grace, &mut task).await.is_err() {
-        tracing::warn!("{what} did not finish within {grace:?}; aborting it");
-        task.abort();
-        let _ = task.await;
-    }
-}
-
-/// How long serve waits, after SIGTERM, for the controller's step in progress.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// Why the controller's task ended, for `/readyz` and the exit status.
-fn why_it_ended(ended: Result<(), tokio::task::JoinError>) -> String {
-    match ended {
-        Ok(()) => "the controller stopped".to_string(),
-        Err(e) if e.is_panic() => {
-            let payload = e.into_panic();
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(no message)".into());
-            format!("the controller panicked: {message}")
-        }
-        Err(e) => format!("the controller ended: {e}"),
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM can be handled");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down; slots, stores and fronts keep running");
-}
-
-/// How often serve tells systemd its status without a watchdog.
-const STATUS_EVERY: Duration = Duration::from_secs(5);
-/// How long one look at the shards may take.
-const LIST_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `READY=1` (the API listens and the controller runs), then `STATUS=` when it changes and
-/// `WATCHDOG=1` while the controller makes progress: every shard reconciled within the watchdog's
-/// timeout, the controller task alive, the local API answering. Nothing without a notify socket.
-async fn notify_systemd(
-    client: kube::Client,
-    heartbeat: Heartbeat,
-    controller: Option<tokio::task::AbortHandle>,
-    assignment: Arc<Assignment>,
-    readiness: Readiness,
-) {
-    if std::env::var_os("NOTIFY_SOCKET").is_none() {
-        return;
-    }
-    let watchdog = sd_notify::watchdog_enabled();
-    let _ = sd_notify::notify(&[NotifyState::Ready]);
-    let every = watchdog.map_or(STATUS_EVERY, |timeout| (timeout / 4).min(STATUS_EVERY));
-    let api: kube::Api<KcpShard> = kube::Api::all(client);
-    let mut last_status = String::new();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        // A serve that waits for its host's Lease is well: it says so, and has nothing to watch.
-        if let Some(waiting) = readiness.reason(host_lease::READINESS_CHECK) {
-            if waiting != last_status {
-                let _ = sd_notify::notify(&[NotifyState::Status(&waiting)]);
-                last_status = waiting;
-            }
-            if watchdog.is_some() {
-                let _ = sd_notify::notify(&[NotifyState::Watchdog]);
-            }
-            continue;
-        }
-        let listed = tokio::time::timeout(LIST_TIMEOUT, api.list(&Default::default())).await;
-        let shards = match listed {
-            Ok(Ok(list)) => list
-                .items
-                .into_iter()
-                .filter(|s| assignment.takes(s))
-                .collect::<Vec<_>>(),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cannot list the shards for systemd's status");
-                continue;
-            }
-            Err(_) => {
-                tracing::warn!("the API did not list the shards within {LIST_TIMEOUT:?}");
-                continue;
-            }
-        };
-        let status = status_line(&shards);
-        if status != last_status {
-            let _ = sd_notify::notify(&[NotifyState::Status(&status)]);
-            last_status = status;
-        }
-        let Some(timeout) = watchdog else {
-            continue;
-        };
-        let stale = match &controller {
-            // --controller=false: the API answering is all there is to watch.
-            None => Vec::new(),
-            Some(task) if task.is_finished() => {
-                tracing::error!("the controller has stopped; no longer pinging systemd's watchdog");
-                continue;
-            }
-            Some(_) => {
-                let names: Vec<String> = shards.iter().map(|s| s.name_any()).collect();
-                heartbeat.stale(&names, timeout, Instant::now())
-            }
-        };
-        if stale.is_empty() {
-            let _ = sd_notify::notify(&[NotifyState::Watchdog]);
-        } else {
-            tracing::error!(
-                ?stale,
-                ?timeout,
-                "the controller has not reconciled these shards in time; no longer pinging systemd's watchdog"
-            );
-        }
-    }
-}
-
-/// `dev: Ready, big: Progressing`, or that there is no shard.
-fn status_line(shards: &[KcpShard]) -> String {
-    if shards.is_empty() {
-        return "no KcpShard".to_string();
-    }
-    shards
-        .iter()
-        .map(|s| {
-            let phase = s
-                .status
-                .as_ref()
-                .and_then(|st| st.phase)
-                .map_or("Pending", |p| p.as_str());
-            format!("{}: {phase}", s.name_any())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[cfg(test)]

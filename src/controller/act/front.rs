@@ -1,0 +1,209 @@
+//! The steps that start the front and change which slots it serves.
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::Actor;
+use super::Notes;
+use crate::controller::Note;
+use crate::controller::error::Error;
+use crate::controller::plan::{FrontChange, LeaveCause};
+use crate::front::Backend;
+use crate::slot;
+
+/// The front's address can be listened on (tried, then let go): a front that moves is not
+/// stopped, and none is started, for an address it could not get.
+pub(in crate::controller) fn front_address_free(listen: std::net::SocketAddr) -> Result<(), Error> {
+    match std::net::TcpListener::bind(listen) {
+        Ok(_) => Ok(()),
+        Err(cause) => Err(Error::FrontAddress {
+            listen,
+            holder: crate::process::procfs::listener_pid(listen.port()).map(crate::process::procfs::describe),
+            cause,
+        }),
+    }
+}
+
+/// How long caddy may take to answer `/readyz` through the front after a change.
+const FRONT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Actor<'_> {
+    pub(super) async fn ensure_front(&self) -> Result<Notes, Error> {
+        let front = self.ctx.front(self.shard, self.dirs)?;
+        let listen = front.listen();
+        // A front that systemd restarts holds the address in its unit's descriptor store.
+        if front.is_ours()
+            && self.world.observed.front == crate::controller::plan::FrontObservation::Down
+            && !front.restarting().await
+        {
+            front_address_free(listen)?;
+        }
+        if !front.is_ours()
+            && let Some(ready) = self.world.observed.slots.iter().find(|s| s.health.ready)
+        {
+            // Caddy serves the shard's certificate: once a slot made it, it is in shared/ for
+            // caddy's config (`kcpshard front caddy-config`), before caddy can run.
+            slot::material::capture_shared(&self.dirs.slot(&ready.name).root(), &self.dirs.shared())?;
+        }
+        let started = front.ensure().await.map_err(|e| match e {
+            Error::Caddy(cause) => Error::CaddyUnready {
+                cause,
+                shared: self.dirs.shared(),
+            },
+            other => other,
+        })?;
+        let reason = if self.world.observed.front_outdated {
+            "FrontUpgraded"
+        } else {
+            "FrontStarted"
+        };
+        Ok(vec![Note::normal(reason, started)])
+    }
+
+    pub(super) fn kill_front(&self) -> Result<Notes, Error> {
+        let front = self.ctx.front(self.shard, self.dirs)?;
+        let message = match front.kill() {
+            Some(pid) => format!(
+                "the front (pid {pid}) runs but did not answer on its control socket; killed it, it starts again on {}",
+                front.listen()
+            ),
+            None => "the front did not answer on its control socket and has exited; it starts again".to_string(),
+        };
+        Ok(vec![Note::warning("FrontUnresponsive", message)])
+    }
+
+    /// Changes the front's serving set: records who joined and left first (a slot that left is
+    /// then let settle before SIGTERM), then applies it.
+    pub(super) async fn set_front(&self, change: &FrontChange) -> Result<Notes, Error> {
+        let now = Utc::now();
+        for name in &change.joined {
+            self.slot(name)?.dirs.update(|r| {
+                r.served_at.get_or_insert(now);
+                r.left_front_at = None;
+            })?;
+        }
+        for (name, _) in &change.left {
+            if let Some(slot) = self.world.slot(name) {
+                slot.dirs.update(|r| r.left_front_at = Some(now))?;
+            }
+        }
+        let joined_new = change.joined.iter().any(|j| {
+            self.world
+                .slot(j)
+                .is_some_and(|s| s.record.template == self.desired.template)
+        });
+        if joined_new {
+            self.update_roll(|roll| roll.new_slot_ready_at = Some(now))?;
+        }
+        // The first slot made the shard's key material; every later slot gets a copy before it starts.
+        let mut renewed = None;
+        if let Some(first) = change.joined.first() {
+            slot::material::capture_shared(&self.dirs.slot(first).root(), &self.dirs.shared())?;
+            renewed = crate::controller::credentials::write_kubeconfig(
+                self.dirs,
+                &self.world.observed,
+                &self.desired.template.front_url,
+            )?;
+        }
+        let backends: Vec<Backend> = change
+            .backends
+            .iter()
+            .map(|name| {
+                self.slot(name).map(|s| Backend {
+                    slot: name.clone(),
+                    address: s.address(),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let front = self.ctx.front(self.shard, self.dirs)?;
+        front.serve(&backends).await?;
+        if joined_new {
+            self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
+        }
+        let mut notes: Notes = renewed.into_iter().collect();
+        notes.extend(change.joined.iter().map(|name| {
+            let port = self.world.slot(name).map_or(0, |s| s.record.port);
+            Note::normal(
+                "SlotReady",
+                format!("slot {name} answers /readyz on its own port {port}"),
+            )
+        }));
+        for (name, cause) in &change.left {
+            if *cause == LeaveCause::Unresponsive {
+                let problem = self
+                    .world
+                    .observed
+                    .slot(name)
+                    .and_then(|s| s.health.problem.clone())
+                    .unwrap_or_default();
+                notes.push(Note::warning(
+                    "SlotUnresponsive",
+                    format!(
+                        "slot {name} failed {} looks at /readyz on its own port in a row ({problem}); the front sends it no new connections, those pinned to it stay; it rejoins when it answers, and is killed if it does not answer within spec.rollout.livenessTimeout",
+                        crate::controller::plan::UNRESPONSIVE_AFTER
+                    ),
+                ));
+            }
+        }
+        let serving = if change.backends.is_empty() {
+            "no slot".to_string()
+        } else {
+            change.backends.join(", ")
+        };
+        let left = change
+            .left
+            .iter()
+            .map(|(name, cause)| {
+                let why = match cause {
+                    LeaveCause::Replaced => "replaced",
+                    LeaveCause::Unresponsive => "unresponsive",
+                    LeaveCause::Exited => "exited",
+                };
+                format!("{name} ({why})")
+            })
+            .collect::<Vec<_>>();
+        notes.push(Note::normal(
+            "FrontSwitched",
+            format!(
+                "the front forwards new connections to {serving}{}; open connections stay on their slot",
+                if left.is_empty() {
+                    String::new()
+                } else {
+                    format!("; left: {}", left.join(", "))
+                }
+            ),
+        ));
+        if !front.is_ours()
+            && let Some(first) = change.backends.first()
+            && let Err(e) = self.check_through_front(first, front.listen()).await
+        {
+            // Caddy terminates TLS and may be misconfigured in ways its admin API does not show:
+            // ask it, as a client would.
+            notes.push(Note::warning(
+                "FrontCheckFailed",
+                format!("the front was changed, but {e}: check caddy's config (kcpshard front caddy-config) and log"),
+            ));
+        }
+        Ok(notes)
+    }
+
+    /// `/readyz` through the front's address answers ok within [`FRONT_CHECK_TIMEOUT`].
+    /// Err says what a client through the front saw.
+    pub(super) async fn check_through_front(&self, slot: &str, listen: std::net::SocketAddr) -> Result<(), String> {
+        let kubeconfig = self.dirs.slot(slot).admin_kubeconfig();
+        let client = slot::access::shard_admin_client(&kubeconfig, &format!("https://{listen}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = std::time::Instant::now() + FRONT_CHECK_TIMEOUT;
+        loop {
+            let outcome = tokio::time::timeout(Duration::from_secs(2), slot::access::readyz(&client)).await;
+            match outcome {
+                Ok(Ok(true)) => return Ok(()),
+                _ if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+                Ok(Ok(false)) => return Err(format!("/readyz through {listen} does not answer ok")),
+                Ok(Err(e)) => return Err(format!("/readyz through {listen} failed: {e}")),
+                Err(_) => return Err(format!("/readyz through {listen} did not answer within 2s")),
+            }
+        }
+    }
+}
