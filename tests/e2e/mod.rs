@@ -32,7 +32,7 @@ use kube::{Client, Config};
 use serde_json::{Value, json};
 
 // Locating components and pins is shared with the other real-component tests.
-pub use crate::support::{bin_dir, pin, repo_root, require};
+pub use crate::support::{bin_dir, free_port, pin, repo_root, require};
 
 pub fn kcp_older() -> String {
     pin("KCP_VERSION_OLDER")
@@ -56,14 +56,6 @@ pub fn require_components(versions: &[&str]) {
 }
 
 /// A loopback port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Real-kcp scenarios run one at a time (kcp is heavy): hold this for the whole test.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
