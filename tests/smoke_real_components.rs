@@ -47,7 +47,17 @@ fn kcp_on_kine_postgres_serves_readyz() {
     let pg = Postgres::start();
     let kine = Kine::start(&pg.url("kcp"));
     let root = tempfile::Builder::new().prefix("kcpshard-kcp-").tempdir().unwrap();
-    let kcp = Kcp::start(KcpOptions::new(root.path(), &kine.url()));
+    // Rarely (once in CI on 2026-12-05, once in a roll in docs/benchmarks.md) a kcp on a fresh
+    // kine-postgres never finishes its post-start hooks: every write is "not yet ready to handle
+    // request" until the kcp-bootstrap-policy hook gives up and kcp exits. kcpshard meets this with
+    // readinessTimeout (120 s by default): the slot is stopped and started again on the same store.
+    // The test does the same, once, and says so; a second failure fails the test.
+    let mut opts = KcpOptions::new(root.path(), &kine.url());
+    opts.ready_timeout = Duration::from_secs(120);
+    let kcp = Kcp::try_start(opts).unwrap_or_else(|why| {
+        println!("MEASURE kcp on kine-postgres: the first start did not get ready; starting again. {why}");
+        Kcp::start(KcpOptions::new(root.path(), &kine.url()))
+    });
     println!(
         "MEASURE kcp {} on kine-postgres: cold start to /readyz ok {:.1}s (postgres ready in {:.1}s, kine in {:.1}s)",
         kcp.version,

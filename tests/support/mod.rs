@@ -312,12 +312,31 @@ impl Proc {
 
     /// Panic with `msg` and the last lines of the log.
     pub fn fail(&self, msg: &str) -> ! {
-        panic!(
-            "{}: {msg}\n--- last lines of {} ---\n{}\n---",
+        panic!("{}", self.report(msg))
+    }
+
+    /// `msg` with the last lines of the log, whose whole is kept in target/tmp/failed-test-logs.
+    pub fn report(&self, msg: &str) -> String {
+        let kept = match self.keep_log() {
+            Some(copy) => format!(", full log kept at {}", copy.display()),
+            None => String::new(),
+        };
+        format!(
+            "{}: {msg}\n--- last lines of {}{kept} ---\n{}\n---",
             self.name,
             self.log.display(),
             self.log_tail(60)
         )
+    }
+
+    /// Copy the log out of the (temporary) directory it is in, for the post-mortem.
+    fn keep_log(&self) -> Option<PathBuf> {
+        let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("failed-test-logs");
+        let copy = keep.join(format!("{}-{}.log", self.name, self.pid()));
+        fs::create_dir_all(&keep)
+            .and_then(|_| fs::copy(&self.log, &copy))
+            .ok()?;
+        Some(copy)
     }
 }
 
@@ -326,20 +345,14 @@ impl Drop for Proc {
         self.stop();
         if thread::panicking() {
             // The log usually sits in a TempDir that goes next: keep a copy for the post-mortem.
-            let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("failed-test-logs");
-            let copy = keep.join(format!("{}-{}.log", self.name, self.pid()));
-            let kept = fs::create_dir_all(&keep)
-                .and_then(|_| fs::copy(&self.log, &copy))
-                .is_ok();
             eprintln!(
                 "--- {} (pid {}) last lines of {}{} ---\n{}\n---",
                 self.name,
                 self.pid(),
                 self.log.display(),
-                if kept {
-                    format!(", full log kept at {}", copy.display())
-                } else {
-                    String::new()
+                match self.keep_log() {
+                    Some(copy) => format!(", full log kept at {}", copy.display()),
+                    None => String::new(),
                 },
                 self.log_tail(25)
             );
@@ -789,6 +802,12 @@ pub struct Kcp {
 impl Kcp {
     /// Start kcp and wait for `/readyz`; panics (with the log tail) when it does not get there.
     pub fn start(opts: KcpOptions) -> Kcp {
+        Kcp::try_start(opts).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// Start kcp and wait for `/readyz`; when it does not get there, stop it, keep its log (in
+    /// target/tmp/failed-test-logs) and say why, with the log's last lines.
+    pub fn try_start(opts: KcpOptions) -> Result<Kcp, String> {
         let bin = kcp_bin(&opts.version);
         require("kubectl");
         fs::create_dir_all(&opts.root_dir).unwrap();
@@ -810,22 +829,29 @@ impl Kcp {
             proc,
             ready_in: Duration::ZERO,
         };
-        let ok = poll(opts.ready_timeout, Duration::from_millis(250), || {
+        let outcome = poll(opts.ready_timeout, Duration::from_millis(250), || {
             if let Some(status) = kcp.proc.exited() {
-                kcp.proc.fail(&format!("exited during startup: {status}"));
+                return Some(Err(format!("exited during startup: {status}")));
             }
             if !kcp.kubeconfig.exists() {
                 return None;
             }
-            kcp.get_raw("/readyz").ok().filter(|s| s.trim() == "ok")
+            kcp.get_raw("/readyz").ok().filter(|s| s.trim() == "ok").map(Ok)
         });
-        if ok.is_none() {
-            let why = kcp.get_raw("/readyz?verbose").unwrap_or_else(|e| e);
-            kcp.proc
-                .fail(&format!("/readyz not ok within {:?}:\n{why}", opts.ready_timeout));
+        let failure = match outcome {
+            Some(Ok(_)) => None,
+            Some(Err(why)) => Some(why),
+            None => {
+                let why = kcp.get_raw("/readyz?verbose").unwrap_or_else(|e| e);
+                Some(format!("/readyz not ok within {:?}:\n{why}", opts.ready_timeout))
+            }
+        };
+        if let Some(why) = failure {
+            kcp.proc.stop();
+            return Err(kcp.proc.report(&why));
         }
         kcp.ready_in = kcp.proc.started.elapsed();
-        kcp
+        Ok(kcp)
     }
 
     /// `bin/kubectl --kubeconfig admin.kubeconfig --context shard-base <args>` (the shard admin,
