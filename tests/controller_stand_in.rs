@@ -302,41 +302,53 @@ async fn serve_honours_sigterm_within_5s_mid_roll_and_deletion_leaves_nothing_ru
 
 /// SIGTERM while a step is in progress: serve waits its grace for the step, then aborts it and
 /// waits until it is gone, and only then lets go of the state dir. The step here is StartSlot of
-/// a restart roll on KinePostgres, waiting for the new slot's own kine, which takes 20 s to accept
-/// (a wrapper that sleeps first, once a flag file exists); serve exits within 5 s, says it cut the
-/// step, and logs no line of a step after it let go. The next serve finishes the roll.
+/// serve SIGTERMed in the middle of a step: EnsureStore making a new managed PostgreSQL's cluster
+/// with an initdb that takes 20 s (a wrapper that waits first, once a flag file exists). serve
+/// exits within 5 s, says it cut the step, kills initdb with it, and logs no line of a step after it
+/// let go of the state dir. The next serve makes the cluster and the shard serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go() {
+    use std::os::unix::fs::PermissionsExt;
     let wrapper_dir = tempfile::tempdir().unwrap();
+    // initdb runs as the postgres user when serve runs as root: it must reach the wrapper.
+    std::fs::set_permissions(wrapper_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let slow = wrapper_dir.path().join("slow");
-    let kine = kine_wrapper(wrapper_dir.path(), &format!("[ -e '{}' ] && sleep 20", slow.display()));
-    let pg = support::Postgres::start();
-    let mut env = Env::start_with_kine(&[], kine.clone()).await;
-    let front = format!("127.0.0.1:{}", free_port());
-    let mut first = spec(&front, 1);
-    first["store"] = json!({
-        "type": "KinePostgres",
-        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "kcp_sigterm", "user": "postgres" },
-    });
-    env.apply_spec("dev", first).await;
-    settled(&env, "dev", 1, Duration::from_secs(60)).await;
-
+    let initdb = wrapper_dir.path().join("initdb");
+    let real = std::fs::canonicalize(support::require("initdb")).unwrap();
+    // The wait is bash's own (a read from a FIFO nobody writes), so the wrapper is one process,
+    // which the step's end kills.
+    let fifo = wrapper_dir.path().join("never-written");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    std::fs::set_permissions(&fifo, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::write(
+        &initdb,
+        format!(
+            "#!/bin/bash\n[ -e '{}' ] && read -t 20 <> '{}'\nexec '{}' \"$@\"\n",
+            slow.display(),
+            fifo.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&initdb, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        wrapper_dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut env = Env::start_with_kine_and_env(&[], support::require("kine"), &[("PATH", &path)]).await;
     std::fs::write(&slow, "").unwrap();
-    // The slots' kines, by the database in their endpoint.
-    let kines = || {
-        e2e::processes_with("kcp_sigterm")
-            .into_iter()
-            .filter(|(_, argv)| argv.contains("--listen-address"))
-            .map(|(pid, _)| pid)
-            .collect::<Vec<_>>()
-    };
-    let old = kines();
-    assert_eq!(old.len(), 1, "slot a's kine: {old:?}");
-    env.request_restart("dev").await;
-    // StartSlot starts slot b's slow kine and waits for it to accept.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !kines().iter().any(|pid| *pid != old[0]) {
-        assert!(Instant::now() < deadline, "no kine started for the new slot");
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut shard = spec(&front, 1);
+    shard["store"] = json!({
+        "type": "KinePostgres",
+        "kinePostgres": { "host": "127.0.0.1", "port": free_port(), "database": "kcp", "user": "kcp", "managed": true },
+    });
+    env.apply_spec("dev", shard).await;
+    let waiting = || e2e::processes_with(&initdb.display().to_string());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while waiting().is_empty() {
+        assert!(Instant::now() < deadline, "EnsureStore never ran initdb");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -365,19 +377,13 @@ async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go(
         late.is_empty(),
         "a step ran after serve let go of the state dir: {late:?}"
     );
+    let left = waiting();
+    assert!(left.is_empty(), "initdb outlived the step serve cut: {left:?}");
 
     std::fs::remove_file(&slow).unwrap();
     env.stop_serve();
     env.start_serve().await;
-    env.until("dev", Duration::from_secs(60), "the restart roll complete", |o| {
-        let slots = o["status"]["slots"].as_array().cloned().unwrap_or_default();
-        (o["status"]["lastRoll"]["completedAt"].is_string()
-            && slots.len() == 1
-            && slots[0]["name"] == "b"
-            && slots[0]["serving"] == true)
-            .then_some(())
-    })
-    .await;
+    settled(&env, "dev", 1, Duration::from_secs(90)).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -444,6 +450,60 @@ async fn a_kine_slow_to_accept_is_waited_for_outside_any_step_and_one_that_exits
     })
     .await;
     settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    env.shutdown(&["dev"]).await;
+}
+
+/// KinePostgres: a restart roll's new slot first gets its own kine, which takes 2 s to accept (a
+/// wrapper that sleeps first, once a flag file exists). StartSlot starts it and returns
+/// (SlotStoreStarting), the controller waits outside any step, and starts the slot's kcp once the
+/// kine accepts; the roll completes with no step over 0.5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slots_own_kine_slow_to_accept_is_waited_for_outside_any_step() {
+    let wrapper_dir = tempfile::tempdir().unwrap();
+    let slow = wrapper_dir.path().join("slow");
+    let kine = kine_wrapper(wrapper_dir.path(), &format!("[ -e '{}' ] && sleep 2", slow.display()));
+    let pg = support::Postgres::start();
+    let mut env = Env::start_with_kine(&[], kine).await;
+    let front = format!("127.0.0.1:{}", free_port());
+    let mut shard = spec(&front, 1);
+    shard["store"] = json!({
+        "type": "KinePostgres",
+        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "kcp_slow_kine", "user": "postgres" },
+    });
+    env.apply_spec("dev", shard).await;
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+
+    std::fs::write(&slow, "").unwrap();
+    env.started = Instant::now();
+    env.request_restart("dev").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let note = loop {
+        let events = env.events("dev").await;
+        if let Some(e) = events.iter().find(|e| {
+            e.reason.as_deref() == Some("SlotStoreStarting") && e.message.as_deref().unwrap_or("").contains("slot b")
+        }) {
+            break e.message.clone().unwrap_or_default();
+        }
+        let reasons: Vec<_> = events.iter().filter_map(|e| e.reason.clone()).collect();
+        assert!(Instant::now() < deadline, "no SlotStoreStarting event: {reasons:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    env.log(&format!("SlotStoreStarting: {note}"));
+    assert!(note.contains("once it accepts"), "{note}");
+    env.until("dev", Duration::from_secs(60), "the restart roll complete", |o| {
+        let slots = o["status"]["slots"].as_array().cloned().unwrap_or_default();
+        (o["status"]["lastRoll"]["completedAt"].is_string()
+            && slots.len() == 1
+            && slots[0]["name"] == "b"
+            && slots[0]["serving"] == true)
+            .then_some(())
+    })
+    .await;
+    let slow_steps = e2e::slow_steps(&env, "dev", "0.5").await;
+    assert!(
+        slow_steps.is_empty(),
+        "steps over 0.5 s while slot b's kine took 2 s to accept: {slow_steps:?}"
+    );
     env.shutdown(&["dev"]).await;
 }
 

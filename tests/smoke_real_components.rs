@@ -7,6 +7,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use kcpshard::store::managed::{ManagedPostgres, Postmaster};
+use kcpshard::store::{PostgresServer, StoreError};
 use support::{Kcp, KcpOptions, Kine, Postgres, poll};
 
 fn rss(kib: Option<u64>) -> String {
@@ -301,7 +303,7 @@ fn missing_component_fails_with_the_install_hint() {
 /// nothing); once the port is free, kine is back on it.
 #[tokio::test]
 async fn a_kine_comes_back_on_its_port_and_a_taken_port_names_its_holder() {
-    use kcpshard::store::{KineSpec, StoreError, kine};
+    use kcpshard::store::{KineSpec, kine};
     let dir = tempfile::tempdir().unwrap();
     let spec = KineSpec::sqlite(&support::require("kine"), dir.path(), "port").unwrap();
     let runtime = kcpshard::process::Runtime::new();
@@ -340,4 +342,143 @@ async fn a_kine_comes_back_on_its_port_and_a_taken_port_names_its_holder() {
     let back = kine::ensure_kine(&runtime, &spec).await.unwrap();
     assert_eq!(back.endpoint, first.endpoint, "kine came back elsewhere");
     runtime.kill(&back.record).await.unwrap();
+}
+
+/// A managed PostgreSQL of shard "smoke" in a new directory (kept while the first value lives),
+/// and the server it is to be.
+fn managed_postgres() -> (tempfile::TempDir, ManagedPostgres, PostgresServer) {
+    support::require("initdb");
+    support::require("postgres");
+    let dir = tempfile::Builder::new().prefix("kcpshard-managed-").tempdir().unwrap();
+    let managed = ManagedPostgres {
+        dir: dir.path().join("postgres"),
+        state_dir: dir.path().to_path_buf(),
+        shard: "smoke".into(),
+    };
+    let server = PostgresServer {
+        host: "127.0.0.1".into(),
+        port: support::free_port(),
+        database: "kcp".into(),
+        user: "kcp".into(),
+        password: None,
+        ssl_mode: Default::default(),
+        ca_file: None,
+    };
+    (dir, managed, server)
+}
+
+/// A managed PostgreSQL is started and not waited for (EnsureStore returns at once); a later look
+/// finds it ready. One killed under the shard is started again the same way, and its start is not
+/// mistaken for one that failed.
+#[tokio::test]
+async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
+    let (_dir, managed, server) = managed_postgres();
+    let runtime = kcpshard::process::Runtime::new();
+    let ready_within = |what: &'static str| {
+        let (managed, runtime) = (&managed, &runtime);
+        async move {
+            let started = Instant::now();
+            while managed.starting(runtime).is_some() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{what}: not ready within 60 s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            started.elapsed()
+        }
+    };
+
+    // The first start makes the cluster (initdb, seconds), then starts the postmaster and returns.
+    let Postmaster::Starting { pid: first } = managed.ensure(&runtime, &server).await.unwrap() else {
+        panic!("a PostgreSQL that was just started already accepted");
+    };
+    let waited = ready_within("the first start").await;
+    let looked = Instant::now();
+    assert_eq!(managed.ensure(&runtime, &server).await.unwrap(), Postmaster::Ready);
+    let look = looked.elapsed();
+
+    // Killed by a signal: started again, with no error about a failed start.
+    runtime
+        .kill(&managed.process(&runtime).unwrap().expect("the postmaster runs"))
+        .await
+        .unwrap();
+    let gone = Instant::now();
+    while managed.runs(&runtime) {
+        assert!(
+            gone.elapsed() < Duration::from_secs(10),
+            "the killed postmaster {first} still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let step = Instant::now();
+    let again = managed.ensure(&runtime, &server).await;
+    let restart = step.elapsed();
+    let Ok(Postmaster::Starting { pid: second }) = again else {
+        panic!("not started again without an error: {again:?}");
+    };
+    assert_ne!(first, second);
+    assert!(
+        restart < Duration::from_secs(1),
+        "EnsureStore waited {restart:?} for a PostgreSQL it started"
+    );
+    let waited_again = ready_within("the start after a kill").await;
+    println!(
+        "MEASURE managed PostgreSQL: a step that starts it returns in {:.0} ms, it accepts {:.0} ms later; a look at a ready one {:.0} ms (first start ready after {:.0} ms)",
+        restart.as_secs_f64() * 1e3,
+        waited_again.as_secs_f64() * 1e3,
+        look.as_secs_f64() * 1e3,
+        waited.as_secs_f64() * 1e3
+    );
+    runtime
+        .kill(&managed.process(&runtime).unwrap().expect("runs"))
+        .await
+        .unwrap();
+}
+
+/// A managed PostgreSQL that fails its start (its port is taken) is started again, and the step
+/// says why the last one exited, with its log; once the port is free it starts.
+#[tokio::test]
+async fn a_managed_postgres_that_fails_its_start_is_named_with_its_log_and_started_again() {
+    let (_dir, managed, server) = managed_postgres();
+    let runtime = kcpshard::process::Runtime::new();
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", server.port)).unwrap();
+    let Postmaster::Starting { pid: first } = managed.ensure(&runtime, &server).await.unwrap() else {
+        panic!("a PostgreSQL started on a taken port accepted");
+    };
+    let exited = Instant::now();
+    while managed.runs(&runtime) {
+        assert!(
+            exited.elapsed() < Duration::from_secs(30),
+            "postmaster {first} still runs on a taken port"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(squatter);
+    let failed = managed
+        .ensure(&runtime, &server)
+        .await
+        .expect_err("a failed start went unreported");
+    let StoreError::StartedAgain { exited, pid: second } = &failed else {
+        panic!("not StartedAgain: {failed}");
+    };
+    let message = exited.to_string();
+    assert!(message.contains("exited during its start"), "{message}");
+    assert!(
+        message.contains("could not"),
+        "the log's FATAL line is not quoted: {message}"
+    );
+    assert_ne!(*second, first);
+    let started = Instant::now();
+    while managed.ensure(&runtime, &server).await.unwrap() != Postmaster::Ready {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the postmaster started again never accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    runtime
+        .kill(&managed.process(&runtime).unwrap().expect("runs"))
+        .await
+        .unwrap();
 }

@@ -364,7 +364,9 @@ fn progress_message(step: &Step) -> String {
         Step::StartInterim { name } => {
             format!("starting slot {name} of the version that last served the data, to serve while the preflight runs")
         }
-        Step::Wait(Wait::Store) => "waiting for the store's kine, started, to accept connections".into(),
+        Step::Wait(Wait::Store) => {
+            "waiting for the store it started (a kine, a managed PostgreSQL) to accept connections".into()
+        }
         Step::Wait(Wait::Ready { slot }) => format!("waiting for slot {slot} to answer /readyz on its own port"),
         Step::SetFront(change) => format!("the front forwards new connections to {}", change.backends.join(", ")),
         Step::Wait(Wait::Settle { slot, .. }) => {

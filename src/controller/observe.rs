@@ -4,6 +4,7 @@
 //! store (its shard-wide part, every running slot's own kine, a read from each kine kcpshard runs),
 //! who holds the controllers' Lease, the probe workspace, a preflight's kcp, and the controller's
 //! own record of the roll. What needs repair (a slot running without a record) is reported for the plan to act on.
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -147,6 +148,8 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
 
     let mut slots = Vec::new();
     let mut observations = Vec::new();
+    // Running slots whose own kine (KinePostgres) does not accept.
+    let mut kine_down = Vec::new();
     for record in records {
         let slot_dirs = dirs.slot(&record.name);
         let process = Runtime::load(&slot_dirs.process())?;
@@ -167,7 +170,10 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 Some(None) => {}
                 // A running slot whose own kine is down has no store (KinePostgres): EnsureStore
                 // brings the kine back on the port the slot dials.
-                None if running => store_status = Err(format!("the kine of slot {} does not run", record.name)),
+                None if running => {
+                    store_status = Err(format!("the kine of slot {} does not accept", record.name));
+                    kine_down.push(record.name.clone());
+                }
                 None => {}
             }
         }
@@ -321,11 +327,36 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             false,
         ),
     };
+    // Own kines of slots (KinePostgres) started and not accepting yet: of a slot about to start,
+    // or of a running slot whose kine was started again.
+    let mut slot_stores_starting = BTreeMap::new();
+    if let Ok(store) = &store {
+        for name in SLOT_NAMES {
+            if let Some(pid) = store
+                .starting_slot_kine(&ctx.runtime, &dirs.slot(name).store(), name)
+                .await
+            {
+                slot_stores_starting.insert(name.to_string(), pid);
+            }
+        }
+    }
     let store_starting = match (&store, &store_status) {
-        (Ok(store), Err(_)) => store.starting(&ctx.runtime).await,
+        (Ok(store), Err(_)) => match store.starting(&ctx.runtime).await {
+            Some(pid) => Some(pid),
+            // A running slot's own kine that is down makes the store down; one that starts is
+            // waited for.
+            None => kine_down
+                .iter()
+                .find_map(|name| slot_stores_starting.get(name).copied()),
+        },
         _ => None,
     };
-    for pid in store_status.iter().flat_map(|seen| &seen.pids).chain(&store_starting) {
+    for pid in store_status
+        .iter()
+        .flat_map(|seen| &seen.pids)
+        .chain(&store_starting)
+        .chain(slot_stores_starting.values())
+    {
         ctx.exits.watch(*pid, (shard_ref.clone(), Wake::Exit));
     }
     // When the store's processes last started (a restart after an outage).
@@ -371,6 +402,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         now: Utc::now(),
         store_up: store_status.is_ok(),
         store_starting: store_starting.is_some(),
+        slot_stores_starting: slot_stores_starting.into_keys().collect(),
         store_problem: store_status.as_ref().err().cloned(),
         store_unresponsive: !unresponsive_kines.is_empty(),
         store_processes_up: store.as_ref().is_ok_and(|s| s.processes_running(&ctx.runtime)),

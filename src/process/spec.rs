@@ -147,6 +147,15 @@ impl ProcessRecord {
         })
     }
 
+    /// How long ago it started (zero when its start time cannot be read).
+    pub fn running_for(&self) -> std::time::Duration {
+        self.started_at
+            .parse::<chrono::DateTime<chrono::Utc>>()
+            .ok()
+            .and_then(|at| (chrono::Utc::now() - at).to_std().ok())
+            .unwrap_or_default()
+    }
+
     /// The unit it runs in, if it is one of kcpshard's units.
     pub fn unit(&self) -> Option<UnitName> {
         self.unit.as_deref().and_then(UnitName::parse)

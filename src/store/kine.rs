@@ -179,7 +179,7 @@ pub async fn running_kine(runtime: &Runtime, spec: &KineSpec) -> Option<Kine> {
 pub async fn starting_kine(runtime: &Runtime, spec: &KineSpec) -> Option<ProcessRecord> {
     let record = Runtime::load(&spec.record_path()).ok().flatten()?;
     let port = listen_port(&record.args)?;
-    (runtime.is_running(&record) && !port_accepts(port).await && running_for(&record) < spec.ready_timeout)
+    (runtime.is_running(&record) && !port_accepts(port).await && record.running_for() < spec.ready_timeout)
         .then_some(record)
 }
 
@@ -216,7 +216,7 @@ pub async fn start_kine(runtime: &Runtime, spec: &KineSpec) -> Result<KineStart,
     let recorded = Runtime::load(&spec.record_path())?;
     let exited = match &recorded {
         Some(rec)
-            if running_for(rec) < spec.ready_timeout
+            if rec.running_for() < spec.ready_timeout
                 && runtime
                     .exit_status(rec)
                     .await
@@ -237,8 +237,8 @@ pub async fn start_kine(runtime: &Runtime, spec: &KineSpec) -> Result<KineStart,
 }
 
 /// Makes sure the kine of `spec` runs and accepts, adopting a running one, and waits for it (up
-/// to its ready timeout, three attempts): for the steps that still wait for their kine (a slot's
-/// own, a preflight copy's).
+/// to its ready timeout, three attempts): for callers that may wait, such as tools and tests. The
+/// controller's steps use [`start_kine`] and let later looks see kine accept.
 pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, StoreError> {
     let mut last_error = None;
     for _ in 0..START_ATTEMPTS {
@@ -248,7 +248,7 @@ pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, Sto
             None => spawn(runtime, spec, Runtime::load(&spec.record_path())?.as_ref()).await?,
         };
         let started = Instant::now();
-        let left = spec.ready_timeout.saturating_sub(running_for(&kine.record));
+        let left = spec.ready_timeout.saturating_sub(kine.record.running_for());
         if wait_accepting(runtime, &kine.record, kine.port, left).await {
             tracing::info!(pid = kine.record.pid, port = kine.port, ready_in = ?started.elapsed(), "kine accepts");
             return Ok(kine);
@@ -302,7 +302,7 @@ async fn adopt(runtime: &Runtime, spec: &KineSpec) -> Result<Option<Found>, Stor
             }
             if recorded.as_ref() == Some(&rec) {
                 let kine = Kine::at(port, rec, true);
-                found = Some(if running_for(&kine.record) < spec.ready_timeout {
+                found = Some(if kine.record.running_for() < spec.ready_timeout {
                     Found::Starting(kine)
                 } else {
                     Found::TimedOut(kine)
@@ -391,15 +391,6 @@ async fn failure(runtime: &Runtime, rec: &ProcessRecord, spec: &KineSpec) -> Res
             log_tail,
         }
     })
-}
-
-/// How long ago the recorded process started (zero when its start time cannot be read).
-fn running_for(rec: &ProcessRecord) -> Duration {
-    rec.started_at
-        .parse::<chrono::DateTime<chrono::Utc>>()
-        .ok()
-        .and_then(|at| (chrono::Utc::now() - at).to_std().ok())
-        .unwrap_or_default()
 }
 
 /// The running kines of `spec`: the recorded one first, then any unrecorded kine on the same

@@ -15,7 +15,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
@@ -28,6 +28,16 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a fast shutdown may take before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(30);
 pub const RECORD_FILE: &str = "postgres.json";
+
+/// What [`ManagedPostgres::ensure`] found or did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Postmaster {
+    /// It accepts connections.
+    Ready,
+    /// It runs and does not accept connections yet: started now, or earlier and within its start
+    /// timeout.
+    Starting { pid: u32 },
+}
 
 /// A PostgreSQL cluster kcpshard runs for one shard.
 #[derive(Debug, Clone)]
@@ -71,66 +81,104 @@ impl ManagedPostgres {
         self.dir.join("socket")
     }
 
-    /// Creates the cluster if it does not exist, and starts it if it does not run; returns once it
-    /// accepts connections.
-    pub async fn ensure(&self, runtime: &Runtime, server: &PostgresServer) -> Result<(), StoreError> {
+    /// Creates the cluster if it does not exist, and starts it if it does not run, without waiting
+    /// for it to accept connections: a later look finds it ready, or still starting
+    /// ([`ManagedPostgres::starting`]). One that did not accept within its start timeout, or
+    /// exited during its start, fails the step naming its log; one that exited is started again.
+    pub async fn ensure(&self, runtime: &Runtime, server: &PostgresServer) -> Result<Postmaster, StoreError> {
         let this = self.clone();
-        let for_init = server.clone();
-        let owner = tokio::task::spawn_blocking(move || this.prepare(&for_init))
+        let owner = tokio::task::spawn_blocking(move || this.prepare())
             .await
             .map_err(|e| StoreError::Invalid(format!("managed PostgreSQL: {e}")))??;
-        let record = match self.running(runtime)? {
-            Some(record) => record,
-            None => {
-                let mut spec = ProcessSpec::new(
-                    "postgres",
-                    UnitName::postgres(&self.shard),
-                    binary("postgres")?,
-                    vec![
-                        "-D".into(),
-                        self.data().display().to_string(),
-                        "-c".into(),
-                        format!("listen_addresses={}", server.host),
-                        "-p".into(),
-                        server.port.to_string(),
-                        "-k".into(),
-                        self.socket_dir().display().to_string(),
-                    ],
-                    self.log(),
-                    self.record(),
-                );
-                // Fast shutdown: open sessions (every kine's) are ended; SIGTERM would wait for them.
-                spec.stop_signal = Signal::SIGINT;
-                spec.run_as = owner.run_as;
-                let record = runtime.start(&spec).await?;
-                tracing::info!(data = %self.data().display(), port = server.port, pid = record.pid, "started the managed PostgreSQL");
-                record
+        if !self.data().join("PG_VERSION").is_file() {
+            self.initdb(&owner, server).await?;
+        }
+        if let Some(record) = self.running(runtime)? {
+            if self.accepts(&record) {
+                return Ok(Postmaster::Ready);
             }
+            if record.running_for() < START_TIMEOUT {
+                return Ok(Postmaster::Starting { pid: record.pid });
+            }
+            return Err(self
+                .failure(
+                    runtime,
+                    &record,
+                    &format!("does not accept connections within {START_TIMEOUT:?}"),
+                )
+                .await);
+        }
+        // Failed during its start (a postmaster exits 1 on a FATAL error; 0 after a shutdown it
+        // was asked for, SIGQUIT included): say why, and start it again.
+        let exited = match Runtime::load(&self.record())? {
+            Some(record)
+                if record.running_for() < START_TIMEOUT
+                    && runtime
+                        .exit_status(&record)
+                        .await
+                        .and_then(|status| status.code())
+                        .is_some_and(|code| code != 0) =>
+            {
+                Some(self.failure(runtime, &record, "exited during its start").await)
+            }
+            _ => None,
         };
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            let pid = self.postmaster_pid();
-            if pid == Some(record.pid) && self.postmaster_line(7).as_deref() == Some("ready") {
-                return Ok(());
-            }
-            if !runtime.is_running(&record) || Instant::now() >= deadline {
-                let tail = runtime.log_tail(&record, 15).await.join("\n");
-                let what = if runtime.is_running(&record) {
-                    format!("does not accept connections within {START_TIMEOUT:?}")
-                } else {
-                    "exited".to_string()
-                };
-                return Err(StoreError::Invalid(format!(
-                    "the managed PostgreSQL {what}; see {}:\n{tail}",
-                    Runtime::log_location(&record)
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut spec = ProcessSpec::new(
+            "postgres",
+            UnitName::postgres(&self.shard),
+            binary("postgres")?,
+            vec![
+                "-D".into(),
+                self.data().display().to_string(),
+                "-c".into(),
+                format!("listen_addresses={}", server.host),
+                "-p".into(),
+                server.port.to_string(),
+                "-k".into(),
+                self.socket_dir().display().to_string(),
+            ],
+            self.log(),
+            self.record(),
+        );
+        // Fast shutdown: open sessions (every kine's) are ended; SIGTERM would wait for them.
+        spec.stop_signal = Signal::SIGINT;
+        spec.run_as = owner.run_as;
+        let record = runtime.start(&spec).await?;
+        tracing::info!(data = %self.data().display(), port = server.port, pid = record.pid, "started the managed PostgreSQL");
+        match exited {
+            Some(exited) => Err(StoreError::StartedAgain {
+                exited: Box::new(exited),
+                pid: record.pid,
+            }),
+            None => Ok(Postmaster::Starting { pid: record.pid }),
         }
     }
 
-    /// The cluster's directories, made the owner's, and the cluster itself when there is none.
-    fn prepare(&self, server: &PostgresServer) -> Result<Owner, StoreError> {
+    /// The recorded postmaster's pid when it runs, does not accept connections yet, and is within
+    /// its start timeout: a look waits for it rather than start another.
+    pub fn starting(&self, runtime: &Runtime) -> Option<u32> {
+        let record = Runtime::load(&self.record()).ok().flatten()?;
+        (runtime.is_running(&record) && !self.accepts(&record) && record.running_for() < START_TIMEOUT)
+            .then_some(record.pid)
+    }
+
+    /// Whether the postmaster `record` accepts connections: `postmaster.pid` names it and says
+    /// `ready` (what `pg_ctl start -w` waits for).
+    fn accepts(&self, record: &ProcessRecord) -> bool {
+        self.postmaster_pid() == Some(record.pid) && self.postmaster_line(7).as_deref() == Some("ready")
+    }
+
+    /// Why the postmaster `record` failed its start, with its log's last lines.
+    async fn failure(&self, runtime: &Runtime, record: &ProcessRecord, what: &str) -> StoreError {
+        let tail = runtime.log_tail(record, 15).await.join("\n");
+        StoreError::Invalid(format!(
+            "the managed PostgreSQL {what}; see {}:\n{tail}",
+            Runtime::log_location(record)
+        ))
+    }
+
+    /// The cluster's directories, made the owner's.
+    fn prepare(&self) -> Result<Owner, StoreError> {
         let owner = Owner::current()?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
@@ -141,9 +189,6 @@ impl ManagedPostgres {
         owner.give(&self.dir, &self.state_dir)?;
         owner.give(&self.socket_dir(), &self.state_dir)?;
         owner.can_reach(&self.dir, "its cluster")?;
-        if !self.data().join("PG_VERSION").is_file() {
-            self.initdb(&owner, server)?;
-        }
         Ok(owner)
     }
 
@@ -187,7 +232,9 @@ impl ManagedPostgres {
             }))
     }
 
-    fn initdb(&self, owner: &Owner, server: &PostgresServer) -> Result<(), StoreError> {
+    /// Makes the cluster (about a second; the step waits for it, once per shard, and serve's
+    /// shutdown kills it with the step).
+    async fn initdb(&self, owner: &Owner, server: &PostgresServer) -> Result<(), StoreError> {
         let data = self.data();
         // A half-made cluster from an interrupted initdb is removed; initdb wants an empty directory.
         if data.exists() {
@@ -223,7 +270,7 @@ impl ManagedPostgres {
                 cmd.arg("--auth-host=trust");
             }
         }
-        let result = run(cmd, "initdb", &self.dir.join("initdb.log"));
+        let result = run(cmd, "initdb", &self.dir.join("initdb.log")).await;
         let _ = std::fs::remove_file(&pwfile);
         result?;
         tracing::info!(data = %data.display(), "created the managed PostgreSQL cluster");
@@ -357,18 +404,23 @@ pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
         })
 }
 
-fn run(mut cmd: Command, what: &str, log: &Path) -> Result<(), StoreError> {
-    let out = cmd
+/// Runs `cmd` to its end (killed if the step is dropped: serve's shutdown aborts it), keeps what
+/// it printed in `log`, and fails quoting it.
+async fn run(cmd: Command, what: &str, log: &Path) -> Result<(), StoreError> {
+    let out = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
         .output()
+        .await
         .map_err(|e| StoreError::Invalid(format!("cannot run {what}: {e}")))?;
-    if out.status.success() {
-        return Ok(());
-    }
     let output = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    let _ = std::fs::write(log, &output);
+    if out.status.success() {
+        return Ok(());
+    }
     Err(StoreError::Invalid(format!(
         "{what} failed ({}): {}; see {}",
         out.status,

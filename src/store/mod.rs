@@ -12,8 +12,8 @@
 //! A preflight runs a new kcp version on a copy of the data ([`copy`]), never on the store itself.
 //!
 //! The shard-wide part ([`StoreBackend::ensure`], [`StoreBackend::check`]) is separate from each
-//! slot's part ([`StoreBackend::ensure_slot`], [`StoreBackend::stop_slot`]), which is empty for the
-//! stores slots share.
+//! slot's part ([`StoreBackend::start_slot_store`], [`StoreBackend::slot_processes`]), which is
+//! empty for the stores slots share.
 pub mod copy;
 pub mod disk;
 pub mod etcd;
@@ -77,6 +77,15 @@ pub struct SlotStore {
     /// `--etcd-servers`.
     pub etcd_servers: String,
     pub tls: EtcdTls,
+}
+
+/// What [`StoreBackend::start_slot_store`] found or did.
+#[derive(Debug, Clone)]
+pub enum SlotStoreStart {
+    /// The slot's store accepts: its kcp can start.
+    Ready(SlotStore),
+    /// The slot's own kine runs at `etcd_servers` and does not accept yet.
+    Starting { pid: u32, etcd_servers: String },
 }
 
 /// Where a store's files live.
@@ -150,17 +159,22 @@ impl StoreBackend {
         }
     }
 
-    /// The pid of the shard-wide kine (KineSqlite) when it was started and does not accept yet,
-    /// within its ready timeout: a look waits for it rather than start another.
+    /// The pid of the shard-wide process (KineSqlite's kine, a managed PostgreSQL) when it was
+    /// started and does not accept yet, within its start timeout: a look waits for it rather than
+    /// start another.
     pub async fn starting(&self, runtime: &Runtime) -> Option<u32> {
         match self {
             StoreBackend::KineSqlite { kine } => kine::starting_kine(runtime, kine).await.map(|rec| rec.pid),
-            _ => None,
+            StoreBackend::KinePostgres {
+                managed: Some(managed), ..
+            } => managed.starting(runtime),
+            StoreBackend::KinePostgres { managed: None, .. } | StoreBackend::Etcd(_) => None,
         }
     }
 
     /// Starts the shard-wide part, or adopts it, and returns what is up, for an event. A
-    /// KineSqlite store's kine is started and not waited for ([`StoreBackend::starting`]).
+    /// KineSqlite store's kine and a managed PostgreSQL are started and not waited for
+    /// ([`StoreBackend::starting`]); the database is made once PostgreSQL accepts.
     pub async fn ensure(&self, runtime: &Runtime) -> Result<String, StoreError> {
         match self {
             StoreBackend::KineSqlite { kine } => Ok(match kine::start_kine(runtime, kine).await? {
@@ -171,8 +185,12 @@ impl StoreBackend {
                 ),
             }),
             StoreBackend::KinePostgres { server, managed, .. } => {
-                if let Some(managed) = managed {
-                    managed.ensure(runtime, server).await?;
+                if let Some(managed) = managed
+                    && let managed::Postmaster::Starting { pid } = managed.ensure(runtime, server).await?
+                {
+                    return Ok(format!(
+                        "the managed PostgreSQL started (pid {pid}); its database is made and slots start once it accepts"
+                    ));
                 }
                 let created = server.ensure_database().await?;
                 server.check().await?;
@@ -208,25 +226,44 @@ impl StoreBackend {
     }
 
     /// Makes sure what slot `slot` dials runs (its own kine for KinePostgres, on the port it had
-    /// if it ran before); returns where its kcp finds the store.
-    pub async fn ensure_slot(&self, runtime: &Runtime, slot_dir: &Path, slot: &str) -> Result<SlotStore, StoreError> {
-        match self {
-            StoreBackend::KineSqlite { kine } => Ok(SlotStore {
-                etcd_servers: kine::ensure_kine(runtime, kine).await?.endpoint,
-                tls: EtcdTls::default(),
-            }),
+    /// if it ran before), without waiting for a kine it starts: [`SlotStoreStart::Starting`] until
+    /// a later look finds it accepting ([`StoreBackend::starting_slot_kine`]).
+    pub async fn start_slot_store(
+        &self,
+        runtime: &Runtime,
+        slot_dir: &Path,
+        slot: &str,
+    ) -> Result<SlotStoreStart, StoreError> {
+        let kine = match self {
+            StoreBackend::KineSqlite { kine } => kine::start_kine(runtime, kine).await?,
             StoreBackend::KinePostgres { .. } => {
                 let spec = self.slot_kine(slot_dir, slot).expect("KinePostgres has slot kines");
-                Ok(SlotStore {
-                    etcd_servers: kine::ensure_kine(runtime, &spec).await?.endpoint,
-                    tls: EtcdTls::default(),
-                })
+                kine::start_kine(runtime, &spec).await?
             }
-            StoreBackend::Etcd(cluster) => Ok(SlotStore {
-                etcd_servers: cluster.etcd_servers(),
-                tls: cluster.tls.clone(),
+            StoreBackend::Etcd(cluster) => {
+                return Ok(SlotStoreStart::Ready(SlotStore {
+                    etcd_servers: cluster.etcd_servers(),
+                    tls: cluster.tls.clone(),
+                }));
+            }
+        };
+        Ok(match kine {
+            KineStart::Accepting(kine) => SlotStoreStart::Ready(SlotStore {
+                etcd_servers: kine.endpoint,
+                tls: EtcdTls::default(),
             }),
-        }
+            KineStart::Starting(kine) => SlotStoreStart::Starting {
+                pid: kine.record.pid,
+                etcd_servers: kine.endpoint,
+            },
+        })
+    }
+
+    /// The pid of slot `slot`'s own kine (KinePostgres) when it was started and does not accept
+    /// yet, within its ready timeout: a look waits for it rather than start another.
+    pub async fn starting_slot_kine(&self, runtime: &Runtime, slot_dir: &Path, slot: &str) -> Option<u32> {
+        let spec = self.slot_kine(slot_dir, slot)?;
+        kine::starting_kine(runtime, &spec).await.map(|rec| rec.pid)
     }
 
     /// The slot's own kine: Some(Some) when it runs and accepts, None when it does not, and

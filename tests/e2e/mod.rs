@@ -177,6 +177,8 @@ pub struct Env {
     kine_binary: PathBuf,
     /// The kcpshard binary the next start of `serve` runs (the front it starts runs it too).
     pub serve_binary: PathBuf,
+    /// Environment variables every start of `serve` gets (e.g. a PATH with a wrapper first).
+    serve_env: Vec<(String, String)>,
 }
 
 impl Env {
@@ -191,6 +193,11 @@ impl Env {
 
     /// As [`Env::start_with`], with serve running `kine` for the shards' kines.
     pub async fn start_with_kine(serve_args: &[&str], kine: PathBuf) -> Env {
+        Env::start_with_kine_and_env(serve_args, kine, &[]).await
+    }
+
+    /// As [`Env::start_with_kine`], with these environment variables for every start of serve.
+    pub async fn start_with_kine_and_env(serve_args: &[&str], kine: PathBuf, serve_env: &[(&str, &str)]) -> Env {
         let dir = tempfile::Builder::new()
             .prefix("kcpshard-e2e-")
             .tempdir()
@@ -206,6 +213,7 @@ impl Env {
             serve_args: serve_args.iter().map(|a| a.to_string()).collect(),
             kine_binary: kine,
             serve_binary: kcpshard_bin(),
+            serve_env: serve_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         env.start_serve().await;
         env
@@ -238,7 +246,8 @@ impl Env {
             .current_dir(repo_root())
             .env("RUST_LOG", "info,kcpshard=debug")
             .env_remove("KCPSHARD_STATE_DIR")
-            .env_remove("KCPSHARD_KINE");
+            .env_remove("KCPSHARD_KINE")
+            .envs(self.serve_env.iter().map(|(k, v)| (k, v)));
         let child = crate::support::spawn_tied(&mut command, &self.serve_log());
         self.serve = Some(child);
         self.serve_starts += 1;

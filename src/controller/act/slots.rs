@@ -15,6 +15,15 @@ use crate::controller::plan::{
 use crate::controller::state::{DataVersion, SlotRecord, StoreRecord};
 use crate::process::{ProcessSpec, UnitName, free_port};
 use crate::slot;
+use crate::store::SlotStoreStart;
+
+/// What [`Actor::start_slot`] did.
+pub(super) enum SlotStart {
+    /// Started the slot's kcp: what, for the event.
+    Kcp(String),
+    /// Started the store the slot dials (its own kine), which does not accept yet: the event.
+    StoreStarting(Note),
+}
 
 /// The restartedAt of a rebuilt slot record: no spec has it, so the slot is rolled away.
 pub const REBUILT: &str = "unknown: the slot record was rebuilt from the running process";
@@ -57,7 +66,10 @@ impl Actor<'_> {
         let Some(template) = &self.desired.interim else {
             return Ok(vec![]);
         };
-        let started = self.start_slot(name, template, false).await?;
+        let started = match self.start_slot(name, template, false).await? {
+            SlotStart::Kcp(started) => started,
+            SlotStart::StoreStarting(note) => return Ok(vec![note]),
+        };
         let version = &self.desired.template.version;
         Ok(vec![Note::warning(
             "InterimSlotStarting",
@@ -68,22 +80,44 @@ impl Actor<'_> {
     }
 
     pub(super) async fn start_new_slot(&self, name: &str) -> Result<Notes, Error> {
-        let started = self.start_slot(name, &self.desired.template, true).await?;
+        let started = match self.start_slot(name, &self.desired.template, true).await? {
+            SlotStart::Kcp(started) => started,
+            SlotStart::StoreStarting(note) => return Ok(vec![note]),
+        };
         Ok(vec![Note::normal(
             "SlotStarting",
             format!("started {started}; waiting for /readyz on its own port"),
         )])
     }
 
-    /// Starts slot `name` of `template` (its records, its own kine, its kcp), and with
-    /// `begins_roll` records it in the roll of that template. Says what it started.
+    /// Starts slot `name` of `template`: first its own kine (KinePostgres), which is not waited
+    /// for, then once it accepts its records and its kcp; with `begins_roll` it is recorded in the
+    /// roll of that template.
     pub(super) async fn start_slot(
         &self,
         name: &str,
         template: &SlotTemplate,
         begins_roll: bool,
-    ) -> Result<String, Error> {
+    ) -> Result<SlotStart, Error> {
         let slot_dirs = self.dirs.slot(name);
+        // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
+        // kine, if any, has long created kine's schema (docs/background.md section 7). Until it
+        // accepts, looks see it starting and wait (Wait (Store)); StartSlot then goes on here.
+        let slot_store = match self
+            .store()?
+            .start_slot_store(&self.ctx.runtime, &slot_dirs.store(), name)
+            .await?
+        {
+            SlotStoreStart::Ready(store) => store,
+            SlotStoreStart::Starting { pid, etcd_servers } => {
+                return Ok(SlotStart::StoreStarting(Note::normal(
+                    "SlotStoreStarting",
+                    format!(
+                        "started the kine slot {name} dials (pid {pid}, {etcd_servers}); its kcp starts once it accepts"
+                    ),
+                )));
+            }
+        };
         let port = free_port()?;
         let now = Utc::now();
         if begins_roll {
@@ -164,12 +198,6 @@ impl Actor<'_> {
             &also_accepted,
             &slot_dirs.token_file(),
         )?;
-        // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
-        // kine, if any, has long created kine's schema (docs/background.md section 7).
-        let store = self
-            .store()?
-            .ensure_slot(&self.ctx.runtime, &slot_dirs.store(), name)
-            .await?;
         let launch = slot::args::SlotLaunch {
             name: name.to_string(),
             version: template.version.clone(),
@@ -177,8 +205,8 @@ impl Actor<'_> {
             root_dir: slot_dirs.root(),
             bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
             port,
-            etcd_servers: store.etcd_servers.clone(),
-            etcd_tls: store.tls,
+            etcd_servers: slot_store.etcd_servers.clone(),
+            etcd_tls: slot_store.tls,
             front_url: template.front_url.clone(),
             shutdown_delay: crate::api::parse_duration(&template.shutdown_delay).map_err(|cause| Error::Duration {
                 field: "spec.kcp.shutdownDelay",
@@ -200,10 +228,10 @@ impl Actor<'_> {
         if begins_roll {
             self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
         }
-        Ok(format!(
+        Ok(SlotStart::Kcp(format!(
             "slot {name} (kcp {}, pid {}, port {port}, store {})",
-            template.version, process.pid, store.etcd_servers
-        ))
+            template.version, process.pid, slot_store.etcd_servers
+        )))
     }
 
     /// Records why and when, then sends the signal.

@@ -7,6 +7,7 @@ use super::Actor;
 use super::Notes;
 use crate::controller::Note;
 use crate::controller::error::Error;
+use crate::store::SlotStoreStart;
 
 impl Actor<'_> {
     /// Starts the store's shard-wide part, then brings back the own kine of every running slot
@@ -41,18 +42,31 @@ impl Actor<'_> {
             ),
             None => Note::normal("StoreStarted", started),
         }];
+        // The slots' own kines (KinePostgres) need the shard-wide part: a managed PostgreSQL just
+        // started is waited for (Wait (Store)), and the next EnsureStore brings them back.
+        let runtime = &self.ctx.runtime;
+        if store.starting(runtime).await.is_some() {
+            return Ok(notes);
+        }
         for (slot, seen) in self.world.slots.iter().zip(&self.world.observed.slots) {
             let name = slot.name();
             let dir = slot.dirs.store();
-            if seen.running && store.running_slot_kine(&self.ctx.runtime, &dir, name).await.is_none() {
-                let own = store.ensure_slot(&self.ctx.runtime, &dir, name).await?;
-                notes.push(Note::warning(
-                    "SlotStoreRestarted",
-                    format!(
-                        "the kine of slot {name} was down; it runs again at {}",
-                        own.etcd_servers
+            if seen.running
+                && store.running_slot_kine(runtime, &dir, name).await.is_none()
+                && store.starting_slot_kine(runtime, &dir, name).await.is_none()
+            {
+                let message = match store.start_slot_store(runtime, &dir, name).await? {
+                    SlotStoreStart::Ready(own) => {
+                        format!(
+                            "the kine of slot {name} was down; it runs again at {}",
+                            own.etcd_servers
+                        )
+                    }
+                    SlotStoreStart::Starting { pid, etcd_servers } => format!(
+                        "the kine of slot {name} was down; started it again (pid {pid}) at {etcd_servers}, where the slot's kcp dials it"
                     ),
-                ));
+                };
+                notes.push(Note::warning("SlotStoreRestarted", message));
             }
         }
         Ok(notes)

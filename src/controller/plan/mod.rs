@@ -37,6 +37,7 @@ mod stopping;
 #[cfg(test)]
 pub(crate) mod tests;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 pub use desired::*;
@@ -81,6 +82,16 @@ pub const NOT_READY_RESTARTS: u32 = 1;
 pub const SLOT_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
 pub fn plan(desired: &Desired, observed: &Observed) -> Step {
+    match next_step(desired, observed) {
+        // The slot's own kine was started and does not accept yet: its kcp starts once it does.
+        Step::StartSlot { name } | Step::StartInterim { name } if observed.slot_stores_starting.contains(&name) => {
+            Step::Wait(Wait::Store)
+        }
+        step => step,
+    }
+}
+
+fn next_step(desired: &Desired, observed: &Observed) -> Step {
     if let Some(name) = observed.unrecorded.first() {
         return Step::AdoptSlot { name: name.clone() };
     }

@@ -221,9 +221,12 @@ pub struct Observed {
     /// The store accepts connections and answers a read (and every running slot's own kine, for
     /// KinePostgres).
     pub store_up: bool,
-    /// The store is not up, and its kine was started and is within its ready timeout: waited for,
-    /// not started again.
+    /// The store is not up, and what of it was started (its kine, a managed PostgreSQL, a running
+    /// slot's own kine) is within its start timeout: waited for, not started again.
     pub store_starting: bool,
+    /// Slots whose own kine (KinePostgres) was started and does not accept yet, within its ready
+    /// timeout: a slot about to start waits for it.
+    pub slot_stores_starting: BTreeSet<String>,
     /// Why the store is not up (PostgreSQL's own error, a kine that is down), for StoreReady.
     pub store_problem: Option<String>,
     /// A kine kcpshard runs runs but does not answer reads: it is replaced.

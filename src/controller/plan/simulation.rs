@@ -6,6 +6,8 @@
 //! exits on the copy. The data keeps the version that last started on it, as data-version.json
 //! does, and the preflight's invariant is checked against it. A version change dumps the store
 //! first, as a job that runs while everything else goes on.
+use std::collections::BTreeMap;
+
 use proptest::prelude::*;
 
 use super::tests::{at, desired, template};
@@ -69,6 +71,8 @@ struct Model {
     store_accepts_at: chrono::DateTime<chrono::Utc>,
     /// When the kine over the preflight's copy, started, accepts (None: not started).
     copy_accepts_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Each slot's own kine (as on KinePostgres), by slot name: when it, started, accepts.
+    slot_kines: BTreeMap<String, chrono::DateTime<chrono::Utc>>,
 }
 
 impl Model {
@@ -93,6 +97,7 @@ impl Model {
             job_ends_at: at(0),
             store_accepts_at: at(0),
             copy_accepts_at: None,
+            slot_kines: BTreeMap::new(),
         }
     }
 
@@ -144,6 +149,12 @@ impl Model {
             .any(|m| Some(&m.seen.name) == self.lease.as_ref() && m.seen.running && m.seen.listening);
         self.observed.probe_ready = leader_runs && self.observed.roll.as_ref().is_some_and(|r| r.probe.is_some());
         self.observed.slots = self.slots.iter().map(|m| m.seen.clone()).collect();
+        self.observed.slot_stores_starting = self
+            .slot_kines
+            .iter()
+            .filter(|(_, accepts_at)| now < **accepts_at)
+            .map(|(name, _)| name.clone())
+            .collect();
         if self.observed.store_starting && now >= self.store_accepts_at {
             self.observed.store_starting = false;
             self.observed.store_up = true;
@@ -237,6 +248,25 @@ impl Model {
         } else if m.hung_since.is_none() {
             m.closes_at.get_or_insert(now + chrono::Duration::milliseconds(300));
             m.exits_at.get_or_insert(now + chrono::Duration::milliseconds(1_500));
+        }
+    }
+
+    /// As StartSlot does first: starts slot `name`'s own kine if it has none (true: the step ends
+    /// there); a kcp never starts before its kine accepts.
+    fn starts_own_kine(&mut self, name: &str, now: chrono::DateTime<chrono::Utc>) -> Result<bool, TestCaseError> {
+        match self.slot_kines.get(name) {
+            None => {
+                self.slot_kines
+                    .insert(name.to_string(), now + chrono::Duration::milliseconds(200));
+                Ok(true)
+            }
+            Some(accepts_at) => {
+                prop_assert!(
+                    now >= *accepts_at,
+                    "slot {name}'s kcp started before its own kine accepts"
+                );
+                Ok(false)
+            }
         }
     }
 
@@ -402,6 +432,7 @@ impl Model {
                     };
                 }
             }
+            Step::StartSlot { name } | Step::StartInterim { name } if self.starts_own_kine(name, now)? => {}
             Step::StartSlot { name } => {
                 let version = &self.desired.template.version;
                 let other_version_serves = o
@@ -515,6 +546,8 @@ impl Model {
                     self.observed.interim_crashed_for = Some(self.desired.template.clone());
                 }
                 self.slots.retain(|m| &m.seen.name != name);
+                // Its own kine is stopped with it (StopSlotStore).
+                self.slot_kines.remove(name);
             }
             Step::ReleaseLease { .. } => {
                 let holder = self.lease.as_ref().and_then(|h| o.slot(h));

@@ -80,6 +80,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_unresponsive: false,
         store_processes_up: true,
         store_starting: false,
+        slot_stores_starting: BTreeSet::new(),
         snapshot_for: None,
         front: FrontObservation::serving(backends),
         front_problem: None,
@@ -151,6 +152,32 @@ fn a_new_shard_gets_its_store_then_its_front_then_slot_a() {
     assert_eq!(plan(&desired("v1"), &o), Step::EnsureFront);
     o.front = FrontObservation::serving(&[]);
     assert_eq!(plan(&desired("v1"), &o), Step::StartSlot { name: "a".into() });
+}
+
+#[test]
+fn a_slot_whose_own_kine_starts_waits_for_it_and_starts_once_it_accepts() {
+    let d = desired("v1");
+    // StartSlot started slot a's own kine (KinePostgres), which does not accept yet.
+    let mut o = observed(&[], vec![]);
+    o.slot_stores_starting.insert("a".into());
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Store));
+    o.slot_stores_starting.clear();
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+
+    // A roll's new slot b: only b's kine is waited for.
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.slot_stores_starting.insert("b".into());
+    assert_eq!(plan(&desired("v2"), &o), Step::Wait(Wait::Store));
+    o.slot_stores_starting = BTreeSet::from(["c".to_string()]);
+    assert_eq!(plan(&desired("v2"), &o), Step::StartSlot { name: "b".into() });
+
+    // A running slot's own kine was started again: the store is down and starting, so the
+    // controller waits instead of starting it once more.
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.store_up = false;
+    o.store_starting = true;
+    o.slot_stores_starting.insert("a".into());
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Store));
 }
 
 #[test]
