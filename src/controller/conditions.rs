@@ -291,6 +291,7 @@ fn progress_reason(step: &Step) -> &'static str {
         | Step::PreflightProbe
         | Step::ComparePreflight
         | Step::FailPreflight { .. }
+        | Step::StopPreflight
         | Step::RemovePreflight
         | Step::Wait(Wait::Preflight) => "Preflight",
         Step::Wait(Wait::Job { .. }) | Step::FinishJob | Step::CancelJob => "RunningJob",
@@ -352,7 +353,8 @@ fn progress_message(step: &Step) -> String {
         Step::PreflightProbe => "creating a probe workspace on the preflight's kcp".into(),
         Step::ComparePreflight => "comparing kcp's own schemas on the copy with the serving slots'".into(),
         Step::FailPreflight { .. } => "recording the preflight as failed".into(),
-        Step::RemovePreflight => "removing the preflight's kcp, kine and copy of the data".into(),
+        Step::StopPreflight => "stopping the preflight's kcp and kine".into(),
+        Step::RemovePreflight => "removing the preflight's copy of the data".into(),
         Step::BeginRestore(r) => format!("taking up the restore of {}", r.path),
         Step::RefuseRestore { message } => format!("refusing a restore: {message}"),
         Step::RestoreSnapshot => "restoring the snapshot into the store".into(),

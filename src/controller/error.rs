@@ -75,6 +75,9 @@ pub enum Error {
     /// A preflight step found its record gone (removed meanwhile); the next look starts over.
     #[error("the preflight's record is gone; the next look starts over")]
     NoPreflight,
+    /// A step that removes what a process used found it running again (started meanwhile).
+    #[error("{what} (pid {pid}) runs again; the next look stops it first")]
+    StillRunning { what: &'static str, pid: u32 },
     /// A restore step found the request annotation gone (removed meanwhile).
     #[error("the {annotation} annotation is gone; the restore is not started")]
     NoRestoreRequest { annotation: &'static str },
@@ -113,6 +116,7 @@ impl Error {
             | Error::UnknownIdentity { .. }
             | Error::NoSystemIdentity { .. }
             | Error::NoPreflight
+            | Error::StillRunning { .. }
             | Error::NoRestoreRequest { .. } => "state",
             Error::Api { .. } => "api",
         }

@@ -14,9 +14,9 @@
 //! 4. ComparePreflight: kcp's own schemas on the copy against `original.json` (slot/schemas.rs):
 //!    Compatible or SchemaChanged. FailPreflight: it exited, missed readinessTimeout, or its probe
 //!    missed its timeout.
-//! 5. RemovePreflight: its kcp and kine stop, the copy and the scratch database go; only then is
-//!    `removedAt` recorded, so a crash of serve at any point leaves leftovers that the next
-//!    observe finds and removes.
+//! 5. StopPreflight: its kcp and kine are asked to stop (plan/stopping.rs); once both are gone,
+//!    RemovePreflight: the copy and the scratch database go; only then is `removedAt` recorded,
+//!    so a crash of serve at any point leaves leftovers that the next observe finds and removes.
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -27,18 +27,20 @@ use kube::runtime::reflector::ObjectRef;
 use super::act::{Actor, Notes};
 use super::clients::Identity;
 use super::health::LOOK_TIMEOUT;
-use super::plan::{JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord};
+use super::plan::{
+    JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord, Stopping,
+};
 use super::state::{ControllerState, PreflightRecord, ShardDirs};
 use super::{Context, Error, Note, Wake};
-use crate::process::{ProcessSpec, Runtime, UnitName, free_port};
+use crate::process::{ProcessRecord, ProcessSpec, Runtime, UnitName, free_port};
 use crate::slot;
 use crate::slot::schemas::{self, Schemas};
 use crate::store::copy::{CopyPlace, CopyRun};
 use crate::store::{KineStart, StoreBackend};
 
 /// How long the preflight's kcp and kine get to exit after their stop signal before SIGKILL: none.
-/// They serve nobody and their copy is thrown away, so there is nothing to drain, and RemovePreflight
-/// must not wait inside a reconcile (a kcp drains for seconds after SIGTERM).
+/// They serve nobody and their copy is thrown away, so there is nothing to drain (a kcp drains for
+/// seconds after SIGTERM).
 const STOP_GRACE: Duration = Duration::ZERO;
 
 fn place(actor: &Actor<'_>, record: Option<&PreflightRecord>) -> CopyPlace {
@@ -374,28 +376,65 @@ pub(super) fn fail_with(actor: &Actor<'_>, detail: String) -> Result<Notes, Erro
     )])
 }
 
-/// RemovePreflight: stops its kcp (by its record, and any kcp on its root) and its kine, drops the
-/// scratch database, removes the copy; then records that nothing is left (or forgets a preflight
-/// that never started, so that it starts again).
+/// The preflight's processes that still run: its kcp (by its record, and any kcp on its root) and
+/// the kine over its copy.
+fn processes(
+    runtime: &Runtime,
+    store: Option<&StoreBackend>,
+    dirs: &ShardDirs,
+    place: &CopyPlace,
+) -> Result<Vec<ProcessRecord>, Error> {
+    let files = dirs.preflight();
+    let mut processes: Vec<ProcessRecord> = Runtime::load(&files.process())?
+        .into_iter()
+        .filter(|p| runtime.is_running(p))
+        .collect();
+    let root_arg = slot::args::root_dir_arg(&std::path::absolute(files.root())?);
+    for pid in Runtime::find_by_argument(&root_arg) {
+        if !processes.iter().any(|p| p.pid == pid)
+            && let Some(process) = Runtime::observe(pid)
+        {
+            processes.push(process);
+        }
+    }
+    if let Some(store) = store {
+        processes.extend(store.copy_processes(runtime, place)?);
+    }
+    Ok(processes)
+}
+
+/// StopPreflight: asks its kcp and kine to stop (recorded; SIGKILL follows on the next look, see
+/// [`STOP_GRACE`]), and returns.
+pub async fn stop(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = current(actor.dirs)?;
+    let store = actor.store()?;
+    let processes = processes(
+        &actor.ctx.runtime,
+        Some(&store),
+        actor.dirs,
+        &place(actor, Some(&record)),
+    )?;
+    let stops = processes.into_iter().map(|p| (p, STOP_GRACE)).collect();
+    super::stops::send(actor, Stopping::Preflight, stops).await?;
+    Ok(vec![])
+}
+
+/// RemovePreflight, once none of its processes runs: drops the scratch database, removes the copy;
+/// then records that nothing is left (or forgets a preflight that never started, so that it
+/// starts again).
 pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
     let record = current(actor.dirs)?;
-    let dirs = actor.dirs.preflight();
-    let runtime = &actor.ctx.runtime;
-    let mut processes: Vec<_> = Runtime::load(&dirs.process())?.into_iter().collect();
-    let root_arg = slot::args::root_dir_arg(&std::path::absolute(dirs.root())?);
-    processes.extend(
-        Runtime::find_by_argument(&root_arg)
-            .into_iter()
-            .filter_map(Runtime::observe),
-    );
-    for process in processes.iter().filter(|p| runtime.is_running(p)) {
-        runtime.terminate(process, STOP_GRACE).await?;
+    let store = actor.store()?;
+    let place = place(actor, Some(&record));
+    let running = processes(&actor.ctx.runtime, Some(&store), actor.dirs, &place)?;
+    if let Some(process) = running.first() {
+        return Err(Error::StillRunning {
+            what: "the preflight's kcp or kine",
+            pid: process.pid,
+        });
     }
-    actor
-        .store()?
-        .remove_copy(runtime, &place(actor, Some(&record)), STOP_GRACE)
-        .await?;
-    crate::fsutil::remove_if_there(&dirs.process())?;
+    store.remove_copy(&place).await?;
+    crate::fsutil::remove_if_there(&actor.dirs.preflight().process())?;
     let mut state = actor.dirs.load_state()?;
     if record.result.is_none() {
         state.preflight = None;
@@ -472,5 +511,6 @@ pub async fn observe(
         result: record.result,
         detail,
         leftovers: record.removed_at.is_none(),
+        processes_running: record.removed_at.is_none() && !processes(&ctx.runtime, store, dirs, &copy)?.is_empty(),
     })
 }

@@ -94,7 +94,11 @@ pub async fn move_front(actor: &Actor<'_>) -> Result<Notes, Error> {
 
 /// Records that `processes` are asked to stop, then sends each its stop: a serve that stops in
 /// between finds the record, and the plan kills what outlives its grace.
-async fn send(actor: &Actor<'_>, what: Stopping, processes: Vec<(ProcessRecord, Duration)>) -> Result<(), Error> {
+pub(super) async fn send(
+    actor: &Actor<'_>,
+    what: Stopping,
+    processes: Vec<(ProcessRecord, Duration)>,
+) -> Result<(), Error> {
     let now = Utc::now();
     let mut state = actor.dirs.load_state()?;
     // Stops whose process has exited are done with; this thing's earlier ones are replaced.

@@ -17,7 +17,7 @@ use super::kine::{self, DB_FILE, KineSpec};
 use super::postgres::PostgresServer;
 use super::snapshot::ClientRun;
 use super::{StoreBackend, StoreError};
-use crate::process::{Runtime, UnitName};
+use crate::process::{ProcessRecord, Runtime, UnitName};
 
 /// The next process of a copy, run as a job.
 pub enum CopyRun {
@@ -167,10 +167,20 @@ impl StoreBackend {
         }
     }
 
-    /// Stops the copy's kine, drops the scratch database and removes `place.dir`; idempotent.
-    pub async fn remove_copy(&self, runtime: &Runtime, place: &CopyPlace, grace: Duration) -> Result<(), StoreError> {
+    /// The kine over the copy in `place` and any other on its endpoint, while they run.
+    pub fn copy_processes(&self, runtime: &Runtime, place: &CopyPlace) -> Result<Vec<ProcessRecord>, StoreError> {
+        match self.copy_kine(place)? {
+            Some(spec) => kine::kine_processes(runtime, &spec),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Once the copy's kine is gone ([`StoreBackend::copy_processes`]): removes its record, drops
+    /// the scratch database and removes `place.dir`; idempotent.
+    pub async fn remove_copy(&self, place: &CopyPlace) -> Result<(), StoreError> {
         if let Some(spec) = self.copy_kine(place)? {
-            kine::stop_kine(runtime, &spec, grace).await?;
+            let record = spec.record_path();
+            crate::fsutil::remove_if_there(&record).map_err(|source| StoreError::Io { path: record, source })?;
         }
         if let (StoreBackend::KinePostgres { server, .. }, Some(database)) = (self, &place.scratch_database) {
             server.drop_database(database).await?;

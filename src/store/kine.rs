@@ -137,7 +137,7 @@ impl KineSpec {
         })
     }
 
-    fn record_path(&self) -> PathBuf {
+    pub(super) fn record_path(&self) -> PathBuf {
         self.dir.join(RECORD_FILE)
     }
 

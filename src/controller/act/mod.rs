@@ -75,6 +75,7 @@ impl Actor<'_> {
             Step::PreflightProbe => super::preflight::probe(self).await,
             Step::ComparePreflight => super::preflight::compare(self).await,
             Step::FailPreflight { cause } => super::preflight::fail(self, cause),
+            Step::StopPreflight => super::preflight::stop(self).await,
             Step::RemovePreflight => super::preflight::remove(self).await,
             Step::BeginRestore(restorable) => self.begin_restore(restorable).await,
             Step::RefuseRestore { message } => self.refuse_restore(message).await,

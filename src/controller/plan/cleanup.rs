@@ -12,7 +12,7 @@ pub(super) fn cleanup(desired: &Desired, observed: &Observed) -> Step {
         return step;
     }
     if observed.preflight.as_ref().is_some_and(|p| p.leftovers) {
-        return Step::RemovePreflight;
+        return remove_preflight(observed);
     }
     if observed.store_processes_up {
         return towards_stopped(observed, Stopping::Store, Step::StopStore);

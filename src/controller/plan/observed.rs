@@ -191,6 +191,8 @@ pub struct PreflightObservation {
     /// Not all of it is removed yet (its kcp, its kine, the copy, a scratch database): cleared
     /// only once everything is gone, so that a crash leaves nothing behind unnoticed.
     pub leftovers: bool,
+    /// Its kcp or the kine over its copy runs.
+    pub processes_running: bool,
 }
 
 /// Where the preflight's kcp is.

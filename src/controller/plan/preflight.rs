@@ -114,7 +114,8 @@ pub(super) fn preflight(desired: &Desired, observed: &Observed) -> Option<Step> 
     }
 }
 
-/// Towards nothing left of a preflight: its copy's job first (it writes where the copy goes).
+/// Towards nothing left of a preflight: its copy's job first (it writes where the copy goes), then
+/// its kcp and kine, then the copy.
 pub(super) fn remove_preflight(observed: &Observed) -> Step {
     let copying = observed
         .job
@@ -122,6 +123,8 @@ pub(super) fn remove_preflight(observed: &Observed) -> Step {
         .is_some_and(|j| j.running() && j.record.kind.preflight_of().is_some());
     if copying {
         Step::CancelJob
+    } else if observed.preflight.as_ref().is_some_and(|p| p.processes_running) {
+        towards_stopped(observed, Stopping::Preflight, Step::StopPreflight)
     } else {
         Step::RemovePreflight
     }

@@ -71,6 +71,8 @@ struct Model {
     store_accepts_at: chrono::DateTime<chrono::Utc>,
     /// When the kine over the preflight's copy, started, accepts (None: not started).
     copy_accepts_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the preflight's kcp and kine, asked to stop, have exited.
+    preflight_exits_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Each slot's own kine (as on KinePostgres), by slot name: when it, started, accepts.
     slot_kines: BTreeMap<String, chrono::DateTime<chrono::Utc>>,
 }
@@ -97,6 +99,7 @@ impl Model {
             job_ends_at: at(0),
             store_accepts_at: at(0),
             copy_accepts_at: None,
+            preflight_exits_at: None,
             slot_kines: BTreeMap::new(),
         }
     }
@@ -169,6 +172,13 @@ impl Model {
             && self.copy_accepts_at.is_some_and(|at| now >= at)
         {
             p.run = PreflightRun::Copied;
+        }
+        if self.preflight_exits_at.is_some_and(|at| now >= at) {
+            self.preflight_exits_at = None;
+            self.observed.stopping.retain(|s| s.what != Stopping::Preflight);
+            if let Some(p) = self.observed.preflight.as_mut() {
+                p.processes_running = false;
+            }
         }
         let ready_at = self.preflight_ready_at;
         if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none())
@@ -341,6 +351,7 @@ impl Model {
                     result: None,
                     detail: vec![],
                     leftovers: true,
+                    processes_running: false,
                 });
             }
             Step::CopyPreflight => {
@@ -375,6 +386,7 @@ impl Model {
                 if self.copy_accepts_at.is_none_or(|at| now < at) {
                     self.copy_accepts_at = Some(now + chrono::Duration::milliseconds(200));
                     p.run = PreflightRun::StoreStarting;
+                    p.processes_running = true;
                     return Ok(());
                 }
                 self.preflight_ready_at = now + chrono::Duration::milliseconds(1_000);
@@ -415,7 +427,34 @@ impl Model {
                 let p = self.observed.preflight.as_mut().expect("a preflight");
                 p.result = Some(PreflightResult::Failed);
             }
+            Step::StopPreflight => {
+                prop_assert!(
+                    o.preflight.as_ref().is_some_and(|p| p.processes_running),
+                    "stopped a preflight of which nothing runs"
+                );
+                self.observed.stopping.push(ProcessStop {
+                    what: Stopping::Preflight,
+                    pid: 4242,
+                    start_time: 1,
+                    sent_at: now,
+                    kill_at: now,
+                    killed: false,
+                });
+                self.preflight_exits_at = Some(now + chrono::Duration::milliseconds(300));
+            }
+            Step::KillStopping {
+                what: Stopping::Preflight,
+            } => {
+                for stop in self.observed.stopping.iter_mut() {
+                    stop.killed = true;
+                }
+                self.preflight_exits_at = Some(now);
+            }
             Step::RemovePreflight => {
+                prop_assert!(
+                    o.preflight.as_ref().is_none_or(|p| !p.processes_running),
+                    "removed a preflight's copy while its kcp or kine runs"
+                );
                 prop_assert!(
                     o.job
                         .as_ref()

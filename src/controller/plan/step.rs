@@ -134,8 +134,10 @@ pub enum Step {
     FailPreflight {
         cause: PreflightFailure,
     },
-    /// Stop the preflight's kcp and kine, remove the copy and the scratch database; a preflight
-    /// that never started is forgotten (and started again).
+    /// Ask the preflight's kcp and kine to stop.
+    StopPreflight,
+    /// Once neither runs: remove the copy and the scratch database; a preflight that never started
+    /// is forgotten (and started again).
     RemovePreflight,
     /// Take up a restore request: record it (the shard goes down for it) and drop the annotation.
     BeginRestore(Restorable),
@@ -263,6 +265,7 @@ impl Step {
             Step::PreflightProbe => "PreflightProbe",
             Step::ComparePreflight => "ComparePreflight",
             Step::FailPreflight { .. } => "FailPreflight",
+            Step::StopPreflight => "StopPreflight",
             Step::RemovePreflight => "RemovePreflight",
             Step::BeginRestore(_) => "BeginRestore",
             Step::RefuseRestore { .. } => "RefuseRestore",

@@ -19,6 +19,8 @@ pub enum Stopping {
     OrphanedKine { record: String },
     /// The shard's front.
     Front,
+    /// The preflight's kcp and the kine over its copy.
+    Preflight,
 }
 
 impl std::fmt::Display for Stopping {
@@ -28,6 +30,7 @@ impl std::fmt::Display for Stopping {
             Stopping::SlotStore { slot } => write!(f, "the kine of slot {slot}"),
             Stopping::OrphanedKine { record } => write!(f, "the kine recorded at {record}"),
             Stopping::Front => write!(f, "the front"),
+            Stopping::Preflight => write!(f, "the preflight's kcp and kine"),
         }
     }
 }

@@ -927,6 +927,7 @@ fn a_slot_that_answers_but_is_not_ready_because_its_store_is_away_is_not_killed(
 }
 
 fn preflight_of(version: &str, run: PreflightRun) -> PreflightObservation {
+    let processes_running = matches!(run, PreflightRun::Running { .. });
     PreflightObservation {
         template: template(version),
         started_at: at(0),
@@ -935,6 +936,7 @@ fn preflight_of(version: &str, run: PreflightRun) -> PreflightObservation {
         result: None,
         detail: vec![],
         leftovers: true,
+        processes_running,
     }
 }
 
@@ -1133,9 +1135,15 @@ fn a_preflight_left_by_a_crash_or_an_older_spec_is_removed() {
     o.job = None;
     assert_eq!(plan(&d, &o), Step::RemovePreflight, "the spec moved on");
     o.preflight = Some(preflight_of("v3", running(true, None, false)));
-    assert_eq!(plan(&d, &o), Step::RemovePreflight, "the spec moved on");
+    assert_eq!(
+        plan(&d, &o),
+        Step::StopPreflight,
+        "the spec moved on: its kcp stops first"
+    );
     d.template = template("v1");
-    assert_eq!(plan(&d, &o), Step::RemovePreflight, "the spec went back");
+    assert_eq!(plan(&d, &o), Step::StopPreflight, "the spec went back");
+    o.preflight.as_mut().unwrap().processes_running = false;
+    assert_eq!(plan(&d, &o), Step::RemovePreflight, "its kcp is gone: the copy goes");
     o.preflight.as_mut().unwrap().leftovers = false;
     assert_eq!(plan(&d, &o), Step::Idle);
     d.deleting = true;
@@ -1143,6 +1151,47 @@ fn a_preflight_left_by_a_crash_or_an_older_spec_is_removed() {
     o.front = FrontObservation::Down;
     o.preflight.as_mut().unwrap().leftovers = true;
     assert_eq!(plan(&d, &o), Step::RemovePreflight, "deleting the shard removes it too");
+}
+
+/// Its kcp and kine are asked to stop and returned from; the copy goes only once both are gone,
+/// and SIGKILL follows at once (they serve nobody), on a roll and on a deletion alike.
+#[test]
+fn a_preflight_s_copy_goes_only_once_its_kcp_and_kine_have_exited() {
+    let mut d = desired("v2");
+    d.preflight = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.now = at(30);
+    o.preflight = Some(PreflightObservation {
+        processes_running: true,
+        ..finished("v2", PreflightResult::Compatible, true)
+    });
+    assert_eq!(plan(&d, &o), Step::StopPreflight);
+    o.stopping = vec![stop_sent(Stopping::Preflight, 30, 0)];
+    o.now = at(31);
+    assert_eq!(
+        plan(&d, &o),
+        Step::KillStopping {
+            what: Stopping::Preflight
+        },
+        "no grace: they serve nobody"
+    );
+    o.stopping[0].killed = true;
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Stopping {
+            what: Stopping::Preflight
+        }),
+        "SIGKILLed, not gone yet: the copy stays"
+    );
+    o.stopping.clear();
+    o.preflight.as_mut().unwrap().processes_running = false;
+    assert_eq!(plan(&d, &o), Step::RemovePreflight);
+
+    d.deleting = true;
+    o.slots.clear();
+    o.front = FrontObservation::Down;
+    o.preflight.as_mut().unwrap().processes_running = true;
+    assert_eq!(plan(&d, &o), Step::StopPreflight, "a deletion stops them too");
 }
 
 #[test]
