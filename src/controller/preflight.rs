@@ -433,6 +433,13 @@ pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
             pid: process.pid,
         });
     }
+    // SIGKILLed (KillStopping) during their stop job, their units failed.
+    for unit in [
+        UnitName::preflight(&place.shard),
+        UnitName::preflight_kine(&place.shard),
+    ] {
+        actor.ctx.runtime.forget_unit(&unit).await;
+    }
     store.remove_copy(&place).await?;
     crate::fsutil::remove_if_there(&actor.dirs.preflight().process())?;
     let mut state = actor.dirs.load_state()?;

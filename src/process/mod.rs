@@ -307,6 +307,17 @@ impl Runtime {
         }
     }
 
+    /// Under systemd, drops the failed state of unit `unit`, whose processes have exited, once its
+    /// manager has taken the exit in (it lags the kernel by milliseconds; at most 1 s is waited):
+    /// a unit SIGKILLed during its stop job fails, and a failed unit stays listed and keeps a new
+    /// unit of its name from starting. Nothing for the detached runtime.
+    pub async fn forget_unit(&self, unit: &UnitName) {
+        if let Some(systemd) = &self.systemd {
+            systemd.settled(unit, Duration::from_secs(1)).await;
+            systemd.forget(unit).await;
+        }
+    }
+
     /// The last `lines` lines the recorded process printed (its log file, or its unit's journal),
     /// oldest first; empty when there is nothing to read.
     pub async fn log_tail(&self, record: &ProcessRecord, lines: usize) -> Vec<String> {
