@@ -793,3 +793,58 @@ async fn a_front_is_not_stopped_for_an_address_it_cannot_get() {
     let still = FrontClient::connect(&f.dir).await.unwrap().status().await.unwrap();
     assert_eq!((still.pid, still.listen), (old.pid, old.listen));
 }
+
+/// `start_front` spawns and returns: the front is `starting` until it answers. One that cannot
+/// listen exits and says why in its dir; the next `start_front` returns that error once, and the
+/// one after starts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_started_without_waiting_answers_later_and_one_that_cannot_listen_says_why_once() {
+    let f = Fixture::new();
+    let started = front::start_front(launch(bin(), &f.dir), any_port()).await.unwrap();
+    f.track(started.pid);
+    assert_eq!(
+        front::starting(&f.dir).map(|p| p.pid),
+        Some(started.pid),
+        "just started and recorded"
+    );
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let status = loop {
+        if let Ok(client) = FrontClient::connect(&f.dir).await
+            && let Ok(status) = client.status().await
+        {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the started front never answered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(status.pid, started.pid);
+    // SAFETY: plain kill(2), no memory involved.
+    unsafe { libc::kill(started.pid as i32, libc::SIGKILL) };
+
+    let squatter = std::net::TcpListener::bind(ANY_PORT).unwrap();
+    let taken = squatter.local_addr().unwrap();
+    let failing = front::start_front(launch(bin(), &f.dir), taken).await.unwrap();
+    f.track(failing.pid);
+    let deadline = Instant::now() + IO_TIMEOUT;
+    while front::start_error(&f.dir).is_none() || front::recorded_process(&f.dir).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the front on a taken address neither exited nor said why"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        matches!(front::start_error(&f.dir), Some(FrontError::AddressInUse { address }) if address == taken),
+        "{:?}",
+        front::start_error(&f.dir)
+    );
+    let told = front::start_front(launch(bin(), &f.dir), taken).await.unwrap_err();
+    assert!(
+        matches!(told, FrontError::AddressInUse { address } if address == taken),
+        "{told:?}"
+    );
+    drop(squatter);
+    let again = front::start_front(launch(bin(), &f.dir), taken).await.unwrap();
+    f.track(again.pid);
+    assert_ne!(again.pid, failing.pid, "started again once the error was told");
+}

@@ -80,7 +80,10 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
         )
     } else if hung_alone {
         verdict("Ready", false, "SlotUnresponsive", hung_message())
-    } else if matches!(observed.front, FrontObservation::Down | FrontObservation::Unresponsive) {
+    } else if matches!(
+        observed.front,
+        FrontObservation::Down | FrontObservation::Starting | FrontObservation::Unresponsive
+    ) {
         verdict(
             "Ready",
             false,
@@ -254,13 +257,13 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
             "NoBackend",
             "the front runs but has no slot to forward to yet",
         ),
-        FrontObservation::Down | FrontObservation::Unresponsive => verdict(
+        FrontObservation::Down | FrontObservation::Starting | FrontObservation::Unresponsive => verdict(
             "FrontReady",
             false,
-            if observed.front == FrontObservation::Down {
-                "FrontDown"
-            } else {
-                "FrontUnresponsive"
+            match observed.front {
+                FrontObservation::Down => "FrontDown",
+                FrontObservation::Starting => "FrontStarting",
+                _ => "FrontUnresponsive",
             },
             observed
                 .front_problem
@@ -293,11 +296,18 @@ fn progress_reason(step: &Step) -> &'static str {
         | Step::FailPreflight { .. }
         | Step::StopPreflight
         | Step::RemovePreflight
+        | Step::Wait(Wait::Stopping {
+            what: Stopping::Preflight,
+        })
+        | Step::KillStopping {
+            what: Stopping::Preflight,
+        }
         | Step::Wait(Wait::Preflight) => "Preflight",
         Step::Wait(Wait::Job { .. }) | Step::FinishJob | Step::CancelJob => "RunningJob",
         Step::BeginRestore(_) | Step::RestoreSnapshot | Step::CompleteRestore => "Restoring",
         Step::RefuseRestore { .. } => "RestoreRefused",
-        Step::EnsureFront => "FrontStarting",
+        Step::EnsureFront | Step::Wait(Wait::Front) => "FrontStarting",
+        Step::UpgradeFront => "FrontUpgrading",
         Step::MoveFront => "FrontMoving",
         Step::KillFront => "FrontRestarting",
         Step::StartSlot { .. } => "SlotStarting",
@@ -360,6 +370,8 @@ fn progress_message(step: &Step) -> String {
         Step::RestoreSnapshot => "restoring the snapshot into the store".into(),
         Step::CompleteRestore => "a slot serves the restored data".into(),
         Step::EnsureFront => "starting the front".into(),
+        Step::Wait(Wait::Front) => "waiting for the front it started to answer on its control socket".into(),
+        Step::UpgradeFront => "handing the front's listening socket over to a front of this kcpshard binary".into(),
         Step::MoveFront => "moving the front to spec.front.listen: the old one drains its connections and stops".into(),
         Step::KillFront => "restarting the front, which does not answer on its control socket".into(),
         Step::StartSlot { name } => format!("starting slot {name}"),

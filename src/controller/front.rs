@@ -128,10 +128,12 @@ impl Front {
         }
     }
 
-    /// Starts kcpshard's front on the spec's address (the caller has checked it is free), or
-    /// upgrades it to this binary; or checks that caddy's admin API answers and has the handler.
-    /// Returns what happened, for an event.
-    pub async fn ensure(&self) -> Result<String, Error> {
+    /// Starts kcpshard's front on the spec's address (the caller has checked it is free) and
+    /// returns: looks see it starting ([`Front::starting`]) until it answers. Under systemd, a
+    /// unit that restarts a front that crashed a moment ago is waited for instead (at most
+    /// [`front::START_TIMEOUT`]), on the socket it keeps. For a caddy, checks that its admin API
+    /// answers and has the handler. Returns what happened, for an event.
+    pub async fn start(&self) -> Result<String, Error> {
         match self {
             Front::Tcp {
                 binary,
@@ -140,24 +142,21 @@ impl Front {
                 shard,
                 runtime,
             } => {
-                let before = match FrontClient::connect(dir).await {
-                    Ok(client) => client.status().await.ok().map(|s| s.pid),
-                    Err(_) => None,
-                };
                 let launch = FrontLaunch {
                     runtime,
                     shard,
                     binary,
                     dir,
                 };
-                let after = front::ensure_running(launch, *listen).await?.status().await?.pid;
-                Ok(match before {
-                    Some(old) if old != after => format!(
-                        "the front on {listen} runs {} now (pid {after}, was {old}); its listening socket was handed over",
-                        binary.display()
-                    ),
-                    _ => format!("the front listens on {listen}"),
-                })
+                if runtime.unit_active(&UnitName::front(shard)).await {
+                    let pid = front::ensure_running(launch, *listen).await?.status().await?.pid;
+                    return Ok(format!("the front's unit restarted it on {listen} (pid {pid})"));
+                }
+                let started = front::start_front(launch, *listen).await?;
+                Ok(format!(
+                    "started the front on {listen} (pid {}); it serves once it answers on its control socket",
+                    started.pid
+                ))
             }
             Front::Caddy { admin, upstream_id, .. } => {
                 admin.upstreams(upstream_id).await?;
@@ -166,6 +165,58 @@ impl Front {
                     admin.address()
                 ))
             }
+        }
+    }
+
+    /// Hands kcpshard's front's listening socket over to a successor of this binary (docs/front.md,
+    /// Upgrades) and waits until it answers (at most [`front::START_TIMEOUT`]). Returns what
+    /// happened, for an event.
+    pub async fn upgrade(&self) -> Result<String, Error> {
+        let Front::Tcp {
+            binary,
+            dir,
+            listen,
+            shard,
+            runtime,
+        } = self
+        else {
+            return Ok("caddy is not kcpshard's to upgrade".into());
+        };
+        let before = FrontClient::connect(dir).await?.status().await?.pid;
+        let launch = FrontLaunch {
+            runtime,
+            shard,
+            binary,
+            dir,
+        };
+        let after = front::ensure_running(launch, *listen).await?.status().await?.pid;
+        if after == before {
+            return Ok(format!(
+                "the front on {listen} (pid {before}) could not hand its socket over to {} and serves on; see {}",
+                binary.display(),
+                dir.join(front::UPGRADE_FAILED_FILE).display()
+            ));
+        }
+        Ok(format!(
+            "the front on {listen} runs {} now (pid {after}, was {before}); its listening socket was handed over",
+            binary.display()
+        ))
+    }
+
+    /// kcpshard's front was started a moment ago and may not answer on its control socket yet:
+    /// its pid.
+    pub fn starting(&self) -> Option<u32> {
+        match self {
+            Front::Tcp { dir, .. } => front::starting(dir).map(|p| p.pid),
+            Front::Caddy { .. } => None,
+        }
+    }
+
+    /// Why kcpshard's last front exited at its start (it said so in its dir), while no front runs.
+    pub fn start_error(&self) -> Option<String> {
+        match self {
+            Front::Tcp { dir, .. } => front::start_error(dir).map(|e| e.to_string()),
+            Front::Caddy { .. } => None,
         }
     }
 

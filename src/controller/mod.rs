@@ -62,9 +62,9 @@ const NEXT_STEP: Duration = Duration::from_millis(10);
 const STEP_BUDGET: Duration = Duration::from_millis(100);
 /// Requeue while the probe workspace gets Ready: how late the roll learns that a leader runs.
 const WHILE_PROBING: Duration = Duration::from_millis(100);
-/// Requeue while the store's kine starts: nothing wakes the controller when it begins to accept
-/// (an empty sqlite database takes about 0.1 s), and slots wait for it.
-const WHILE_STORE_STARTS: Duration = Duration::from_millis(25);
+/// Requeue while the store's kine or kcpshard's front starts: nothing wakes the controller when it
+/// begins to accept (kine on an empty sqlite database takes about 0.1 s), and slots wait for it.
+const WHILE_STARTING: Duration = Duration::from_millis(25);
 /// Requeue while a slot starts or drains: its readiness, listener and exit wake the controller
 /// (health checks, pidfds); this only bounds how late a timeout is noticed.
 const WHILE_WAITING: Duration = Duration::from_secs(1);
@@ -406,7 +406,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
         (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
         (Step::Wait(Wait::Probe | Wait::Preflight), _) => Action::requeue(WHILE_PROBING),
-        (Step::Wait(Wait::Store), _) => Action::requeue(WHILE_STORE_STARTS),
+        (Step::Wait(Wait::Store | Wait::Front), _) => Action::requeue(WHILE_STARTING),
         (Step::Wait(_), _) => Action::requeue(WHILE_WAITING),
         _ => Action::requeue(NEXT_STEP),
     };

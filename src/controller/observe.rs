@@ -16,7 +16,7 @@ use super::clients::Identity;
 use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
     FrontObservation, Health, JobObservation, LeaseHolder, Observed, ProcessStop, SLOT_NAMES, SlotObservation,
-    StopCause, StopRecord,
+    StopCause, StopRecord, Stopping,
 };
 use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
@@ -279,6 +279,15 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         ));
     }
 
+    let stopping: Vec<ProcessStop> = state
+        .stops
+        .iter()
+        .filter(|stop| Runtime::observe(stop.pid).is_some_and(|p| p.start_time == stop.start_time))
+        .cloned()
+        .collect();
+    for stop in &stopping {
+        ctx.exits.watch(stop.pid, (shard_ref.clone(), Wake::Exit));
+    }
     let front = ctx.front(shard, dirs)?;
     let front_seen = tokio::time::timeout(FRONT_TIMEOUT, front.observe()).await;
     let (front_observation, front_backends, front_problem, front_outdated, front_elsewhere) = match front_seen {
@@ -309,7 +318,37 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             let elsewhere = seen.listen != front.listen();
             (observation, seen.backends, None, seen.outdated, elsewhere)
         }
-        Ok(Err(problem)) => (FrontObservation::Down, vec![], Some(problem), false, false),
+        Ok(Err(_)) if let Some(pid) = front.starting() => {
+            // An exit at its start wakes the controller.
+            ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
+            (
+                FrontObservation::Starting,
+                vec![],
+                Some("the front was started a moment ago and does not answer on its control socket yet".into()),
+                false,
+                false,
+            )
+        }
+        Ok(Err(problem)) => match front.start_error() {
+            Some(error) if !front.recorded_pid_alive() => (
+                FrontObservation::Down,
+                vec![],
+                Some(format!("the front exited at its start: {error}")),
+                false,
+                false,
+            ),
+            // A front asked to stop closes its control socket at once and drains.
+            _ if front.recorded_pid_alive() && !stopping.iter().any(|s| s.what == Stopping::Front) => (
+                FrontObservation::Unresponsive,
+                vec![],
+                Some(format!(
+                    "the front's process runs but does not answer on its control socket ({problem})"
+                )),
+                false,
+                false,
+            ),
+            _ => (FrontObservation::Down, vec![], Some(problem), false, false),
+        },
         Err(_) if front.recorded_pid_alive() => (
             FrontObservation::Unresponsive,
             vec![],
@@ -386,15 +425,6 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         }
         None => None,
     };
-    let stopping: Vec<ProcessStop> = state
-        .stops
-        .iter()
-        .filter(|stop| Runtime::observe(stop.pid).is_some_and(|p| p.start_time == stop.start_time))
-        .cloned()
-        .collect();
-    for stop in &stopping {
-        ctx.exits.watch(stop.pid, (shard_ref.clone(), Wake::Exit));
-    }
     let disk = disk_problem(ctx, shard, store.as_ref().ok());
     let data_version = dirs.load_data_version()?;
 

@@ -278,6 +278,40 @@ async fn start(
     listen: SocketAddr,
     successor_of: Option<&ProcessRecord>,
 ) -> Result<FrontClient, FrontError> {
+    let record = spawn(launch, listen, successor_of).await?;
+    wait_answering(launch, &record, successor_of.is_some()).await
+}
+
+/// Starts a front on `listen` for `launch.dir` and returns at once, its pid recorded: it answers
+/// on its control socket a moment later ([`starting`] until then). The caller has checked that
+/// no front runs for the dir. A start error the last front wrote is returned instead, once, and
+/// forgotten: the next call starts again.
+pub async fn start_front(launch: FrontLaunch<'_>, listen: SocketAddr) -> Result<ProcessRecord, FrontError> {
+    prepare_dir(launch.dir)?;
+    if let Some(error) = read_start_error(launch.dir) {
+        let _ = std::fs::remove_file(launch.dir.join(ERROR_FILE));
+        return Err(error.into_error());
+    }
+    spawn(launch, listen, None).await
+}
+
+/// The front recorded in `dir` runs and started less than [`START_TIMEOUT`] ago: it may not answer
+/// on its control socket yet.
+pub fn starting(dir: &Path) -> Option<ProcessRecord> {
+    recorded_process(dir).filter(|p| p.running_for() < START_TIMEOUT)
+}
+
+/// What the last front of `dir` said when it could not start (and exited), while it is unread.
+pub fn start_error(dir: &Path) -> Option<FrontError> {
+    read_start_error(dir).map(StartError::into_error)
+}
+
+/// Spawns the front process of [`start`] and records its pid; does not wait for it.
+async fn spawn(
+    launch: FrontLaunch<'_>,
+    listen: SocketAddr,
+    successor_of: Option<&ProcessRecord>,
+) -> Result<ProcessRecord, FrontError> {
     let FrontLaunch {
         runtime,
         shard,
@@ -346,12 +380,26 @@ async fn start(
         )?;
     }
     info!(pid = record.pid, binary = %binary.display(), %listen, dir = %dir.display(), unit = ?record.unit, "started a front");
+    Ok(record)
+}
 
+/// Waits until the front `record` answers on the control socket of `launch.dir`, at most
+/// [`START_TIMEOUT`]; one that exits or does not answer in time is stopped and its unit too
+/// (unless it is a successor, whose unit is the serving front's).
+async fn wait_answering(
+    launch: FrontLaunch<'_>,
+    record: &ProcessRecord,
+    successor: bool,
+) -> Result<FrontClient, FrontError> {
+    let FrontLaunch {
+        runtime, shard, dir, ..
+    } = launch;
+    let unit = UnitName::front(shard);
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        if !runtime.is_running(&record) {
+        if !runtime.is_running(record) {
             // Not restarted over and over by its unit: it failed at its start.
-            if successor_of.is_none() {
+            if !successor {
                 runtime.stop_unit(&unit).await;
             }
             if let Some(error) = read_start_error(dir) {
@@ -359,11 +407,11 @@ async fn start(
             }
             return Err(FrontError::Exited {
                 status: runtime
-                    .exit_status(&record)
+                    .exit_status(record)
                     .await
                     .map_or_else(|| "status unknown".to_string(), |s| s.to_string()),
-                tail: runtime.log_tail(&record, LOG_TAIL_LINES).await.join("\n"),
-                log: Runtime::log_location(&record),
+                tail: runtime.log_tail(record, LOG_TAIL_LINES).await.join("\n"),
+                log: Runtime::log_location(record),
             });
         }
         if let Some((client, status)) = answering(dir).await
@@ -372,14 +420,14 @@ async fn start(
             return Ok(client);
         }
         if Instant::now() >= deadline {
-            let _ = runtime.terminate(&record, Duration::ZERO).await;
-            if successor_of.is_none() {
+            let _ = runtime.terminate(record, Duration::ZERO).await;
+            if !successor {
                 runtime.stop_unit(&unit).await;
             }
             return Err(FrontError::StartTimeout {
                 pid: record.pid,
                 socket: dir.join(CONTROL_SOCKET),
-                log: Runtime::log_location(&record),
+                log: Runtime::log_location(record),
                 seconds: START_TIMEOUT.as_secs(),
             });
         }

@@ -36,7 +36,7 @@ pub use client::FrontClient;
 pub use error::FrontError;
 pub use lifecycle::{
     FrontLaunch, PROCESS_FILE, START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, ensure_running, recorded_pid,
-    recorded_process, runs_other_binary, stop, upgrade,
+    recorded_process, runs_other_binary, start_error, start_front, starting, stop, upgrade,
 };
 pub use protocol::{
     BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,

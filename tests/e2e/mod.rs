@@ -718,10 +718,11 @@ pub async fn serve_metrics(env: &Env) -> String {
 }
 
 /// The steps that still wait inside a reconcile for what they started (docs/architecture.md,
-/// "Jobs"): EnsureFront for a new front's control socket. (StartSlot under systemd waits for the
-/// unit's main pid, and EnsureStore for a new managed PostgreSQL's initdb: neither is in the tests
-/// that use this.) Every other step is to act within 0.1 s (the tests hold it to 0.5 s or 1 s).
-pub const STILL_WAITING: [&str; 1] = ["EnsureFront"];
+/// "Jobs"): UpgradeFront for the successor front's control socket. (Under systemd, StartSlot
+/// waits for the unit's main pid and EnsureFront for a unit that restarts a crashed front; and
+/// EnsureStore for a new managed PostgreSQL's initdb: none is in the tests that use this.) Every
+/// other step is to act within 0.1 s (the tests hold it to 0.5 s or 1 s).
+pub const STILL_WAITING: [&str; 1] = ["UpgradeFront"];
 
 /// The steps that make requests to a kcp and wait for its answers: create a workspace (Probe,
 /// PreflightProbe, which first deletes the copied Lease), read kcp's own schemas (StartPreflight,

@@ -45,19 +45,19 @@ impl Actor<'_> {
             // caddy's config (`kcpshard front caddy-config`), before caddy can run.
             slot::material::capture_shared(&self.dirs.slot(&ready.name).root(), &self.dirs.shared())?;
         }
-        let started = front.ensure().await.map_err(|e| match e {
+        let started = front.start().await.map_err(|e| match e {
             Error::Caddy(cause) => Error::CaddyUnready {
                 cause,
                 shared: self.dirs.shared(),
             },
             other => other,
         })?;
-        let reason = if self.world.observed.front_outdated {
-            "FrontUpgraded"
-        } else {
-            "FrontStarted"
-        };
-        Ok(vec![Note::normal(reason, started)])
+        Ok(vec![Note::normal("FrontStarted", started)])
+    }
+
+    pub(super) async fn upgrade_front(&self) -> Result<Notes, Error> {
+        let front = self.ctx.front(self.shard, self.dirs)?;
+        Ok(vec![Note::normal("FrontUpgraded", front.upgrade().await?)])
     }
 
     pub(super) fn kill_front(&self) -> Result<Notes, Error> {

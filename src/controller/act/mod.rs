@@ -82,6 +82,7 @@ impl Actor<'_> {
             Step::RestoreSnapshot => super::jobs::start_restore(self).await,
             Step::CompleteRestore => self.complete_restore(),
             Step::EnsureFront => self.ensure_front().await,
+            Step::UpgradeFront => self.upgrade_front().await,
             Step::MoveFront => super::stops::move_front(self).await,
             Step::KillFront => self.kill_front(),
             Step::StartSlot { name } => self.start_new_slot(name).await,

@@ -129,17 +129,24 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
     // The front moves (spec.front.listen changed): the old one is asked to stop, which closes its
     // listening socket at once and drains its open connections; the new one starts once it is
     // gone. Meanwhile a slot that dies or hangs is still acted on.
+    // A front that starts is waited for the same way, until it answers on its control socket.
     let front_stopping = observed.stopping.iter().any(|s| s.what == Stopping::Front);
+    let meanwhile = |wait: Wait| {
+        gone_slots(desired, observed)
+            .or_else(|| kills(desired, observed))
+            .unwrap_or(Step::Wait(wait))
+    };
     match observed.front {
-        FrontObservation::Unresponsive => return Step::KillFront,
-        FrontObservation::Down if observed.front_ours && front_stopping => {
-            return gone_slots(desired, observed)
-                .or_else(|| kills(desired, observed))
-                .unwrap_or(Step::Wait(Wait::Stopping { what: Stopping::Front }));
+        FrontObservation::Down | FrontObservation::Starting | FrontObservation::Unresponsive
+            if observed.front_ours && front_stopping =>
+        {
+            return meanwhile(Wait::Stopping { what: Stopping::Front });
         }
+        FrontObservation::Unresponsive => return Step::KillFront,
+        FrontObservation::Starting => return meanwhile(Wait::Front),
         FrontObservation::Down if observed.front_ours => return Step::EnsureFront,
         _ if observed.front_elsewhere => return towards_stopped(observed, Stopping::Front, Step::MoveFront),
-        _ if observed.front_outdated => return Step::EnsureFront,
+        _ if observed.front_outdated => return Step::UpgradeFront,
         _ => {}
     }
     let wanted = wanted_front(desired, observed);

@@ -9,6 +9,9 @@ use super::*;
 pub enum FrontObservation {
     /// Not running.
     Down,
+    /// kcpshard's front process was started a moment ago (`front::START_TIMEOUT`) and does not
+    /// answer on its control socket yet.
+    Starting,
     /// kcpshard's front process runs but its control socket does not answer (stopped, wedged).
     Unresponsive,
     /// Running; the slots new connections go to, and what it holds per slot.

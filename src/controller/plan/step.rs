@@ -52,6 +52,8 @@ pub enum Wait {
     Store,
     /// A new slot's `/readyz`.
     Ready { slot: String },
+    /// kcpshard's front, started, to answer on its control socket.
+    Front,
     /// Connections pinned to a slot that left the front, before it gets SIGTERM.
     Settle { slot: String, remaining: Duration },
     /// A slot sent SIGTERM: it stops listening, drains and exits.
@@ -98,7 +100,12 @@ pub enum Step {
     /// A kine kcpshard runs does not answer reads: kill it (EnsureStore starts it again on the same
     /// port).
     KillStore,
+    /// Start kcpshard's front (looks wait until it answers on its control socket), or check that
+    /// caddy's admin API answers.
     EnsureFront,
+    /// kcpshard's front runs another binary than serve's: hand its listening socket over to a
+    /// front of this binary (docs/front.md, Upgrades).
+    UpgradeFront,
     /// kcpshard's front listens on another address than spec.front.listen: ask it to stop (it
     /// closes its listening socket at once and drains its connections); EnsureFront starts the
     /// new one once it is gone.
@@ -256,6 +263,7 @@ impl Step {
             Step::EnsureStore => "EnsureStore",
             Step::KillStore => "KillStore",
             Step::EnsureFront => "EnsureFront",
+            Step::UpgradeFront => "UpgradeFront",
             Step::MoveFront => "MoveFront",
             Step::KillFront => "KillFront",
             Step::Snapshot => "Snapshot",

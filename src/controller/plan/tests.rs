@@ -150,8 +150,37 @@ fn a_new_shard_gets_its_store_then_its_front_then_slot_a() {
     o.store_starting = false;
     o.store_up = true;
     assert_eq!(plan(&desired("v1"), &o), Step::EnsureFront);
+    // Started, not answering on its control socket yet: waited for, not started again.
+    o.front = FrontObservation::Starting;
+    assert_eq!(plan(&desired("v1"), &o), Step::Wait(Wait::Front));
     o.front = FrontObservation::serving(&[]);
     assert_eq!(plan(&desired("v1"), &o), Step::StartSlot { name: "a".into() });
+}
+
+/// While a front starts, slots that die or hang are acted on; one that runs another binary than
+/// serve's is upgraded by a step of its own; one that stops while it is asked to is waited for,
+/// not killed as unresponsive.
+#[test]
+fn a_starting_front_is_waited_for_while_slots_are_acted_on_and_an_outdated_one_is_upgraded() {
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.front = FrontObservation::Starting;
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Front));
+    o.slots[0].running = false;
+    let step = plan(&d, &o);
+    assert!(matches!(&step, Step::RemoveSlot { crashed: true, .. }), "{step:?}");
+    o.slots[0].running = true;
+    o.front = FrontObservation::serving(&["a"]);
+    o.front_outdated = true;
+    assert_eq!(plan(&d, &o), Step::UpgradeFront);
+    o.front_outdated = false;
+    o.stopping = vec![stop_sent(Stopping::Front, 9, 40)];
+    o.front = FrontObservation::Unresponsive;
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Stopping { what: Stopping::Front }),
+        "a front asked to stop is given its grace, not killed as unresponsive"
+    );
 }
 
 #[test]
