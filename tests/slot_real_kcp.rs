@@ -723,3 +723,45 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
             .is_none()
     );
 }
+
+/// A kine asked to stop (SIGTERM) exits 0: the next start on its endpoint is no failure. Only an
+/// exit of its own during its start is (kine exits 1 on a fatal error), reported with its log.
+#[tokio::test]
+async fn a_kine_that_was_asked_to_stop_starts_again_without_a_failure() {
+    let kine = require("kine");
+    let tmp = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
+    let dir = tmp.path().join("store");
+    let log = dir.join(store::kine::LOG_FILE);
+    let mut reaper = Reaper { procs: Vec::new() };
+    let runtime = Runtime::new();
+    let spec = KineSpec::sqlite(&kine, &dir, "real").unwrap();
+    let started = |start: store::KineStart| match start {
+        store::KineStart::Accepting(kine) | store::KineStart::Starting(kine) => kine,
+    };
+
+    let first = started(store::kine::start_kine(&runtime, &spec).await.unwrap());
+    reaper.add(&first.record, &log);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !store::kine::port_accepts(first.port).await {
+        assert!(Instant::now() < deadline, "kine never accepted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    runtime.send_stop(&first.record).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runtime.is_running(&first.record) {
+        assert!(Instant::now() < deadline, "kine did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        runtime.exit_status(&first.record).await.and_then(|s| s.code()),
+        Some(0),
+        "kine asked to stop exits 0"
+    );
+
+    let again = store::kine::start_kine(&runtime, &spec)
+        .await
+        .expect("a kine that was asked to stop starts again without a failure");
+    let again = started(again);
+    reaper.add(&again.record, &log);
+    assert_ne!(again.record.pid, first.record.pid);
+}

@@ -214,13 +214,16 @@ pub async fn start_kine(runtime: &Runtime, spec: &KineSpec) -> Result<KineStart,
         None => {}
     }
     let recorded = Runtime::load(&spec.record_path())?;
+    // Failed during its start: kine exits 1 on a fatal error, and 0 only after a stop it was
+    // asked for (SIGTERM), which is no failure.
     let exited = match &recorded {
         Some(rec)
             if rec.running_for() < spec.ready_timeout
                 && runtime
                     .exit_status(rec)
                     .await
-                    .is_some_and(|status| status.code().is_some()) =>
+                    .and_then(|status| status.code())
+                    .is_some_and(|code| code != 0) =>
         {
             Some(failure(runtime, rec, spec).await?)
         }
