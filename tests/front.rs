@@ -779,6 +779,38 @@ async fn a_failed_upgrade_leaves_the_old_front_serving() {
     );
 }
 
+/// A successor killed by a signal before it answered (a stop of serve's own unit takes what serve
+/// just spawned with it) failed no upgrade of its own: the old front serves on, and the upgrade
+/// to that binary is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_whose_successor_is_killed_is_tried_again() {
+    let f = Fixture::new();
+    let (_, old) = f.start().await;
+    let killed = f._tmp.path().join("kcpshard-killed");
+    std::fs::write(
+        &killed,
+        "#!/bin/sh
+kill -TERM $$
+",
+    )
+    .unwrap();
+    std::fs::set_permissions(&killed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let err = front::upgrade(launch(&killed, &f.dir)).await.unwrap_err();
+    assert!(matches!(err, FrontError::KilledWhileStarting { .. }), "{err:?}");
+    let client = front::ensure_running(launch(&killed, &f.dir), old.listen)
+        .await
+        .unwrap();
+    assert_eq!(client.status().await.unwrap().pid, old.pid);
+    assert!(
+        !f.dir.join(front::UPGRADE_FAILED_FILE).exists(),
+        "a killed successor marked its binary as one that fails"
+    );
+    assert!(
+        front::runs_other_binary(&killed, &f.dir, old.pid),
+        "the upgrade is not tried again"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_front_is_not_stopped_for_an_address_it_cannot_get() {
     let f = Fixture::new();

@@ -50,6 +50,11 @@ pub enum FrontError {
         tail: String,
     },
 
+    /// Killed by a signal before it answered (a stop of serve's own unit takes what it just
+    /// spawned with it): no failure of the front's, so an upgrade is tried again.
+    #[error("the front was killed while starting ({status}); it is started again on the next try; see {log}")]
+    KilledWhileStarting { status: String, log: String },
+
     #[error("the front (pid {pid}) did not answer on {socket} within {seconds} s; it was killed, see {log}")]
     StartTimeout {
         pid: u32,

@@ -13,6 +13,7 @@
 //! names another process is never signalled.
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,6 +142,10 @@ async fn adopt(launch: FrontLaunch<'_>, client: FrontClient, status: &FrontStatu
         Ok(upgraded) => {
             let _ = std::fs::remove_file(&failed_path);
             upgraded
+        }
+        Err(err @ FrontError::KilledWhileStarting { .. }) => {
+            warn!(error = %err, "front upgrade interrupted; the old front keeps serving, and the upgrade is tried again");
+            client
         }
         Err(err) => {
             warn!(error = %err, "front upgrade failed; the old front keeps serving");
@@ -405,11 +410,15 @@ async fn wait_answering(
             if let Some(error) = read_start_error(dir) {
                 return Err(error.into_error());
             }
+            let status = runtime.exit_status(record).await;
+            if let Some(killed) = status.filter(|s| s.signal().is_some()) {
+                return Err(FrontError::KilledWhileStarting {
+                    status: killed.to_string(),
+                    log: Runtime::log_location(record),
+                });
+            }
             return Err(FrontError::Exited {
-                status: runtime
-                    .exit_status(record)
-                    .await
-                    .map_or_else(|| "status unknown".to_string(), |s| s.to_string()),
+                status: status.map_or_else(|| "status unknown".to_string(), |s| s.to_string()),
                 tail: runtime.log_tail(record, LOG_TAIL_LINES).await.join("\n"),
                 log: Runtime::log_location(record),
             });
