@@ -4,9 +4,10 @@
 //! store (its shard-wide part, every running slot's own kine, a read from each kine kcpshard runs),
 //! who holds the controllers' Lease, the probe workspace, a preflight's kcp, and the controller's
 //! own record of the roll. What needs repair (a slot running without a record) is reported for the plan to act on.
+mod front;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
@@ -15,8 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::clients::Identity;
 use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
-    FrontObservation, Health, JobObservation, LeaseHolder, Observed, ProcessStop, SLOT_NAMES, SlotObservation,
-    StopCause, StopRecord, Stopping,
+    Health, JobObservation, LeaseHolder, Observed, ProcessStop, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
 use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
@@ -24,9 +24,6 @@ use crate::front::Backend;
 use crate::process::{ProcessRecord, Runtime};
 use crate::slot::access;
 use crate::store::Kine;
-
-/// How long the front's control socket may take to answer a status request.
-const FRONT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The observation, and the details act and status need that the plan does not.
 pub struct World {
@@ -289,83 +286,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         ctx.exits.watch(stop.pid, (shard_ref.clone(), Wake::Exit));
     }
     let front = ctx.front(shard, dirs)?;
-    let front_seen = tokio::time::timeout(FRONT_TIMEOUT, front.observe()).await;
-    let (front_observation, front_backends, front_problem, front_outdated, front_elsewhere) = match front_seen {
-        Ok(Ok(seen)) => {
-            if let Some(pid) = seen.pid {
-                ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
-            }
-            // A slot is what the front forwards to only if it, as recorded now, listens where the
-            // front sends: a slot replaced under the same name (after a crash) is on another port.
-            let name_of = |address: SocketAddr| {
-                slots
-                    .iter()
-                    .find(|s| s.address() == address)
-                    .map(|s| s.name().to_string())
-            };
-            let counts = |count: fn(&crate::front::SlotConnections) -> u64| {
-                seen.connections
-                    .iter()
-                    .map(|(slot, c)| (slot.clone(), count(c)))
-                    .filter(|(_, n)| *n > 0)
-                    .collect::<Vec<_>>()
-            };
-            let observation = FrontObservation::Up {
-                backends: seen.backends.iter().filter_map(|b| name_of(b.address)).collect(),
-                open: counts(|c| c.open),
-                retiring: counts(|c| c.retired_pending),
-            };
-            let elsewhere = seen.listen != front.listen();
-            (observation, seen.backends, None, seen.outdated, elsewhere)
-        }
-        Ok(Err(_)) if let Some(pid) = front.starting() => {
-            // An exit at its start wakes the controller.
-            ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
-            (
-                FrontObservation::Starting,
-                vec![],
-                Some("the front was started a moment ago and does not answer on its control socket yet".into()),
-                false,
-                false,
-            )
-        }
-        Ok(Err(problem)) => match front.start_error() {
-            Some(error) if !front.recorded_pid_alive() => (
-                FrontObservation::Down,
-                vec![],
-                Some(format!("the front exited at its start: {error}")),
-                false,
-                false,
-            ),
-            // A front asked to stop closes its control socket at once and drains.
-            _ if front.recorded_pid_alive() && !stopping.iter().any(|s| s.what == Stopping::Front) => (
-                FrontObservation::Unresponsive,
-                vec![],
-                Some(format!(
-                    "the front's process runs but does not answer on its control socket ({problem})"
-                )),
-                false,
-                false,
-            ),
-            _ => (FrontObservation::Down, vec![], Some(problem), false, false),
-        },
-        Err(_) if front.recorded_pid_alive() => (
-            FrontObservation::Unresponsive,
-            vec![],
-            Some(format!(
-                "the front's process runs but its control socket did not answer within {FRONT_TIMEOUT:?}"
-            )),
-            false,
-            false,
-        ),
-        Err(_) => (
-            FrontObservation::Down,
-            vec![],
-            Some(format!("the front did not answer within {FRONT_TIMEOUT:?}")),
-            false,
-            false,
-        ),
-    };
+    let front_look = front::look(ctx, &shard_ref, &front, &slots, &stopping).await;
     // Own kines of slots (KinePostgres) started and not accepting yet: of a slot about to start,
     // or of a running slot whose kine was started again.
     let mut slot_stores_starting = BTreeMap::new();
@@ -437,11 +358,11 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_unresponsive: !unresponsive_kines.is_empty(),
         store_processes_up: store.as_ref().is_ok_and(|s| s.processes_running(&ctx.runtime)),
         snapshot_for: state.snapshot.as_ref().map(|s| s.template.clone()),
-        front: front_observation,
-        front_problem,
-        front_outdated,
+        front: front_look.observation,
+        front_problem: front_look.problem,
+        front_outdated: front_look.outdated,
         front_ours: front.is_ours(),
-        front_elsewhere,
+        front_elsewhere: front_look.elsewhere,
         slots: observations,
         unrecorded,
         lease: LeaseHolder::Unknown,
@@ -481,7 +402,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         observed,
         state,
         slots,
-        front_backends,
+        front_backends: front_look.backends,
         store_endpoints: store_status.map(|seen| seen.endpoints).unwrap_or_default(),
         unresponsive_kines,
         front_kubeconfig: dirs.front_kubeconfig(),

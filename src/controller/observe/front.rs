@@ -1,0 +1,116 @@
+//! The front as observed: through kcpshard's front's control socket (or caddy's admin API), and,
+//! when that does not answer, by its recorded process: starting, asked to stop, exited at its
+//! start (it said why in its dir), or running without answering.
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kube::runtime::reflector::ObjectRef;
+
+use super::ObservedSlot;
+use crate::controller::front::Front;
+use crate::controller::plan::{FrontObservation, ProcessStop, Stopping};
+use crate::controller::{Context, Wake};
+use crate::front::Backend;
+
+/// How long the front's control socket may take to answer a status request.
+const FRONT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What one look saw of the front.
+pub(super) struct FrontLook {
+    pub observation: FrontObservation,
+    /// Where it forwards new connections, as it says.
+    pub backends: Vec<Backend>,
+    /// Why it is not up, for status.
+    pub problem: Option<String>,
+    /// kcpshard's front runs another binary than serve's.
+    pub outdated: bool,
+    /// It listens on another address than the spec's.
+    pub elsewhere: bool,
+}
+
+impl FrontLook {
+    fn not_up(observation: FrontObservation, problem: String) -> FrontLook {
+        FrontLook {
+            observation,
+            backends: vec![],
+            problem: Some(problem),
+            outdated: false,
+            elsewhere: false,
+        }
+    }
+}
+
+/// Looks at `front`; `slots` name the addresses it forwards to, `stopping` says whether it was
+/// asked to stop. Its process's exit wakes the controller.
+pub(super) async fn look(
+    ctx: &Context,
+    shard_ref: &ObjectRef<crate::api::KcpShard>,
+    front: &Front,
+    slots: &[ObservedSlot],
+    stopping: &[ProcessStop],
+) -> FrontLook {
+    let watch = |pid: u32| ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
+    match tokio::time::timeout(FRONT_TIMEOUT, front.observe()).await {
+        Ok(Ok(seen)) => {
+            if let Some(pid) = seen.pid {
+                watch(pid);
+            }
+            // A slot is what the front forwards to only if it, as recorded now, listens where the
+            // front sends: a slot replaced under the same name (after a crash) is on another port.
+            let name_of = |address: SocketAddr| {
+                slots
+                    .iter()
+                    .find(|s| s.address() == address)
+                    .map(|s| s.name().to_string())
+            };
+            let counts = |count: fn(&crate::front::SlotConnections) -> u64| {
+                seen.connections
+                    .iter()
+                    .map(|(slot, c)| (slot.clone(), count(c)))
+                    .filter(|(_, n)| *n > 0)
+                    .collect::<Vec<_>>()
+            };
+            FrontLook {
+                observation: FrontObservation::Up {
+                    backends: seen.backends.iter().filter_map(|b| name_of(b.address)).collect(),
+                    open: counts(|c| c.open),
+                    retiring: counts(|c| c.retired_pending),
+                },
+                elsewhere: seen.listen != front.listen(),
+                backends: seen.backends,
+                problem: None,
+                outdated: seen.outdated,
+            }
+        }
+        Ok(Err(_)) if let Some(pid) = front.starting() => {
+            // An exit at its start wakes the controller.
+            watch(pid);
+            FrontLook::not_up(
+                FrontObservation::Starting,
+                "the front was started a moment ago and does not answer on its control socket yet".into(),
+            )
+        }
+        Ok(Err(problem)) => match front.start_error() {
+            Some(error) if !front.recorded_pid_alive() => FrontLook::not_up(
+                FrontObservation::Down,
+                format!("the front exited at its start: {error}"),
+            ),
+            // A front asked to stop closes its control socket at once and drains.
+            _ if front.recorded_pid_alive() && !stopping.iter().any(|s| s.what == Stopping::Front) => {
+                FrontLook::not_up(
+                    FrontObservation::Unresponsive,
+                    format!("the front's process runs but does not answer on its control socket ({problem})"),
+                )
+            }
+            _ => FrontLook::not_up(FrontObservation::Down, problem),
+        },
+        Err(_) if front.recorded_pid_alive() => FrontLook::not_up(
+            FrontObservation::Unresponsive,
+            format!("the front's process runs but its control socket did not answer within {FRONT_TIMEOUT:?}"),
+        ),
+        Err(_) => FrontLook::not_up(
+            FrontObservation::Down,
+            format!("the front did not answer within {FRONT_TIMEOUT:?}"),
+        ),
+    }
+}
