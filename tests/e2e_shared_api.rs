@@ -263,15 +263,24 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
         !applied.to_lowercase().contains("warning"),
         "kubectl apply of the CRD warned: {applied}"
     );
-    kubectl_ok(
-        &as_admin,
-        &[
-            "wait",
-            "crd/kcpshards.kcpshard.io",
-            "--for=condition=Established",
-            "--timeout=60s",
-        ],
-        "",
+    // Not `kubectl wait --for=condition=Established`: it fails at once ("<nil> is of the type
+    // <nil>") while the CRD has no conditions yet, as kcp's controller has not looked at it.
+    let established = support::poll(Duration::from_secs(60), Duration::from_millis(200), || {
+        let (_, out) = kubectl(
+            &as_admin,
+            &[
+                "get",
+                "crd/kcpshards.kcpshard.io",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+            ],
+            "",
+        );
+        (out.trim() == "True").then_some(())
+    });
+    assert!(
+        established.is_some(),
+        "kcp did not establish the KcpShard CRD within 60 s"
     );
     kubectl_ok(
         &as_admin,

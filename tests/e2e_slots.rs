@@ -35,8 +35,9 @@ use serde_json::{Value, json};
 
 /// A workspace created after the leader's SIGKILL is Ready within this when a warm standby leads.
 /// A standby starts kcp's controllers only once it leads: leading 1.7 s after the kill, a
-/// workspace was Ready 7.8 s after it on a quiet 2-core machine, so 8 s left no margin.
-const WARM_LEADER_READY: Duration = Duration::from_secs(12);
+/// workspace was Ready 7.8 s after it on a quiet 2-core machine, and 12.2 s after it with another
+/// real-kcp test running beside it (CI, 2026-12-05).
+const WARM_LEADER_READY: Duration = Duration::from_secs(16);
 /// ... and within this when the replacement slot won the Lease and leads cold.
 const COLD_LEADER_READY: Duration = Duration::from_secs(30);
 const READY_TIMEOUT: Duration = Duration::from_secs(240);
