@@ -70,6 +70,21 @@ async fn reasons(env: &Env) -> Vec<String> {
         .collect()
 }
 
+/// Waits up to 5 s for an event of each of `wanted` reasons: a step's event is posted once the
+/// step returns, so what the step did (a socket closed, a process gone) can be seen before it.
+async fn told(env: &Env, wanted: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = reasons(env).await;
+        let missing: Vec<_> = wanted.iter().filter(|w| !seen.iter().any(|r| r == *w)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {missing:?} event in {seen:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_slots_serve_and_a_roll_replaces_them_one_by_one_with_no_failed_request() {
     let (mut env, _front, poll) = start(2).await;
@@ -94,7 +109,7 @@ async fn two_slots_serve_and_a_roll_replaces_them_one_by_one_with_no_failed_requ
     assert!(most <= 3, "{most} slots ran at once");
     let o = env.get("dev").await.unwrap();
     assert_eq!(o["status"]["lastRoll"]["toVersion"], "v0.31.2");
-    assert!(reasons(&env).await.iter().any(|r| r == "RollComplete"));
+    told(&env, &["RollComplete"]).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -125,10 +140,7 @@ async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs(
         "failed polls:\n{}",
         describe_failures(&stats)
     );
-    let seen = reasons(&env).await;
-    for reason in ["SlotCrashed", "LeaseReleased"] {
-        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
-    }
+    told(&env, &["SlotCrashed", "LeaseReleased"]).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -166,10 +178,7 @@ async fn a_hung_slot_leaves_the_front_within_3s_and_is_killed_after_the_liveness
         "failed polls once it left the front:\n{}",
         describe_failures(&stats)
     );
-    let seen = reasons(&env).await;
-    for reason in ["SlotUnresponsive", "SlotKilled"] {
-        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
-    }
+    told(&env, &["SlotUnresponsive", "SlotKilled"]).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -195,10 +204,7 @@ async fn a_lone_hung_slot_is_degraded_at_once_and_serves_again_after_the_livenes
     env.log(&format!("serving again {back:.2?} after SIGSTOP"));
     assert!(e2e::readyz_ok(&poll).await.is_ok());
     // Each step is told: the hang (no step is taken for it until livenessTimeout), then the kill.
-    let seen = reasons(&env).await;
-    for reason in ["SlotUnresponsive", "SlotKilled"] {
-        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
-    }
+    told(&env, &["SlotUnresponsive", "SlotKilled"]).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -209,10 +215,7 @@ async fn a_hung_kine_and_a_hung_front_are_replaced_and_the_shard_serves_again_wi
         let took = e2e::stop_and_await_replacement(&env, &poll, what, marker, Duration::from_secs(5)).await;
         env.log(&format!("{what} SIGSTOPped: replaced, serving again after {took:.2?}"));
     }
-    let seen = reasons(&env).await;
-    for reason in ["StoreUnresponsive", "FrontUnresponsive"] {
-        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
-    }
+    told(&env, &["StoreUnresponsive", "FrontUnresponsive"]).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -546,10 +549,7 @@ async fn a_front_that_moves_drains_and_starts_on_its_new_address_and_a_slot_that
         assert!(Instant::now() < deadline, "the old front still accepts on {front}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(
-        reasons(&env).await.iter().any(|r| r == "FrontMoving"),
-        "no FrontMoving event"
-    );
+    told(&env, &["FrontMoving"]).await;
 
     // Its crash leaves the drain as it is.
     signal(victim_pid, libc::SIGKILL);
@@ -630,10 +630,7 @@ async fn every_step_of_rolls_a_preflight_and_a_deletion_returns_within_half_a_se
         took >= kcpshard::store::kine::STOP_GRACE,
         "the shard was gone {took:?} after its deletion, before its kine's grace was over"
     );
-    assert!(
-        reasons(&env).await.iter().any(|r| r == "KilledAfterGrace"),
-        "no KilledAfterGrace event"
-    );
+    told(&env, &["KilledAfterGrace"]).await;
     let over_goal = e2e::slow_steps(&env, "dev", "0.1").await;
     env.log(&format!(
         "deleted in {took:?}; steps over 0.1 s (step, how many, of): {over_goal:?}"
@@ -802,10 +799,7 @@ async fn a_slot_that_crashes_during_a_long_dump_of_the_store_is_acted_on_at_once
         std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
         0o600
     );
-    let seen = reasons(&env).await;
-    for reason in ["SnapshotStarted", "SnapshotTaken", "SlotCrashed"] {
-        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
-    }
+    told(&env, &["SnapshotStarted", "SnapshotTaken", "SlotCrashed"]).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -899,10 +893,7 @@ async fn a_version_change_is_preflighted_on_a_copy_across_a_serve_crash_and_a_fa
         slot_pid(&done, "a").is_none_or(|pid| pid != slot_a),
         "slot a was replaced"
     );
-    let seen = reasons(&env).await;
-    for reason in ["PreflightStarted", "PreflightLaunched", "PreflightPassed"] {
-        assert!(seen.iter().any(|r| r == reason), "no {reason} event in {seen:?}");
-    }
+    told(&env, &["PreflightStarted", "PreflightLaunched", "PreflightPassed"]).await;
 
     // A version whose kcp refuses a flag: the preflight fails, the roll is blocked, nothing is left.
     let serving_pid = done["status"]["slots"][0]["pid"].clone();
@@ -938,7 +929,7 @@ async fn a_version_change_is_preflighted_on_a_copy_across_a_serve_crash_and_a_fa
         o["status"]["slots"][0]["pid"], serving_pid,
         "the old slot keeps serving"
     );
-    assert!(reasons(&env).await.iter().any(|r| r == "PreflightFailed"));
+    told(&env, &["PreflightFailed"]).await;
     finish_without_a_failed_poll(&env, poller, "preflight across a serve crash, then a failed one").await;
     env.shutdown(&["dev"]).await;
 }
