@@ -128,7 +128,7 @@ impl Front {
         }
     }
 
-    /// Starts kcpshard's front on the spec's address (the caller has checked it is free) and
+    /// Starts kcpshard's front on the spec's address (once it is free: a front that holds it is named) and
     /// returns: looks see it starting ([`Front::starting`]) until it answers. Under systemd, a
     /// unit that restarts a front that crashed a moment ago is waited for instead (at most
     /// [`front::START_TIMEOUT`]), on the socket it keeps. For a caddy, checks that its admin API
@@ -148,10 +148,12 @@ impl Front {
                     binary,
                     dir,
                 };
+                // A front that systemd restarts holds the address in its unit's descriptor store.
                 if runtime.unit_active(&UnitName::front(shard)).await {
                     let pid = front::ensure_running(launch, *listen).await?.status().await?.pid;
                     return Ok(format!("the front's unit restarted it on {listen} (pid {pid})"));
                 }
+                address_free(*listen)?;
                 let started = front::start_front(launch, *listen).await?;
                 Ok(format!(
                     "started the front on {listen} (pid {}); it serves once it answers on its control socket",
@@ -266,15 +268,6 @@ impl Front {
         }
     }
 
-    /// kcpshard's front is a unit that systemd is restarting (or has just restarted): its
-    /// address is its own, kept in the unit's descriptor store.
-    pub async fn restarting(&self) -> bool {
-        match self {
-            Front::Tcp { shard, runtime, .. } => runtime.unit_active(&UnitName::front(shard)).await,
-            Front::Caddy { .. } => false,
-        }
-    }
-
     /// SIGKILL for kcpshard's front by its recorded pid (it does not answer on its control socket);
     /// the pid, if one was killed.
     pub fn kill(&self) -> Option<u32> {
@@ -293,5 +286,18 @@ impl Front {
     /// Whether kcpshard runs this front's process (deleting the shard stops it).
     pub fn is_ours(&self) -> bool {
         matches!(self, Front::Tcp { .. })
+    }
+}
+
+/// The front's address can be listened on (tried, then let go): a front that moves is not
+/// stopped, and none is started, for an address it could not get.
+pub(super) fn address_free(listen: std::net::SocketAddr) -> Result<(), Error> {
+    match std::net::TcpListener::bind(listen) {
+        Ok(_) => Ok(()),
+        Err(cause) => Err(Error::FrontAddress {
+            listen,
+            holder: crate::process::procfs::listener_pid(listen.port()).map(crate::process::procfs::describe),
+            cause,
+        }),
     }
 }

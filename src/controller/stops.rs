@@ -78,7 +78,7 @@ pub async fn stop_front(actor: &Actor<'_>) -> Result<Notes, Error> {
 pub async fn move_front(actor: &Actor<'_>) -> Result<Notes, Error> {
     let front = actor.ctx.front(actor.shard, actor.dirs)?;
     let listen = front.listen();
-    super::act::front_address_free(listen)?;
+    super::front::address_free(listen)?;
     let Some(process) = front.process() else {
         return Ok(vec![]);
     };

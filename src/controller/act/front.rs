@@ -11,33 +11,12 @@ use crate::controller::plan::{FrontChange, LeaveCause};
 use crate::front::Backend;
 use crate::slot;
 
-/// The front's address can be listened on (tried, then let go): a front that moves is not
-/// stopped, and none is started, for an address it could not get.
-pub(in crate::controller) fn front_address_free(listen: std::net::SocketAddr) -> Result<(), Error> {
-    match std::net::TcpListener::bind(listen) {
-        Ok(_) => Ok(()),
-        Err(cause) => Err(Error::FrontAddress {
-            listen,
-            holder: crate::process::procfs::listener_pid(listen.port()).map(crate::process::procfs::describe),
-            cause,
-        }),
-    }
-}
-
 /// How long caddy may take to answer `/readyz` through the front after a change.
 const FRONT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Actor<'_> {
     pub(super) async fn ensure_front(&self) -> Result<Notes, Error> {
         let front = self.ctx.front(self.shard, self.dirs)?;
-        let listen = front.listen();
-        // A front that systemd restarts holds the address in its unit's descriptor store.
-        if front.is_ours()
-            && self.world.observed.front == crate::controller::plan::FrontObservation::Down
-            && !front.restarting().await
-        {
-            front_address_free(listen)?;
-        }
         if !front.is_ours()
             && let Some(ready) = self.world.observed.slots.iter().find(|s| s.health.ready)
         {

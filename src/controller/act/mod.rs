@@ -19,8 +19,6 @@ mod roll;
 mod slots;
 mod store;
 
-pub(in crate::controller) use front::front_address_free;
-
 /// What a step did that the user should hear about.
 pub type Notes = Vec<Note>;
 

@@ -90,19 +90,23 @@ pub(super) async fn look(
                 "the front was started a moment ago and does not answer on its control socket yet".into(),
             )
         }
-        Ok(Err(problem)) => match front.start_error() {
-            Some(error) if !front.recorded_pid_alive() => FrontLook::not_up(
-                FrontObservation::Down,
-                format!("the front exited at its start: {error}"),
-            ),
+        Ok(Err(problem)) if front.recorded_pid_alive() => {
             // A front asked to stop closes its control socket at once and drains.
-            _ if front.recorded_pid_alive() && !stopping.iter().any(|s| s.what == Stopping::Front) => {
+            if stopping.iter().any(|s| s.what == Stopping::Front) {
+                FrontLook::not_up(FrontObservation::Down, problem)
+            } else {
                 FrontLook::not_up(
                     FrontObservation::Unresponsive,
                     format!("the front's process runs but does not answer on its control socket ({problem})"),
                 )
             }
-            _ => FrontLook::not_up(FrontObservation::Down, problem),
+        }
+        Ok(Err(problem)) => match front.start_error() {
+            Some(error) => FrontLook::not_up(
+                FrontObservation::Down,
+                format!("the front exited at its start: {error}"),
+            ),
+            None => FrontLook::not_up(FrontObservation::Down, problem),
         },
         Err(_) if front.recorded_pid_alive() => FrontLook::not_up(
             FrontObservation::Unresponsive,
