@@ -335,6 +335,7 @@ fn progress_reason(step: &Step) -> &'static str {
         | Step::StopFront
         | Step::Wait(Wait::Stopping { .. })
         | Step::KillStopping { .. } => "Deleting",
+        Step::ForgetKilled => "ForgettingKilled",
         Step::Idle | Step::Blocked { .. } | Step::AbortRoll { .. } => "Idle",
     }
 }
@@ -425,6 +426,7 @@ fn progress_message(step: &Step) -> String {
         Step::KillStopping { what } => {
             format!("killing {what}: it did not exit within its grace after its stop signal")
         }
+        Step::ForgetKilled => "forgetting processes killed after their grace, which have exited".into(),
         Step::Idle | Step::Blocked { .. } | Step::AbortRoll { .. } => String::new(),
     }
 }

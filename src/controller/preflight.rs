@@ -433,7 +433,7 @@ pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
             pid: process.pid,
         });
     }
-    // SIGKILLed (KillStopping) during their stop job, their units failed.
+    // A preflight kcp that failed (an unknown flag) leaves its unit failed.
     for unit in [
         UnitName::preflight(&place.shard),
         UnitName::preflight_kine(&place.shard),

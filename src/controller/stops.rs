@@ -101,9 +101,12 @@ pub(super) async fn send(
 ) -> Result<(), Error> {
     let now = Utc::now();
     let mut state = actor.dirs.load_state()?;
-    // Stops whose process has exited are done with; this thing's earlier ones are replaced.
-    let stopping = &actor.world.observed.stopping;
-    state.stops.retain(|s| s.what != what && stopping.contains(s));
+    // Stops whose process has exited are done with (ForgetKilled takes those it killed); this
+    // thing's earlier ones are replaced.
+    let (stopping, killed) = (&actor.world.observed.stopping, &actor.world.observed.killed_and_gone);
+    state
+        .stops
+        .retain(|s| killed.contains(s) || (s.what != what && stopping.contains(s)));
     state.stops.extend(processes.iter().map(|(process, grace)| ProcessStop {
         what: what.clone(),
         pid: process.pid,
@@ -111,6 +114,7 @@ pub(super) async fn send(
         sent_at: now,
         kill_at: now + *grace,
         killed: false,
+        unit: process.unit.clone(),
     }));
     actor.dirs.save_state(&state)?;
     for (process, _) in &processes {
@@ -152,4 +156,22 @@ pub async fn kill(actor: &Actor<'_>, what: &Stopping) -> Result<Notes, Error> {
         ));
     }
     Ok(notes)
+}
+
+/// ForgetKilled: drops the records of stops that ended in SIGKILL whose process has exited, and
+/// under systemd resets the failed state the kill left on each one's unit (a failed unit stays
+/// listed by `systemctl --failed` and in monitoring that alerts on failed units).
+pub async fn forget_killed(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let gone = &actor.world.observed.killed_and_gone;
+    for unit in gone
+        .iter()
+        .filter_map(|s| s.unit.as_deref())
+        .filter_map(UnitName::parse)
+    {
+        actor.ctx.runtime.forget_unit(&unit).await;
+    }
+    let mut state = actor.dirs.load_state()?;
+    state.stops.retain(|s| !gone.contains(s));
+    actor.dirs.save_state(&state)?;
+    Ok(vec![])
 }

@@ -90,7 +90,7 @@ impl Actor<'_> {
             Step::KillSlot { name, cause } => self.kill_slot(name, cause),
             Step::CloseConnections { name } => self.close_connections(name).await,
             Step::StopSlotStore { name } => super::stops::stop_slot_store(self, name).await,
-            Step::RemoveSlot { name, crashed } => self.remove_slot(name, *crashed),
+            Step::RemoveSlot { name, crashed } => self.remove_slot(name, *crashed).await,
             Step::RestartSlot { name, cause } => self.restart_slot(name, cause).await,
             Step::AbortRoll { name, cause } => self.abort_roll(name, cause),
             Step::ReleaseLease { holder } => self.release_lease(holder.as_deref()).await,
@@ -101,6 +101,7 @@ impl Actor<'_> {
             Step::StopOrphanedKine { record } => super::stops::stop_orphaned_kine(self, record).await,
             Step::StopFront => super::stops::stop_front(self).await,
             Step::KillStopping { what } => super::stops::kill(self, what).await,
+            Step::ForgetKilled => super::stops::forget_killed(self).await,
         }
     }
 

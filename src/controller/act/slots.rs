@@ -321,8 +321,13 @@ impl Actor<'_> {
     /// Stops what only this slot used of the store (its own kine, for KinePostgres).
     /// Drops the records of a slot whose process is gone, and says how it ended. An interim slot
     /// that never got ready is remembered, so that none starts again for this spec.
-    pub(super) fn remove_slot(&self, name: &str, crashed: bool) -> Result<Notes, Error> {
+    pub(super) async fn remove_slot(&self, name: &str, crashed: bool) -> Result<Notes, Error> {
         let slot = self.slot(name)?;
+        // A unit whose kcp crashed or was killed stays failed (and listed) until reset; the next
+        // slot may take another name.
+        if let Some(unit) = slot.process.as_ref().and_then(|p| p.unit()) {
+            self.ctx.runtime.forget_unit(&unit).await;
+        }
         let seen = self.world.observed.slot(name);
         let old = slot.record.template != self.desired.template;
         if old {

@@ -276,12 +276,12 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         ));
     }
 
-    let stopping: Vec<ProcessStop> = state
+    let (stopping, exited): (Vec<ProcessStop>, Vec<ProcessStop>) = state
         .stops
         .iter()
-        .filter(|stop| Runtime::observe(stop.pid).is_some_and(|p| p.start_time == stop.start_time))
         .cloned()
-        .collect();
+        .partition(|stop| Runtime::observe(stop.pid).is_some_and(|p| p.start_time == stop.start_time));
+    let killed_and_gone: Vec<ProcessStop> = exited.into_iter().filter(|s| s.killed).collect();
     for stop in &stopping {
         ctx.exits.watch(stop.pid, (shard_ref.clone(), Wake::Exit));
     }
@@ -382,6 +382,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         orphaned_kines,
         job,
         stopping,
+        killed_and_gone,
         identities: Default::default(),
         sharded_trust_stale: match &shard.spec.shard {
             Some(sharded) if sharded.is_root() => {

@@ -100,7 +100,7 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
     if observed.job.as_ref().is_some_and(|j| !j.running()) {
         return Step::FinishJob;
     }
-    if let Some(step) = overdue(observed) {
+    if let Some(step) = overdue(observed).or_else(|| killed_and_gone(observed)) {
         return step;
     }
     if desired.deleting {

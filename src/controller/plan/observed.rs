@@ -283,6 +283,8 @@ pub struct Observed {
     pub job: Option<JobObservation>,
     /// The processes asked to stop (the store's, a slot's kine, the front) that still run.
     pub stopping: Vec<ProcessStop>,
+    /// The processes killed after their stop's grace (KillStopping) that have exited since.
+    pub killed_and_gone: Vec<ProcessStop>,
     /// The shard's admin identities and whether the kubeconfig through the front is current.
     pub identities: IdentitiesObservation,
     /// The root shard of a sharded kcp: some of the sharded kcp's trust (its system identity,

@@ -175,7 +175,13 @@ impl Model {
         }
         if self.preflight_exits_at.is_some_and(|at| now >= at) {
             self.preflight_exits_at = None;
-            self.observed.stopping.retain(|s| s.what != Stopping::Preflight);
+            let (exited, running) = std::mem::take(&mut self.observed.stopping)
+                .into_iter()
+                .partition(|s| s.what == Stopping::Preflight);
+            self.observed.stopping = running;
+            self.observed
+                .killed_and_gone
+                .extend(exited.into_iter().filter(|s: &ProcessStop| s.killed));
             if let Some(p) = self.observed.preflight.as_mut() {
                 p.processes_running = false;
             }
@@ -439,9 +445,11 @@ impl Model {
                     sent_at: now,
                     kill_at: now,
                     killed: false,
+                    unit: None,
                 });
                 self.preflight_exits_at = Some(now + chrono::Duration::milliseconds(300));
             }
+            Step::ForgetKilled => self.observed.killed_and_gone.clear(),
             Step::KillStopping {
                 what: Stopping::Preflight,
             } => {

@@ -224,6 +224,9 @@ pub enum Step {
     KillStopping {
         what: Stopping,
     },
+    /// Forget the stops that ended in SIGKILL once their process has exited (and reset the
+    /// failed state such a kill leaves on a systemd unit).
+    ForgetKilled,
     /// Nothing to do until the spec changes; the running slots keep serving.
     Blocked {
         cause: BlockCause,
@@ -299,6 +302,7 @@ impl Step {
             Step::StopOrphanedKine { .. } => "StopOrphanedKine",
             Step::StopFront => "StopFront",
             Step::KillStopping { .. } => "KillStopping",
+            Step::ForgetKilled => "ForgetKilled",
             Step::Blocked { .. } => "Blocked",
             Step::Wait(_) => "Wait",
             Step::Idle => "Idle",

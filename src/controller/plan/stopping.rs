@@ -50,6 +50,10 @@ pub struct ProcessStop {
     pub kill_at: DateTime<Utc>,
     #[serde(default)]
     pub killed: bool,
+    /// The systemd unit whose main process it was: a unit SIGKILLed during its stop job is left
+    /// failed, listed by `systemctl --failed`, until its failed state is reset (ForgetKilled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
 }
 
 /// A process asked to stop that still runs after its grace: SIGKILL for what it belongs to.
@@ -61,6 +65,12 @@ pub fn overdue(observed: &Observed) -> Option<Step> {
     Some(Step::KillStopping {
         what: stop.what.clone(),
     })
+}
+
+/// Stops that ended in SIGKILL and whose process has exited are done with: their records go, and
+/// under systemd their units' failed state with them.
+pub fn killed_and_gone(observed: &Observed) -> Option<Step> {
+    (!observed.killed_and_gone.is_empty()).then_some(Step::ForgetKilled)
 }
 
 /// The step towards `what` no longer running, given that something of it still runs: `send` (the

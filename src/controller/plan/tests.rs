@@ -103,6 +103,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         orphaned_kines: vec![],
         job: None,
         stopping: vec![],
+        killed_and_gone: vec![],
         // The shard's admin identity is made and the kubeconfig is current: the identity steps
         // (plan/identities.rs) have nothing to do.
         identities: IdentitiesObservation {
@@ -850,6 +851,7 @@ fn stop_sent(what: Stopping, sent: i64, grace: i64) -> ProcessStop {
         sent_at: at(sent),
         kill_at: at(sent + grace),
         killed: false,
+        unit: None,
     }
 }
 
@@ -903,6 +905,30 @@ fn a_process_asked_to_stop_is_killed_once_its_grace_is_over_and_then_waited_for(
     assert_eq!(plan(&d, &o), Step::Idle);
     o.now = at(16);
     assert_eq!(plan(&d, &o), Step::KillStopping { what: kine });
+}
+
+#[test]
+fn a_killed_process_that_exited_is_forgotten_before_anything_else_but_a_kill() {
+    let killed = ProcessStop {
+        killed: true,
+        unit: Some("kcpshard-dev-kine.service".into()),
+        ..stop_sent(Stopping::Store, 5, 10)
+    };
+    for deleting in [false, true] {
+        let mut d = desired("v1");
+        d.deleting = deleting;
+        let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+        o.killed_and_gone = vec![killed.clone()];
+        assert_eq!(plan(&d, &o), Step::ForgetKilled, "deleting: {deleting}");
+        // Another process past its grace is killed first.
+        o.now = at(30);
+        o.stopping = vec![stop_sent(Stopping::Front, 5, 10)];
+        assert_eq!(plan(&d, &o), Step::KillStopping { what: Stopping::Front });
+        o.stopping[0].killed = true;
+        assert_eq!(plan(&d, &o), Step::ForgetKilled, "deleting: {deleting}");
+        o.killed_and_gone.clear();
+        assert_ne!(plan(&d, &o), Step::ForgetKilled);
+    }
 }
 
 #[test]
