@@ -582,8 +582,8 @@ async fn a_front_that_moves_drains_and_starts_on_its_new_address_and_a_slot_that
 
 /// A step starts something and returns: over a first start, a restart roll of two slots, a version
 /// roll with its preflight and a deletion whose kine ignores its SIGTERM (SIGSTOPped), every step
-/// acted within 0.5 s by the controller's own step durations (`/metrics`), apart from the steps
-/// named in `e2e::STILL_WAITING`; those over 0.1 s, the goal, are reported. A step that waits for
+/// acted within 0.5 s by the controller's own step durations (`/metrics`); those over 0.1 s, the
+/// goal, are reported. A step that waits for
 /// a process waits seconds (a stop's grace, a start); 0.5 s leaves room for the short work of a
 /// step with the other tests of this file beside it on 2 cores (StartSlot writes and fsyncs about
 /// ten files and spawns kcp: over 0.1 s three times in six in CI). The kine is killed once its
@@ -635,11 +635,7 @@ async fn every_step_of_rolls_a_preflight_and_a_deletion_returns_within_half_a_se
     env.log(&format!(
         "deleted in {took:?}; steps over 0.1 s (step, how many, of): {over_goal:?}"
     ));
-    let unexpected: Vec<_> = e2e::slow_steps(&env, "dev", "0.5")
-        .await
-        .into_iter()
-        .filter(|(step, ..)| !e2e::STILL_WAITING.contains(&step.as_str()))
-        .collect();
+    let unexpected = e2e::slow_steps(&env, "dev", "0.5").await;
     assert!(
         unexpected.is_empty(),
         "steps took longer than 0.5 s (step, how many, of): {unexpected:?}"

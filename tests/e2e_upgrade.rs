@@ -114,8 +114,8 @@ async fn ten_serve_restarts_each_upgrading_the_front_fail_no_poll() {
         .events(shard)
         .await
         .iter()
-        .filter(|e| e.reason.as_deref() == Some("FrontUpgraded"))
+        .filter(|e| e.reason.as_deref() == Some("FrontUpgrading"))
         .count();
-    assert_eq!(upgrades, UPGRADES, "one FrontUpgraded event per upgrade");
+    assert_eq!(upgrades, UPGRADES, "one FrontUpgrading event per upgrade");
     env.shutdown(&[shard]).await;
 }

@@ -811,6 +811,82 @@ kill -TERM $$
     );
 }
 
+/// `start_upgrade` spawns a successor and returns: the upgrade is `upgrading` until the successor
+/// answers in the old front's place. A successor that fails is judged by the next call, once: its
+/// error is returned and its binary not tried again; one killed by a signal is no verdict, and the
+/// next call starts another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_started_without_waiting_is_seen_through_and_a_failed_one_is_told_once() {
+    let f = Fixture::new();
+    let (_, old) = f.start().await;
+    let successor_ended = async |pid: u32| {
+        eventually("the successor exited", IO_TIMEOUT, async || {
+            Runtime::observe(pid).is_none()
+        })
+        .await
+    };
+
+    // A release that fails: the old front serves on; the failure is told by the next call.
+    let broken = f._tmp.path().join("kcpshard-broken");
+    std::fs::write(&broken, "#!/bin/sh\necho this release is broken >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let started = front::start_upgrade(launch(&broken, &f.dir)).await.unwrap();
+    let front::UpgradeStart::Started { serving, successor } = started else {
+        panic!("no successor started: {started:?}");
+    };
+    assert_eq!(serving, old.pid);
+    successor_ended(successor).await;
+    assert_eq!(
+        front::upgrading(&RUNTIME, &f.dir, old.pid),
+        None,
+        "an exited successor upgrades nothing"
+    );
+    let told = front::start_upgrade(launch(&broken, &f.dir)).await.unwrap();
+    assert!(
+        matches!(&told, front::UpgradeStart::LastFailed { error, .. } if error.to_string().contains("this release is broken")),
+        "{told:?}"
+    );
+    assert!(
+        !front::runs_other_binary(&broken, &f.dir, old.pid),
+        "a failed binary is tried again"
+    );
+
+    // Killed by a signal: tried again.
+    let killed = f._tmp.path().join("kcpshard-killed");
+    std::fs::write(&killed, "#!/bin/sh\nkill -TERM $$\n").unwrap();
+    std::fs::set_permissions(&killed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let started = front::start_upgrade(launch(&killed, &f.dir)).await.unwrap();
+    let front::UpgradeStart::Started { successor, .. } = started else {
+        panic!("no successor started: {started:?}");
+    };
+    successor_ended(successor).await;
+    let again = front::start_upgrade(launch(&killed, &f.dir)).await.unwrap();
+    let front::UpgradeStart::Started { successor, .. } = again else {
+        panic!("a successor killed by a signal was taken for a failed upgrade: {again:?}");
+    };
+    successor_ended(successor).await;
+
+    // A new release takes over: upgrading until it answers in the old front's place.
+    let release = f._tmp.path().join("kcpshard-next");
+    std::fs::copy(BIN, &release).unwrap();
+    let started = front::start_upgrade(launch(&release, &f.dir)).await.unwrap();
+    let front::UpgradeStart::Started { successor, .. } = started else {
+        panic!("no successor started: {started:?}");
+    };
+    f.track(successor);
+    eventually(
+        "the successor answers in the old front's place",
+        IO_TIMEOUT,
+        async || match FrontClient::connect(&f.dir).await {
+            Ok(client) => client.status().await.is_ok_and(|s| s.pid == successor),
+            Err(_) => false,
+        },
+    )
+    .await;
+    assert_eq!(front::upgrading(&RUNTIME, &f.dir, successor), None);
+    assert!(!front::runs_other_binary(&release, &f.dir, successor));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_front_is_not_stopped_for_an_address_it_cannot_get() {
     let f = Fixture::new();

@@ -307,7 +307,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::BeginRestore(_) | Step::RestoreSnapshot | Step::CompleteRestore => "Restoring",
         Step::RefuseRestore { .. } => "RestoreRefused",
         Step::EnsureFront | Step::Wait(Wait::Front) => "FrontStarting",
-        Step::UpgradeFront => "FrontUpgrading",
+        Step::UpgradeFront | Step::Wait(Wait::FrontUpgrade) => "FrontUpgrading",
         Step::MoveFront => "FrontMoving",
         Step::KillFront => "FrontRestarting",
         Step::StartSlot { .. } => "SlotStarting",
@@ -372,6 +372,9 @@ fn progress_message(step: &Step) -> String {
         Step::CompleteRestore => "a slot serves the restored data".into(),
         Step::EnsureFront => "starting the front".into(),
         Step::Wait(Wait::Front) => "waiting for the front it started to answer on its control socket".into(),
+        Step::Wait(Wait::FrontUpgrade) => {
+            "waiting for a front of serve's binary to take the front's listening socket over".into()
+        }
         Step::UpgradeFront => "handing the front's listening socket over to a front of this kcpshard binary".into(),
         Step::MoveFront => "moving the front to spec.front.listen: the old one drains its connections and stops".into(),
         Step::KillFront => "restarting the front, which does not answer on its control socket".into(),

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::Error;
+use super::{Error, Note};
 use crate::api::{FrontSpec, FrontType};
 use crate::front::caddy::CaddyAdmin;
-use crate::front::{self, Backend, FrontClient, FrontLaunch, SlotConnections};
+use crate::front::{self, Backend, FrontClient, FrontLaunch, SlotConnections, UpgradeStart};
 use crate::process::{ProcessRecord, Runtime, UnitName};
 
 /// The front of one shard.
@@ -46,6 +46,8 @@ pub struct FrontSeen {
     pub outdated: bool,
     /// kcpshard's front process (a caddy is not kcpshard's to run).
     pub pid: Option<u32>,
+    /// The successor of an upgrade that has not taken over yet, while it may still (its pid).
+    pub upgrading: Option<u32>,
 }
 
 impl Front {
@@ -88,7 +90,9 @@ impl Front {
     /// Err with why, when it does not run (or caddy's admin API does not answer).
     pub async fn observe(&self) -> Result<FrontSeen, String> {
         match self {
-            Front::Tcp { dir, binary, .. } => {
+            Front::Tcp {
+                dir, binary, runtime, ..
+            } => {
                 let down = |e: crate::front::FrontError| format!("the front is not running ({e})");
                 let status = FrontClient::connect(dir)
                     .await
@@ -101,6 +105,7 @@ impl Front {
                     backends: status.backends,
                     connections: status.connections,
                     outdated: front::runs_other_binary(binary, dir, status.pid),
+                    upgrading: front::upgrading(runtime, dir, status.pid),
                     pid: Some(status.pid),
                 })
             }
@@ -112,6 +117,7 @@ impl Front {
                 let upstreams = admin.upstreams(upstream_id).await.map_err(|e| e.to_string())?;
                 Ok(FrontSeen {
                     outdated: false,
+                    upgrading: None,
                     pid: None,
                     listen: *listen,
                     backends: upstreams
@@ -170,10 +176,10 @@ impl Front {
         }
     }
 
-    /// Hands kcpshard's front's listening socket over to a successor of this binary (docs/front.md,
-    /// Upgrades) and waits until it answers (at most [`front::START_TIMEOUT`]). Returns what
-    /// happened, for an event.
-    pub async fn upgrade(&self) -> Result<String, Error> {
+    /// Starts a successor of this binary that takes kcpshard's front's listening socket over
+    /// (docs/front.md, Upgrades) and returns: looks see the upgrade under way until it answers.
+    /// When the last successor to this binary failed, says so instead (it is not tried again).
+    pub async fn upgrade(&self) -> Result<Note, Error> {
         let Front::Tcp {
             binary,
             dir,
@@ -182,27 +188,30 @@ impl Front {
             runtime,
         } = self
         else {
-            return Ok("caddy is not kcpshard's to upgrade".into());
+            return Ok(Note::normal("FrontUpgrading", "caddy is not kcpshard's to upgrade"));
         };
-        let before = FrontClient::connect(dir).await?.status().await?.pid;
         let launch = FrontLaunch {
             runtime,
             shard,
             binary,
             dir,
         };
-        let after = front::ensure_running(launch, *listen).await?.status().await?.pid;
-        if after == before {
-            return Ok(format!(
-                "the front on {listen} (pid {before}) could not hand its socket over to {} and serves on; see {}",
-                binary.display(),
-                dir.join(front::UPGRADE_FAILED_FILE).display()
-            ));
-        }
-        Ok(format!(
-            "the front on {listen} runs {} now (pid {after}, was {before}); its listening socket was handed over",
-            binary.display()
-        ))
+        Ok(match front::start_upgrade(launch).await? {
+            UpgradeStart::Started { serving, successor } => Note::normal(
+                "FrontUpgrading",
+                format!(
+                    "started {} (pid {successor}) to take the front's listening socket on {listen} over from pid {serving}, which drains its connections once it has",
+                    binary.display()
+                ),
+            ),
+            UpgradeStart::LastFailed { serving, error } => Note::warning(
+                "FrontUpgradeFailed",
+                format!(
+                    "the front on {listen} (pid {serving}) could not hand its socket over to {}: {error}; it serves on, and this binary is not tried again",
+                    binary.display()
+                ),
+            ),
+        })
     }
 
     /// kcpshard's front was started a moment ago and may not answer on its control socket yet:

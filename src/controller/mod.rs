@@ -406,7 +406,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
         (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
         (Step::Wait(Wait::Probe | Wait::Preflight), _) => Action::requeue(WHILE_PROBING),
-        (Step::Wait(Wait::Store | Wait::Front), _) => Action::requeue(WHILE_STARTING),
+        (Step::Wait(Wait::Store | Wait::Front | Wait::FrontUpgrade), _) => Action::requeue(WHILE_STARTING),
         (Step::Wait(_), _) => Action::requeue(WHILE_WAITING),
         _ => Action::requeue(NEXT_STEP),
     };

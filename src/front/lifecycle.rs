@@ -36,6 +36,8 @@ const POLL: Duration = Duration::from_millis(50);
 pub const UPGRADE_FAILED_FILE: &str = "upgrade.failed";
 /// The runtime's record of the last front started for the dir.
 pub const PROCESS_FILE: &str = "process.json";
+/// The runtime's record of the last successor started for the dir (an upgrade).
+pub const SUCCESSOR_FILE: &str = "successor.json";
 /// How many lines of a failed front's output an error quotes.
 const LOG_TAIL_LINES: usize = 10;
 
@@ -177,6 +179,83 @@ pub async fn upgrade(launch: FrontLaunch<'_>) -> Result<FrontClient, FrontError>
     let old = Runtime::observe(status.pid)
         .ok_or_else(|| FrontError::Handover(format!("the front (pid {}) exited", status.pid)))?;
     start(launch, status.listen, Some(&old)).await
+}
+
+/// Starts an upgrade of the front serving `launch.dir` to `launch.binary` and returns at once: a
+/// successor that takes the listening socket over once it answers ([`upgrading`] until then).
+///
+/// The last successor that did not take over is judged first, once: one killed by a signal (a
+/// stop of serve's own unit takes what serve just spawned) or whose end nobody saw (serve
+/// restarted meanwhile) is no verdict on its binary, and is tried again; one that exited with an
+/// error, or still runs past [`START_TIMEOUT`] (it is killed), marks its binary in
+/// `DIR/upgrade.failed` (not tried again, see [`runs_other_binary`]) and its error is returned.
+pub async fn start_upgrade(launch: FrontLaunch<'_>) -> Result<UpgradeStart, FrontError> {
+    let status = FrontClient::connect(launch.dir).await?.status().await?;
+    if let Some(last) = pending_successor(launch.dir, status.pid) {
+        let _ = std::fs::remove_file(launch.dir.join(SUCCESSOR_FILE));
+        let end_unseen = read_start_error(launch.dir).is_none() && launch.runtime.exit_status(&last).await.is_none();
+        let failure = match launch.runtime.is_running(&last) {
+            true => {
+                let _ = launch.runtime.kill(&last).await;
+                Some(FrontError::StartTimeout {
+                    pid: last.pid,
+                    socket: launch.dir.join(CONTROL_SOCKET),
+                    log: Runtime::log_location(&last),
+                    seconds: START_TIMEOUT.as_secs(),
+                })
+            }
+            false if end_unseen => None,
+            false => match exit_error(launch.runtime, launch.dir, &last).await {
+                FrontError::KilledWhileStarting { .. } => None,
+                error => Some(error),
+            },
+        };
+        let _ = std::fs::remove_file(launch.dir.join(ERROR_FILE));
+        if let Some(error) = failure
+            && let Some(identity) = file_identity(&last.program).filter(|i| Some(*i) == file_identity(launch.binary))
+        {
+            let failed_path = launch.dir.join(UPGRADE_FAILED_FILE);
+            fsutil::write_atomically(&failed_path, upgrade_marker(identity).as_bytes())
+                .map_err(|e| FrontError::io(format!("cannot write {}", failed_path.display()), e))?;
+            return Ok(UpgradeStart::LastFailed {
+                serving: status.pid,
+                error,
+            });
+        }
+    }
+    let old = Runtime::observe(status.pid)
+        .ok_or_else(|| FrontError::Handover(format!("the front (pid {}) exited", status.pid)))?;
+    let successor = spawn(launch, status.listen, Some(&old)).await?;
+    Ok(UpgradeStart::Started {
+        serving: status.pid,
+        successor: successor.pid,
+    })
+}
+
+/// What [`start_upgrade`] did.
+#[derive(Debug)]
+pub enum UpgradeStart {
+    /// A successor was started beside the front `serving`.
+    Started { serving: u32, successor: u32 },
+    /// The last successor to this binary failed (`error`): the front `serving` serves on, and
+    /// this binary is not tried again.
+    LastFailed { serving: u32, error: FrontError },
+}
+
+/// The successor of an upgrade started less than [`START_TIMEOUT`] ago that runs and has not taken
+/// over from the front `serving` (a pid) yet: its pid.
+pub fn upgrading(runtime: &Runtime, dir: &Path, serving: u32) -> Option<u32> {
+    pending_successor(dir, serving)
+        .filter(|s| runtime.is_running(s) && s.running_for() < START_TIMEOUT)
+        .map(|s| s.pid)
+}
+
+/// The last successor started for `dir`, unless it is the front `serving` (it took over).
+fn pending_successor(dir: &Path, serving: u32) -> Option<ProcessRecord> {
+    Runtime::load(&dir.join(SUCCESSOR_FILE))
+        .ok()
+        .flatten()
+        .filter(|s| s.pid != serving)
 }
 
 /// Stops the front serving `dir`, if any: SIGTERM (under systemd: the unit is stopped, so that it
@@ -324,6 +403,10 @@ async fn spawn(
         dir,
     } = launch;
     let _ = std::fs::remove_file(dir.join(ERROR_FILE));
+    if successor_of.is_none() {
+        // A successor of an earlier front is no upgrade of this one's.
+        let _ = std::fs::remove_file(dir.join(SUCCESSOR_FILE));
+    }
     let unit = UnitName::front(shard);
     // The unit's stdin is the listening socket; a detached front binds its own (with the
     // capabilities serve has, which it inherits).
@@ -353,7 +436,11 @@ async fn spawn(
         binary,
         args,
         dir.join(LOG_FILE),
-        dir.join(PROCESS_FILE),
+        dir.join(if successor_of.is_some() {
+            SUCCESSOR_FILE
+        } else {
+            PROCESS_FILE
+        }),
     );
     spec.env = vec![("NO_COLOR".into(), "1".into())];
     spec.restart = Restart::Always;
@@ -407,21 +494,7 @@ async fn wait_answering(
             if !successor {
                 runtime.stop_unit(&unit).await;
             }
-            if let Some(error) = read_start_error(dir) {
-                return Err(error.into_error());
-            }
-            let status = runtime.exit_status(record).await;
-            if let Some(killed) = status.filter(|s| s.signal().is_some()) {
-                return Err(FrontError::KilledWhileStarting {
-                    status: killed.to_string(),
-                    log: Runtime::log_location(record),
-                });
-            }
-            return Err(FrontError::Exited {
-                status: status.map_or_else(|| "status unknown".to_string(), |s| s.to_string()),
-                tail: runtime.log_tail(record, LOG_TAIL_LINES).await.join("\n"),
-                log: Runtime::log_location(record),
-            });
+            return Err(exit_error(runtime, dir, record).await);
         }
         if let Some((client, status)) = answering(dir).await
             && status.pid == record.pid
@@ -441,6 +514,26 @@ async fn wait_answering(
             });
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Why the front `record`, started for `dir`, exited before it answered: what it wrote in its
+/// dir, or its exit status and the last lines it printed.
+async fn exit_error(runtime: &Runtime, dir: &Path, record: &ProcessRecord) -> FrontError {
+    if let Some(error) = read_start_error(dir) {
+        return error.into_error();
+    }
+    let status = runtime.exit_status(record).await;
+    if let Some(killed) = status.filter(|s| s.signal().is_some()) {
+        return FrontError::KilledWhileStarting {
+            status: killed.to_string(),
+            log: Runtime::log_location(record),
+        };
+    }
+    FrontError::Exited {
+        status: status.map_or_else(|| "status unknown".to_string(), |s| s.to_string()),
+        tail: runtime.log_tail(record, LOG_TAIL_LINES).await.join("\n"),
+        log: Runtime::log_location(record),
     }
 }
 

@@ -36,7 +36,7 @@ impl Actor<'_> {
 
     pub(super) async fn upgrade_front(&self) -> Result<Notes, Error> {
         let front = self.ctx.front(self.shard, self.dirs)?;
-        Ok(vec![Note::normal("FrontUpgraded", front.upgrade().await?)])
+        Ok(vec![front.upgrade().await?])
     }
 
     pub(super) fn kill_front(&self) -> Result<Notes, Error> {

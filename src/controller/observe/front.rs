@@ -24,6 +24,8 @@ pub(super) struct FrontLook {
     pub problem: Option<String>,
     /// kcpshard's front runs another binary than serve's.
     pub outdated: bool,
+    /// A successor of serve's binary was started to take over from it and still may.
+    pub upgrading: bool,
     /// It listens on another address than the spec's.
     pub elsewhere: bool,
 }
@@ -35,6 +37,7 @@ impl FrontLook {
             backends: vec![],
             problem: Some(problem),
             outdated: false,
+            upgrading: false,
             elsewhere: false,
         }
     }
@@ -52,8 +55,9 @@ pub(super) async fn look(
     let watch = |pid: u32| ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
     match tokio::time::timeout(FRONT_TIMEOUT, front.observe()).await {
         Ok(Ok(seen)) => {
-            if let Some(pid) = seen.pid {
-                watch(pid);
+            // The front's exit, and a successor's (which failed its upgrade), wake the controller.
+            for pid in seen.pid.iter().chain(&seen.upgrading) {
+                watch(*pid);
             }
             // A slot is what the front forwards to only if it, as recorded now, listens where the
             // front sends: a slot replaced under the same name (after a crash) is on another port.
@@ -80,6 +84,7 @@ pub(super) async fn look(
                 backends: seen.backends,
                 problem: None,
                 outdated: seen.outdated,
+                upgrading: seen.upgrading.is_some(),
             }
         }
         Ok(Err(_)) if let Some(pid) = front.starting() => {

@@ -361,6 +361,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         front: front_look.observation,
         front_problem: front_look.problem,
         front_outdated: front_look.outdated,
+        front_upgrading: front_look.upgrading,
         front_ours: front.is_ours(),
         front_elsewhere: front_look.elsewhere,
         slots: observations,

@@ -148,6 +148,7 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
         FrontObservation::Starting => return meanwhile(Wait::Front),
         FrontObservation::Down if observed.front_ours => return Step::EnsureFront,
         _ if observed.front_elsewhere => return towards_stopped(observed, Stopping::Front, Step::MoveFront),
+        _ if observed.front_outdated && observed.front_upgrading => return meanwhile(Wait::FrontUpgrade),
         _ if observed.front_outdated => return Step::UpgradeFront,
         _ => {}
     }

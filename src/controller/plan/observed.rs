@@ -246,6 +246,9 @@ pub struct Observed {
     pub front_problem: Option<String>,
     /// kcpshard's front runs an older binary than this controller: EnsureFront upgrades it.
     pub front_outdated: bool,
+    /// A successor of serve's binary was started to take over from the front a moment ago
+    /// (`front::START_TIMEOUT`), runs, and has not taken over yet.
+    pub front_upgrading: bool,
     /// kcpshard runs the front (Tcp); a caddy is the user's, and deleting the shard leaves it.
     pub front_ours: bool,
     /// The front runs, but on another address than spec.front.listen (the spec changed).

@@ -54,6 +54,8 @@ pub enum Wait {
     Ready { slot: String },
     /// kcpshard's front, started, to answer on its control socket.
     Front,
+    /// A successor of kcpshard's front (UpgradeFront) to take its listening socket over.
+    FrontUpgrade,
     /// Connections pinned to a slot that left the front, before it gets SIGTERM.
     Settle { slot: String, remaining: Duration },
     /// A slot sent SIGTERM: it stops listening, drains and exits.
@@ -103,8 +105,8 @@ pub enum Step {
     /// Start kcpshard's front (looks wait until it answers on its control socket), or check that
     /// caddy's admin API answers.
     EnsureFront,
-    /// kcpshard's front runs another binary than serve's: hand its listening socket over to a
-    /// front of this binary (docs/front.md, Upgrades).
+    /// kcpshard's front runs another binary than serve's: start a front of this binary that takes
+    /// its listening socket over (docs/front.md, Upgrades); looks wait until it has, or it failed.
     UpgradeFront,
     /// kcpshard's front listens on another address than spec.front.listen: ask it to stop (it
     /// closes its listening socket at once and drains its connections); EnsureFront starts the

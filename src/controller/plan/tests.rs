@@ -85,6 +85,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         front: FrontObservation::serving(backends),
         front_problem: None,
         front_outdated: false,
+        front_upgrading: false,
         front_ours: true,
         front_elsewhere: false,
         slots,
@@ -162,7 +163,7 @@ fn a_new_shard_gets_its_store_then_its_front_then_slot_a() {
 /// serve's is upgraded by a step of its own; one that stops while it is asked to is waited for,
 /// not killed as unresponsive.
 #[test]
-fn a_starting_front_is_waited_for_while_slots_are_acted_on_and_an_outdated_one_is_upgraded() {
+fn a_starting_or_upgrading_front_is_waited_for_while_slots_are_acted_on_and_an_outdated_one_is_upgraded() {
     let d = desired("v1");
     let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
     o.front = FrontObservation::Starting;
@@ -174,7 +175,17 @@ fn a_starting_front_is_waited_for_while_slots_are_acted_on_and_an_outdated_one_i
     o.front = FrontObservation::serving(&["a"]);
     o.front_outdated = true;
     assert_eq!(plan(&d, &o), Step::UpgradeFront);
+    // Its successor starts: waited for, while a slot that dies is acted on.
+    o.front_upgrading = true;
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::FrontUpgrade));
+    o.slots[0].running = false;
+    let step = plan(&d, &o);
+    assert!(matches!(&step, Step::RemoveSlot { crashed: true, .. }), "{step:?}");
+    o.slots[0].running = true;
+    // The successor took over (it runs serve's binary), or failed and was marked: nothing to do.
     o.front_outdated = false;
+    assert_eq!(plan(&d, &o), Step::Idle);
+    o.front_upgrading = false;
     o.stopping = vec![stop_sent(Stopping::Front, 9, 40)];
     o.front = FrontObservation::Unresponsive;
     assert_eq!(
