@@ -160,7 +160,25 @@ async fn a_caddy_front_is_switched_through_its_admin_api_and_a_roll_fails_no_pol
         "the kubeconfig copied before the roll: a workspace through caddy Ready in {:.2}s",
         took.as_secs_f64()
     ));
+    // Each change of caddy's upstreams is checked by later looks, as a client would: the last one
+    // passed (no FrontCheckFailed) and nothing is left to check.
+    let state = env.shard_dir(shard).join("controller.json");
+    let checked = support::poll(Duration::from_secs(10), Duration::from_millis(100), || {
+        let text = std::fs::read_to_string(&state).ok()?;
+        (!text.contains("\"frontCheck\"")).then_some(())
+    });
+    let finished =
+        format!("kcpshard_controller_step_duration_seconds_count{{shard=\"{shard}\",step=\"FinishFrontCheck\"}}");
+    assert!(
+        serve_metrics(&env).await.contains(&finished),
+        "no change of caddy's upstreams was checked"
+    );
     let events = env.events(shard).await;
+    assert!(
+        checked.is_some(),
+        "a check of caddy's change is still due 10 s after the roll: {}",
+        std::fs::read_to_string(&state).unwrap_or_default()
+    );
     assert!(
         !events.iter().any(|e| e.reason.as_deref() == Some("FrontCheckFailed")),
         "{}",

@@ -313,7 +313,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::StartSlot { .. } => "SlotStarting",
         Step::StartInterim { .. } => "InterimSlotStarting",
         Step::Wait(Wait::Ready { .. }) => "AwaitingReadiness",
-        Step::SetFront(_) => "SwitchingFront",
+        Step::SetFront(_) | Step::FinishFrontCheck { .. } => "SwitchingFront",
         Step::Wait(Wait::Settle { .. } | Wait::Exit { .. })
         | Step::TerminateSlot { .. }
         | Step::CloseConnections { .. }
@@ -387,6 +387,7 @@ fn progress_message(step: &Step) -> String {
         }
         Step::Wait(Wait::Ready { slot }) => format!("waiting for slot {slot} to answer /readyz on its own port"),
         Step::SetFront(change) => format!("the front forwards new connections to {}", change.backends.join(", ")),
+        Step::FinishFrontCheck { .. } => "checking the front's change as a client would".into(),
         Step::Wait(Wait::Settle { slot, .. }) => {
             format!("letting connections pinned to slot {slot} settle before it stops")
         }

@@ -403,6 +403,10 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     ctx.succeeded(&name);
     let action = match (&next, failure) {
         (_, Some(_)) => Action::requeue(backoff(failing_for)),
+        // A due check of a caddy front's change is looked at again soon.
+        (Step::Idle | Step::Blocked { .. }, _) if world.observed.front_check.is_some() => {
+            Action::requeue(WHILE_PROBING)
+        }
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
         (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
         (Step::Wait(Wait::Probe | Wait::Preflight), _) => Action::requeue(WHILE_PROBING),

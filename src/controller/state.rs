@@ -344,6 +344,9 @@ pub struct ControllerState {
     /// stop is sent; the latest per thing stopped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stops: Vec<ProcessStop>,
+    /// A change of a caddy front's upstreams whose check through the front is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_check: Option<crate::controller::plan::FrontCheck>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

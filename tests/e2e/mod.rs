@@ -737,7 +737,7 @@ pub const REQUESTS_TO_POSTGRES: [&str; 3] = ["EnsureStore", "CopyPreflight", "Re
 /// Steps over `over` seconds (see [`slow_steps`]) that are none of the named requests. (Steps that
 /// still wait inside a reconcile, docs/architecture.md "Jobs", are in none of the tests that use
 /// this: under systemd, StartSlot for the unit's main pid and EnsureFront for a unit that
-/// restarts a crashed front; SetFront on caddy; EnsureStore for a new managed PostgreSQL's initdb.)
+/// restarts a crashed front; EnsureStore for a new managed PostgreSQL's initdb.)
 /// The real-kcp tests hold every other step to 1 s: a step that waits for a process or a copy
 /// takes seconds, while the 0.1 s goal is held by the stand-in tests (on real kcp, with CI's
 /// load beside them, a step's requests and writes take 0.1-0.3 s).

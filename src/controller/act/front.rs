@@ -1,18 +1,13 @@
 //! The steps that start the front and change which slots it serves.
-use std::time::Duration;
-
 use chrono::Utc;
 
 use super::Actor;
 use super::Notes;
 use crate::controller::Note;
 use crate::controller::error::Error;
-use crate::controller::plan::{FrontChange, LeaveCause};
+use crate::controller::plan::{FrontChange, FrontCheck, LeaveCause};
 use crate::front::Backend;
 use crate::slot;
-
-/// How long caddy may take to answer `/readyz` through the front after a change.
-const FRONT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Actor<'_> {
     pub(super) async fn ensure_front(&self) -> Result<Notes, Error> {
@@ -152,37 +147,29 @@ impl Actor<'_> {
                 }
             ),
         ));
-        if !front.is_ours()
-            && let Some(first) = change.backends.first()
-            && let Err(e) = self.check_through_front(first, front.listen()).await
-        {
+        if !front.is_ours() && !change.backends.is_empty() {
             // Caddy terminates TLS and may be misconfigured in ways its admin API does not show:
-            // ask it, as a client would.
-            notes.push(Note::warning(
-                "FrontCheckFailed",
-                format!("the front was changed, but {e}: check caddy's config (kcpshard front caddy-config) and log"),
-            ));
+            // later looks ask it as a client would (FinishFrontCheck).
+            let mut state = self.dirs.load_state()?;
+            state.front_check = Some(FrontCheck { since: Utc::now() });
+            self.dirs.save_state(&state)?;
         }
         Ok(notes)
     }
 
-    /// `/readyz` through the front's address answers ok within [`FRONT_CHECK_TIMEOUT`].
-    /// Err says what a client through the front saw.
-    pub(super) async fn check_through_front(&self, slot: &str, listen: std::net::SocketAddr) -> Result<(), String> {
-        let kubeconfig = self.dirs.slot(slot).admin_kubeconfig();
-        let client = slot::access::shard_admin_client(&kubeconfig, &format!("https://{listen}"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let deadline = std::time::Instant::now() + FRONT_CHECK_TIMEOUT;
-        loop {
-            let outcome = tokio::time::timeout(Duration::from_secs(2), slot::access::readyz(&client)).await;
-            match outcome {
-                Ok(Ok(true)) => return Ok(()),
-                _ if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
-                Ok(Ok(false)) => return Err(format!("/readyz through {listen} does not answer ok")),
-                Ok(Err(e)) => return Err(format!("/readyz through {listen} failed: {e}")),
-                Err(_) => return Err(format!("/readyz through {listen} did not answer within 2s")),
-            }
-        }
+    /// FinishFrontCheck: forgets the check of a caddy front's change, telling a failure.
+    pub(super) fn finish_front_check(&self, failure: Option<&str>) -> Result<Notes, Error> {
+        let mut state = self.dirs.load_state()?;
+        state.front_check = None;
+        self.dirs.save_state(&state)?;
+        Ok(failure
+            .map(|failure| {
+                Note::warning(
+                    "FrontCheckFailed",
+                    format!("the front was changed, but {failure}: check caddy's config (kcpshard front caddy-config) and log"),
+                )
+            })
+            .into_iter()
+            .collect())
     }
 }

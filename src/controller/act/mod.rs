@@ -86,6 +86,7 @@ impl Actor<'_> {
             Step::StartSlot { name } => self.start_new_slot(name).await,
             Step::StartInterim { name } => self.start_interim(name).await,
             Step::SetFront(change) => self.set_front(change).await,
+            Step::FinishFrontCheck { failure } => self.finish_front_check(failure.as_deref()),
             Step::TerminateSlot { name } => self.terminate_slot(name),
             Step::KillSlot { name, cause } => self.kill_slot(name, cause),
             Step::CloseConnections { name } => self.close_connections(name).await,

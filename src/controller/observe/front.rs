@@ -8,12 +8,16 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::ObservedSlot;
 use crate::controller::front::Front;
-use crate::controller::plan::{FrontObservation, ProcessStop, Stopping};
+use crate::controller::plan::{FrontCheck, FrontCheckObservation, FrontObservation, ProcessStop, Stopping};
+use crate::controller::state::ShardDirs;
 use crate::controller::{Context, Wake};
 use crate::front::Backend;
+use crate::slot::access;
 
 /// How long the front's control socket may take to answer a status request.
 const FRONT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long `/readyz` through a caddy front may take to answer a check of a change.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What one look saw of the front.
 pub(super) struct FrontLook {
@@ -121,5 +125,37 @@ pub(super) async fn look(
             FrontObservation::Down,
             format!("the front did not answer within {FRONT_TIMEOUT:?}"),
         ),
+    }
+}
+
+/// A due check of a caddy front's change: one `/readyz` through the front at `listen`, as a client
+/// would, with the admin credentials of `slot` (one the front serves).
+pub(super) async fn check(
+    dirs: &ShardDirs,
+    listen: SocketAddr,
+    slot: Option<&String>,
+    check: &FrontCheck,
+) -> FrontCheckObservation {
+    let Some(slot) = slot else {
+        return FrontCheckObservation {
+            check: check.clone(),
+            outcome: Err("caddy serves no slot of the shard".into()),
+        };
+    };
+    let kubeconfig = dirs.slot(slot).admin_kubeconfig();
+    let outcome = match access::shard_admin_client(&kubeconfig, &format!("https://{listen}")).await {
+        Err(e) => Err(e.to_string()),
+        Ok(client) => match tokio::time::timeout(CHECK_TIMEOUT, access::readyz(&client)).await {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(format!("/readyz through {listen} does not answer ok")),
+            Ok(Err(e)) => Err(format!("/readyz through {listen} failed: {e}")),
+            Err(_) => Err(format!(
+                "/readyz through {listen} did not answer within {CHECK_TIMEOUT:?}"
+            )),
+        },
+    };
+    FrontCheckObservation {
+        check: check.clone(),
+        outcome,
     }
 }

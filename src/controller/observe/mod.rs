@@ -287,6 +287,14 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     }
     let front = ctx.front(shard, dirs)?;
     let front_look = front::look(ctx, &shard_ref, &front, &slots, &stopping).await;
+    // Not while deleting: what the front serves goes.
+    let front_check = match &state.front_check {
+        Some(due) if !front.is_ours() && shard.metadata.deletion_timestamp.is_none() => {
+            let serving = front_look.observation.backends().first();
+            Some(front::check(dirs, front.listen(), serving, due).await)
+        }
+        _ => None,
+    };
     // Own kines of slots (KinePostgres) started and not accepting yet: of a slot about to start,
     // or of a running slot whose kine was started again.
     let mut slot_stores_starting = BTreeMap::new();
@@ -384,6 +392,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         job,
         stopping,
         killed_and_gone,
+        front_check,
         identities: Default::default(),
         sharded_trust_stale: match &shard.spec.shard {
             Some(sharded) if sharded.is_root() => {

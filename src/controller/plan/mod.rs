@@ -167,6 +167,9 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
     if let Some(step) = kills(desired, observed) {
         return step;
     }
+    if let Some(step) = front_checked(observed) {
+        return step;
+    }
     if let Some(step) = lease_release(observed) {
         return step;
     }

@@ -220,6 +220,14 @@ pub enum PreflightRun {
     Exited { last_words: String },
 }
 
+/// A due check of a caddy front's change, and how it went on this look.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrontCheckObservation {
+    pub check: FrontCheck,
+    /// Ok once `/readyz` through the front answered ok; otherwise what a client saw.
+    pub outcome: Result<(), String>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
     pub now: DateTime<Utc>,
@@ -286,6 +294,8 @@ pub struct Observed {
     pub job: Option<JobObservation>,
     /// The processes asked to stop (the store's, a slot's kine, the front) that still run.
     pub stopping: Vec<ProcessStop>,
+    /// A check of a caddy front's change through the front, while one is due.
+    pub front_check: Option<FrontCheckObservation>,
     /// The processes killed after their stop's grace (KillStopping) that have exited since.
     pub killed_and_gone: Vec<ProcessStop>,
     /// The shard's admin identities and whether the kubeconfig through the front is current.

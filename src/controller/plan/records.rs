@@ -195,6 +195,15 @@ impl BlockCause {
     }
 }
 
+/// A change of a caddy front's upstreams, made at `since`, to be checked as a client would
+/// (caddy terminates TLS and may be misconfigured in ways its admin API does not show): `/readyz`
+/// through the front.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontCheck {
+    pub since: DateTime<Utc>,
+}
+
 /// The probe of a roll: a throwaway workspace that reaches Ready once a leader runs kcp's
 /// controllers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

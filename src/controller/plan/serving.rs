@@ -2,6 +2,25 @@
 //! gets the front there.
 use super::*;
 
+/// How long a change of a caddy front's upstreams may take to answer `/readyz` through the front
+/// (caddy's active health checks let a new upstream in after their interval).
+pub const FRONT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The end of a due check of a caddy front's change: it passed, or it still fails
+/// [`FRONT_CHECK_TIMEOUT`] after the change.
+pub fn front_checked(observed: &Observed) -> Option<Step> {
+    let seen = observed.front_check.as_ref()?;
+    match &seen.outcome {
+        Ok(()) => Some(Step::FinishFrontCheck { failure: None }),
+        Err(failure) if elapsed(observed.now, seen.check.since) >= FRONT_CHECK_TIMEOUT => {
+            Some(Step::FinishFrontCheck {
+                failure: Some(failure.clone()),
+            })
+        }
+        Err(_) => None,
+    }
+}
+
 /// The slots new connections should go to: up to N slots of the desired template that can serve,
 /// then old slots already in the front to make up N (the leader kept longest, so that the Lease
 /// moves once); if none, any slot that answers; if none, what the front has now and still runs

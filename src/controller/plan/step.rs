@@ -112,6 +112,11 @@ pub enum Step {
     /// closes its listening socket at once and drains its connections); EnsureFront starts the
     /// new one once it is gone.
     MoveFront,
+    /// A check of a caddy front's change through the front passed (`failure` None), or still
+    /// failed after `FRONT_CHECK_TIMEOUT`: forget it, telling a failure.
+    FinishFrontCheck {
+        failure: Option<String>,
+    },
     /// kcpshard's front does not answer on its control socket: kill it by its recorded pid
     /// (EnsureFront starts it again).
     KillFront,
@@ -271,6 +276,7 @@ impl Step {
             Step::UpgradeFront => "UpgradeFront",
             Step::MoveFront => "MoveFront",
             Step::KillFront => "KillFront",
+            Step::FinishFrontCheck { .. } => "FinishFrontCheck",
             Step::Snapshot => "Snapshot",
             Step::StartPreflight => "StartPreflight",
             Step::CopyPreflight => "CopyPreflight",

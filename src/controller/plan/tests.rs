@@ -105,6 +105,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         job: None,
         stopping: vec![],
         killed_and_gone: vec![],
+        front_check: None,
         // The shard's admin identity is made and the kubeconfig is current: the identity steps
         // (plan/identities.rs) have nothing to do.
         identities: IdentitiesObservation {
@@ -162,6 +163,31 @@ fn a_new_shard_gets_its_store_then_its_front_then_slot_a() {
 /// While a front starts, slots that die or hang are acted on; one that runs another binary than
 /// serve's is upgraded by a step of its own; one that stops while it is asked to is waited for,
 /// not killed as unresponsive.
+#[test]
+fn a_check_of_a_caddy_front_s_change_ends_once_it_passes_or_once_it_has_failed_for_5s() {
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.now = at(10);
+    let due = |outcome: Result<(), String>| FrontCheckObservation {
+        check: FrontCheck { since: at(8) },
+        outcome,
+    };
+    o.front_check = Some(due(Ok(())));
+    assert_eq!(plan(&d, &o), Step::FinishFrontCheck { failure: None });
+    o.front_check = Some(due(Err("/readyz through 127.0.0.1:1 failed".into())));
+    assert_eq!(plan(&d, &o), Step::Idle, "caddy's health checks get their time");
+    o.now = at(13);
+    assert_eq!(
+        plan(&d, &o),
+        Step::FinishFrontCheck {
+            failure: Some("/readyz through 127.0.0.1:1 failed".into())
+        }
+    );
+    // A slot that dies meanwhile leaves the front first.
+    o.slots[0].running = false;
+    assert!(matches!(plan(&d, &o), Step::SetFront(_)), "{:?}", plan(&d, &o));
+}
+
 #[test]
 fn a_starting_or_upgrading_front_is_waited_for_while_slots_are_acted_on_and_an_outdated_one_is_upgraded() {
     let d = desired("v1");
