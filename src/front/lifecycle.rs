@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -193,7 +194,6 @@ pub async fn start_upgrade(launch: FrontLaunch<'_>) -> Result<UpgradeStart, Fron
     let status = FrontClient::connect(launch.dir).await?.status().await?;
     if let Some(last) = pending_successor(launch.dir, status.pid) {
         let _ = std::fs::remove_file(launch.dir.join(SUCCESSOR_FILE));
-        let end_unseen = read_start_error(launch.dir).is_none() && launch.runtime.exit_status(&last).await.is_none();
         let failure = match launch.runtime.is_running(&last) {
             true => {
                 let _ = launch.runtime.kill(&last).await;
@@ -204,11 +204,15 @@ pub async fn start_upgrade(launch: FrontLaunch<'_>) -> Result<UpgradeStart, Fron
                     seconds: START_TIMEOUT.as_secs(),
                 })
             }
-            false if end_unseen => None,
-            false => match exit_error(launch.runtime, launch.dir, &last).await {
-                FrontError::KilledWhileStarting { .. } => None,
-                error => Some(error),
-            },
+            false => {
+                let status = launch.runtime.exit_status(&last).await;
+                match exit_error(launch.runtime, launch.dir, &last, status).await {
+                    FrontError::KilledWhileStarting { .. } => None,
+                    // Its end unseen, and nothing written in the dir.
+                    FrontError::Exited { .. } if status.is_none() => None,
+                    error => Some(error),
+                }
+            }
         };
         let _ = std::fs::remove_file(launch.dir.join(ERROR_FILE));
         if let Some(error) = failure
@@ -494,7 +498,7 @@ async fn wait_answering(
             if !successor {
                 runtime.stop_unit(&unit).await;
             }
-            return Err(exit_error(runtime, dir, record).await);
+            return Err(exit_error(runtime, dir, record, runtime.exit_status(record).await).await);
         }
         if let Some((client, status)) = answering(dir).await
             && status.pid == record.pid
@@ -518,12 +522,11 @@ async fn wait_answering(
 }
 
 /// Why the front `record`, started for `dir`, exited before it answered: what it wrote in its
-/// dir, or its exit status and the last lines it printed.
-async fn exit_error(runtime: &Runtime, dir: &Path, record: &ProcessRecord) -> FrontError {
+/// dir, or its exit `status` (None: nobody saw it) and the last lines it printed.
+async fn exit_error(runtime: &Runtime, dir: &Path, record: &ProcessRecord, status: Option<ExitStatus>) -> FrontError {
     if let Some(error) = read_start_error(dir) {
         return error.into_error();
     }
-    let status = runtime.exit_status(record).await;
     if let Some(killed) = status.filter(|s| s.signal().is_some()) {
         return FrontError::KilledWhileStarting {
             status: killed.to_string(),
