@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kcpshard::process::{ProcessRecord, ProcessSpec, Runtime, UnitName, free_port, procfs};
+use kcpshard::process::{PortReservation, ProcessRecord, ProcessSpec, Runtime, UnitName, free_port, procfs};
 use kcpshard::slot::identity::{self, FrontKubeconfig, Identity};
 use kcpshard::slot::{self, NotServingKind, SlotLaunch};
 use kcpshard::store::{self, kine::KineSpec};
@@ -76,6 +76,8 @@ impl Drop for Reaper {
 
 struct Slot {
     port: u16,
+    /// Held while the slot runs, as the controller holds a new slot's port.
+    _port_held: PortReservation,
     root: PathBuf,
     log: PathBuf,
     record: ProcessRecord,
@@ -101,7 +103,8 @@ async fn start_slot(
     let kcp = &require(&format!("kcp-{version}"));
     let dir = base.join(format!("slot-{name}"));
     let root = dir.join("root");
-    let port = free_port().unwrap();
+    let reservation = PortReservation::new().unwrap();
+    let port = reservation.port();
     let token_auth_file = dir.join("admin-tokens.csv");
     identity::write_token_file(&token_auth_file, accepts, "").unwrap();
     let launch = SlotLaunch {
@@ -134,6 +137,7 @@ async fn start_slot(
     assert_eq!(Runtime::load(&spec.record).unwrap().as_ref(), Some(&record));
     Slot {
         port,
+        _port_held: reservation,
         root,
         log: spec.log,
         record,

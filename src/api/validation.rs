@@ -17,6 +17,7 @@ use crate::apiserver::error::FieldCause;
 pub const OWNED_KCP_FLAGS: &[&str] = &[
     "--root-directory",
     "--secure-port",
+    "--permit-port-sharing",
     "--bind-address",
     "--etcd-servers",
     "--etcd-cafile",

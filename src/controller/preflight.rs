@@ -32,7 +32,7 @@ use super::plan::{
 };
 use super::state::{ControllerState, PreflightRecord, ShardDirs};
 use super::{Context, Error, Note, Wake};
-use crate::process::{ProcessRecord, ProcessSpec, Runtime, UnitName, free_port};
+use crate::process::{PortReservation, ProcessRecord, ProcessSpec, Runtime, UnitName};
 use crate::slot;
 use crate::slot::schemas::{self, Schemas};
 use crate::store::copy::{CopyPlace, CopyRun};
@@ -133,7 +133,6 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
     let dirs = actor.dirs.preflight();
     crate::fsutil::create_private_dir(dirs.dir())?;
     super::state::write_json(&dirs.original(), &original)?;
-    record.port = free_port()?;
     save_new(actor.dirs, record)?;
     Ok(vec![Note::normal(
         "PreflightStarted",
@@ -216,13 +215,15 @@ pub async fn launch(actor: &Actor<'_>) -> Result<Notes, Error> {
     };
     slot::material::seed_root(&actor.dirs.shared(), &dirs.root())?;
     super::credentials::write_token_file(actor.dirs, &template.accepted_identities, "", &dirs.token_file())?;
+    let reservation = PortReservation::new()?;
+    let port = reservation.port();
     let launch = slot::args::SlotLaunch {
         name: "preflight".into(),
         version: template.version.clone(),
         binary: PathBuf::from(&template.binary),
         root_dir: std::path::absolute(dirs.root())?,
         bind_address: std::net::Ipv4Addr::LOCALHOST.into(),
-        port: record.port,
+        port,
         etcd_servers,
         etcd_tls: Default::default(),
         front_url: template.front_url.clone(),
@@ -242,8 +243,12 @@ pub async fn launch(actor: &Actor<'_>) -> Result<Notes, Error> {
         dirs.process(),
     );
     let launched_at = Utc::now();
-    save(actor.dirs, |r| r.launched_at = Some(launched_at))?;
+    save(actor.dirs, |r| {
+        r.launched_at = Some(launched_at);
+        r.port = port;
+    })?;
     let process = actor.ctx.runtime.start(&spec).await?;
+    reservation.hold_for(actor.desired.readiness_timeout);
     let copied = match (record.copied_at, record.dump.is_some()) {
         (Some(at), _) => format!("copied in {:.1}s", seconds(record.started_at, at)),
         (None, _) => "copied".into(),
@@ -252,7 +257,7 @@ pub async fn launch(actor: &Actor<'_>) -> Result<Notes, Error> {
         "PreflightLaunched",
         format!(
             "started kcp {} alone on a copy of the data ({copied}; pid {}, port {}, never behind the front)",
-            template.version, process.pid, record.port
+            template.version, process.pid, port
         ),
     )])
 }

@@ -26,10 +26,13 @@
 //!   `READY=1` must never reach `serve`'s unit.
 pub mod detached;
 pub mod exits;
+mod port;
 pub mod procfs;
 mod spec;
 pub mod systemd;
 pub mod units;
+
+pub use port::PortReservation;
 
 pub use spec::*;
 

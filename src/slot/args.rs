@@ -9,6 +9,8 @@
 //!   clients and be cut by the next roll.
 //! - its own `--root-directory`, `--secure-port` on `--bind-address=127.0.0.1`, and
 //!   `--shutdown-delay-duration` so that in-flight requests finish after the front has moved on.
+//! - `--permit-port-sharing`: the controller holds the port until kcp has bound it beside its own
+//!   socket (`crate::process::PortReservation`).
 //! - `--token-auth-file` = the slot's own token file: the shard's admin identities this slot
 //!   accepts (`super::identity`), written before it starts. kcp takes one such file, so a user's
 //!   own static tokens cannot be added beside it; client certificates (`--client-ca-file`), OIDC
@@ -98,10 +100,11 @@ pub const SHARDED_FLAGS: [&str; 10] = [
 ];
 
 /// Flags that kcpshard sets for every slot and that extra arguments may not set again.
-pub const SAFETY_FLAGS: [&str; 16] = [
+pub const SAFETY_FLAGS: [&str; 17] = [
     "root-directory",
     "bind-address",
     "secure-port",
+    "permit-port-sharing",
     "etcd-servers",
     "etcd-cafile",
     "etcd-certfile",
@@ -194,6 +197,7 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         root_dir_arg(&launch.root_dir),
         format!("--bind-address={}", launch.bind_address),
         format!("--secure-port={}", launch.port),
+        "--permit-port-sharing=true".to_string(),
         format!("--etcd-servers={}", launch.etcd_servers),
         "--enable-leader-election=true".to_string(),
         format!("--shard-base-url={}", launch.front_url),

@@ -23,6 +23,8 @@ use std::sync::{Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use kcpshard::process::PortReservation;
+
 pub use tempfile::TempDir;
 
 // ------------------------------------------------------------------------------------------------
@@ -768,7 +770,8 @@ impl Kine {
 pub struct KcpOptions {
     pub version: String,
     pub root_dir: PathBuf,
-    pub port: u16,
+    /// Held until the kcp stops; kcp binds it beside the reservation (`--permit-port-sharing`).
+    pub port: PortReservation,
     /// `--etcd-servers`, e.g. `Kine::url()`.
     pub etcd_servers: String,
     pub extra_flags: Vec<String>,
@@ -780,7 +783,7 @@ impl KcpOptions {
         KcpOptions {
             version: kcp_newer(),
             root_dir: root_dir.to_path_buf(),
-            port: free_port(),
+            port: PortReservation::new().unwrap(),
             etcd_servers: etcd_servers.to_string(),
             extra_flags: Vec::new(),
             ready_timeout: Duration::from_secs(300),
@@ -792,6 +795,7 @@ impl KcpOptions {
 pub struct Kcp {
     pub version: String,
     pub port: u16,
+    _port_held: PortReservation,
     pub root_dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub proc: Proc,
@@ -815,7 +819,8 @@ impl Kcp {
         cmd.arg("start")
             .arg(format!("--root-directory={}", opts.root_dir.display()))
             .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={}", opts.port))
+            .arg(format!("--secure-port={}", opts.port.port()))
+            .arg("--permit-port-sharing")
             .arg(format!("--etcd-servers={}", opts.etcd_servers))
             .args(&opts.extra_flags)
             .current_dir(&opts.root_dir);
@@ -823,7 +828,8 @@ impl Kcp {
         proc.grace = Duration::from_secs(15);
         let mut kcp = Kcp {
             version: opts.version,
-            port: opts.port,
+            port: opts.port.port(),
+            _port_held: opts.port,
             kubeconfig: opts.root_dir.join("admin.kubeconfig"),
             root_dir: opts.root_dir,
             proc,

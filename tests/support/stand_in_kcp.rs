@@ -19,6 +19,8 @@
 //!   its own there: the copy's, not the slots';
 //! - `--stand-in-ready-after-ms=N` (an extra argument) overrides `STANDIN_READY_AFTER_MS`;
 //! - an extra argument containing `bogus` makes it exit 1 with `Error: unknown flag: <arg>`;
+//! - `--stand-in-hang-posts-while=PATH`: a POST of a workspace waits while PATH exists (a kcp
+//!   that hangs on a write), after creating PATH with the extension `seen`;
 //! - `--stand-in-exit-if-exists=PATH` makes it exit 1 at start while PATH exists (a kcp that
 //!   crashes on its data from some point on).
 //!
@@ -41,6 +43,19 @@ const LEASE_PATH: &str =
 const WORKSPACES_PATH: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
 const SYSTEM_CRDS: &str = "/clusters/system:system-crds/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
 const CRDS: &str = r#"{"items":[{"metadata":{"name":"shards.core.kcp.io"},"spec":{"versions":[{"name":"v1alpha1","served":true,"storage":true}]},"status":{"storedVersions":["v1alpha1"]}}]}"#;
+
+/// kcp's listener: with `--permit-port-sharing`, SO_REUSEPORT, so that it binds the port the
+/// controller holds for it.
+fn listen(port: u16, share_port: bool) -> tokio::net::TcpListener {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket.set_reuse_port(share_port).unwrap();
+    socket
+        .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
+        .unwrap();
+    socket.listen(1024).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    tokio::net::TcpListener::from_std(socket.into()).unwrap()
+}
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     let prefix = format!("--{name}=");
@@ -226,7 +241,8 @@ async fn main() {
         .unwrap();
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let listener = listen(port, args.iter().any(|a| a.starts_with("--permit-port-sharing")));
+    let hang_posts = flag(&args, "stand-in-hang-posts-while").map(|p| Arc::new(PathBuf::from(p)));
     let started = std::time::Instant::now();
     let terminating = Arc::new(AtomicBool::new(false));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
@@ -235,12 +251,18 @@ async fn main() {
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let (acceptor, lease, terminating, tokens) =
-                (acceptor.clone(), lease.clone(), terminating.clone(), tokens.clone());
+            let (acceptor, lease, terminating, tokens, hang_posts) = (
+                acceptor.clone(),
+                lease.clone(),
+                terminating.clone(),
+                tokens.clone(),
+                hang_posts.clone(),
+            );
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
                 let service = hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-                    let (lease, terminating, tokens) = (lease.clone(), terminating.clone(), tokens.clone());
+                    let (lease, terminating, tokens, hang_posts) =
+                        (lease.clone(), terminating.clone(), tokens.clone(), hang_posts.clone());
                     async move {
                         let authorized = request
                             .headers()
@@ -250,6 +272,16 @@ async fn main() {
                             .is_some_and(|t| tokens.iter().any(|known| known == t));
                         let path = request.uri().path().to_string();
                         let ready = !terminating.load(Ordering::SeqCst) && started.elapsed() >= ready_after;
+                        if request.method() == Method::POST
+                            && path == WORKSPACES_PATH
+                            && let Some(hang) = hang_posts.as_deref()
+                            && hang.exists()
+                        {
+                            std::fs::write(hang.with_extension("seen"), "").unwrap();
+                            while hang.exists() {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        }
                         let answer = match (request.method().clone(), path.as_str()) {
                             _ if !authorized => reply(StatusCode::UNAUTHORIZED, "{}"),
                             (Method::GET, "/readyz") if ready => reply(StatusCode::OK, "ok"),

@@ -13,7 +13,7 @@ use crate::controller::plan::{
     BlockCause, Blocked, KillCause, RestartCause, RestorePhase, RollRecord, SlotTemplate, StopCause, StopRecord,
 };
 use crate::controller::state::{DataVersion, SlotRecord, StoreRecord};
-use crate::process::{ProcessSpec, UnitName, free_port};
+use crate::process::{PortReservation, ProcessSpec, UnitName};
 use crate::slot;
 use crate::store::SlotStoreStart;
 
@@ -118,7 +118,8 @@ impl Actor<'_> {
                 )));
             }
         };
-        let port = free_port()?;
+        let reservation = PortReservation::new()?;
+        let port = reservation.port();
         let now = Utc::now();
         if begins_roll {
             let mut state = self.dirs.load_state()?;
@@ -225,6 +226,7 @@ impl Actor<'_> {
             slot_dirs.process(),
         );
         let process = self.ctx.runtime.start(&spec).await?;
+        reservation.hold_for(self.desired.readiness_timeout);
         if begins_roll {
             self.update_roll(|roll| roll.new_slot_started_at = Some(Utc::now()))?;
         }
