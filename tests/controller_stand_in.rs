@@ -303,58 +303,42 @@ async fn serve_honours_sigterm_within_5s_mid_roll_and_deletion_leaves_nothing_ru
     env.shutdown(&[]).await;
 }
 
+/// Waits (up to 60 s) until a one-slot shard's restart roll has completed on slot b.
+async fn rolled_to_b(env: &Env) {
+    env.until("dev", Duration::from_secs(60), "the restart roll complete", |o| {
+        let slots = o["status"]["slots"].as_array().cloned().unwrap_or_default();
+        (o["status"]["lastRoll"]["completedAt"].is_string()
+            && slots.len() == 1
+            && slots[0]["name"] == "b"
+            && slots[0]["serving"] == true)
+            .then_some(())
+    })
+    .await;
+}
+
 /// SIGTERM while a step is in progress: serve waits its grace for the step, then aborts it and
-/// waits until it is gone, and only then lets go of the state dir. The step here is StartSlot of
-/// serve SIGTERMed in the middle of a step: EnsureStore making a new managed PostgreSQL's cluster
-/// with an initdb that takes 20 s (a wrapper that waits first, once a flag file exists). serve
-/// exits within 5 s, says it cut the step, kills initdb with it, and logs no line of a step after it
-/// let go of the state dir. The next serve makes the cluster and the shard serves.
+/// waits until it is gone, and only then lets go of the state dir. The step here is a restart
+/// roll's Probe, whose POST of a workspace the kcps hang on (a stand-in knob) while a flag file
+/// exists. serve exits within 5 s, says it cut the step, and logs no line of a step after it let
+/// go of the state dir. The next serve finishes the roll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go() {
-    use std::os::unix::fs::PermissionsExt;
-    let wrapper_dir = tempfile::tempdir().unwrap();
-    // initdb runs as the postgres user when serve runs as root: it must reach the wrapper.
-    std::fs::set_permissions(wrapper_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let slow = wrapper_dir.path().join("slow");
-    let initdb = wrapper_dir.path().join("initdb");
-    let real = std::fs::canonicalize(support::require("initdb")).unwrap();
-    // The wait is bash's own (a read from a FIFO nobody writes), so the wrapper is one process,
-    // which the step's end kills.
-    let fifo = wrapper_dir.path().join("never-written");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
-    std::fs::set_permissions(&fifo, std::fs::Permissions::from_mode(0o666)).unwrap();
-    std::fs::write(
-        &initdb,
-        format!(
-            "#!/bin/bash\n[ -e '{}' ] && read -t 20 <> '{}'\nexec '{}' \"$@\"\n",
-            slow.display(),
-            fifo.display(),
-            real.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&initdb, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        wrapper_dir.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut env = Env::start_with_kine_and_env(&[], support::require("kine"), &[("PATH", &path)]).await;
-    std::fs::write(&slow, "").unwrap();
+    let flags = tempfile::tempdir().unwrap();
+    let hang = flags.path().join("hang");
+    let mut env = Env::start().await;
     let front = format!("127.0.0.1:{}", free_port());
     let mut shard = spec(&front, 1);
-    shard["store"] = json!({
-        "type": "KinePostgres",
-        "kinePostgres": { "host": "127.0.0.1", "port": free_port(), "database": "kcp", "user": "kcp", "managed": true },
-    });
+    shard["kcp"]["extraArgs"] = json!([format!("--stand-in-hang-posts-while={}", hang.display())]);
     env.apply_spec("dev", shard).await;
-    let waiting = || e2e::processes_with(&initdb.display().to_string());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while waiting().is_empty() {
-        assert!(Instant::now() < deadline, "EnsureStore never ran initdb");
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    std::fs::write(&hang, "").unwrap();
+    env.request_restart("dev").await;
+    let seen = hang.with_extension("seen");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen.exists() {
+        assert!(Instant::now() < deadline, "the restart roll never probed its new slot");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let pid = env.serve_pid().unwrap();
     let asked = Instant::now();
     signal(pid, libc::SIGTERM);
@@ -380,13 +364,11 @@ async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go(
         late.is_empty(),
         "a step ran after serve let go of the state dir: {late:?}"
     );
-    let left = waiting();
-    assert!(left.is_empty(), "initdb outlived the step serve cut: {left:?}");
 
-    std::fs::remove_file(&slow).unwrap();
+    std::fs::remove_file(&hang).unwrap();
     env.stop_serve();
     env.start_serve().await;
-    settled(&env, "dev", 1, Duration::from_secs(90)).await;
+    rolled_to_b(&env).await;
     env.shutdown(&["dev"]).await;
 }
 
@@ -493,15 +475,7 @@ async fn a_slots_own_kine_slow_to_accept_is_waited_for_outside_any_step() {
     };
     env.log(&format!("SlotStoreStarting: {note}"));
     assert!(note.contains("once it accepts"), "{note}");
-    env.until("dev", Duration::from_secs(60), "the restart roll complete", |o| {
-        let slots = o["status"]["slots"].as_array().cloned().unwrap_or_default();
-        (o["status"]["lastRoll"]["completedAt"].is_string()
-            && slots.len() == 1
-            && slots[0]["name"] == "b"
-            && slots[0]["serving"] == true)
-            .then_some(())
-    })
-    .await;
+    rolled_to_b(&env).await;
     // CREATE DATABASE (EnsureStore, at the shard's start) may take longer under load.
     let slow_steps: Vec<_> = e2e::slow_steps(&env, "dev", "0.5")
         .await

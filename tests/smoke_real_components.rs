@@ -367,9 +367,9 @@ fn managed_postgres() -> (tempfile::TempDir, ManagedPostgres, PostgresServer) {
     (dir, managed, server)
 }
 
-/// A managed PostgreSQL is started and not waited for (EnsureStore returns at once); a later look
-/// finds it ready. One killed under the shard is started again the same way, and its start is not
-/// mistaken for one that failed.
+/// A managed PostgreSQL's cluster is made and the postmaster started, neither waited for (EnsureStore
+/// returns at once); a later look finds it ready. One killed under the shard is started again the
+/// same way, and its start is not mistaken for one that failed.
 #[tokio::test]
 async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
     let (_dir, managed, server) = managed_postgres();
@@ -389,11 +389,16 @@ async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
         }
     };
 
-    // The first start makes the cluster (initdb, seconds), then starts the postmaster and returns.
+    // The first start starts initdb (seconds) and returns; the next starts the postmaster.
+    let step = Instant::now();
+    let making = managed.ensure(&runtime, &server).await.unwrap();
+    let first_step = step.elapsed();
+    assert!(matches!(making, Postmaster::MakingCluster { .. }), "{making:?}");
+    let made = ready_within("initdb").await;
     let Postmaster::Starting { pid: first } = managed.ensure(&runtime, &server).await.unwrap() else {
         panic!("a PostgreSQL that was just started already accepted");
     };
-    let waited = ready_within("the first start").await;
+    let waited = made + ready_within("the first start").await;
     let looked = Instant::now();
     assert_eq!(managed.ensure(&runtime, &server).await.unwrap(), Postmaster::Ready);
     let look = looked.elapsed();
@@ -424,7 +429,8 @@ async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
     );
     let waited_again = ready_within("the start after a kill").await;
     println!(
-        "MEASURE managed PostgreSQL: a step that starts it returns in {:.0} ms, it accepts {:.0} ms later; a look at a ready one {:.0} ms (first start ready after {:.0} ms)",
+        "MEASURE managed PostgreSQL: a step that starts initdb returns in {:.0} ms, one that starts the postmaster in {:.0} ms, which accepts {:.0} ms later; a look at a ready one {:.0} ms (first start ready after {:.0} ms)",
+        first_step.as_secs_f64() * 1e3,
         restart.as_secs_f64() * 1e3,
         waited_again.as_secs_f64() * 1e3,
         look.as_secs_f64() * 1e3,
@@ -436,12 +442,53 @@ async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
         .unwrap();
 }
 
+/// Waits (up to 60 s) until the initdb that `ensure` started has ended.
+async fn initdb_ended(managed: &ManagedPostgres, runtime: &kcpshard::process::Runtime) {
+    let started = Instant::now();
+    while managed.starting(runtime).is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "initdb still runs after 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An initdb that fails (PostgreSQL refuses a superuser named `pg_...`) is told once by the next
+/// step, quoting what it printed, and the step after runs it again.
+#[tokio::test]
+async fn a_managed_postgres_cluster_that_cannot_be_made_is_named_with_initdb_s_words_and_made_again() {
+    let (_dir, managed, mut server) = managed_postgres();
+    server.user = "pg_refused".into();
+    let runtime = kcpshard::process::Runtime::new();
+    for attempt in 1..=2 {
+        let making = managed.ensure(&runtime, &server).await.unwrap();
+        assert!(
+            matches!(making, Postmaster::MakingCluster { .. }),
+            "attempt {attempt}: {making:?}"
+        );
+        initdb_ended(&managed, &runtime).await;
+        let failed = managed
+            .ensure(&runtime, &server)
+            .await
+            .expect_err("a failed initdb went unreported");
+        let message = failed.to_string();
+        assert!(
+            message.contains("initdb failed") && message.contains("pg_refused") && message.contains("initdb.log"),
+            "attempt {attempt}: {message}"
+        );
+    }
+}
+
 /// A managed PostgreSQL that fails its start (its port is taken) is started again, and the step
 /// says why the last one exited, with its log; once the port is free it starts.
 #[tokio::test]
 async fn a_managed_postgres_that_fails_its_start_is_named_with_its_log_and_started_again() {
     let (_dir, managed, server) = managed_postgres();
     let runtime = kcpshard::process::Runtime::new();
+    let making = managed.ensure(&runtime, &server).await.unwrap();
+    assert!(matches!(making, Postmaster::MakingCluster { .. }), "{making:?}");
+    initdb_ended(&managed, &runtime).await;
     let squatter = std::net::TcpListener::bind(("127.0.0.1", server.port)).unwrap();
     let Postmaster::Starting { pid: first } = managed.ensure(&runtime, &server).await.unwrap() else {
         panic!("a PostgreSQL started on a taken port accepted");

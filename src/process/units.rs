@@ -9,6 +9,7 @@
 //! | a preflight's kcp | `kcpshard-<shard>-preflight.service` |
 //! | a preflight's kine | `kcpshard-<shard>-preflight-kine.service` |
 //! | a managed PostgreSQL | `kcpshard-<shard>-postgres.service` |
+//! | the initdb that makes a managed PostgreSQL's cluster | `kcpshard-<shard>-postgres-initdb.service` |
 //! | the front | `kcpshard-<shard>-front.service` |
 //! | a job: a dump or a restore of the store | `kcpshard-<shard>-job.service` |
 //!
@@ -58,6 +59,11 @@ impl UnitName {
     /// The PostgreSQL kcpshard runs for a shard.
     pub fn postgres(shard: &str) -> UnitName {
         UnitName::of(&[shard, "postgres"])
+    }
+
+    /// The initdb that makes a managed PostgreSQL's cluster.
+    pub fn postgres_initdb(shard: &str) -> UnitName {
+        UnitName::of(&[shard, "postgres", "initdb"])
     }
 
     /// The shard's front.

@@ -12,9 +12,7 @@
 //! the directories above the cluster get search permission for others (never read), so that user
 //! can reach it. Key material stays in its own 0700 directories.
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -28,15 +26,27 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a fast shutdown may take before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(30);
 pub const RECORD_FILE: &str = "postgres.json";
+/// The record of the initdb that makes the cluster, until its end is taken up.
+const INITDB_RECORD_FILE: &str = "initdb.json";
 
 /// What [`ManagedPostgres::ensure`] found or did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Postmaster {
     /// It accepts connections.
     Ready,
+    /// The cluster is being made: initdb (`pid`) runs.
+    MakingCluster { pid: u32 },
     /// It runs and does not accept connections yet: started now, or earlier and within its start
     /// timeout.
     Starting { pid: u32 },
+}
+
+/// How the recorded initdb ended.
+enum InitdbEnd {
+    Made,
+    Failed(StoreError),
+    /// Nobody saw how (it was not this serve's child, and no unit kept its status).
+    Unseen,
 }
 
 /// A PostgreSQL cluster kcpshard runs for one shard.
@@ -90,8 +100,8 @@ impl ManagedPostgres {
         let owner = tokio::task::spawn_blocking(move || this.prepare())
             .await
             .map_err(|e| StoreError::Invalid(format!("managed PostgreSQL: {e}")))??;
-        if !self.data().join("PG_VERSION").is_file() {
-            self.initdb(&owner, server).await?;
+        if let Some(pid) = self.make_cluster(runtime, &owner, server).await? {
+            return Ok(Postmaster::MakingCluster { pid });
         }
         if let Some(record) = self.running(runtime)? {
             if self.accepts(&record) {
@@ -156,7 +166,14 @@ impl ManagedPostgres {
 
     /// The recorded postmaster's pid when it runs, does not accept connections yet, and is within
     /// its start timeout: a look waits for it rather than start another.
+    /// So is initdb's while it makes the cluster.
     pub fn starting(&self, runtime: &Runtime) -> Option<u32> {
+        if let Some(initdb) = Runtime::load(&self.initdb_record()).ok().flatten()
+            && runtime.is_running(&initdb)
+            && initdb.running_for() < START_TIMEOUT
+        {
+            return Some(initdb.pid);
+        }
         let record = Runtime::load(&self.record()).ok().flatten()?;
         (runtime.is_running(&record) && !self.accepts(&record) && record.running_for() < START_TIMEOUT)
             .then_some(record.pid)
@@ -232,9 +249,63 @@ impl ManagedPostgres {
             }))
     }
 
-    /// Makes the cluster (about a second; the step waits for it, once per shard, and serve's
-    /// shutdown kills it with the step).
-    async fn initdb(&self, owner: &Owner, server: &PostgresServer) -> Result<(), StoreError> {
+    fn initdb_record(&self) -> PathBuf {
+        self.dir.join(INITDB_RECORD_FILE)
+    }
+
+    /// Makes the cluster with initdb, a process of its own (about a second, once per shard): starts
+    /// it and returns its pid; later calls find it running (its pid again), or take up its end:
+    /// made (None from then on), or failed (the error names its log, and the call after starts it
+    /// again). One whose end nobody saw (serve restarted meanwhile) made a cluster no postmaster
+    /// ran on yet: it is made again. None at once when the cluster exists.
+    async fn make_cluster(
+        &self,
+        runtime: &Runtime,
+        owner: &Owner,
+        server: &PostgresServer,
+    ) -> Result<Option<u32>, StoreError> {
+        let record_path = self.initdb_record();
+        let pwfile = self.dir.join(".pwfile");
+        let recorded = Runtime::load(&record_path)?;
+        if recorded.is_none() && self.data().join("PG_VERSION").is_file() {
+            return Ok(None);
+        }
+        if let Some(record) = recorded {
+            let running = runtime.is_running(&record);
+            if running && record.running_for() < START_TIMEOUT {
+                return Ok(Some(record.pid));
+            }
+            let end = if running {
+                runtime.kill(&record).await?;
+                let what =
+                    format!("cluster could not be made: initdb did not finish within {START_TIMEOUT:?} and was killed");
+                InitdbEnd::Failed(self.failure(runtime, &record, &what).await)
+            } else {
+                match runtime.exit_status(&record).await {
+                    Some(status) if status.success() => InitdbEnd::Made,
+                    Some(status) => {
+                        let what = format!("cluster could not be made: initdb failed ({status})");
+                        InitdbEnd::Failed(self.failure(runtime, &record, &what).await)
+                    }
+                    None => InitdbEnd::Unseen,
+                }
+            };
+            // Under systemd its unit was kept for its exit status.
+            runtime.stop_unit(&UnitName::postgres_initdb(&self.shard)).await;
+            crate::fsutil::remove_if_there(&record_path).map_err(|source| StoreError::Io {
+                path: record_path.clone(),
+                source,
+            })?;
+            let _ = std::fs::remove_file(&pwfile);
+            match end {
+                InitdbEnd::Made => {
+                    tracing::info!(data = %self.data().display(), "made the managed PostgreSQL cluster");
+                    return Ok(None);
+                }
+                InitdbEnd::Failed(error) => return Err(error),
+                InitdbEnd::Unseen => {}
+            }
+        }
         let data = self.data();
         // A half-made cluster from an interrupted initdb is removed; initdb wants an empty directory.
         if data.exists() {
@@ -245,15 +316,15 @@ impl ManagedPostgres {
         }
         let initdb = binary("initdb")?;
         owner.can_reach(&initdb, "initdb")?;
-        let mut cmd = owner.command(&initdb);
-        cmd.arg("-D")
-            .arg(&data)
-            .arg("-U")
-            .arg(&server.user)
-            .arg("-E")
-            .arg("UTF8")
-            .arg("--auth-local=trust");
-        let pwfile = self.dir.join(".pwfile");
+        let mut args: Vec<String> = vec![
+            "-D".into(),
+            data.display().to_string(),
+            "-U".into(),
+            server.user.clone(),
+            "-E".into(),
+            "UTF8".into(),
+            "--auth-local=trust".into(),
+        ];
         match &server.password {
             Some(password) => {
                 crate::fsutil::write_atomically(&pwfile, password.expose().as_bytes()).map_err(|source| {
@@ -263,18 +334,24 @@ impl ManagedPostgres {
                     }
                 })?;
                 owner.give(&pwfile, &self.state_dir)?;
-                cmd.arg("--auth-host=scram-sha-256")
-                    .arg(format!("--pwfile={}", pwfile.display()));
+                args.push("--auth-host=scram-sha-256".into());
+                args.push(format!("--pwfile={}", pwfile.display()));
             }
-            None => {
-                cmd.arg("--auth-host=trust");
-            }
+            None => args.push("--auth-host=trust".into()),
         }
-        let result = run(cmd, "initdb", &self.dir.join("initdb.log")).await;
-        let _ = std::fs::remove_file(&pwfile);
-        result?;
-        tracing::info!(data = %data.display(), "created the managed PostgreSQL cluster");
-        Ok(())
+        let mut spec = ProcessSpec::new(
+            "initdb",
+            UnitName::postgres_initdb(&self.shard),
+            initdb,
+            args,
+            self.dir.join("initdb.log"),
+            record_path,
+        );
+        spec.run_as = owner.run_as.clone();
+        spec.keep_exit_status = true;
+        let record = runtime.start(&spec).await?;
+        tracing::info!(data = %data.display(), pid = record.pid, "making the managed PostgreSQL cluster");
+        Ok(Some(record.pid))
     }
 
     /// The running postmaster, whose stop signal is a fast shutdown (open sessions are ended).
@@ -305,14 +382,6 @@ impl Owner {
                 gid: user.gid.as_raw(),
             }),
         })
-    }
-
-    fn command(&self, program: &Path) -> Command {
-        let mut cmd = Command::new(program);
-        if let Some(RunAs { uid, gid, .. }) = self.run_as {
-            cmd.uid(uid).gid(gid).env_remove("HOME");
-        }
-        cmd
     }
 
     /// An error naming the directory that keeps the owner from `path` (what it is for in `what`),
@@ -402,31 +471,6 @@ pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
                 "no {name} on PATH or under /usr/lib/postgresql/*/bin: install the PostgreSQL server (apt-get install postgresql) for a managed store"
             ))
         })
-}
-
-/// Runs `cmd` to its end (killed if the step is dropped: serve's shutdown aborts it), keeps what
-/// it printed in `log`, and fails quoting it.
-async fn run(cmd: Command, what: &str, log: &Path) -> Result<(), StoreError> {
-    let out = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| StoreError::Invalid(format!("cannot run {what}: {e}")))?;
-    let output = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::fs::write(log, &output);
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(StoreError::Invalid(format!(
-        "{what} failed ({}): {}; see {}",
-        out.status,
-        output.trim(),
-        log.display()
-    )))
 }
 
 #[cfg(test)]

@@ -185,12 +185,20 @@ impl StoreBackend {
                 ),
             }),
             StoreBackend::KinePostgres { server, managed, .. } => {
-                if let Some(managed) = managed
-                    && let managed::Postmaster::Starting { pid } = managed.ensure(runtime, server).await?
-                {
-                    return Ok(format!(
-                        "the managed PostgreSQL started (pid {pid}); its database is made and slots start once it accepts"
-                    ));
+                if let Some(managed) = managed {
+                    match managed.ensure(runtime, server).await? {
+                        managed::Postmaster::MakingCluster { pid } => {
+                            return Ok(format!(
+                                "making the managed PostgreSQL's cluster (initdb, pid {pid}); PostgreSQL starts once it is made"
+                            ));
+                        }
+                        managed::Postmaster::Starting { pid } => {
+                            return Ok(format!(
+                                "the managed PostgreSQL started (pid {pid}); its database is made and slots start once it accepts"
+                            ));
+                        }
+                        managed::Postmaster::Ready => {}
+                    }
                 }
                 let created = server.ensure_database().await?;
                 server.check().await?;
