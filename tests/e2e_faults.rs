@@ -5,7 +5,7 @@
 //! created so far must still be there: no data lost.
 //!
 //! - `kine_front_and_state_file_faults_on_a_kine_sqlite_shard`, one shard, no roll:
-//!   1. SIGKILL of the shard's kine: the controller starts it again on the same port (a Warning
+//!   1. SIGKILL of the shard's kine: the controller starts it again at the same address (its socket) (a Warning
 //!      StoreRestarted), no roll; clients see failed `/readyz` until kcp reconnects (reported).
 //!   2. SIGKILL of the front (`kcpshard front`): started again with the same backend, no roll;
 //!      clients see refused connections meanwhile (measured and reported, not asserted).
@@ -17,7 +17,7 @@
 //!      restart roll afterwards keeps every workspace.
 //! - `slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard`, one shard on PostgreSQL:
 //!   1. SIGKILL of the active slot's own kine (found by `application_name=kcpshard-<shard>-<slot>`
-//!      in its argv): started again on the same port (SlotStoreRestarted), no roll.
+//!      in its argv): started again at the same address (SlotStoreRestarted), no roll.
 //!   2. a slot that starts slowly: spec.rollout.readinessTimeout 1s with a restart request: the
 //!      slot is started once more (SlotRestarting), then the roll is abandoned (Degraded,
 //!      SlotNotReady), the old slot serves with 0 failed polls.
@@ -195,13 +195,12 @@ fn one_process(env: &Env, needle: &str, also: &str, what: &str) -> (i32, String)
     found[0].clone()
 }
 
-/// The port of a kine's `--listen-address=127.0.0.1:<port>`.
-fn listen_port(argv: &str) -> u16 {
+/// A kine's `--listen-address` (`unix://<its dir>/kine.sock`).
+fn listen_address(argv: &str) -> String {
     argv.split_whitespace()
         .find_map(|a| a.strip_prefix("--listen-address="))
-        .and_then(|a| a.rsplit_once(':'))
-        .and_then(|(_, p)| p.parse().ok())
         .unwrap_or_else(|| panic!("no --listen-address in {argv}"))
+        .to_string()
 }
 
 /// Waits for a process naming `needle` and `also` other than `old`; returns it.
@@ -397,16 +396,17 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
     workspaces.push("before-kine-kill".into());
     create_workspace(&env, shard, &front, "before-kine-kill").await;
     let before = env.get(shard).await.unwrap();
-    let needle = format!("{state}/shards/{shard}/store");
+    // kine's own argv (the slots' name its socket in the same directory).
+    let needle = format!("--endpoint=sqlite://{state}/shards/{shard}/store");
     let (kine_pid, argv) = one_process(&env, &needle, "", "kine");
-    let port = listen_port(&argv);
+    let address = listen_address(&argv);
     let poller = Poller::start(admin.clone());
     let timeline = Timeline::start(&env, shard);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let since = Utc::now();
     let killed = Instant::now();
     signal(kine_pid, libc::SIGKILL);
-    env.log(&format!("kine: SIGKILLed pid {kine_pid} (port {port})"));
+    env.log(&format!("kine: SIGKILLed pid {kine_pid} at {address})"));
     let (new_pid, new_argv) = replacement(&env, &needle, "", kine_pid, "kine").await;
     let restarted = killed.elapsed();
     let after = recovered(&env, shard, &admin, "kine SIGKILL").await;
@@ -415,8 +415,8 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
     let stats = poller.finish().await;
     let timeline = timeline.finish().await;
     assert_eq!(
-        listen_port(&new_argv),
-        port,
+        listen_address(&new_argv),
+        address,
         "the new kine listens elsewhere: {new_argv}"
     );
     no_roll(&env, &before, &after, "kine SIGKILL");
@@ -425,12 +425,12 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
     assert!(
         events
             .iter()
-            .any(|(t, r, m)| t == "Warning" && r == "StoreRestarted" && m.contains(&port.to_string())),
-        "no Warning StoreRestarted naming port {port}:\n{}",
+            .any(|(t, r, m)| t == "Warning" && r == "StoreRestarted" && m.contains(&address)),
+        "no Warning StoreRestarted naming {address}:\n{}",
         render_events(&events)
     );
     report.add(format!(
-        "KineSqlite: SIGKILL of the shard's kine: a new kine (pid {new_pid}) on the same port {port} after {:.2}s; Ready with /readyz ok through the front after {:.2}s; /readyz through the front: {}; no roll; workspaces kept\n  status:\n{}\n  events:\n{}",
+        "KineSqlite: SIGKILL of the shard's kine: a new kine (pid {new_pid}) at the same address {address} after {:.2}s; Ready with /readyz ok through the front after {:.2}s; /readyz through the front: {}; no roll; workspaces kept\n  status:\n{}\n  events:\n{}",
         restarted.as_secs_f64(),
         recovery.as_secs_f64(),
         failure_window(&stats, since),
@@ -571,8 +571,8 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
 // ------------------------------------------------------------------------------------------------
 // KinePostgres: a slot's kine, readinessTimeout, PostgreSQL mid-roll, the new kcp, slot.json
 
-/// Ends the slots' kines on this run's PostgreSQL (their argv names its port, not the state dir,
-/// which is what `Env` sweeps for), so that a failed test leaves none behind.
+/// Ends the slots' kines on this run's PostgreSQL (found by its port in their argv, as well as by
+/// the state dir `Env` sweeps for), so that a failed test leaves none behind.
 struct SlotKines(String);
 
 impl Drop for SlotKines {
@@ -819,14 +819,14 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     let active = active_slot(&before).unwrap();
     let needle = format!("application_name=kcpshard-{shard}-{active}");
     let (kine_pid, argv) = one_process(&env, &needle, &on_pg, "slot kine");
-    let port = listen_port(&argv);
+    let address = listen_address(&argv);
     let poller = Poller::start(admin.clone());
     let timeline = Timeline::start(&env, shard);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let since = Utc::now();
     let killed = Instant::now();
     signal(kine_pid, libc::SIGKILL);
-    env.log(&format!("slot {active}'s kine: SIGKILLed pid {kine_pid} (port {port})"));
+    env.log(&format!("slot {active}'s kine: SIGKILLed pid {kine_pid} at {address})"));
     let (new_pid, new_argv) = replacement(&env, &needle, &on_pg, kine_pid, "slot kine").await;
     let restarted = killed.elapsed();
     let after = recovered(&env, shard, &admin, "slot kine SIGKILL").await;
@@ -835,8 +835,8 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     let stats = poller.finish().await;
     let timeline = timeline.finish().await;
     assert_eq!(
-        listen_port(&new_argv),
-        port,
+        listen_address(&new_argv),
+        address,
         "the new kine listens elsewhere: {new_argv}"
     );
     no_roll(&env, &before, &after, "slot kine SIGKILL");
@@ -845,12 +845,12 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     assert!(
         events
             .iter()
-            .any(|(_, r, m)| r == "SlotStoreRestarted" && m.contains(&port.to_string())),
-        "no SlotStoreRestarted event naming port {port}:\n{}",
+            .any(|(_, r, m)| r == "SlotStoreRestarted" && m.contains(&address)),
+        "no SlotStoreRestarted event naming {address}:\n{}",
         render_events(&events)
     );
     report.add(format!(
-        "KinePostgres: SIGKILL of slot {active}'s kine: a new kine (pid {new_pid}) on the same port {port} after {:.2}s; Ready with /readyz ok through the front after {:.2}s; /readyz through the front: {}; no roll; workspaces kept\n  status:\n{}\n  events:\n{}",
+        "KinePostgres: SIGKILL of slot {active}'s kine: a new kine (pid {new_pid}) at the same address {address} after {:.2}s; Ready with /readyz ok through the front after {:.2}s; /readyz through the front: {}; no roll; workspaces kept\n  status:\n{}\n  events:\n{}",
         restarted.as_secs_f64(),
         recovery.as_secs_f64(),
         failure_window(&stats, since),

@@ -1260,7 +1260,7 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
             !alive(old_pid),
             "{boundary}: the old slot's kcp (pid {old_pid}) still runs"
         );
-        let kines = processes_with(&format!("{state}/shards/{shard}/store"));
+        let kines = processes_with(&format!("--endpoint=sqlite://{state}/shards/{shard}/store"));
         assert_eq!(kines.len(), 1, "{boundary}: kine processes: {kines:#?}");
         let fronts = processes_with(&format!("{state}/shards/{shard}/front"));
         assert_eq!(fronts.len(), 1, "{boundary}: front processes: {fronts:#?}");

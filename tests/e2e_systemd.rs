@@ -457,7 +457,7 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         "the stopped slot's unit is still listed: {units:?}"
     );
 
-    // 5a. SIGKILL of the kine: the controller starts its unit again, on the same port.
+    // 5a. SIGKILL of the kine: the controller starts its unit again, on the same socket.
     let kine_record: Value =
         serde_json::from_slice(&std::fs::read(m.path(&format!("{STATE}/shards/{SHARD}/store/kine.json"))).unwrap())
             .unwrap();

@@ -292,7 +292,6 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
                 endpoint: pg.url("kcp"),
                 dir: store_dir.clone(),
                 env: Vec::new(),
-                metrics: false,
                 ready_timeout: Duration::from_secs(60),
                 unit: UnitName::shard_kine("real"),
             }
@@ -640,7 +639,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     let first = store::ensure_kine_sqlite(&runtime, &kine, &dir, "real").await.unwrap();
     reaper.add(&first.record, &log);
     assert!(!first.adopted);
-    assert!(store::kine::port_accepts(first.port).await);
+    assert!(first.address.accepts().await);
     assert!(dir.join(store::kine::DB_FILE).exists());
 
     // A restarted serve (a new runtime) adopts it from its record.
@@ -668,7 +667,6 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
     );
 
     // A second kine on the same sqlite file (never ours to keep): stopped, the first stays.
-    let extra_port = free_port().unwrap();
     let extra = runtime
         .start(&ProcessSpec::new(
             "extra-kine",
@@ -676,8 +674,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
             kine.clone(),
             store::kine::kine_args(
                 &store::kine::sqlite_endpoint(&std::path::absolute(&dir).unwrap()),
-                extra_port,
-                None,
+                &store::kine::KineAddress::Unix(tmp.path().join("extra-kine.sock")),
             ),
             tmp.path().join("extra.log"),
             tmp.path().join("extra.json"),
@@ -746,7 +743,7 @@ async fn a_kine_that_was_asked_to_stop_starts_again_without_a_failure() {
     let first = started(store::kine::start_kine(&runtime, &spec).await.unwrap());
     reaper.add(&first.record, &log);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !store::kine::port_accepts(first.port).await {
+    while !first.address.accepts().await {
         assert!(Instant::now() < deadline, "kine never accepted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -298,17 +298,46 @@ fn missing_component_fails_with_the_install_hint() {
     assert!(msg.contains("hack/install-deps.sh"), "hint missing from: {msg}");
 }
 
-/// A kine that died comes back on the port its slots dial. When another program took that port
-/// meanwhile, the error names it, and no kine starts on another port (the slots would dial
-/// nothing); once the port is free, kine is back on it.
+/// A kine listens on a socket in its directory; one that was SIGKILLed (its socket file left
+/// behind) comes back on the same socket, which its slots dial.
+#[tokio::test]
+async fn a_kine_comes_back_on_its_socket() {
+    use kcpshard::store::{KineSpec, kine};
+    let dir = tempfile::tempdir().unwrap();
+    let spec = KineSpec::sqlite(&support::require("kine"), dir.path(), "socket").unwrap();
+    let runtime = kcpshard::process::Runtime::new();
+    let first = kine::ensure_kine(&runtime, &spec).await.unwrap();
+    let socket = std::path::absolute(dir.path().join("kine.sock")).unwrap();
+    assert_eq!(first.address, kine::KineAddress::Unix(socket.clone()));
+    assert_eq!(first.endpoint, format!("unix://{}", socket.display()));
+    runtime.kill(&first.record).await.unwrap();
+    assert!(socket.exists(), "SIGKILL leaves the socket file");
+    let back = kine::ensure_kine(&runtime, &spec).await.unwrap();
+    assert_ne!(back.record.pid, first.record.pid);
+    assert_eq!(back.endpoint, first.endpoint, "kine came back elsewhere");
+    assert!(back.address.accepts().await);
+    runtime.kill(&back.record).await.unwrap();
+}
+
+/// A kine whose socket path would be too long listens on a loopback port, and one that died comes
+/// back on it. When another program took that port meanwhile, the error names it, and no kine
+/// starts on another port (the slots would dial nothing); once the port is free, kine is back on
+/// it.
 #[tokio::test]
 async fn a_kine_comes_back_on_its_port_and_a_taken_port_names_its_holder() {
     use kcpshard::store::{KineSpec, kine};
-    let dir = tempfile::tempdir().unwrap();
-    let spec = KineSpec::sqlite(&support::require("kine"), dir.path(), "port").unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("d".repeat(100));
+    let spec = KineSpec::sqlite(&support::require("kine"), &dir, "port").unwrap();
     let runtime = kcpshard::process::Runtime::new();
     let first = kine::ensure_kine(&runtime, &spec).await.unwrap();
-    let port = first.port;
+    let kine::KineAddress::Tcp(port) = first.address else {
+        panic!(
+            "a kine in a directory of {} bytes listens at {}",
+            dir.as_os_str().len(),
+            first.address
+        );
+    };
     runtime.kill(&first.record).await.unwrap();
     // Another program takes the port as soon as the dying kine lets go of it (tokio sets
     // SO_REUSEADDR, as kine does: the port's last connection is left in TIME-WAIT).

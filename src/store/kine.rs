@@ -1,23 +1,25 @@
 //! kine: an etcd-protocol server over SQL. One kine process per [`KineSpec`]: for KineSqlite the one
 //! shard-wide kine every slot dials (sqlite is one kine process only, docs/background.md section 7); for KinePostgres
-//! one kine per slot, each with its own listen and metrics addresses, all on one database.
+//! one kine per slot, each with its own address, all on one database.
 //!
-//! Layout of a kine's directory (0700): `kine.json` (the [`ProcessRecord`]; the ports are in its
-//! argv, so the record is the one source of truth), `kine.log`, and for sqlite `state.db`.
+//! Layout of a kine's directory (0700): `kine.json` (the [`ProcessRecord`]; the address is in its
+//! argv, so the record is the one source of truth), `kine.log`, `kine.sock` (where it listens,
+//! [`KineAddress`]), and for sqlite `state.db`.
 //!
 //! [`start_kine`] and [`ensure_kine`] are idempotent and crash-safe: they adopt the recorded kine
 //! when it runs and accepts (or is still starting); they find a kine whose record was never written
 //! (serve died right after the spawn) by its `--endpoint=` argument, which is unique per kine; they
-//! stop extra kines on that endpoint; only then do they start one, on the recorded port when there
-//! is one, so that a slot that dials a kine that died finds the new one at the same address.
-//! `start_kine` returns once kine runs; `ensure_kine` waits for it to accept. kine's port accepting
-//! means its schema is ready (kine creates its tables before it listens).
+//! stop extra kines on that endpoint; only then do they start one, at the recorded address when
+//! there is one, so that a slot that dials a kine that died finds the new one at the same address.
+//! `start_kine` returns once kine runs; `ensure_kine` waits for it to accept. kine accepting means
+//! its schema is ready (kine creates its tables before it listens).
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::process::{ProcessRecord, ProcessSpec, Runtime, Termination, UnitName, free_port};
+use crate::process::{ProcessRecord, ProcessSpec, Runtime, Termination, UnitName};
 
 use super::StoreError;
+pub use super::kine_address::KineAddress;
 
 pub const RECORD_FILE: &str = "kine.json";
 pub const LOG_FILE: &str = "kine.log";
@@ -37,19 +39,19 @@ const START_ATTEMPTS: usize = 3;
 /// A running kine and how to reach it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kine {
-    /// `http://127.0.0.1:<port>`, for `--etcd-servers`.
+    /// `unix://<dir>/kine.sock` (or `http://127.0.0.1:<port>`), for `--etcd-servers`.
     pub endpoint: String,
-    pub port: u16,
+    pub address: KineAddress,
     pub record: ProcessRecord,
     /// Found running (true) or started by this call (false).
     pub adopted: bool,
 }
 
 impl Kine {
-    fn at(port: u16, record: ProcessRecord, adopted: bool) -> Kine {
+    fn at(address: KineAddress, record: ProcessRecord, adopted: bool) -> Kine {
         Kine {
-            endpoint: format!("http://127.0.0.1:{port}"),
-            port,
+            endpoint: address.url(),
+            address,
             record,
             adopted,
         }
@@ -66,25 +68,16 @@ pub fn endpoint_arg(endpoint: &str) -> String {
     format!("--endpoint={endpoint}")
 }
 
-/// kine's arguments. Without a metrics port, `--metrics-bind-address=0` disables the metrics
-/// listener (its default :8080 collides between kines, and a bind failure is fatal);
-/// `--compact-interval=0` leaves compaction to the apiserver.
-pub fn kine_args(endpoint: &str, port: u16, metrics_port: Option<u16>) -> Vec<String> {
-    let metrics = metrics_port.map_or("0".to_string(), |p| format!("127.0.0.1:{p}"));
+/// kine's arguments. `--metrics-bind-address=0` disables the metrics listener (its default :8080
+/// collides between kines, and a bind failure is fatal); `--compact-interval=0` leaves compaction
+/// to the apiserver.
+pub fn kine_args(endpoint: &str, address: &KineAddress) -> Vec<String> {
     vec![
         endpoint_arg(endpoint),
-        format!("--listen-address=127.0.0.1:{port}"),
-        format!("--metrics-bind-address={metrics}"),
+        address.listen_arg(),
+        "--metrics-bind-address=0".to_string(),
         "--compact-interval=0".to_string(),
     ]
-}
-
-/// The port in a kine's `--listen-address=<host>:<port>` argument.
-pub fn listen_port(args: &[String]) -> Option<u16> {
-    args.iter()
-        .find_map(|a| a.strip_prefix("--listen-address="))
-        .and_then(|addr| addr.rsplit_once(':'))
-        .and_then(|(_, port)| port.parse().ok())
 }
 
 /// One kine: what it serves and where it keeps its record and log.
@@ -98,8 +91,6 @@ pub struct KineSpec {
     /// Added to kine's environment, e.g. PGPASSWORD: a secret never goes into argv, where every
     /// local user can read it.
     pub env: Vec<(String, String)>,
-    /// Serve kine's Prometheus metrics on a port of its own.
-    pub metrics: bool,
     pub ready_timeout: Duration,
     /// Its unit under systemd.
     pub unit: UnitName,
@@ -131,7 +122,6 @@ impl KineSpec {
             endpoint: sqlite_endpoint(&dir),
             dir,
             env: Vec::new(),
-            metrics: false,
             ready_timeout: READY_TIMEOUT,
             unit: UnitName::shard_kine(shard),
         })
@@ -170,16 +160,16 @@ pub async fn stop_kine_sqlite(
 /// The recorded kine when it runs and accepts; nothing is started.
 pub async fn running_kine(runtime: &Runtime, spec: &KineSpec) -> Option<Kine> {
     let record = Runtime::load(&spec.record_path()).ok().flatten()?;
-    let port = listen_port(&record.args)?;
-    (runtime.is_running(&record) && port_accepts(port).await).then(|| Kine::at(port, record, true))
+    let address = KineAddress::from_args(&record.args)?;
+    (runtime.is_running(&record) && address.accepts().await).then(|| Kine::at(address, record, true))
 }
 
 /// The recorded kine of `spec` when it runs, does not accept yet, and is still within its ready
 /// timeout: a start in progress, which a look waits for instead of starting another.
 pub async fn starting_kine(runtime: &Runtime, spec: &KineSpec) -> Option<ProcessRecord> {
     let record = Runtime::load(&spec.record_path()).ok().flatten()?;
-    let port = listen_port(&record.args)?;
-    (runtime.is_running(&record) && !port_accepts(port).await && record.running_for() < spec.ready_timeout)
+    let address = KineAddress::from_args(&record.args)?;
+    (runtime.is_running(&record) && !address.accepts().await && record.running_for() < spec.ready_timeout)
         .then_some(record)
 }
 
@@ -252,13 +242,13 @@ pub async fn ensure_kine(runtime: &Runtime, spec: &KineSpec) -> Result<Kine, Sto
         };
         let started = Instant::now();
         let left = spec.ready_timeout.saturating_sub(kine.record.running_for());
-        if wait_accepting(runtime, &kine.record, kine.port, left).await {
-            tracing::info!(pid = kine.record.pid, port = kine.port, ready_in = ?started.elapsed(), "kine accepts");
+        if wait_accepting(runtime, &kine.record, &kine.address, left).await {
+            tracing::info!(pid = kine.record.pid, address = %kine.address, ready_in = ?started.elapsed(), "kine accepts");
             return Ok(kine);
         }
         let error = failure(runtime, &kine.record, spec).await?;
         tracing::warn!(error = %error, "kine did not come up");
-        // The port was taken between our probe and kine's bind, or two kines raced to create the
+        // A port was taken between our probe and kine's bind, or two kines raced to create the
         // schema on a fresh PostgreSQL database (docs/background.md section 7): try again.
         let retry = matches!(error, StoreError::Exited { .. });
         last_error = Some(error);
@@ -293,18 +283,18 @@ async fn adopt(runtime: &Runtime, spec: &KineSpec) -> Result<Option<Found>, Stor
     let mut found: Option<Found> = None;
     for rec in candidates {
         if found.is_none()
-            && let Some(port) = listen_port(&rec.args)
+            && let Some(address) = KineAddress::from_args(&rec.args)
         {
-            if port_accepts(port).await && runtime.is_running(&rec) {
+            if address.accepts().await && runtime.is_running(&rec) {
                 if Runtime::load(&record_path)?.as_ref() != Some(&rec) {
                     rec.save(&record_path)?;
                 }
-                tracing::info!(pid = rec.pid, port, "adopted the running kine");
-                found = Some(Found::Accepting(Kine::at(port, rec, true)));
+                tracing::info!(pid = rec.pid, %address, "adopted the running kine");
+                found = Some(Found::Accepting(Kine::at(address, rec, true)));
                 continue;
             }
             if recorded.as_ref() == Some(&rec) {
-                let kine = Kine::at(port, rec, true);
+                let kine = Kine::at(address, rec, true);
                 found = Some(if kine.record.running_for() < spec.ready_timeout {
                     Found::Starting(kine)
                 } else {
@@ -319,41 +309,36 @@ async fn adopt(runtime: &Runtime, spec: &KineSpec) -> Result<Option<Found>, Stor
     Ok(found)
 }
 
-/// Starts a kine for `spec`. One that died comes back on its recorded port: slots dial that
-/// address. Every kine on this endpoint was adopted or stopped before, so whatever accepts there
-/// is another program.
+/// Starts a kine for `spec`. One that died comes back at its recorded address: slots dial it.
+/// Every kine on this endpoint was adopted or stopped before, so whatever accepts on a recorded
+/// port is another program (kine itself replaces a stale socket file).
 async fn spawn(runtime: &Runtime, spec: &KineSpec, recorded: Option<&ProcessRecord>) -> Result<Kine, StoreError> {
     let io = |e| StoreError::Io {
         path: spec.dir.clone(),
         source: e,
     };
-    let port = match recorded.and_then(|r| Some((r, listen_port(&r.args)?))) {
-        Some((rec, port)) if !port_let_go(port, rec).await => {
+    let address = match recorded.and_then(|r| Some((r, KineAddress::from_args(&r.args)?))) {
+        Some((rec, KineAddress::Tcp(port))) if !port_let_go(port, rec).await => {
             return Err(StoreError::PortTaken {
                 port,
                 holder: crate::process::procfs::listener_pid(port).map(crate::process::procfs::describe),
             });
         }
-        Some((_, port)) => port,
-        None => free_port().map_err(io)?,
-    };
-    let metrics_port = if spec.metrics {
-        Some(free_port().map_err(io)?)
-    } else {
-        None
+        Some((_, address)) => address,
+        None => KineAddress::for_new_kine(&spec.dir).map_err(io)?,
     };
     let mut process = ProcessSpec::new(
         "kine",
         spec.unit.clone(),
         &spec.binary,
-        kine_args(&spec.endpoint, port, metrics_port),
+        kine_args(&spec.endpoint, &address),
         spec.log_path(),
         spec.record_path(),
     );
     process.env = spec.env.clone();
     let rec = runtime.start(&process).await?;
-    tracing::info!(pid = rec.pid, port, "kine started");
-    Ok(Kine::at(port, rec, false))
+    tracing::info!(pid = rec.pid, %address, "kine started");
+    Ok(Kine::at(address, rec, false))
 }
 
 /// Whether `port`, on which the kine recorded as `rec` listened, is free. A kine killed a moment
@@ -362,7 +347,7 @@ async fn spawn(runtime: &Runtime, spec: &KineSpec, recorded: Option<&ProcessReco
 /// up to a second.
 async fn port_let_go(port: u16, rec: &ProcessRecord) -> bool {
     let deadline = Instant::now() + Duration::from_secs(1);
-    while port_accepts(port).await {
+    while KineAddress::Tcp(port).accepts().await {
         let exiting = crate::process::procfs::stat(rec.pid).is_some_and(|s| s.start_time == rec.start_time);
         if !exiting || Instant::now() >= deadline {
             return false;
@@ -432,14 +417,14 @@ pub async fn stop_kine(runtime: &Runtime, spec: &KineSpec, grace: Duration) -> R
     Ok(result)
 }
 
-/// Waits until `port` accepts while the process runs; false when it exits or `timeout` passes.
-async fn wait_accepting(runtime: &Runtime, rec: &ProcessRecord, port: u16, timeout: Duration) -> bool {
+/// Waits until `address` accepts while the process runs; false when it exits or `timeout` passes.
+async fn wait_accepting(runtime: &Runtime, rec: &ProcessRecord, address: &KineAddress, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if !runtime.is_running(rec) {
             return false;
         }
-        if port_accepts(port).await {
+        if address.accepts().await {
             // The process may have died right after an unrelated program took the port.
             return runtime.is_running(rec);
         }
@@ -447,22 +432,6 @@ async fn wait_accepting(runtime: &Runtime, rec: &ProcessRecord, port: u16, timeo
             return false;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// A TCP connection to 127.0.0.1:`port` succeeds within 200 ms, to another socket than itself.
-pub async fn port_accepts(port: u16) -> bool {
-    match tokio::time::timeout(
-        Duration::from_millis(200),
-        tokio::net::TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await
-    {
-        // Kine's ports are in the ephemeral range: a connect to one nobody listens on can pick
-        // that very port as its source and connect to itself (TCP simultaneous open), which looks
-        // like a listener that nobody holds.
-        Ok(Ok(stream)) => stream.local_addr().ok() != stream.peer_addr().ok(),
-        _ => false,
     }
 }
 
@@ -494,20 +463,18 @@ mod tests {
     }
 
     #[test]
-    fn kine_runs_on_loopback_without_metrics_or_its_own_compaction() {
-        let args = kine_args("sqlite:///x/state.db", 23790, None);
+    fn kine_listens_on_its_socket_without_metrics_or_its_own_compaction() {
+        let address = KineAddress::Unix("/x/kine.sock".into());
+        let args = kine_args("sqlite:///x/state.db", &address);
         assert_eq!(
             args,
             [
                 "--endpoint=sqlite:///x/state.db",
-                "--listen-address=127.0.0.1:23790",
+                "--listen-address=unix:///x/kine.sock",
                 "--metrics-bind-address=0",
                 "--compact-interval=0"
             ]
         );
-        let with_metrics = kine_args("postgres://kcp@db/kcp", 23790, Some(23791));
-        assert_eq!(with_metrics[2], "--metrics-bind-address=127.0.0.1:23791");
-        assert_eq!(listen_port(&args), Some(23790));
-        assert_eq!(listen_port(&["--endpoint=x".to_string()]), None);
+        assert_eq!(KineAddress::from_args(&args), Some(address));
     }
 }

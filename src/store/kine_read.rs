@@ -11,6 +11,9 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::kine::KineAddress;
 
 /// The key kcp's etcd health check reads.
 const HEALTH_KEY: &[u8] = b"/registry/health";
@@ -26,18 +29,27 @@ fn range_request() -> Bytes {
     Bytes::from(framed)
 }
 
-/// Reads `/registry/health` from the kine on `127.0.0.1:port`: Ok(None) when the read succeeded,
+/// Reads `/registry/health` from the kine at `address`: Ok(None) when the read succeeded,
 /// Ok(Some(why)) when kine answered with an error (its database is away: kine itself answers), Err
 /// when kine did not answer. The caller bounds the time.
-pub async fn read_health(port: u16) -> Result<Option<String>, String> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
+pub async fn read_health(address: &KineAddress) -> Result<Option<String>, String> {
+    let connect = |e: std::io::Error| format!("cannot connect: {e}");
+    match address {
+        KineAddress::Unix(path) => range(UnixStream::connect(path).await.map_err(connect)?).await,
+        KineAddress::Tcp(port) => range(TcpStream::connect(("127.0.0.1", *port)).await.map_err(connect)?).await,
+    }
+}
+
+/// The Range of [`read_health`] over a connection to kine.
+async fn range<S>(stream: S) -> Result<Option<String>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
         .await
         .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
     let connection = tokio::spawn(connection);
-    let request = Request::post(format!("http://127.0.0.1:{port}/etcdserverpb.KV/Range"))
+    let request = Request::post("http://kine/etcdserverpb.KV/Range")
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
         .body(Full::new(range_request()))
@@ -91,15 +103,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_port_that_does_not_speak_http2_is_a_failed_read() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
+    async fn a_socket_that_does_not_speak_http2_is_a_failed_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kine.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             use tokio::io::AsyncWriteExt;
             let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
         });
-        assert!(read_health(port).await.is_err());
-        assert!(read_health(1).await.unwrap_err().contains("cannot connect"));
+        assert!(read_health(&KineAddress::Unix(path)).await.is_err());
+        assert!(
+            read_health(&KineAddress::Tcp(1))
+                .await
+                .unwrap_err()
+                .contains("cannot connect")
+        );
     }
 }

@@ -18,6 +18,7 @@ pub mod copy;
 pub mod disk;
 pub mod etcd;
 pub mod kine;
+mod kine_address;
 pub mod kine_read;
 pub mod managed;
 pub mod postgres;
@@ -233,7 +234,7 @@ impl StoreBackend {
         }
     }
 
-    /// Makes sure what slot `slot` dials runs (its own kine for KinePostgres, on the port it had
+    /// Makes sure what slot `slot` dials runs (its own kine for KinePostgres, at the address it had
     /// if it ran before), without waiting for a kine it starts: [`SlotStoreStart::Starting`] until
     /// a later look finds it accepting ([`StoreBackend::starting_slot_kine`]).
     pub async fn start_slot_store(

@@ -120,7 +120,7 @@ impl PostgresServer {
             .collect()
     }
 
-    /// The kine of one slot: its own directory, listen and metrics ports, on the shared database.
+    /// The kine of one slot: its own directory and socket, on the shared database.
     pub fn slot_kine(&self, binary: &Path, dir: PathBuf, application: &str, unit: UnitName) -> KineSpec {
         KineSpec {
             unit,
@@ -128,7 +128,6 @@ impl PostgresServer {
             endpoint: self.kine_endpoint(application),
             dir,
             env: self.env(),
-            metrics: true,
             ready_timeout: READY_TIMEOUT,
         }
     }

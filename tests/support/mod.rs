@@ -685,8 +685,11 @@ impl Kine {
     fn spawn_in(dir: TempDir, endpoint: &str, port: u16) -> Kine {
         let kine = require("kine");
         let mut cmd = Command::new(kine);
-        cmd.args(kcpshard::store::kine::kine_args(endpoint, port, None))
-            .current_dir(dir.path());
+        cmd.args(kcpshard::store::kine::kine_args(
+            endpoint,
+            &kcpshard::store::kine::KineAddress::Tcp(port),
+        ))
+        .current_dir(dir.path());
         let proc = Proc::spawn("kine", cmd, &dir.path().join("kine.log"));
         Kine {
             port,

@@ -11,7 +11,7 @@ use crate::store::SlotStoreStart;
 
 impl Actor<'_> {
     /// Starts the store's shard-wide part, then brings back the own kine of every running slot
-    /// whose kine is down (on the port that slot dials).
+    /// whose kine is down (at the address that slot dials).
     pub(super) async fn ensure_store(&self) -> Result<Notes, Error> {
         // A new slot that is still starting will be started again once the store is back.
         let now = Utc::now();
@@ -73,7 +73,7 @@ impl Actor<'_> {
     }
 
     /// Kills the kines that accept connections but do not answer reads; EnsureStore starts them
-    /// again on the same ports.
+    /// again at the same addresses.
     pub(super) fn kill_store(&self) -> Result<Notes, Error> {
         let mut notes = Vec::new();
         for (kine, problem) in &self.world.unresponsive_kines {

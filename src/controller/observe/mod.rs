@@ -166,7 +166,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 }
                 Some(None) => {}
                 // A running slot whose own kine is down has no store (KinePostgres): EnsureStore
-                // brings the kine back on the port the slot dials.
+                // brings the kine back at the address the slot dials.
                 None if running => {
                     store_status = Err(format!("the kine of slot {} does not accept", record.name));
                     kine_down.push(record.name.clone());
@@ -243,7 +243,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     let mut unresponsive_kines = Vec::new();
     for (name, kine) in &kines {
         ctx.exits.watch(kine.record.pid, (shard_ref.clone(), Wake::Exit));
-        let port = kine.port;
+        let address = kine.address.clone();
         let seen = ctx
             .health
             .seen(
@@ -255,10 +255,13 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 // check's to report, and no reason to restart kine.
                 // One read, so one LOOK_TIMEOUT: the health task's own bound (two of them) is for
                 // a slot's look, which asks twice.
-                move || async move {
-                    match tokio::time::timeout(LOOK_TIMEOUT, crate::store::kine_read::read_health(port)).await {
-                        Ok(answer) => answer.map(|_| ()).map_err(Failure::slow),
-                        Err(_) => Err(Failure::slow(format!("no answer to a read within {LOOK_TIMEOUT:?}"))),
+                move || {
+                    let address = address.clone();
+                    async move {
+                        match tokio::time::timeout(LOOK_TIMEOUT, crate::store::kine_read::read_health(&address)).await {
+                            Ok(answer) => answer.map(|_| ()).map_err(Failure::slow),
+                            Err(_) => Err(Failure::slow(format!("no answer to a read within {LOOK_TIMEOUT:?}"))),
+                        }
                     }
                 },
             )
@@ -269,7 +272,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     }
     if let Some((kine, problem)) = unresponsive_kines.first() {
         store_status = Err(format!(
-            "kine at {} accepts connections but did not answer a read in {} looks of {}s in a row ({problem}); it is restarted on the same port",
+            "kine at {} accepts connections but did not answer a read in {} looks of {}s in a row ({problem}); it is restarted at the same address",
             kine.endpoint,
             super::plan::UNRESPONSIVE_AFTER,
             LOOK_TIMEOUT.as_secs(),
