@@ -89,9 +89,10 @@ for c in json.load(sys.stdin)["status"]["conditions"]:
 }
 # The ConfigMap names under kcp's keys in kine itself (not kcp's watch cache).
 kine_names() {
-  local kine_port
-  kine_port=$(python3 -c 'import json,sys; print([a for a in json.load(open(sys.argv[1]))["args"] if a.startswith("--listen-address=")][0].rsplit(":",1)[1])' "$state/shards/disk/store/kine.json")
-  "$root/bin/etcdctl" --endpoints="http://127.0.0.1:$kine_port" get --prefix /registry/ --keys-only 2>/dev/null \
+  # kine's --listen-address: unix://<store>/kine.sock (or 127.0.0.1:PORT for a long path).
+  local kine_address
+  kine_address=$(python3 -c 'import json,sys; a=[a for a in json.load(open(sys.argv[1]))["args"] if a.startswith("--listen-address=")][0].split("=",1)[1]; print(a if a.startswith("unix://") else "http://"+a)' "$state/shards/disk/store/kine.json")
+  "$root/bin/etcdctl" --endpoints="$kine_address" get --prefix /registry/ --keys-only 2>/dev/null \
     | grep "/configmaps/" | grep -o 'cm-[0-9]*$' >"$work/kine-names.txt" || true
 }
 
