@@ -85,9 +85,9 @@ fn write_through_one_read_through_other(from: &Kine, to: &Kine, key: &str, value
     });
     assert!(
         seen.is_some(),
-        "{key}={value} written through kine :{} not read through kine :{} within 2s (last: {:?})",
-        from.port,
-        to.port,
+        "{key}={value} written through kine {} not read through kine {} within 2s (last: {:?})",
+        from.address,
+        to.address,
         to.get(key)
     );
     t.elapsed()

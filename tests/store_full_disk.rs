@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use base64::Engine;
 use kcpshard::store::disk::{Level, Watermark, free_space, verdict};
-use support::{Kine, free_port};
+use support::Kine;
 use tmpfs::{Tmpfs, fill};
 
 /// Each value: large enough that the 1 MiB left fills within a few dozen writes.
@@ -149,8 +149,7 @@ fn a_full_disk_under_kine_refuses_writes_and_loses_none_it_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let tmpfs = Tmpfs::mount(&store, "8m");
-    let port = free_port();
-    let mut kine = Kine::kcpshard_sqlite(&store, port);
+    let mut kine = Kine::kcpshard_sqlite(&store);
     let mut ledger = Ledger::default();
 
     let spaces = free_space(&[&store]).unwrap();
@@ -255,7 +254,7 @@ fn a_full_disk_under_kine_refuses_writes_and_loses_none_it_acknowledged() {
 
     kine.proc.stop_signal = libc::SIGKILL;
     kine.proc.stop();
-    let kine = Kine::kcpshard_sqlite(&store, port);
+    let kine = Kine::kcpshard_sqlite(&store);
     ledger.check(&kine, "after a SIGKILL and a restart of kine");
     let unexpected: Vec<String> = read_all(&kine)
         .into_keys()

@@ -24,6 +24,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use kcpshard::process::PortReservation;
+use kcpshard::store::kine::KineAddress;
 
 pub use tempfile::TempDir;
 
@@ -632,10 +633,11 @@ impl Postgres {
 // ------------------------------------------------------------------------------------------------
 // kine
 
-/// A kine process serving the etcd v3 API on a free port of 127.0.0.1, metrics off,
-/// `--compact-interval=0` (the apiserver compacts). Killed on drop.
+/// A kine process serving the etcd v3 API on a unix socket in its own temp dir, as kcpshard runs
+/// it (`kcpshard::store::kine::kine_args`): metrics off, `--compact-interval=0` (the apiserver
+/// compacts). Killed on drop.
 pub struct Kine {
-    pub port: u16,
+    pub address: KineAddress,
     pub endpoint: String,
     pub proc: Proc,
     pub ready_in: Option<Duration>,
@@ -651,7 +653,7 @@ impl Kine {
             "sqlite://{}?_journal=WAL&cache=shared&_busy_timeout=30000",
             db.display()
         );
-        let mut k = Kine::spawn_in(dir, &endpoint, free_port());
+        let mut k = Kine::spawn_in(dir, &endpoint);
         k.wait_ready(Duration::from_secs(60))
             .unwrap_or_else(|e| k.proc.fail(&e));
         k
@@ -668,31 +670,29 @@ impl Kine {
     /// Start kine without waiting.
     pub fn spawn(endpoint: &str) -> Kine {
         let dir = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
-        Kine::spawn_in(dir, endpoint, free_port())
+        Kine::spawn_in(dir, endpoint)
     }
 
-    /// kine as kcpshard runs a KineSqlite shard's: its DSN over `<store>/state.db`, on `port` (a
-    /// restart keeps the address); waits until ready. The log is kept outside `store`.
-    pub fn kcpshard_sqlite(store: &Path, port: u16) -> Kine {
+    /// kine as kcpshard runs a KineSqlite shard's: its DSN over `<store>/state.db`; waits until
+    /// ready. Its log and socket are kept outside `store`.
+    pub fn kcpshard_sqlite(store: &Path) -> Kine {
         let dir = tempfile::Builder::new().prefix("kcpshard-kine-").tempdir().unwrap();
-        let mut k = Kine::spawn_in(dir, &kcpshard::store::kine::sqlite_endpoint(store), port);
+        let mut k = Kine::spawn_in(dir, &kcpshard::store::kine::sqlite_endpoint(store));
         k.wait_ready(Duration::from_secs(60))
             .unwrap_or_else(|e| k.proc.fail(&e));
         k
     }
 
     /// kine with the arguments kcpshard gives it (`kcpshard::store::kine::kine_args`).
-    fn spawn_in(dir: TempDir, endpoint: &str, port: u16) -> Kine {
+    fn spawn_in(dir: TempDir, endpoint: &str) -> Kine {
         let kine = require("kine");
+        let address = KineAddress::for_new_kine(dir.path()).unwrap();
         let mut cmd = Command::new(kine);
-        cmd.args(kcpshard::store::kine::kine_args(
-            endpoint,
-            &kcpshard::store::kine::KineAddress::Tcp(port),
-        ))
-        .current_dir(dir.path());
+        cmd.args(kcpshard::store::kine::kine_args(endpoint, &address))
+            .current_dir(dir.path());
         let proc = Proc::spawn("kine", cmd, &dir.path().join("kine.log"));
         Kine {
-            port,
+            address,
             endpoint: endpoint.to_string(),
             proc,
             ready_in: None,
@@ -707,24 +707,29 @@ impl Kine {
             if let Some(status) = self.proc.exited() {
                 return Err(format!("kine exited during startup: {status}"));
             }
-            if port_accepts(self.port) {
+            if self.accepts() {
                 let d = self.proc.started.elapsed();
                 self.ready_in = Some(d);
                 return Ok(d);
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "kine did not accept on 127.0.0.1:{} within {timeout:?}",
-                    self.port
-                ));
+                return Err(format!("kine did not accept at {} within {timeout:?}", self.address));
             }
             thread::sleep(Duration::from_millis(25));
         }
     }
 
-    /// `http://127.0.0.1:<port>`, for `--etcd-servers` and etcdctl.
+    /// Whether a connection to it succeeds.
+    fn accepts(&self) -> bool {
+        match &self.address {
+            KineAddress::Unix(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+            KineAddress::Tcp(port) => port_accepts(*port),
+        }
+    }
+
+    /// `unix://<its socket>`, for `--etcd-servers` and etcdctl.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        self.address.url()
     }
 
     /// Run `bin/etcdctl --endpoints <this kine> <args>`.
