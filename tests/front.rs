@@ -743,7 +743,23 @@ async fn ensure_running_with_another_binary_upgrades_the_front_in_place() {
         .unwrap();
     let new = upgraded.status().await.unwrap();
     f.track(new.pid);
-    assert_ne!(new.pid, old.pid, "the front was replaced");
+    // ensure_running logs an upgrade that failed and keeps the old front: say why here.
+    assert_ne!(
+        new.pid,
+        old.pid,
+        "the front was not replaced; upgrade.failed: {:?}; the end of front.log:\n{}",
+        std::fs::read_to_string(f.dir.join("upgrade.failed")).ok(),
+        std::fs::read_to_string(f.dir.join("front.log"))
+            .unwrap_or_default()
+            .lines()
+            .rev()
+            .take(15)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assert_eq!((new.listen, new.backends.clone()), (old.listen, vec![a.backend("a")]));
     assert_eq!(std::fs::read_link(format!("/proc/{}/exe", new.pid)).unwrap(), release);
     assert_eq!(
