@@ -316,7 +316,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
     let old = Identity::issue(chrono::Utc::now()).unwrap();
     let shard = Shard {
         base,
-        etcd: &k.endpoint,
+        etcd: &k.endpoint(),
         front: &front,
     };
     let a = start_slot(&runtime, &mut reaper, &shard, "a", version_a, &[&old, &admin]).await;
@@ -649,7 +649,7 @@ async fn kine_sqlite_is_adopted_by_record_or_argv_restarted_when_dead_and_never_
         .unwrap();
     assert!(adopted.adopted);
     assert_eq!(adopted.record, first.record);
-    assert_eq!(adopted.endpoint, first.endpoint);
+    assert_eq!(adopted.endpoint(), first.endpoint());
 
     // The record was lost (serve died between the spawn and the write): found by its argv.
     std::fs::remove_file(dir.join(store::kine::RECORD_FILE)).unwrap();

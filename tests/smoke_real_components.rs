@@ -309,12 +309,12 @@ async fn a_kine_comes_back_on_its_socket() {
     let first = kine::ensure_kine(&runtime, &spec).await.unwrap();
     let socket = std::path::absolute(dir.path().join("kine.sock")).unwrap();
     assert_eq!(first.address, kine::KineAddress::Unix(socket.clone()));
-    assert_eq!(first.endpoint, format!("unix://{}", socket.display()));
+    assert_eq!(first.endpoint(), format!("unix://{}", socket.display()));
     runtime.kill(&first.record).await.unwrap();
     assert!(socket.exists(), "SIGKILL leaves the socket file");
     let back = kine::ensure_kine(&runtime, &spec).await.unwrap();
     assert_ne!(back.record.pid, first.record.pid);
-    assert_eq!(back.endpoint, first.endpoint, "kine came back elsewhere");
+    assert_eq!(back.endpoint(), first.endpoint(), "kine came back elsewhere");
     assert!(back.address.accepts().await);
     runtime.kill(&back.record).await.unwrap();
 }
@@ -369,7 +369,7 @@ async fn a_kine_comes_back_on_its_port_and_a_taken_port_names_its_holder() {
 
     drop(squatter);
     let back = kine::ensure_kine(&runtime, &spec).await.unwrap();
-    assert_eq!(back.endpoint, first.endpoint, "kine came back elsewhere");
+    assert_eq!(back.endpoint(), first.endpoint(), "kine came back elsewhere");
     runtime.kill(&back.record).await.unwrap();
 }
 
@@ -403,31 +403,17 @@ fn managed_postgres() -> (tempfile::TempDir, ManagedPostgres, PostgresServer) {
 async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
     let (_dir, managed, server) = managed_postgres();
     let runtime = kcpshard::process::Runtime::new();
-    let ready_within = |what: &'static str| {
-        let (managed, runtime) = (&managed, &runtime);
-        async move {
-            let started = Instant::now();
-            while managed.starting(runtime).is_some() {
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "{what}: not ready within 60 s"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            started.elapsed()
-        }
-    };
 
     // The first start starts initdb (seconds) and returns; the next starts the postmaster.
     let step = Instant::now();
     let making = managed.ensure(&runtime, &server).await.unwrap();
     let first_step = step.elapsed();
     assert!(matches!(making, Postmaster::MakingCluster { .. }), "{making:?}");
-    let made = ready_within("initdb").await;
+    let made = done_starting(&managed, &runtime, "initdb").await;
     let Postmaster::Starting { pid: first } = managed.ensure(&runtime, &server).await.unwrap() else {
         panic!("a PostgreSQL that was just started already accepted");
     };
-    let waited = made + ready_within("the first start").await;
+    let waited = made + done_starting(&managed, &runtime, "the first start").await;
     let looked = Instant::now();
     assert_eq!(managed.ensure(&runtime, &server).await.unwrap(), Postmaster::Ready);
     let look = looked.elapsed();
@@ -456,7 +442,7 @@ async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
         restart < Duration::from_secs(1),
         "EnsureStore waited {restart:?} for a PostgreSQL it started"
     );
-    let waited_again = ready_within("the start after a kill").await;
+    let waited_again = done_starting(&managed, &runtime, "the start after a kill").await;
     println!(
         "MEASURE managed PostgreSQL: a step that starts initdb returns in {:.0} ms, one that starts the postmaster in {:.0} ms, which accepts {:.0} ms later; a look at a ready one {:.0} ms (first start ready after {:.0} ms)",
         first_step.as_secs_f64() * 1e3,
@@ -471,16 +457,18 @@ async fn a_managed_postgres_is_started_without_waiting_and_found_ready_later() {
         .unwrap();
 }
 
-/// Waits (up to 60 s) until the initdb that `ensure` started has ended.
-async fn initdb_ended(managed: &ManagedPostgres, runtime: &kcpshard::process::Runtime) {
+/// Waits (up to 60 s) until what `ensure` started (initdb, the postmaster) no longer counts as
+/// starting; how long that took.
+async fn done_starting(managed: &ManagedPostgres, runtime: &kcpshard::process::Runtime, what: &str) -> Duration {
     let started = Instant::now();
     while managed.starting(runtime).is_some() {
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "initdb still runs after 60 s"
+            "{what}: still starting after 60 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    started.elapsed()
 }
 
 /// An initdb that fails (PostgreSQL refuses a superuser named `pg_...`) is told once by the next
@@ -496,7 +484,7 @@ async fn a_managed_postgres_cluster_that_cannot_be_made_is_named_with_initdb_s_w
             matches!(making, Postmaster::MakingCluster { .. }),
             "attempt {attempt}: {making:?}"
         );
-        initdb_ended(&managed, &runtime).await;
+        done_starting(&managed, &runtime, "initdb").await;
         let failed = managed
             .ensure(&runtime, &server)
             .await
@@ -517,7 +505,7 @@ async fn a_managed_postgres_that_fails_its_start_is_named_with_its_log_and_start
     let runtime = kcpshard::process::Runtime::new();
     let making = managed.ensure(&runtime, &server).await.unwrap();
     assert!(matches!(making, Postmaster::MakingCluster { .. }), "{making:?}");
-    initdb_ended(&managed, &runtime).await;
+    done_starting(&managed, &runtime, "initdb").await;
     let squatter = std::net::TcpListener::bind(("127.0.0.1", server.port)).unwrap();
     let Postmaster::Starting { pid: first } = managed.ensure(&runtime, &server).await.unwrap() else {
         panic!("a PostgreSQL started on a taken port accepted");

@@ -210,7 +210,7 @@ pub async fn launch(actor: &Actor<'_>) -> Result<Notes, Error> {
         .serve_copy(&actor.ctx.runtime, &place(actor, Some(&record)))
         .await?
     {
-        KineStart::Accepting(kine) => kine.endpoint,
+        KineStart::Accepting(kine) => kine.endpoint(),
         KineStart::Starting(_) => return Ok(Vec::new()),
     };
     slot::material::seed_root(&actor.dirs.shared(), &dirs.root())?;

@@ -39,8 +39,6 @@ const START_ATTEMPTS: usize = 3;
 /// A running kine and how to reach it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kine {
-    /// `unix://<dir>/kine.sock` (or `http://127.0.0.1:<port>`), for `--etcd-servers`.
-    pub endpoint: String,
     pub address: KineAddress,
     pub record: ProcessRecord,
     /// Found running (true) or started by this call (false).
@@ -50,11 +48,15 @@ pub struct Kine {
 impl Kine {
     fn at(address: KineAddress, record: ProcessRecord, adopted: bool) -> Kine {
         Kine {
-            endpoint: address.url(),
             address,
             record,
             adopted,
         }
+    }
+
+    /// `unix://<dir>/kine.sock` (or `http://127.0.0.1:<port>`), for `--etcd-servers`.
+    pub fn endpoint(&self) -> String {
+        self.address.url()
     }
 }
 

@@ -67,7 +67,7 @@ pub struct StoreSeen {
 impl StoreSeen {
     /// Adds a slot's own kine.
     pub fn add(&mut self, kine: &Kine) {
-        self.endpoints.push(kine.endpoint.clone());
+        self.endpoints.push(kine.endpoint());
         self.pids.push(kine.record.pid);
     }
 }
@@ -179,10 +179,11 @@ impl StoreBackend {
     pub async fn ensure(&self, runtime: &Runtime) -> Result<String, StoreError> {
         match self {
             StoreBackend::KineSqlite { kine } => Ok(match kine::start_kine(runtime, kine).await? {
-                kine::KineStart::Accepting(kine) => format!("kine accepts connections at {}", kine.endpoint),
+                kine::KineStart::Accepting(kine) => format!("kine accepts connections at {}", kine.endpoint()),
                 kine::KineStart::Starting(kine) => format!(
                     "kine started at {} (pid {}); slots start once it accepts",
-                    kine.endpoint, kine.record.pid
+                    kine.endpoint(),
+                    kine.record.pid
                 ),
             }),
             StoreBackend::KinePostgres { server, managed, .. } => {
@@ -258,12 +259,12 @@ impl StoreBackend {
         };
         Ok(match kine {
             KineStart::Accepting(kine) => SlotStoreStart::Ready(SlotStore {
-                etcd_servers: kine.endpoint,
+                etcd_servers: kine.endpoint(),
                 tls: EtcdTls::default(),
             }),
             KineStart::Starting(kine) => SlotStoreStart::Starting {
                 pid: kine.record.pid,
-                etcd_servers: kine.endpoint,
+                etcd_servers: kine.endpoint(),
             },
         })
     }

@@ -82,7 +82,7 @@ impl Actor<'_> {
                 "StoreUnresponsive",
                 format!(
                     "kine at {} (pid {}) accepted connections but answered no read ({problem}); killed it, it starts again on the same port",
-                    kine.endpoint, kine.record.pid
+                    kine.endpoint(), kine.record.pid
                 ),
             ));
         }

@@ -273,7 +273,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     if let Some((kine, problem)) = unresponsive_kines.first() {
         store_status = Err(format!(
             "kine at {} accepts connections but did not answer a read in {} looks of {}s in a row ({problem}); it is restarted at the same address",
-            kine.endpoint,
+            kine.endpoint(),
             super::plan::UNRESPONSIVE_AFTER,
             LOOK_TIMEOUT.as_secs(),
         ));
