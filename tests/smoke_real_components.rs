@@ -310,13 +310,28 @@ async fn a_kine_comes_back_on_its_socket() {
     let socket = std::path::absolute(dir.path().join("kine.sock")).unwrap();
     assert_eq!(first.address, kine::KineAddress::Unix(socket.clone()));
     assert_eq!(first.endpoint(), format!("unix://{}", socket.display()));
-    runtime.kill(&first.record).await.unwrap();
+    killed_and_gone(&runtime, &first.record).await;
     assert!(socket.exists(), "SIGKILL leaves the socket file");
     let back = kine::ensure_kine(&runtime, &spec).await.unwrap();
     assert_ne!(back.record.pid, first.record.pid);
     assert_eq!(back.endpoint(), first.endpoint(), "kine came back elsewhere");
     assert!(back.address.accepts().await);
     runtime.kill(&back.record).await.unwrap();
+}
+
+/// SIGKILLs the recorded process and waits (up to 10 s) until it no longer runs: the signal is
+/// delivered after `kill` returns, and a dying kine still accepts on its socket until then.
+async fn killed_and_gone(runtime: &kcpshard::process::Runtime, record: &kcpshard::process::ProcessRecord) {
+    runtime.kill(record).await.unwrap();
+    let killed = Instant::now();
+    while runtime.is_running(record) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "pid {} still runs 10 s after its SIGKILL",
+            record.pid
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A kine whose socket path would be too long listens on a loopback port, and one that died comes
