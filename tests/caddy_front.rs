@@ -267,8 +267,8 @@ fn proxy_handler(config: &mut Value) -> &mut Value {
 async fn start_caddy(material: &Material, upstream: SocketAddr, tweak: impl FnOnce(&mut Value)) -> Caddy {
     let caddy = support::require("caddy");
     let dir = tempfile::Builder::new().prefix("kcpshard-caddy-").tempdir().unwrap();
-    let admin_address = format!("127.0.0.1:{}", support::free_port());
-    let front: SocketAddr = (Ipv4Addr::LOCALHOST, support::free_port()).into();
+    let admin_address = format!("127.0.0.1:{}", support::test_port());
+    let front: SocketAddr = (Ipv4Addr::LOCALHOST, support::test_port()).into();
     let storage = dir.path().join("storage");
     let mut config = rendered_config(material, front, &admin_address, upstream, &storage);
     tweak(&mut config);
@@ -762,7 +762,7 @@ async fn a_slot_that_starts_accepting_late_costs_latency_not_an_error() {
     let material = material(tmp.path());
     let blue = backend("blue", &material).await;
     let caddy = start_caddy(&material, blue.addr, |_| {}).await;
-    let late: SocketAddr = (Ipv4Addr::LOCALHOST, support::free_port()).into();
+    let late: SocketAddr = (Ipv4Addr::LOCALHOST, support::test_port()).into();
     caddy.admin.serve(ID, &[late]).await.unwrap();
 
     let connector = connector(&material);
@@ -779,7 +779,7 @@ async fn a_slot_that_starts_accepting_late_costs_latency_not_an_error() {
 
 #[tokio::test]
 async fn an_unreachable_admin_api_says_how_to_start_caddy() {
-    let address = format!("127.0.0.1:{}", support::free_port());
+    let address = format!("127.0.0.1:{}", support::test_port());
     let admin = CaddyAdmin::new(address.clone());
     let err = admin.upstreams(ID).await.unwrap_err();
     assert!(matches!(err, CaddyError::Unreachable { .. }), "{err:?}");

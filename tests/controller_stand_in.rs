@@ -22,7 +22,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use e2e::{Env, Poller, condition, describe_failures, free_port, leader, serving, settled, signal, slot_pid};
+use e2e::{Env, Poller, condition, describe_failures, leader, serving, settled, signal, slot_pid, test_port};
 use serde_json::{Value, json};
 
 fn stand_in() -> String {
@@ -42,7 +42,7 @@ fn spec(front: &str, slots: u32) -> Value {
 
 async fn start(slots: u32) -> (Env, String, kube::Config) {
     let mut env = Env::start().await;
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     env.apply_spec("dev", spec(&front, slots)).await;
     settled(&env, "dev", slots as usize, Duration::from_secs(60)).await;
     let poll = e2e::front_shard_admin(&env, "dev", &front).await;
@@ -222,7 +222,7 @@ async fn a_hung_kine_and_a_hung_front_are_replaced_and_the_shard_serves_again_wi
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slot_that_cannot_start_says_what_kcp_printed_and_where_its_log_is() {
     let mut env = Env::start().await;
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let mut bad = spec(&front, 1);
     bad["kcp"]["extraArgs"] = json!(["--bogus-flag"]);
     env.apply_spec("dev", bad).await;
@@ -326,7 +326,7 @@ async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go(
     let flags = tempfile::tempdir().unwrap();
     let hang = flags.path().join("hang");
     let mut env = Env::start().await;
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let mut shard = spec(&front, 1);
     shard["kcp"]["extraArgs"] = json!([format!("--stand-in-hang-posts-while={}", hang.display())]);
     env.apply_spec("dev", shard).await;
@@ -391,7 +391,7 @@ async fn a_kine_slow_to_accept_is_waited_for_outside_any_step_and_one_that_exits
     );
     std::fs::write(&slow, "").unwrap();
     let mut env = Env::start_with_kine(&[], kine.clone()).await;
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     env.apply_spec("dev", spec(&front, 1)).await;
     let waiting = env
         .until("dev", Duration::from_secs(10), "StoreStarting while kine starts", |o| {
@@ -449,7 +449,7 @@ async fn a_slots_own_kine_slow_to_accept_is_waited_for_outside_any_step() {
     let kine = kine_wrapper(wrapper_dir.path(), &format!("[ -e '{}' ] && sleep 2", slow.display()));
     let pg = support::Postgres::start();
     let mut env = Env::start_with_kine(&[], kine).await;
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let mut shard = spec(&front, 1);
     shard["store"] = json!({
         "type": "KinePostgres",
@@ -515,7 +515,7 @@ async fn a_front_that_moves_drains_and_starts_on_its_new_address_and_a_slot_that
         .find(|s| *s != holder)
         .expect("another serving slot");
     let victim_pid = slot_pid(&o, &victim).unwrap();
-    let moved = format!("127.0.0.1:{}", free_port());
+    let moved = format!("127.0.0.1:{}", test_port());
     env.patch("dev", json!({ "spec": { "front": { "listen": moved } } }))
         .await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -666,7 +666,7 @@ async fn a_store_change_is_refused_a_re_created_shard_keeps_its_data_s_store_and
         o["status"]["store"]
     );
 
-    let postgres = json!({ "type": "KinePostgres", "kinePostgres": { "host": "127.0.0.1", "port": free_port(), "user": "postgres" } });
+    let postgres = json!({ "type": "KinePostgres", "kinePostgres": { "host": "127.0.0.1", "port": test_port(), "user": "postgres" } });
     let refused = env
         .shards()
         .patch(
@@ -739,7 +739,7 @@ async fn a_store_change_is_refused_a_re_created_shard_keeps_its_data_s_store_and
 async fn a_slot_that_crashes_during_a_long_dump_of_the_store_is_acted_on_at_once() {
     let pg = support::Postgres::start();
     let mut env = Env::start().await;
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let mut first = spec(&front, 2);
     first["store"] = json!({
         "type": "KinePostgres",
@@ -972,7 +972,7 @@ async fn the_old_slot_killed_mid_preflight_an_interim_slot_of_its_version_serves
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_interim_slot_that_crashes_at_start_is_not_started_again_and_the_roll_goes_on() {
     let mut env = Env::start().await;
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     // v0.31.2 exits at start once this file exists: the interim slot runs the same template.
     let marker = env.state.join("v0.31.2-fails-now");
     let mut first = spec(&front, 1);

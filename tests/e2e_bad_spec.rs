@@ -20,7 +20,7 @@ fn shard_with_rollout(name: &str, field: &str, value: &str) -> DynamicObject {
         "spec": {
             "version": kcp_newer(),
             "store": { "type": "KineSqlite" },
-            "front": { "type": "Tcp", "listen": format!("127.0.0.1:{}", free_port()) },
+            "front": { "type": "Tcp", "listen": format!("127.0.0.1:{}", test_port()) },
             "rollout": { field: value },
         },
     }))
@@ -101,7 +101,7 @@ async fn a_negative_or_absurd_timeout_is_refused_with_422_and_nothing_is_stored(
 async fn a_new_shard_without_its_binary_gets_one_roll_blocked_event() {
     let mut env = Env::start().await;
     let shard = "nobinary";
-    env.apply(shard, "v0.0.1", &format!("127.0.0.1:{}", free_port())).await;
+    env.apply(shard, "v0.0.1", &format!("127.0.0.1:{}", test_port())).await;
     env.until(
         shard,
         std::time::Duration::from_secs(60),

@@ -29,8 +29,8 @@ async fn a_caddy_front_is_switched_through_its_admin_api_and_a_roll_fails_no_pol
     let caddy = support::require("caddy");
     let mut env = Env::start().await;
     let shard = "caddy";
-    let front = format!("127.0.0.1:{}", free_port());
-    let admin = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
+    let admin = format!("127.0.0.1:{}", test_port());
 
     // 1. Apply: the slot starts although caddy does not run; the shard says what to do.
     let started = Instant::now();

@@ -383,7 +383,7 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
     require_components(&[&version]);
     let mut env = Env::start().await;
     let shard = "sq";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let state = env.state.display().to_string();
     let mut report = Report::default();
     let mut workspaces: Vec<String> = Vec::new();
@@ -804,7 +804,7 @@ async fn slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard() {
     let _kines = SlotKines(on_pg.clone());
     let mut env = Env::start().await;
     let shard = "pgf";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let mut report = Report::default();
     let mut workspaces: Vec<String> = Vec::new();
 

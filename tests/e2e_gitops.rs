@@ -127,7 +127,7 @@ async fn a_pushed_commit_that_bumps_spec_version_rolls_the_shard_with_no_other_a
     std::fs::create_dir_all(checkout.join("shards")).unwrap();
     git(&checkout, &["init", "-q", "-b", "main"]);
     git(&checkout, &["config", "receive.denyCurrentBranch", "updateInstead"]);
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     std::fs::write(checkout.join("shards/gitops.yaml"), manifest(&older, &front, true)).unwrap();
     git(&checkout, &["add", "."]);
     git(&checkout, &["commit", "-q", "-m", &format!("{SHARD}: kcp {older}")]);

@@ -63,7 +63,7 @@ async fn kine_postgres_rolls_with_a_kine_per_slot_snapshots_and_survives_a_postg
     let _sweep = SweepKines(pg.port);
     let mut env = Env::start().await;
     let shard = "pg";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let password_file = env.dir().join("pgpass");
     std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
 
@@ -382,7 +382,7 @@ async fn a_managed_postgres_is_created_started_and_stopped_with_the_shard() {
     let psql = support::require("psql");
     let mut env = Env::start().await;
     let shard = "managed";
-    let port = free_port();
+    let port = test_port();
     let password_file = env.dir().join("pgpass");
     std::fs::write(&password_file, PASSWORD).unwrap();
     env.apply_spec(
@@ -401,7 +401,7 @@ async fn a_managed_postgres_is_created_started_and_stopped_with_the_shard() {
                     "managed": true,
                 },
             },
-            "front": { "type": "Tcp", "listen": format!("127.0.0.1:{}", free_port()) },
+            "front": { "type": "Tcp", "listen": format!("127.0.0.1:{}", test_port()) },
         }),
     )
     .await;
@@ -512,7 +512,7 @@ async fn an_etcd_store_serves_a_shard() {
     require_components(&[&newer]);
     let etcd = support::require("etcd");
     let mut env = Env::start().await;
-    let (client_port, peer_port) = (free_port(), free_port());
+    let (client_port, peer_port) = (test_port(), test_port());
     let data = env.dir().join("etcd");
     let mut cmd = std::process::Command::new(etcd);
     cmd.arg(format!("--data-dir={}", data.display()))
@@ -523,7 +523,7 @@ async fn an_etcd_store_serves_a_shard() {
         .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"));
     let _etcd = support::Proc::spawn("etcd", cmd, &env.dir().join("etcd.log"));
     let shard = "etcd";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     env.apply_spec(
         shard,
         json!({
@@ -581,7 +581,7 @@ async fn postgres_tls_is_checked_as_each_sslmode_says_as_kine_does() {
     let ca_file = env.dir().join("pg-ca.pem");
     std::fs::write(&ca_file, &ca_pem).unwrap();
     let shard = "tls";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let spec = |host: &str, ssl_mode: &str, ca: bool| {
         let mut store = json!({
             "host": host,

@@ -106,7 +106,7 @@ async fn a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and
     let mut env = Env::start().await;
     let begun = Instant::now();
     let shard = "restore";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let password_file = env.dir().join("pgpass");
     std::fs::write(&password_file, "unused-by-trust-auth\n").unwrap();
 

@@ -571,7 +571,7 @@ async fn a_shard_serves_through_the_front_and_rolls_without_a_failed_request() {
     require_components(&[&older, &newer]);
     let mut env = Env::start().await;
     let shard = "e2e";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let mut report = Report::default();
     let mut problems = Vec::new();
 
@@ -1197,7 +1197,7 @@ async fn serve_killed_at_each_roll_boundary_is_restarted_and_every_roll_complete
     require_components(&[&version]);
     let mut env = Env::start().await;
     let shard = "crash";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let mut report = Report::default();
 
     env.apply(shard, &version, &front).await;

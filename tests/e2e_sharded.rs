@@ -167,7 +167,7 @@ async fn a_root_and_a_second_shard_behind_kcp_front_proxy_serve_and_roll_without
     require_components(&[&kcp_newer()]);
     let mut env = Env::start().await;
     let mut report = Report::default();
-    let (root_front, second_front, proxy_port) = (free_port(), free_port(), free_port());
+    let (root_front, second_front, proxy_port) = (test_port(), test_port(), test_port());
     let (root_listen, second_listen) = (format!("127.0.0.1:{root_front}"), format!("127.0.0.1:{second_front}"));
     let proxy_url = format!("https://127.0.0.1:{proxy_port}");
 
@@ -175,7 +175,7 @@ async fn a_root_and_a_second_shard_behind_kcp_front_proxy_serve_and_roll_without
     env.apply_spec(
         "orphan",
         shard_spec(
-            &format!("127.0.0.1:{}", free_port()),
+            &format!("127.0.0.1:{}", test_port()),
             json!({ "name": "shard-9", "rootShard": "nowhere" }),
         ),
     )

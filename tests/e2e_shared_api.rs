@@ -49,7 +49,7 @@ struct HostServe {
 impl HostServe {
     fn start(dir: &Path, label: &str, host: &str, state: &Path, kubeconfig: &Path, extra: &[&str]) -> HostServe {
         let log = dir.join(format!("serve-{label}.log"));
-        let probe = free_port();
+        let probe = test_port();
         let mut command = Command::new(kcpshard_bin());
         command
             .arg("serve")
@@ -238,7 +238,7 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
 
     // The shared API: a workspace of a kcp shard run the usual way.
     let mut env = Env::start().await;
-    let api_front = format!("127.0.0.1:{}", free_port());
+    let api_front = format!("127.0.0.1:{}", test_port());
     env.apply("api", &newer, &api_front).await;
     env.wait_ready("api", READY_TIMEOUT).await;
     let admin = front_admin(&env, "api", &api_front).await;
@@ -303,13 +303,13 @@ async fn serves_of_several_hosts_share_a_kcp_workspace_each_running_its_own_shar
         stamp(started)
     ));
 
-    let alpha_front = format!("127.0.0.1:{}", free_port());
-    let beta_front = format!("127.0.0.1:{}", free_port());
+    let alpha_front = format!("127.0.0.1:{}", test_port());
+    let beta_front = format!("127.0.0.1:{}", test_port());
     let stand_in = env!("CARGO_BIN_EXE_stand-in-kcp");
     let spec = |front: &str| json!({ "version": newer, "store": { "type": "KineSqlite" }, "front": { "type": "Tcp", "listen": front } });
     let mut stand_in_spec = spec(&beta_front);
     stand_in_spec["kcp"] = json!({ "binary": stand_in });
-    let mut nobody_spec = spec(&format!("127.0.0.1:{}", free_port()));
+    let mut nobody_spec = spec(&format!("127.0.0.1:{}", test_port()));
     nobody_spec["kcp"] = json!({ "binary": stand_in });
     // Host beta's shard comes from its GitOps directory, applied into the shared API.
     let beta_manifests = env.dir().join("beta-manifests");

@@ -216,7 +216,7 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
     let mut env = Env::start().await;
     let mut report = Report::default();
     let shard = "slots";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let spec = json!({
         "version": older,
         "store": { "type": "KineSqlite" },
@@ -529,7 +529,7 @@ async fn two_slots_on_kine_postgres_serve_and_roll_without_a_failed_request() {
     let mut env = Env::start().await;
     let mut report = Report::default();
     let shard = "pgslots";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     let password_file = env.dir().join("pgpass");
     std::fs::write(&password_file, "kcpshard-e2e-slots\n").unwrap();
 

@@ -609,8 +609,8 @@ async fn under_systemd_a_managed_postgres_is_a_unit_of_its_own() {
         .tempdir()
         .unwrap();
     let bin = opt_bin(tmp.path(), &[]);
-    let port = free_port();
-    let front = format!("127.0.0.1:{}", free_port());
+    let port = test_port();
+    let front = format!("127.0.0.1:{}", test_port());
     std::fs::write(
         bin.join("pg.yaml"),
         format!(

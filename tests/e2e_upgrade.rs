@@ -46,7 +46,7 @@ async fn ten_serve_restarts_each_upgrading_the_front_fail_no_poll() {
     env.start_serve().await;
 
     let shard = "upgrade";
-    let front = format!("127.0.0.1:{}", free_port());
+    let front = format!("127.0.0.1:{}", test_port());
     env.apply(shard, &newer, &front).await;
     env.wait_ready(shard, READY_TIMEOUT).await;
     let settled = env

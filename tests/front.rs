@@ -16,6 +16,9 @@ use kcpshard::process::Runtime;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 
+#[path = "support/ports.rs"]
+mod ports;
+
 const BIN: &str = env!("CARGO_BIN_EXE_kcpshard");
 const ANY_PORT: &str = "127.0.0.1:0";
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -236,8 +239,9 @@ impl Client {
     }
 }
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind(ANY_PORT).unwrap().local_addr().unwrap()
+/// A loopback address for the front or a backend to bind later ([`ports`]).
+fn test_address() -> SocketAddr {
+    (std::net::Ipv4Addr::LOCALHOST, ports::test_port()).into()
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -357,7 +361,7 @@ async fn the_backend_is_dialled_before_the_client_sends_a_byte_and_half_closes_p
 async fn a_backend_that_refuses_for_a_moment_still_gets_the_connection() {
     let f = Fixture::new();
     let (client, status) = f.start().await;
-    let late = free_port();
+    let late = test_address();
     client
         .serve(&[Backend {
             slot: "late".into(),
@@ -385,7 +389,7 @@ async fn a_backend_that_never_accepts_gets_the_client_closed_after_the_retry_win
     client
         .serve(&[Backend {
             slot: "gone".into(),
-            address: free_port(),
+            address: test_address(),
         }])
         .await
         .unwrap();
@@ -456,7 +460,7 @@ async fn a_running_front_is_adopted_not_duplicated() {
 async fn a_front_asked_for_another_address_is_replaced() {
     let f = Fixture::new();
     let (_, first) = f.start().await;
-    let wanted = free_port();
+    let wanted = test_address();
     let client = front::ensure_running(launch(bin(), &f.dir), wanted).await.unwrap();
     let second = client.status().await.unwrap();
     f.track(second.pid);
@@ -561,7 +565,7 @@ async fn sigterm_stops_accepting_and_lets_open_connections_finish() {
 async fn metrics_count_connections_per_slot() {
     let f = Fixture::new();
     let a = EchoBackend::start("a").await;
-    let metrics = free_port();
+    let metrics = test_address();
     let mut child = std::process::Command::new(BIN)
         .args([
             "front",

@@ -407,7 +407,7 @@ async fn bodies_the_fuzzer_found_get_an_answer_and_leave_the_api_working() {
 /// Applies a KcpShard whose kcp binary does not exist, on a free front port, and waits until the
 /// controller has started its store and front and reports the roll blocked (BinaryMissing).
 async fn blocked_shard(env: &e2e::Env, name: &str) -> String {
-    let listen = format!("127.0.0.1:{}", e2e::free_port());
+    let listen = format!("127.0.0.1:{}", e2e::test_port());
     env.apply_spec(
         name,
         json!({
@@ -908,7 +908,7 @@ async fn no_secret_reaches_logs_events_objects_metrics_cli_output_or_argv() {
 
     // Apply (the CLI), get, describe, events; the controller runs the store and the front.
     let manifest = env.dir().join("secret-test.yaml");
-    let listen = format!("127.0.0.1:{}", e2e::free_port());
+    let listen = format!("127.0.0.1:{}", e2e::test_port());
     std::fs::write(
         &manifest,
         format!(

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kcpshard::process::{PortReservation, ProcessRecord, ProcessSpec, Runtime, UnitName, free_port, procfs};
+use kcpshard::process::{PortReservation, ProcessRecord, ProcessSpec, Runtime, UnitName, procfs};
 use kcpshard::slot::identity::{self, FrontKubeconfig, Identity};
 use kcpshard::slot::{self, NotServingKind, SlotLaunch};
 use kcpshard::store::{self, kine::KineSpec};
@@ -279,7 +279,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
     let runtime = Runtime::new();
     let mut reaper = Reaper { procs: Vec::new() };
     // The front is not part of this test; its URL only has to be what every slot advertises.
-    let front = format!("https://127.0.0.1:{}", free_port().unwrap());
+    let front = format!("https://127.0.0.1:{}", support::test_port());
 
     let mut pg = matches!(backend, Backend::PostgresLostAtPhase0).then(support::Postgres::start);
     let store_dir = base.join("store");

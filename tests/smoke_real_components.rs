@@ -298,6 +298,20 @@ fn missing_component_fails_with_the_install_hint() {
     assert!(msg.contains("hack/install-deps.sh"), "hint missing from: {msg}");
 }
 
+/// The ports tests give to programs that bind them themselves come from outside the kernel's
+/// ephemeral range, are never handed out twice, and are free.
+#[test]
+fn test_ports_are_outside_the_ephemeral_range_distinct_and_bindable() {
+    let (low, high) = support::ports::quiet_range();
+    let ports: Vec<u16> = (0..50).map(|_| support::test_port()).collect();
+    let distinct: std::collections::HashSet<_> = ports.iter().collect();
+    assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+    for port in ports {
+        assert!((low..high).contains(&port), "{port} is not in {low}..{high}");
+        std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    }
+}
+
 /// A kine listens on a socket in its directory; one that was SIGKILLed (its socket file left
 /// behind) comes back on the same socket, which its slots dial.
 #[tokio::test]
@@ -401,7 +415,7 @@ fn managed_postgres() -> (tempfile::TempDir, ManagedPostgres, PostgresServer) {
     };
     let server = PostgresServer {
         host: "127.0.0.1".into(),
-        port: support::free_port(),
+        port: support::test_port(),
         database: "kcp".into(),
         user: "kcp".into(),
         password: None,

@@ -86,7 +86,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_cluster_with_no_listening_member_says_which_failed() {
-        let port = crate::process::free_port().unwrap();
+        // Bound, not listening: a connection to it is refused, and nothing else can take it.
+        let member = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        member
+            .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        let port = member.local_addr().unwrap().as_socket().unwrap().port();
         let cluster = EtcdCluster {
             endpoints: vec![format!("http://127.0.0.1:{port}")],
             tls: EtcdTls::default(),
@@ -96,8 +101,7 @@ mod tests {
             error.contains(&format!("127.0.0.1:{port}")) && error.contains("fix spec.store.etcd"),
             "{error}"
         );
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        member.listen(1).unwrap();
         assert_eq!(cluster.check().await, Ok(()));
-        drop(listener);
     }
 }

@@ -32,7 +32,7 @@ use kube::{Client, Config};
 use serde_json::{Value, json};
 
 // Locating components and pins is shared with the other real-component tests.
-pub use crate::support::{bin_dir, free_port, pin, repo_root, require};
+pub use crate::support::{bin_dir, pin, repo_root, require, test_port};
 
 pub fn kcp_older() -> String {
     pin("KCP_VERSION_OLDER")

@@ -6,20 +6,21 @@
 //!   `CI=true`).
 //! - Every process is started in its own process group, with `PR_SET_PDEATHSIG=SIGKILL`, and is
 //!   killed (the whole group) when its handle drops, so nothing outlives a failing test.
-//! - Everything listens on 127.0.0.1 only, on ports picked free at start.
+//! - Everything listens on 127.0.0.1 only: on a unix socket, a port it was given bound, or a port
+//!   from outside the kernel's ephemeral range ([`ports`]).
 //!
 //! Use from an integration test with `mod support;`.
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,9 @@ use kcpshard::process::PortReservation;
 use kcpshard::store::kine::KineAddress;
 
 pub use tempfile::TempDir;
+
+pub mod ports;
+pub use ports::test_port;
 
 // ------------------------------------------------------------------------------------------------
 // Locating components
@@ -155,20 +159,6 @@ pub fn kcp_bin(version: &str) -> PathBuf {
 
 // ------------------------------------------------------------------------------------------------
 // Ports
-
-/// A TCP port on 127.0.0.1 that was free a moment ago and that this test binary has not handed
-/// out before.
-pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
-    loop {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        let port = l.local_addr().unwrap().port();
-        let mut given = GIVEN.lock().unwrap();
-        if given.get_or_insert_with(HashSet::new).insert(port) {
-            return port;
-        }
-    }
-}
 
 pub fn port_accepts(port: u16) -> bool {
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
@@ -516,7 +506,7 @@ impl Postgres {
                 }
             }
         }
-        let port = free_port();
+        let port = test_port();
         let log = dir.path().join("postgres.log");
         File::create(&log).unwrap();
         if let Some((uid, gid)) = ids {
