@@ -632,8 +632,10 @@ async fn a_slot_that_crashes_during_the_preflights_copy_of_the_data_is_acted_on_
     .unwrap();
     drop(db);
     env.patch("dev", json!({ "spec": { "version": "v0.31.3" } })).await;
-    let shard_dir = env.shard_dir("dev").display().to_string();
-    let copy = stop_a_job_mid_way(&env, &shard_dir, "sqlite-copy").await;
+    // The snapshot before the version change is a sqlite-copy too (into snapshots/); the
+    // preflight's copies into its own directory.
+    let preflight_dir = env.shard_dir("dev").join("preflight").display().to_string();
+    let copy = stop_a_job_mid_way(&env, &preflight_dir, "sqlite-copy").await;
     kill_a_serving_slot_and_see_it_leave_the_front(&env, "Preflight", "the preflight's copy").await;
     signal(copy, libc::SIGCONT);
     let done = rolled_to_v0_31_3_with_two_slots(&env).await;

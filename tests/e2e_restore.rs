@@ -1,11 +1,11 @@
 //! End to end on real kcp (the older minor release and the newer one, hack/versions.env), kine and
-//! PostgreSQL: a minor roll, its roll back, and a snapshot restore. One KinePostgres shard,
-//! walked in order:
+//! PostgreSQL: a minor roll, its roll back, and a snapshot restore. One shard per store that takes
+//! snapshots (KinePostgres, KineSqlite), walked in order:
 //!   1. apply at the older minor (v0.30): Ready; workspace `before-snapshot`, and an APIExport in
 //!      workspace `provider` bound by an APIBinding in `consumer`, with a `Widget` of it;
-//!   2. spec.version to the newer release (v0.31.2, allowMinorVersionChange): a pg_dump snapshot
-//!      is taken first (its name says v0.30.0's data), the roll completes; workspace
-//!      `after-snapshot` is made;
+//!   2. spec.version to the newer release (v0.31.2, allowMinorVersionChange): a snapshot is taken
+//!      first while the store serves (a pg_dump, a sqlite copy of state.db; its name says v0.30.0's
+//!      data), the roll completes; workspace `after-snapshot` is made;
 //!   3. `kcpshard snapshot restore` while spec.version is still the newer one is refused, naming
 //!      the snapshot's version and the patch to make; nothing changes;
 //!   4. roll back to v0.30 (allowDowngrade): it completes, and what was made before and after the
@@ -93,25 +93,56 @@ fn cli(env: &Env, args: &[&str]) -> tokio::process::Command {
     cmd
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    KinePostgres,
+    KineSqlite,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
-async fn a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and_version_it_holds() {
+async fn on_kine_postgres_a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and_version_it_holds() {
     let _serial = serial();
+    walk(Store::KinePostgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
+async fn on_kine_sqlite_a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and_version_it_holds() {
+    let _serial = serial();
+    walk(Store::KineSqlite).await;
+}
+
+async fn walk(store: Store) {
     let (older, newer) = (support::kcp_older_minor(), kcp_newer());
     require_components(&[&older, &newer]);
-    support::require("pg_dump");
-    support::require("pg_restore");
-    let pg = support::Postgres::start();
-    let _sweep = SweepKines(pg.port);
+    let pg = (store == Store::KinePostgres).then(|| {
+        support::require("pg_dump");
+        support::require("pg_restore");
+        support::Postgres::start()
+    });
+    let _sweep = pg.as_ref().map(|pg| SweepKines(pg.port));
     let mut env = Env::start().await;
     let begun = Instant::now();
-    let shard = "restore";
+    let (shard, extension) = match store {
+        Store::KinePostgres => ("restore", "dump"),
+        Store::KineSqlite => ("restore-sqlite", "db"),
+    };
     let front = format!("127.0.0.1:{}", test_port());
-    let password_file = env.dir().join("pgpass");
-    std::fs::write(&password_file, "unused-by-trust-auth\n").unwrap();
 
     // 1. v0.30: a workspace, an APIExport bound in another workspace, a Widget of it.
-    let mut spec = postgres_spec(&older, &front, &pg, &password_file);
+    let mut spec = match &pg {
+        Some(pg) => {
+            let password_file = env.dir().join("pgpass");
+            std::fs::write(&password_file, "unused-by-trust-auth\n").unwrap();
+            postgres_spec(&older, &front, pg, &password_file)
+        }
+        None => json!({
+            "version": older,
+            "store": { "type": "KineSqlite" },
+            "front": { "type": "Tcp", "listen": front },
+        }),
+    };
     spec["rollout"] = json!({ "allowMinorVersionChange": true, "allowDowngrade": true });
     env.apply_spec(shard, spec).await;
     env.wait_ready(shard, READY_TIMEOUT).await;
@@ -179,7 +210,10 @@ async fn a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    assert!(file.contains(&format!("-{older}-to-{newer}-")), "{file}");
+    assert!(
+        file.contains(&format!("-{older}-to-{newer}-")) && file.ends_with(&format!(".{extension}")),
+        "{file}"
+    );
     let admin = front_admin(&env, shard, &front).await;
     create_workspace_ready(&admin, "after-snapshot", Duration::from_secs(120))
         .await
@@ -305,7 +339,10 @@ async fn a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and
             summarize_events(&events)
         );
     }
-    env.log(&format!("the whole walk took {:.1}s", begun.elapsed().as_secs_f64()));
+    env.log(&format!(
+        "{store:?}: the whole walk took {:.1}s",
+        begun.elapsed().as_secs_f64()
+    ));
     // No step of the snapshot, the restore and the deletion waited, but those that still wait
     // inside a reconcile or for kcp's or PostgreSQL's answers (docs/architecture.md, "The steps").
     assert!(

@@ -484,9 +484,10 @@ pub struct RolloutSpec {
     /// while another slot serves; this bounds how long a hung kcp stays. At most 1h.
     #[schemars(pattern(DURATION_PATTERN))]
     pub liveness_timeout: String,
-    /// Snapshot the store before a roll that changes spec.version: a pg_dump of the KinePostgres
-    /// database into the shard's snapshots directory (its path goes into status.lastRoll.snapshot).
-    /// KineSqlite and Etcd stores take none.
+    /// Snapshot the store before a roll that changes spec.version, while it serves: a pg_dump of
+    /// the KinePostgres database, or a copy of the KineSqlite database (sqlite's VACUUM INTO), into
+    /// the shard's snapshots directory (its path goes into status.lastRoll.snapshot). Etcd stores
+    /// take none.
     pub snapshot_before_version_change: bool,
     /// Before the first slot of a new spec.version starts, run that version alone against a copy
     /// of the data (a copy of the sqlite file, or the snapshot restored into a scratch database;

@@ -1,7 +1,7 @@
 //! `kcpshard snapshot list NAME` and `kcpshard snapshot restore NAME SNAPSHOT`.
 //!
 //! `list` reads the shard's snapshots directory under the state dir (it runs on serve's host):
-//! each pg_dump file kcpshard took before a version change, with the version that served the data
+//! each snapshot kcpshard took before a version change (a pg_dump, a sqlite copy), with the version that served the data
 //! in it.
 //!
 //! `restore` asks the controller for a restore, a planned outage: it refuses what the controller
@@ -31,7 +31,7 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// List a shard's store snapshots (KinePostgres: taken before each version change).
+    /// List a shard's store snapshots (taken before each version change, KinePostgres and KineSqlite).
     List(ListArgs),
     /// Restore a store snapshot: every slot stops (the shard is down), the snapshot is restored,
     /// and slots of the kcp version that served the data in it start. Follows it to its end.
@@ -78,7 +78,7 @@ fn list(args: ListArgs) -> anyhow::Result<()> {
     let found = snapshots(&state_dir, &args.name)?;
     if found.is_empty() {
         println!(
-            "No snapshots of shard {} in {} (they are taken of KinePostgres stores before a version change).",
+            "No snapshots of shard {} in {} (they are taken of KinePostgres and KineSqlite stores before a version change).",
             args.name,
             state_dir.display()
         );

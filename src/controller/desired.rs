@@ -46,6 +46,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         allow_schema_change: spec.rollout.allow_minor_version_change,
         // Judged with the shard's files: `restore::request`, in `step`.
         restore: None,
+        // From the store in use, in `step`.
+        restore_stops_store: false,
         // From the data's record, once the template is whole: `interim`, in `step`.
         interim: None,
         rotation_request: shard.annotations().get(ROTATE_CREDENTIALS_ANNOTATION).cloned(),

@@ -20,7 +20,8 @@ use crate::store::snapshot::{self, ClientRun};
 const PROCESS_FILE: &str = "process.json";
 const LOG_FILE: &str = "job.log";
 
-/// Snapshot: starts pg_dump of the store into the snapshots directory.
+/// Snapshot: starts a snapshot of the store (pg_dump, sqlite's VACUUM INTO) into the snapshots
+/// directory.
 pub async fn start_snapshot(actor: &Actor<'_>) -> Result<Notes, Error> {
     let from = actor.world.serving_version().unwrap_or_else(|| "none".into());
     let to = actor.desired.template.version.clone();
@@ -28,8 +29,8 @@ pub async fn start_snapshot(actor: &Actor<'_>) -> Result<Notes, Error> {
     // Absolute: the job runs in its own directory.
     let dir = std::path::absolute(actor.dirs.snapshots())?;
     crate::fsutil::create_private_dir(&dir)?;
-    let path = store.dump_path(&dir, &from, &to)?;
-    let run = store.dump_run(&snapshot::partial_of(&path))?;
+    let path = store.snapshot_path(&dir, &from, &to)?;
+    let run = store.snapshot_run(&snapshot::partial_of(&path), &actor.ctx.kcpshard_binary)?;
     let kind = JobKind::Snapshot {
         template: Box::new(actor.desired.template.clone()),
     };
@@ -37,14 +38,15 @@ pub async fn start_snapshot(actor: &Actor<'_>) -> Result<Notes, Error> {
     Ok(vec![Note::normal(
         "SnapshotStarted",
         format!(
-            "dumping the store ({}) to {} before rolling {from} to {to}; the roll goes on once it is kept",
+            "taking a snapshot of the store ({}) into {} before rolling {from} to {to}; the roll goes on once it is kept",
             store.describe_server(),
             path.display()
         ),
     )])
 }
 
-/// RestoreSnapshot: every slot has stopped; starts pg_restore of the restore's snapshot.
+/// RestoreSnapshot: every slot has stopped (and a KineSqlite store's kine); starts the restore of
+/// the snapshot (pg_restore, or a sqlite copy put in place of `state.db`).
 pub async fn start_restore(actor: &Actor<'_>) -> Result<Notes, Error> {
     let Some(record) = actor
         .world
@@ -55,7 +57,9 @@ pub async fn start_restore(actor: &Actor<'_>) -> Result<Notes, Error> {
     else {
         return Ok(vec![]);
     };
-    let run = actor.store()?.restore_run(Path::new(&record.snapshot))?;
+    let run = actor
+        .store()?
+        .restore_run(Path::new(&record.snapshot), &actor.ctx.kcpshard_binary)?;
     let kind = JobKind::Restore {
         snapshot: record.snapshot.clone(),
     };
@@ -163,7 +167,7 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
             Ok(vec![Note::normal(
                 "SnapshotTaken",
                 format!(
-                    "dumped the store to {path} ({size} bytes, {took:.1}s) before rolling to {}; docs/operations.md says how to restore it",
+                    "took a snapshot of the store: {path} ({size} bytes, {took:.1}s) before rolling to {}; docs/operations.md says how to restore it",
                     template.version
                 ),
             )])
@@ -215,14 +219,14 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
             Err(Error::JobFailed {
                 job: "restore",
                 message,
-                next: "the database is as it was (one transaction), and the restore is tried again",
+                next: "the data is as it was (a dump is restored in one transaction, a sqlite copy replaces state.db only once complete), and the restore is tried again",
             })
         }
         (JobKind::Snapshot { .. }, JobState::Failed { message }) => {
             drop_output()?;
             actor.dirs.save_state(&state)?;
             Err(Error::JobFailed {
-                job: "dump before the roll",
+                job: "snapshot before the roll",
                 message,
                 next: "the roll waits, and the dump is tried again",
             })

@@ -272,7 +272,9 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
             None => return Err(e),
         },
     };
-    desired.snapshot_before_version_change &= world.store.store.type_ == crate::api::StoreType::KinePostgres;
+    let store_type = world.store.store.type_;
+    desired.snapshot_before_version_change &= store_type != crate::api::StoreType::Etcd;
+    desired.restore_stops_store = store_type == crate::api::StoreType::KineSqlite;
     desired.version_refused = desired::version_refused(shard, &world, &dirs);
     // The admin identities every slot must accept are part of the template: a rotation rolls.
     desired.template.accepted_identities = plan::accepted(&world.observed.identities, &world.observed);

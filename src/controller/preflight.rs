@@ -315,7 +315,7 @@ pub async fn compare(actor: &Actor<'_>) -> Result<Notes, Error> {
             .filter(|s| s.template == record.template)
             .map(|s| format!(" taken before it ({})", s.path))
             .unwrap_or_else(|| {
-                " of the data, and none was taken (kcpshard dumps KinePostgres only: copy the store yourself first)"
+                " of the data, and none was taken (spec.rollout.snapshotBeforeVersionChange is false, or the store is an etcd: take one yourself first)"
                     .into()
             });
         let goes_on = if actor.desired.allow_schema_change {

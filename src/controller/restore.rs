@@ -63,25 +63,24 @@ fn restorable(shard: &KcpShard, dirs: &ShardDirs, value: &str) -> Result<Restora
 /// Why shard `name` (with this store and spec.version) cannot restore the snapshot named
 /// `file_name`, saying what to do; None when it can (as far as the name tells).
 pub fn refusal(name: &str, store: StoreType, version: &str, file_name: &str) -> Option<String> {
-    match store {
-        StoreType::KinePostgres => {}
-        StoreType::KineSqlite => {
-            return Some(format!(
-                "kcpshard takes and restores snapshots of KinePostgres stores only, and shard {name}'s store is KineSqlite. To go back to a copy of its data, delete the KcpShard (its data stays), put your copy of shards/{name}/store/state.db in place (and set shards/{name}/store/data-version.json to the kcp version that last served it), then apply the KcpShard again (docs/operations.md, \"Snapshots and restores\")"
-            ));
-        }
-        StoreType::Etcd => {
-            return Some(format!(
-                "kcpshard takes and restores snapshots of KinePostgres stores only, and shard {name}'s store is an etcd you run. Restore an etcd snapshot into it with `etcdutl snapshot restore` while the KcpShard is deleted, then apply the KcpShard again (docs/operations.md, \"Snapshots and restores\")"
-            ));
-        }
+    if store == StoreType::Etcd {
+        return Some(format!(
+            "kcpshard takes and restores snapshots of KinePostgres and KineSqlite stores, and shard {name}'s store is an etcd you run. Restore an etcd snapshot into it with `etcdutl snapshot restore` while the KcpShard is deleted, then apply the KcpShard again (docs/operations.md, \"Restore a snapshot\")"
+        ));
     }
     let Some(taken) = SnapshotName::parse(file_name) else {
         return Some(format!(
-            "{file_name:?} is not a snapshot kcpshard took: its name must be <database>-<from>-to-<to>-<time>.{}, where <from> is the kcp version that served the data in it (`kcpshard snapshot list {name}` lists them)",
-            crate::store::snapshot::EXTENSION
+            "{file_name:?} is not a snapshot kcpshard took: its name must be <database>-<from>-to-<to>-<time>.dump (a pg_dump of KinePostgres) or state-<from>-to-<to>-<time>.db (a copy of KineSqlite's state.db), where <from> is the kcp version that served the data in it (`kcpshard snapshot list {name}` lists them)"
         ));
     };
+    let taken_of = taken.format.store();
+    if taken_of != store {
+        return Some(format!(
+            "snapshot {file_name} was taken of a {} store, and shard {name}'s store is {}: restore a snapshot of the store the shard uses (`kcpshard snapshot list {name}` lists them)",
+            taken_of.as_str(),
+            store.as_str()
+        ));
+    }
     if taken.from != version {
         return Some(format!(
             "snapshot {file_name} holds data that kcp {from} served (it was taken before a roll from {from} to {to}), but spec.version is {version}: a restore starts the version that served the data. Set spec.version to {from} first (kubectl patch ks {name} --type merge -p '{{\"spec\":{{\"version\":\"{from}\"}}}}', or commit it to the manifest GitOps applies), then ask again. Until the restore the running slots keep serving {version}: the change back is refused as a downgrade, unless spec.rollout.allowDowngrade is true, in which case the shard first rolls back to {from} on the newer data",
@@ -102,9 +101,10 @@ mod tests {
     use super::*;
 
     const DUMP: &str = "kcp-v0.30.0-to-v0.31.2-20261201T180102.123Z.dump";
+    const SQLITE: &str = "state-v0.30.0-to-v0.31.2-20261201T180102.123Z.db";
 
     #[test]
-    fn a_snapshot_restores_only_on_kine_postgres_with_spec_version_its_data_version() {
+    fn a_snapshot_restores_only_into_the_store_it_was_taken_of_with_spec_version_its_data_version() {
         assert_eq!(refusal("dev", StoreType::KinePostgres, "v0.30.0", DUMP), None);
         let newer = refusal("dev", StoreType::KinePostgres, "v0.31.2", DUMP).unwrap();
         assert!(
@@ -114,7 +114,18 @@ mod tests {
             "{newer}"
         );
         let sqlite = refusal("dev", StoreType::KineSqlite, "v0.30.0", DUMP).unwrap();
-        assert!(sqlite.contains("KineSqlite") && sqlite.contains("state.db"), "{sqlite}");
+        assert!(
+            sqlite.contains("taken of a KinePostgres store") && sqlite.contains("store is KineSqlite"),
+            "{sqlite}"
+        );
+        assert_eq!(refusal("dev", StoreType::KineSqlite, "v0.30.0", SQLITE), None);
+        let dump_into_postgres = refusal("dev", StoreType::KinePostgres, "v0.30.0", SQLITE).unwrap();
+        assert!(
+            dump_into_postgres.contains("taken of a KineSqlite store"),
+            "{dump_into_postgres}"
+        );
+        let newer_sqlite = refusal("dev", StoreType::KineSqlite, "v0.31.2", SQLITE).unwrap();
+        assert!(newer_sqlite.contains("kcp v0.30.0 served"), "{newer_sqlite}");
         let etcd = refusal("dev", StoreType::Etcd, "v0.30.0", DUMP).unwrap();
         assert!(etcd.contains("etcdutl snapshot restore"), "{etcd}");
         let foreign = refusal("dev", StoreType::KinePostgres, "v0.30.0", "nightly.dump").unwrap();

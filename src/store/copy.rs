@@ -109,29 +109,23 @@ impl StoreBackend {
             StoreBackend::KineSqlite { kine } => {
                 let into = place.dir.join("store");
                 crate::fsutil::create_private_dir(&into).map_err(io(&into))?;
-                let arg = |path: PathBuf| {
-                    std::path::absolute(&path)
-                        .map_err(io(&path))
-                        .map(|p| p.display().to_string())
-                };
-                Ok(CopyRun::Copy(ClientRun {
-                    program: kcpshard.to_path_buf(),
-                    args: vec![
-                        "job".into(),
-                        "sqlite-copy".into(),
-                        "--from".into(),
-                        arg(kine.dir.join(DB_FILE))?,
-                        "--into".into(),
-                        arg(into.join(DB_FILE))?,
-                    ],
-                    env: Vec::new(),
-                }))
+                Ok(CopyRun::Copy(sqlite_copy_run(
+                    kcpshard,
+                    &kine.dir.join(DB_FILE),
+                    &into.join(DB_FILE),
+                )?))
             }
             StoreBackend::KinePostgres { server, .. } => {
                 let Some(dump) = dump else {
                     let dir = std::path::absolute(&place.dir).map_err(io(&place.dir))?;
-                    let dump =
-                        super::snapshot::dump_path(&server.database, &dir, "serving", "preflight", chrono::Utc::now());
+                    let dump = super::snapshot::snapshot_path(
+                        super::snapshot::SnapshotFormat::PgDump,
+                        &server.database,
+                        &dir,
+                        "serving",
+                        "preflight",
+                        chrono::Utc::now(),
+                    );
                     let run = super::snapshot::dump_run(server, &super::snapshot::partial_of(&dump))?;
                     return Ok(CopyRun::Dump { run, dump });
                 };
@@ -195,31 +189,83 @@ impl StoreBackend {
     }
 }
 
+/// `kcpshard job sqlite-copy` ([`vacuum_into`]) of the database `from` into `into`, as a job (with
+/// absolute paths: a job runs in a directory of its own); `kcpshard` is this binary.
+pub fn sqlite_copy_run(kcpshard: &Path, from: &Path, into: &Path) -> Result<ClientRun, StoreError> {
+    let arg = |path: &Path| {
+        std::path::absolute(path)
+            .map(|p| p.display().to_string())
+            .map_err(|source| StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+    };
+    Ok(ClientRun {
+        program: kcpshard.to_path_buf(),
+        args: vec![
+            "job".into(),
+            "sqlite-copy".into(),
+            "--from".into(),
+            arg(from)?,
+            "--into".into(),
+            arg(into)?,
+        ],
+        env: Vec::new(),
+    })
+}
+
 /// sqlite's `VACUUM INTO`: a consistent copy of a database another process writes to (one read
-/// transaction; the source is opened read-only and waited on for up to 30 s when busy).
+/// transaction; the source is opened read-only and waited on for up to 30 s when busy), put in
+/// place of `into` only once it is complete and on disk. So a copy that fails or is killed leaves
+/// `into` as it was, which is what a restore over a store's `state.db` needs. The write-ahead log
+/// and shared-memory files of the database it replaces go first: sqlite would otherwise replay
+/// that log into the copy on the next open.
 pub async fn vacuum_into(from: &Path, into: &Path) -> Result<(), StoreError> {
     let (from, into) = (from.to_path_buf(), into.to_path_buf());
-    let failed = |from: &Path, into: &Path, e: rusqlite::Error| {
+    tokio::task::spawn_blocking(move || vacuum_into_blocking(&from, &into))
+        .await
+        .map_err(|e| StoreError::Invalid(format!("the sqlite copy's task ended: {e}")))?
+}
+
+fn vacuum_into_blocking(from: &Path, into: &Path) -> Result<(), StoreError> {
+    let failed = |e: rusqlite::Error| {
         StoreError::Invalid(format!(
             "copying the sqlite database {} into {} (VACUUM INTO) failed: {e}",
             from.display(),
             into.display()
         ))
     };
-    tokio::task::spawn_blocking(move || {
-        let _ = std::fs::remove_file(&into);
-        let source = rusqlite::Connection::open_with_flags(&from, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .map_err(|e| failed(&from, &into, e))?;
-        source
-            .busy_timeout(Duration::from_secs(30))
-            .map_err(|e| failed(&from, &into, e))?;
-        source
-            .execute("VACUUM INTO ?1", [into.display().to_string()])
-            .map_err(|e| failed(&from, &into, e))?;
-        Ok(())
-    })
-    .await
-    .map_err(|e| StoreError::Invalid(format!("the sqlite copy's task ended: {e}")))?
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StoreError::Io { path, source }
+    };
+    let copying = sibling(into, ".copying");
+    crate::fsutil::remove_if_there(&copying).map_err(io(&copying))?;
+    let source =
+        rusqlite::Connection::open_with_flags(from, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(failed)?;
+    source.busy_timeout(Duration::from_secs(30)).map_err(failed)?;
+    source
+        .execute("VACUUM INTO ?1", [copying.display().to_string()])
+        .map_err(failed)?;
+    std::fs::File::open(&copying)
+        .and_then(|f| f.sync_all())
+        .map_err(io(&copying))?;
+    for stale in [sibling(into, "-wal"), sibling(into, "-shm")] {
+        crate::fsutil::remove_if_there(&stale).map_err(io(&stale))?;
+    }
+    std::fs::rename(&copying, into).map_err(io(into))?;
+    let dir = into
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    crate::fsutil::sync_dir(dir).map_err(io(dir))
+}
+
+/// `path` with `suffix` appended to its file name (`state.db` -> `state.db-wal`).
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 #[cfg(test)]
@@ -234,31 +280,72 @@ mod tests {
         assert!(scratch_database(&long).ends_with("_preflight"));
     }
 
+    /// The names in kine's table of the sqlite database at `path`.
+    fn names_in(path: &Path) -> Vec<String> {
+        let db = rusqlite::Connection::open(path).unwrap();
+        db.prepare("SELECT name FROM kine ORDER BY name")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// A connection to a new database at `path` in WAL mode, as kine's, that never checkpoints,
+    /// holding kine's table with `name` in it.
+    fn kine_writer(path: &Path, name: &str) -> rusqlite::Connection {
+        let writer = rusqlite::Connection::open(path).unwrap();
+        writer
+            .execute_batch("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; CREATE TABLE kine (name TEXT);")
+            .unwrap();
+        writer.execute("INSERT INTO kine VALUES (?1)", [name]).unwrap();
+        writer
+    }
+
     #[tokio::test]
     async fn vacuum_into_copies_a_sqlite_database_that_another_connection_writes_to() {
         let dir = tempfile::tempdir().unwrap();
         let from = dir.path().join("state.db");
-        let writer = rusqlite::Connection::open(&from).unwrap();
-        writer
-            .execute_batch(
-                "PRAGMA journal_mode=WAL; CREATE TABLE kine (name TEXT); INSERT INTO kine VALUES ('/registry/x');",
-            )
-            .unwrap();
+        let writer = kine_writer(&from, "/registry/x");
         // A write transaction still open while the copy is taken: the copy has what was committed.
         writer
             .execute_batch("BEGIN; INSERT INTO kine VALUES ('/registry/uncommitted');")
             .unwrap();
         let into = dir.path().join("copy.db");
         vacuum_into(&from, &into).await.unwrap();
-        let copy = rusqlite::Connection::open(&into).unwrap();
-        let names: Vec<String> = copy
-            .prepare("SELECT name FROM kine")
-            .unwrap()
-            .query_map([], |row| row.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(names, ["/registry/x"]);
+        assert_eq!(names_in(&into), ["/registry/x"]);
         writer.execute_batch("COMMIT").unwrap();
+    }
+
+    /// A restore copies a snapshot over a store's database: the old database's write-ahead log
+    /// must not be replayed into the copy, and a copy that fails leaves the old database whole.
+    #[tokio::test]
+    async fn a_copy_over_a_database_replaces_it_and_its_log_or_leaves_it_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let snapshot = dir.path().join("snapshot.db");
+        rusqlite::Connection::open(&snapshot)
+            .unwrap()
+            .execute_batch("CREATE TABLE kine (name TEXT); INSERT INTO kine VALUES ('/registry/snapshot');")
+            .unwrap();
+        let store = dir.path().join("state.db");
+        let writer = kine_writer(&store, "/registry/later");
+        // A writer that died without a checkpoint: its commits are only in state.db-wal.
+        std::mem::forget(writer);
+        assert!(sibling(&store, "-wal").metadata().unwrap().len() > 0);
+
+        let missing = dir.path().join("missing.db");
+        vacuum_into(&missing, &store).await.unwrap_err();
+        assert_eq!(
+            names_in(&store),
+            ["/registry/later"],
+            "a failed copy changed the database"
+        );
+
+        let store_copy = dir.path().join("store-copy.db");
+        std::fs::copy(&store, &store_copy).unwrap();
+        std::fs::copy(sibling(&store, "-wal"), sibling(&store_copy, "-wal")).unwrap();
+        vacuum_into(&snapshot, &store_copy).await.unwrap();
+        assert!(!sibling(&store_copy, "-wal").exists());
+        assert_eq!(names_in(&store_copy), ["/registry/snapshot"]);
     }
 }

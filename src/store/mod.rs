@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use crate::api::{StoreSpec, StoreType};
 use crate::process::{ProcessError, ProcessRecord, Runtime, UnitName};
+use snapshot::SnapshotFormat;
 
 pub use etcd::{EtcdCluster, EtcdTls};
 pub use kine::{Kine, KineSpec, KineStart, ensure_kine_sqlite, stop_kine_sqlite};
@@ -314,32 +315,52 @@ impl StoreBackend {
         }
     }
 
-    /// The PostgreSQL server holding the data, for the stores that take snapshots (KinePostgres).
-    fn snapshot_server(&self) -> Result<&PostgresServer, StoreError> {
+    /// Where a snapshot taken now before a roll from `from` to `to` goes in `dir`: a pg_dump of a
+    /// KinePostgres database, a sqlite copy of a KineSqlite `state.db`; an etcd takes none.
+    pub fn snapshot_path(&self, dir: &Path, from: &str, to: &str) -> Result<PathBuf, StoreError> {
+        let now = chrono::Utc::now();
         match self {
-            StoreBackend::KinePostgres { server, .. } => Ok(server),
-            _ => Err(StoreError::Invalid(
-                "only a KinePostgres store takes and restores snapshots".into(),
+            StoreBackend::KinePostgres { server, .. } => Ok(snapshot::snapshot_path(
+                SnapshotFormat::PgDump,
+                &server.database,
+                dir,
+                from,
+                to,
+                now,
             )),
+            StoreBackend::KineSqlite { .. } => Ok(snapshot::snapshot_path(
+                SnapshotFormat::Sqlite,
+                "state",
+                dir,
+                from,
+                to,
+                now,
+            )),
+            StoreBackend::Etcd(_) => Err(no_snapshots()),
         }
     }
 
-    /// Where a dump taken now before a roll from `from` to `to` goes in `dir`.
-    pub fn dump_path(&self, dir: &Path, from: &str, to: &str) -> Result<PathBuf, StoreError> {
-        let server = self.snapshot_server()?;
-        Ok(snapshot::dump_path(&server.database, dir, from, to, chrono::Utc::now()))
+    /// The job that writes a snapshot of the store into `partial` while it serves (pg_dump, or
+    /// `kcpshard job sqlite-copy` run by `kcpshard`); [`snapshot::keep_dump`] keeps it.
+    pub fn snapshot_run(&self, partial: &Path, kcpshard: &Path) -> Result<snapshot::ClientRun, StoreError> {
+        match self {
+            StoreBackend::KinePostgres { server, .. } => snapshot::dump_run(server, partial),
+            StoreBackend::KineSqlite { kine } => {
+                copy::sqlite_copy_run(kcpshard, &kine.dir.join(kine::DB_FILE), partial)
+            }
+            StoreBackend::Etcd(_) => Err(no_snapshots()),
+        }
     }
 
-    /// The pg_dump that writes the store into `partial` (a job; [`snapshot::keep_dump`] keeps it).
-    pub fn dump_run(&self, partial: &Path) -> Result<snapshot::ClientRun, StoreError> {
-        snapshot::dump_run(self.snapshot_server()?, partial)
-    }
-
-    /// The pg_restore that puts a snapshot [`StoreBackend::dump_run`] took back into the store's
-    /// data (a job; the other stores take no snapshots, and the restore is refused before it gets
-    /// here).
-    pub fn restore_run(&self, path: &Path) -> Result<snapshot::ClientRun, StoreError> {
-        snapshot::restore_run(self.snapshot_server()?, path)
+    /// The job that puts a snapshot [`StoreBackend::snapshot_run`] took back into the store's data,
+    /// with nothing using it (every slot's kine, and a KineSqlite store's own, stopped): pg_restore
+    /// in one transaction, or a sqlite copy put in place of `state.db` once complete.
+    pub fn restore_run(&self, path: &Path, kcpshard: &Path) -> Result<snapshot::ClientRun, StoreError> {
+        match self {
+            StoreBackend::KinePostgres { server, .. } => snapshot::restore_run(server, path),
+            StoreBackend::KineSqlite { kine } => copy::sqlite_copy_run(kcpshard, path, &kine.dir.join(kine::DB_FILE)),
+            StoreBackend::Etcd(_) => Err(no_snapshots()),
+        }
     }
 
     /// Who the store's server is, for messages.
@@ -373,6 +394,10 @@ impl StoreBackend {
             StoreBackend::Etcd(_) => None,
         }
     }
+}
+
+fn no_snapshots() -> StoreError {
+    StoreError::Invalid("kcpshard takes and restores no snapshots of an Etcd store".into())
 }
 
 fn with_grace(processes: Vec<ProcessRecord>, grace: Duration) -> Vec<(ProcessRecord, Duration)> {

@@ -1,11 +1,16 @@
-//! Snapshots of a KinePostgres store before a version change (docs/background.md section 6: a roll to a
-//! new release may migrate stored objects, and only a dump taken before it can undo that).
+//! Snapshots of a shard's store, taken before a version change (docs/background.md section 6: a
+//! roll to a new release may migrate stored objects, and only a copy taken before it can undo
+//! that), while the store serves:
+//! - KinePostgres: `pg_dump --format=custom` of the shard's database, `<database>-...dump`;
+//! - KineSqlite: sqlite's `VACUUM INTO` of `state.db` (a consistent copy taken in one read
+//!   transaction while kine writes on, `kcpshard job sqlite-copy`), `state-...db`.
 //!
-//! `pg_dump --format=custom` of the shard's database into `<shard>/snapshots/`, named
-//! `<database>-<from>-to-<to>-<UTC time>.dump`: `<from>` is the kcp version that served the data
-//! in it, which is the version a restore starts again ([`SnapshotName`]). Only the newest `keep`
-//! dumps stay. [`restore_run`] puts a dump back in one transaction (`kcpshard snapshot restore`,
-//! docs/operations.md): a restore that fails leaves the database as it was.
+//! They go into `<shard>/snapshots/`, named `<stem>-<from>-to-<to>-<UTC time>.<extension>`:
+//! `<from>` is the kcp version that served the data in it, which is the version a restore starts
+//! again ([`SnapshotName`]). Only the newest `keep` stay. A restore (`kcpshard snapshot restore`,
+//! docs/operations.md) puts one back with every slot stopped: a dump with [`restore_run`] in one
+//! transaction, a sqlite copy over `state.db` with its kine stopped too. Either leaves the data as
+//! it was when it fails.
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -13,8 +18,41 @@ use chrono::{DateTime, Utc};
 use super::StoreError;
 use super::managed::binary;
 use super::postgres::PostgresServer;
+use crate::api::StoreType;
 
-pub const EXTENSION: &str = "dump";
+/// What a snapshot file holds, told by its extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotFormat {
+    /// A pg_dump (custom format) of a KinePostgres store's database.
+    PgDump,
+    /// A sqlite database: a copy of a KineSqlite store's `state.db`.
+    Sqlite,
+}
+
+impl SnapshotFormat {
+    pub const ALL: [SnapshotFormat; 2] = [SnapshotFormat::PgDump, SnapshotFormat::Sqlite];
+
+    pub fn extension(self) -> &'static str {
+        match self {
+            SnapshotFormat::PgDump => "dump",
+            SnapshotFormat::Sqlite => "db",
+        }
+    }
+
+    /// The store a snapshot of this format is taken of and restored into.
+    pub fn store(self) -> StoreType {
+        match self {
+            SnapshotFormat::PgDump => StoreType::KinePostgres,
+            SnapshotFormat::Sqlite => StoreType::KineSqlite,
+        }
+    }
+
+    /// The format of the file `path` names, if it is a snapshot's.
+    pub fn of(path: &Path) -> Option<SnapshotFormat> {
+        let extension = path.extension()?;
+        Self::ALL.into_iter().find(|f| extension == f.extension())
+    }
+}
 
 /// A run of one of PostgreSQL's clients (pg_dump, pg_restore) against a server's database,
 /// connecting as kine does (sslmode, the password in the environment, never in argv). A roll's
@@ -72,11 +110,20 @@ pub fn restore_run(server: &PostgresServer, path: &Path) -> Result<ClientRun, St
     client_run("pg_restore", server, args)
 }
 
-/// Where the dump of `database` taken at `now` before a roll from `from` to `to` goes in `dir`.
-pub fn dump_path(database: &str, dir: &Path, from: &str, to: &str, now: DateTime<Utc>) -> PathBuf {
+/// Where a snapshot of format `format` taken at `now` before a roll from `from` to `to` goes in
+/// `dir`; `stem` names what it is of (the database, `state` for sqlite).
+pub fn snapshot_path(
+    format: SnapshotFormat,
+    stem: &str,
+    dir: &Path,
+    from: &str,
+    to: &str,
+    now: DateTime<Utc>,
+) -> PathBuf {
     dir.join(format!(
-        "{database}-{from}-to-{to}-{}.{EXTENSION}",
-        now.format("%Y%m%dT%H%M%S%.3fZ")
+        "{stem}-{from}-to-{to}-{}.{}",
+        now.format("%Y%m%dT%H%M%S%.3fZ"),
+        format.extension()
     ))
 }
 
@@ -89,8 +136,8 @@ pub fn partial_of(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.partial"))
 }
 
-/// Keeps a complete dump: 0600, moved from its partial file to `path`, then all but the newest
-/// `keep` dumps in its directory go.
+/// Keeps a complete snapshot: 0600, moved from its partial file to `path`, then all but the
+/// newest `keep` snapshots in its directory go.
 pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -105,9 +152,10 @@ pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// What a snapshot's file name tells: `<database>-<from>-to-<to>-<time>.dump`.
+/// What a snapshot's file name tells: `<stem>-<from>-to-<to>-<time>.<extension>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotName {
+    pub format: SnapshotFormat,
     /// The kcp version that served the data in the dump.
     pub from: String,
     /// The version the roll it was taken for went to.
@@ -120,7 +168,8 @@ impl SnapshotName {
     /// None for a name kcpshard did not make (or whose `from` is no kcp version: "none", a dump
     /// taken while no slot served).
     pub fn parse(file_name: &str) -> Option<SnapshotName> {
-        let stem = file_name.strip_suffix(&format!(".{EXTENSION}"))?;
+        let format = SnapshotFormat::of(Path::new(file_name))?;
+        let stem = file_name.strip_suffix(&format!(".{}", format.extension()))?;
         let (head, tail) = stem.rsplit_once("-to-")?;
         // The database name may hold '-', and so may a pre-release version: the shortest tail
         // of `head` that is a version.
@@ -131,6 +180,7 @@ impl SnapshotName {
             .find(|v| crate::api::KcpVersion::parse(v).is_ok())?;
         let (to, taken) = tail.rsplit_once('-')?;
         Some(SnapshotName {
+            format,
             from: from.to_string(),
             to: to.to_string(),
             taken: taken.to_string(),
@@ -138,7 +188,7 @@ impl SnapshotName {
     }
 }
 
-/// The dumps in `dir`, oldest first (by modification time); none when the directory is missing.
+/// The snapshots in `dir`, oldest first (by modification time); none when the directory is missing.
 pub fn list(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let entries = match std::fs::read_dir(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
@@ -150,14 +200,14 @@ pub fn list(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let mut dumps: Vec<(std::time::SystemTime, PathBuf)> = entries
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == EXTENSION))
+        .filter(|p| SnapshotFormat::of(p).is_some())
         .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
         .collect();
     dumps.sort();
     Ok(dumps.into_iter().map(|(_, p)| p).collect())
 }
 
-/// Removes all but the newest `keep` dumps in `dir` (by modification time).
+/// Removes all but the newest `keep` snapshots in `dir` (by modification time).
 pub fn prune(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, StoreError> {
     let dumps = list(dir)?;
     let excess = dumps.len().saturating_sub(keep);
@@ -182,6 +232,7 @@ mod tests {
         assert_eq!(
             name,
             SnapshotName {
+                format: SnapshotFormat::PgDump,
                 from: "v0.30.0".into(),
                 to: "v0.31.2".into(),
                 taken: "20261201T180102.123Z".into()
@@ -198,6 +249,11 @@ mod tests {
             None
         );
         assert_eq!(SnapshotName::parse("backup.dump"), None);
+        let sqlite = SnapshotName::parse("state-v0.31.0-to-v0.31.2-20261201T180102.123Z.db").unwrap();
+        assert_eq!(
+            (sqlite.format, sqlite.from.as_str(), sqlite.format.store()),
+            (SnapshotFormat::Sqlite, "v0.31.0", StoreType::KineSqlite)
+        );
     }
 
     #[test]

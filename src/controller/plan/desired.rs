@@ -90,6 +90,9 @@ pub struct Desired {
     pub root_not_ready: Option<String>,
     /// A restore asked for with the `kcpshard.io/restoreSnapshot` annotation, as judged.
     pub restore: Option<RestoreRequest>,
+    /// A restore replaces the store's files, so the store's own processes stop first (a KineSqlite
+    /// store's kine); otherwise it is restored through the running store (pg_restore).
+    pub restore_stops_store: bool,
     /// The template that last started on the data, when that was another version than the spec's
     /// and its binary is still there (with today's identities and sharding): while the preflight
     /// of the spec's version runs and nothing serves, a slot of it serves meanwhile.

@@ -24,7 +24,8 @@ pub(super) fn take_restore_request(request: &RestoreRequest, observed: &Observed
 }
 
 /// The shard is down for a restore: the front serves no slot, every slot and its own kine stop,
-/// then (with the store up) the snapshot is restored.
+/// then the snapshot is restored: through the store, which must be up (pg_restore), or in place of
+/// its files once its own processes stopped too (a KineSqlite store's kine).
 pub(super) fn restoring(desired: &Desired, observed: &Observed) -> Step {
     if !observed.front.backends().is_empty() {
         let current = observed.front.backends();
@@ -37,10 +38,13 @@ pub(super) fn restoring(desired: &Desired, observed: &Observed) -> Step {
     if let Some(step) = stop_every_slot(desired, observed) {
         return step;
     }
-    if observed.store_unresponsive {
+    if desired.restore_stops_store {
+        if observed.store_processes_up {
+            return towards_stopped(observed, Stopping::Store, Step::StopStore);
+        }
+    } else if observed.store_unresponsive {
         return Step::KillStore;
-    }
-    if !observed.store_up {
+    } else if !observed.store_up {
         return super::towards_store(observed);
     }
     let restore = JobKind::Restore {

@@ -42,6 +42,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         preflight: false,
         allow_schema_change: false,
         restore: None,
+        restore_stops_store: false,
         interim: None,
         rotation_request: None,
     }
@@ -1507,6 +1508,44 @@ fn a_restore_takes_the_shard_down_restores_with_no_slot_running_then_starts_the_
     assert_eq!(plan(&d, &o), Step::CompleteRestore, "a slot serves the restored data");
     o.restore = Some(restore_record(RestorePhase::Complete));
     assert_eq!(plan(&d, &o), Step::Idle);
+}
+
+/// A KineSqlite restore puts a copy in place of state.db: the store's own kine stops first, and
+/// starts again only once the copy is in place.
+#[test]
+fn a_restore_that_replaces_the_stores_files_stops_the_store_first_and_starts_it_after() {
+    let mut d = desired("v1");
+    d.restore_stops_store = true;
+    let mut o = observed(&["a"], vec![slot("a", "v2", true)]);
+    o.restore = Some(restore_record(RestorePhase::Stopping));
+    o.front = FrontObservation::serving(&[]);
+    o.store_processes_up = true;
+    stop_slot_a(&d, &mut o, StopCause::Restore);
+    assert_eq!(plan(&d, &o), Step::StopStore, "kine has state.db open");
+    o.stopping = vec![stop_sent(Stopping::Store, 10, 10)];
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Stopping { what: Stopping::Store }));
+    o.stopping.clear();
+    o.store_processes_up = false;
+    o.store_up = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::RestoreSnapshot,
+        "the store stays down while its files are replaced"
+    );
+    o.job = job(
+        JobKind::Restore {
+            snapshot: o.restore.as_ref().unwrap().snapshot.clone(),
+        },
+        JobState::Running,
+    );
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Job { job: "restore" }));
+    o.job = None;
+    o.restore = Some(restore_record(RestorePhase::Starting));
+    assert_eq!(
+        plan(&d, &o),
+        Step::EnsureStore,
+        "restored: the store starts again first"
+    );
 }
 
 #[test]
