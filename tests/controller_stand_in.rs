@@ -113,6 +113,61 @@ async fn two_slots_serve_and_a_roll_replaces_them_one_by_one_with_no_failed_requ
     env.shutdown(&["dev"]).await;
 }
 
+/// `kcpshard snapshot create` takes a snapshot (a copy of state.db) while the shard serves, with
+/// no failed poll, and status.lastSnapshot names it; with spec.backup.interval more follow on
+/// schedule, and only spec.backup.keep of them stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_snapshot_is_taken_on_request_and_on_schedule_while_the_shard_serves() {
+    let (mut env, _front, poll) = start(1).await;
+    let poller = Poller::start_every(poll, Duration::from_millis(20));
+    let created = env
+        .cli(&["snapshot", "create", "dev", "--timeout", "30"])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&created.stdout).into_owned();
+    assert!(
+        created.status.success(),
+        "kcpshard snapshot create: {said}{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let o = env.get("dev").await.unwrap();
+    let asked = &o["status"]["lastSnapshot"];
+    let path = asked["path"].as_str().unwrap_or_default().to_string();
+    assert!(said.contains(&path) && path.ends_with(".db"), "{said}\n{asked}");
+    assert!(
+        asked["request"].is_string() && asked["bytes"].as_u64() > Some(0),
+        "{asked}"
+    );
+    let copy = rusqlite::Connection::open(&path).unwrap();
+    let keys: i64 = copy.query_row("SELECT COUNT(*) FROM kine", [], |r| r.get(0)).unwrap();
+    assert!(keys > 0, "the snapshot holds no key");
+    told(&env, &["SnapshotStarted", "SnapshotTaken"]).await;
+
+    env.patch("dev", json!({ "spec": { "backup": { "interval": "10s", "keep": 1 } } }))
+        .await;
+    let mut scheduled = Vec::new();
+    while scheduled.len() < 2 {
+        let taken = env
+            .until("dev", Duration::from_secs(30), "a scheduled snapshot", |o| {
+                let last = &o["status"]["lastSnapshot"];
+                let path = last["path"].as_str()?;
+                (last["request"].is_null() && !scheduled.iter().any(|p| p == path)).then(|| path.to_string())
+            })
+            .await;
+        scheduled.push(taken);
+    }
+    let mut left: Vec<String> = std::fs::read_dir(env.shard_dir("dev").join("snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".db"))
+        .collect();
+    left.sort();
+    assert_eq!(left, [scheduled[1].clone()], "keep: 1");
+    finish_without_a_failed_poll(&env, poller, "snapshots on request and on schedule").await;
+    env.shutdown(&["dev"]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs() {
     let (mut env, _front, poll) = start(2).await;

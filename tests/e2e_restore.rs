@@ -21,7 +21,6 @@
 mod e2e;
 mod support;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use e2e::*;
@@ -78,19 +77,6 @@ async fn binding_phase(config: &Config) -> String {
 
 fn widget(name: &str) -> Value {
     json!({ "apiVersion": "example.io/v1", "kind": "Widget", "metadata": { "name": name } })
-}
-
-/// kcpshard's CLI against this env's API.
-fn cli(env: &Env, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(kcpshard_bin());
-    cmd.args(args)
-        .arg("--kubeconfig")
-        .arg(env.state.join("kubeconfig"))
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,10 +208,7 @@ async fn walk(store: Store) {
     env.log(&format!("{older} -> {newer}: rolled; snapshot {file}"));
 
     // 3. A restore while spec.version is not the snapshot's: refused, saying what to do.
-    let refused = cli(&env, &["snapshot", "restore", shard, &file])
-        .output()
-        .await
-        .unwrap();
+    let refused = env.cli(&["snapshot", "restore", shard, &file]).output().await.unwrap();
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success(),
@@ -279,7 +262,8 @@ async fn walk(store: Store) {
         String::from_utf8_lossy(&listed.stderr)
     );
     let asked = Instant::now();
-    let restoring = cli(&env, &["snapshot", "restore", shard, &file, "--timeout", "600"])
+    let restoring = env
+        .cli(&["snapshot", "restore", shard, &file, "--timeout", "600"])
         .spawn()
         .unwrap();
     let output = tokio::spawn(restoring.wait_with_output());

@@ -34,7 +34,11 @@ pub const RESTARTED_AT_ANNOTATION: &str = "kcpshard.io/restartedAt";
 /// rotate` sets it) asks for a new admin identity: the shard rolls so that every slot accepts the
 /// new one beside the old, then again so that they refuse the old one.
 pub const ROTATE_CREDENTIALS_ANNOTATION: &str = "kcpshard.io/rotateCredentialsAt";
-/// Setting this annotation asks for a restore of a store snapshot (KinePostgres): its value is a
+/// Setting this annotation to a new value (a timestamp, by convention; `kcpshard snapshot create`
+/// sets it) asks for a snapshot of the store now, taken while it serves (KinePostgres,
+/// KineSqlite). status.lastSnapshot names the request it was taken for.
+pub const SNAPSHOT_REQUEST_ANNOTATION: &str = "kcpshard.io/snapshotRequestedAt";
+/// Setting this annotation asks for a restore of a store snapshot (KinePostgres, KineSqlite): its value is a
 /// snapshot's file name in the shard's snapshots directory, or a path. A planned outage: every
 /// slot stops, the snapshot is restored, and slots of the version that served the data in it
 /// start. The controller removes the annotation once it has taken the request up (or refused it),
@@ -110,6 +114,47 @@ pub struct KcpShardSpec {
     /// Unset: a kcp of one shard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardSpec>,
+    /// Snapshots of the store taken while it serves, on a schedule (besides those taken before
+    /// each version change, spec.rollout, and on request, `kcpshard snapshot create`).
+    #[serde(default)]
+    pub backup: BackupSpec,
+}
+
+/// Scheduled snapshots of the store (docs/operations.md, "Snapshots").
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// How often to take a snapshot of the store while it serves, e.g. "24h" or "30m" (at least
+    /// 10s): a pg_dump of a KinePostgres database, a copy of a KineSqlite database (sqlite's VACUUM
+    /// INTO). Unset: only on request. An Etcd store takes none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub interval: Option<String>,
+    /// How many scheduled and requested snapshots to keep; older ones are removed after each new
+    /// one. Those taken before version changes are kept apart (spec.rollout.snapshotsToKeep).
+    #[serde(default = "default_backups_to_keep")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub keep: u32,
+}
+
+fn default_backups_to_keep() -> u32 {
+    7
+}
+
+impl Default for BackupSpec {
+    fn default() -> Self {
+        Self {
+            interval: None,
+            keep: default_backups_to_keep(),
+        }
+    }
+}
+
+impl BackupSpec {
+    /// `interval` as a [`Duration`], if set.
+    pub fn interval(&self) -> Option<Result<Duration, DurationError>> {
+        self.interval.as_deref().map(parse_duration)
+    }
 }
 
 /// kcp's own name of the root shard (`--shard-name` defaults to it).

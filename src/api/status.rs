@@ -44,6 +44,10 @@ pub struct KcpShardStatus {
     /// (spec.rollout.preflight).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<PreflightStatus>,
+    /// The latest snapshot of the store taken on request (`kcpshard snapshot create`, the
+    /// kcpshard.io/snapshotRequestedAt annotation) or on schedule (spec.backup.interval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_snapshot: Option<SnapshotStatus>,
     /// The latest restore of a store snapshot (the kcpshard.io/restoreSnapshot annotation), under
     /// way or done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,6 +253,21 @@ pub struct PreflightStatus {
     /// where its log is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// A snapshot of the store taken on request or on schedule.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// The kcpshard.io/snapshotRequestedAt value it was taken for; unset when taken on schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// The snapshot's path (`kcpshard snapshot restore` takes it, or its file name).
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// When it was complete.
+    pub taken_at: MicroTime,
 }
 
 /// A restore of a store snapshot: a planned outage (every slot stops, the snapshot is restored,

@@ -39,6 +39,10 @@ pub const OWNED_KCP_FLAGS: &[&str] = &[
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The longest shutdownDelay accepted.
 pub const MAX_SHUTDOWN_DELAY: Duration = Duration::from_secs(300);
+/// Scheduled snapshots: at least this far apart (a snapshot of a large store takes seconds)...
+pub const MIN_BACKUP_INTERVAL: Duration = Duration::from_secs(10);
+/// ...and at most a week (a longer schedule is a cron job's: `kcpshard snapshot create`).
+pub const MAX_BACKUP_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Every problem found in `obj.spec`, as field causes with dotted paths. Empty when valid.
 pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
@@ -80,6 +84,15 @@ pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
         MAX_SHUTDOWN_DELAY,
     );
     let _ = readiness;
+    if let Some(interval) = &spec.backup.interval {
+        check_duration(
+            &mut causes,
+            "spec.backup.interval",
+            interval,
+            MIN_BACKUP_INTERVAL,
+            MAX_BACKUP_INTERVAL,
+        );
+    }
     if let (Some(delay), Some(drain)) = (delay, drain)
         && delay >= drain
     {

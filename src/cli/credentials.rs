@@ -5,11 +5,10 @@
 //! condition is False for this request (every slot accepts only the new identity; the old one is
 //! refused), failure when a roll of the rotation is blocked (Degraded), with the controller's
 //! message. The controller does the work (controller/credentials.rs); `--wait=false` only asks.
-use kube::api::{Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::connect::{Conn, QUALIFIED};
-use super::follow::{Progress, Wording, follow};
+use super::connect::Conn;
+use super::follow::{FollowArgs, Progress, Wording, ask_and_follow};
 use crate::api::ROTATE_CREDENTIALS_ANNOTATION;
 use crate::controller::credentials::CONDITION;
 
@@ -30,12 +29,8 @@ enum Command {
 struct RotateArgs {
     /// The KcpShard whose admin identity to rotate.
     name: String,
-    /// Wait until the old identity is refused. `--wait=false` returns once the rotation is asked for.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    wait: bool,
-    /// Give up waiting after this many seconds (0: wait as long as it takes).
-    #[arg(long, default_value_t = 0)]
-    timeout: u64,
+    #[command(flatten)]
+    follow: FollowArgs,
     #[command(flatten)]
     conn: Conn,
 }
@@ -71,31 +66,29 @@ fn progress(object: &Value, request: &str) -> Progress {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let Command::Rotate(args) = args.command;
     let cluster = args.conn.connect().await?;
-    let api = cluster.kcpshards();
     let request = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    let patch = json!({ "metadata": { "annotations": { ROTATE_CREDENTIALS_ANNOTATION: request } } });
-    api.patch(&args.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(|e| cluster.explain(e))?;
-    println!(
-        "{QUALIFIED} \"{}\" admin identity rotation requested ({request})",
-        args.name
-    );
-    if !args.wait {
-        return Ok(());
-    }
     let words = Wording {
         done: "admin identity rotated",
         blocked: "admin identity rotation is blocked (it carries on once the roll can)",
         waiting: "admin identity rotation",
         timed_out: "admin identity rotation (it carries on)",
     };
-    follow(&cluster, &args.name, args.timeout, &words, |o| progress(o, &request)).await
+    ask_and_follow(
+        &cluster,
+        &args.name,
+        (ROTATE_CREDENTIALS_ANNOTATION, &request),
+        &format!("admin identity rotation requested ({request})"),
+        &args.follow,
+        &words,
+        |o| progress(o, &request),
+    )
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn shard(rotating: &str, message: &str, degraded: &str) -> Value {
         json!({ "status": { "conditions": [

@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use serde_json::Value;
+use kube::api::{Patch, PatchParams};
+use serde_json::{Value, json};
 
-use super::connect::Cluster;
+use super::connect::{Cluster, QUALIFIED};
 
 const POLL: Duration = Duration::from_millis(250);
 
@@ -29,6 +30,42 @@ pub struct Wording {
     pub blocked: &'static str,
     pub waiting: &'static str,
     pub timed_out: &'static str,
+}
+
+/// How a command that asks the controller for something follows it to its end.
+#[derive(Debug, clap::Args)]
+pub struct FollowArgs {
+    /// Wait until it is done. `--wait=false` returns once it is asked for.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub wait: bool,
+    /// Give up waiting after this many seconds (0: wait as long as it takes).
+    #[arg(long, default_value_t = 0)]
+    pub timeout: u64,
+}
+
+/// Asks the controller for something by setting `annotation` to `value` on KcpShard `name` (what
+/// `kubectl annotate` would do), prints `KcpShard "NAME" {asked}`, then as `how` says follows it
+/// like [`follow`].
+pub async fn ask_and_follow(
+    cluster: &Cluster,
+    name: &str,
+    (annotation, value): (&str, &str),
+    asked: &str,
+    how: &FollowArgs,
+    words: &Wording,
+    progress: impl Fn(&Value) -> Progress,
+) -> anyhow::Result<()> {
+    let patch = json!({ "metadata": { "annotations": { annotation: value } } });
+    cluster
+        .kcpshards()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| cluster.explain(e))?;
+    println!("{QUALIFIED} \"{name}\" {asked}");
+    if !how.wait {
+        return Ok(());
+    }
+    follow(cluster, name, how.timeout, words, progress).await
 }
 
 /// Polls KcpShard `name` until `progress` says Done (Ok) or Blocked (Err), or `timeout` seconds

@@ -1,8 +1,13 @@
-//! `kcpshard snapshot list NAME` and `kcpshard snapshot restore NAME SNAPSHOT`.
+//! `kcpshard snapshot list NAME`, `kcpshard snapshot create NAME` and `kcpshard snapshot restore
+//! NAME SNAPSHOT`.
 //!
 //! `list` reads the shard's snapshots directory under the state dir (it runs on serve's host):
 //! each snapshot kcpshard took before a version change (a pg_dump, a sqlite copy), with the version that served the data
 //! in it.
+//!
+//! `create` asks the controller for a snapshot of the store now, while it serves: it sets the
+//! `kcpshard.io/snapshotRequestedAt` annotation to the time (what `kubectl annotate` would do) and
+//! follows status.lastSnapshot until it names that request.
 //!
 //! `restore` asks the controller for a restore, a planned outage: it refuses what the controller
 //! would refuse (a store that takes no snapshots, a spec.version other than the snapshot's; the
@@ -13,13 +18,12 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, Utc};
-use kube::api::{Patch, PatchParams};
-use serde_json::{Value, json};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::Value;
 
-use super::connect::{Conn, QUALIFIED};
-use super::follow::{Progress, Wording, follow};
-use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION};
+use super::connect::{Cluster, Conn};
+use super::follow::{FollowArgs, Progress, Wording, ask_and_follow};
+use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION, SNAPSHOT_REQUEST_ANNOTATION, StoreType};
 use crate::controller::restore::{refusal, snapshots};
 use crate::store::snapshot::SnapshotName;
 
@@ -31,8 +35,12 @@ pub struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// List a shard's store snapshots (taken before each version change, KinePostgres and KineSqlite).
+    /// List a shard's store snapshots (taken before each version change, on request and on
+    /// schedule; KinePostgres and KineSqlite).
     List(ListArgs),
+    /// Take a snapshot of a shard's store now, while it serves (a pg_dump, or a copy of the sqlite
+    /// database). Follows it until it is kept.
+    Create(CreateArgs),
     /// Restore a store snapshot: every slot stops (the shard is down), the snapshot is restored,
     /// and slots of the kcp version that served the data in it start. Follows it to its end.
     Restore(RestoreArgs),
@@ -48,17 +56,23 @@ struct ListArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct CreateArgs {
+    /// The KcpShard whose store to snapshot.
+    name: String,
+    #[command(flatten)]
+    follow: FollowArgs,
+    #[command(flatten)]
+    conn: Conn,
+}
+
+#[derive(Debug, clap::Args)]
 struct RestoreArgs {
     /// The KcpShard to restore.
     name: String,
     /// A snapshot's file name (as `kcpshard snapshot list` shows it), or its path.
     snapshot: String,
-    /// Wait until a slot serves the restored data. `--wait=false` returns once the restore is asked for.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    wait: bool,
-    /// Give up waiting after this many seconds (0: wait as long as it takes).
-    #[arg(long, default_value_t = 0)]
-    timeout: u64,
+    #[command(flatten)]
+    follow: FollowArgs,
     #[command(flatten)]
     conn: Conn,
 }
@@ -66,6 +80,7 @@ struct RestoreArgs {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::List(args) => list(args),
+        Command::Create(args) => create(args).await,
         Command::Restore(args) => restore(args).await,
     }
 }
@@ -93,7 +108,8 @@ fn list(args: ListArgs) -> anyhow::Result<()> {
             vec![
                 file,
                 name.as_ref().map_or("?".into(), |n| n.from.clone()),
-                name.as_ref().map_or("?".into(), |n| n.to.clone()),
+                name.as_ref()
+                    .map_or("?".into(), |n| n.to.clone().unwrap_or_else(|| "-".into())),
                 name.map_or("?".into(), |n| n.taken),
                 size.to_string(),
             ]
@@ -103,12 +119,68 @@ fn list(args: ListArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// KcpShard `name` as read from the API, typed.
+async fn typed_shard(cluster: &Cluster, name: &str) -> anyhow::Result<KcpShard> {
+    let object = cluster.kcpshards().get(name).await.map_err(|e| cluster.explain(e))?;
+    serde_json::from_value(serde_json::to_value(&object)?).with_context(|| format!("KcpShard {name} does not parse"))
+}
+
+async fn create(args: CreateArgs) -> anyhow::Result<()> {
+    let cluster = args.conn.connect().await?;
+    let shard = typed_shard(&cluster, &args.name).await?;
+    if shard.spec.store.type_ == StoreType::Etcd {
+        bail!(
+            "cannot take a snapshot of shard {}: its store is an etcd you run, which kcpshard takes no snapshots of; take one with `etcdctl snapshot save` (docs/operations.md, \"Snapshots\")",
+            args.name
+        );
+    }
+    let request = Utc::now().to_rfc3339_opts(SecondsFormat::Micros, true);
+    let words = Wording {
+        done: "snapshot taken",
+        blocked: "snapshot failed",
+        waiting: "snapshot",
+        timed_out: "snapshot (it carries on)",
+    };
+    ask_and_follow(
+        &cluster,
+        &args.name,
+        (SNAPSHOT_REQUEST_ANNOTATION, &request),
+        &format!("snapshot requested at {request}: the store is copied while it serves"),
+        &args.follow,
+        &words,
+        |o| create_progress(o, &request),
+    )
+    .await
+}
+
+/// Where the snapshot asked for with `request` stands, read from the object.
+fn create_progress(object: &Value, request: &str) -> Progress {
+    let last = &object["status"]["lastSnapshot"];
+    if last["request"] == request {
+        return Progress::Done(format!(
+            "{} ({} bytes)",
+            last["path"].as_str().unwrap_or_default(),
+            last["bytes"]
+        ));
+    }
+    let conditions = object["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let failed = conditions.iter().find(|c| {
+        c["type"] == "Degraded"
+            && c["status"] == "True"
+            && c["reason"] == "StepFailed"
+            && c["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("the snapshot failed"))
+    });
+    match failed {
+        Some(c) => Progress::Blocked(c["message"].as_str().unwrap_or_default().to_string()),
+        None => Progress::Stale,
+    }
+}
+
 async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let cluster = args.conn.connect().await?;
-    let api = cluster.kcpshards();
-    let object = api.get(&args.name).await.map_err(|e| cluster.explain(e))?;
-    let shard: KcpShard = serde_json::from_value(serde_json::to_value(&object)?)
-        .with_context(|| format!("KcpShard {} does not parse", args.name))?;
+    let shard = typed_shard(&cluster, &args.name).await?;
     // A path is the controller's to read: made absolute here, where it was meant.
     let request = if args.snapshot.contains('/') {
         std::path::absolute(&args.snapshot)?.display().to_string()
@@ -136,26 +208,24 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         );
     }
     let asked = Utc::now();
-    let patch = json!({ "metadata": { "annotations": { RESTORE_SNAPSHOT_ANNOTATION: request } } });
-    api.patch(&args.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(|e| cluster.explain(e))?;
-    println!(
-        "{QUALIFIED} \"{}\" restore of {request} requested: the shard goes down until kcp {} serves the restored data; what was written after the snapshot was taken is gone",
-        args.name, shard.spec.version
-    );
-    if !args.wait {
-        return Ok(());
-    }
     let words = Wording {
         done: "restored",
         blocked: "restore is blocked",
         waiting: "restore",
         timed_out: "restore (it carries on)",
     };
-    follow(&cluster, &args.name, args.timeout, &words, |o| {
-        progress(o, &request, asked)
-    })
+    ask_and_follow(
+        &cluster,
+        &args.name,
+        (RESTORE_SNAPSHOT_ANNOTATION, &request),
+        &format!(
+            "restore of {request} requested: the shard goes down until kcp {} serves the restored data; what was written after the snapshot was taken is gone",
+            shard.spec.version
+        ),
+        &args.follow,
+        &words,
+        |o| progress(o, &request, asked),
+    )
     .await
 }
 
@@ -184,6 +254,7 @@ fn progress(object: &Value, request: &str, asked: DateTime<Utc>) -> Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn shard(phase: &str, requested_at: &str, degraded: &str) -> Value {
         json!({ "status": {
@@ -194,6 +265,33 @@ mod tests {
                 { "type": "Degraded", "status": degraded, "message": "no kcp binary" },
             ],
         } })
+    }
+
+    #[test]
+    fn a_snapshot_asked_for_is_followed_until_status_names_its_request_or_it_fails() {
+        let object = |request: &str, degraded: &str| {
+            json!({ "status": {
+                "lastSnapshot": { "request": request, "path": "/s/kcp-v0.31.2-t.dump", "bytes": 42 },
+                "conditions": [{ "type": "Degraded", "status": "True", "reason": "StepFailed", "message": degraded }],
+            } })
+        };
+        let asked = "2026-12-05T10:00:00.000000Z";
+        assert_eq!(
+            create_progress(&object(asked, "nothing"), asked),
+            Progress::Done("/s/kcp-v0.31.2-t.dump (42 bytes)".into())
+        );
+        assert_eq!(
+            create_progress(&object("earlier", "the roll failed: why"), asked),
+            Progress::Stale,
+            "another failure is not this snapshot's"
+        );
+        assert_eq!(
+            create_progress(
+                &object("earlier", "the snapshot failed: pg_dump: refused; it is tried again"),
+                asked
+            ),
+            Progress::Blocked("the snapshot failed: pg_dump: refused; it is tried again".into())
+        );
     }
 
     #[test]

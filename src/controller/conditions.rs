@@ -284,7 +284,11 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::IssueIdentity | Step::UpdateIdentities | Step::WriteKubeconfig | Step::WriteTrust => "KeepingCredentials",
         Step::EnsureStore | Step::Wait(Wait::Store) => "StoreStarting",
         Step::KillStore => "StoreRestarting",
-        Step::Snapshot | Step::Wait(Wait::Job { job: "snapshot" }) => "TakingSnapshot",
+        Step::Snapshot
+        | Step::Backup
+        | Step::Wait(Wait::Job {
+            job: "snapshot" | "backup",
+        }) => "TakingSnapshot",
         Step::StartPreflight
         | Step::CopyPreflight
         | Step::LaunchPreflight
@@ -349,7 +353,8 @@ fn progress_message(step: &Step) -> String {
         Step::WriteTrust => "writing the sharded kcp's trust".into(),
         Step::EnsureStore => "starting the store".into(),
         Step::KillStore => "restarting a kine that does not answer reads".into(),
-        Step::Snapshot => "dumping the store before the version changes".into(),
+        Step::Snapshot => "taking a snapshot of the store before the version changes".into(),
+        Step::Backup => "taking a snapshot of the store (asked for, or due by spec.backup.interval)".into(),
         Step::Wait(Wait::Job { job }) => {
             format!("waiting for the {job} job to end (its output: job/job.log in the shard's directory)")
         }

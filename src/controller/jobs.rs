@@ -12,7 +12,7 @@ use super::Note;
 use super::act::{Actor, Notes};
 use super::error::Error;
 use super::plan::{JobKind, JobRecord, JobState, RestorePhase, RestoreRecord};
-use super::state::{DataVersion, SnapshotRecord};
+use super::state::{BackupRecord, DataVersion, SnapshotRecord};
 use crate::fsutil::remove_if_there;
 use crate::process::{ProcessSpec, Runtime, UnitName};
 use crate::store::snapshot::{self, ClientRun};
@@ -29,7 +29,7 @@ pub async fn start_snapshot(actor: &Actor<'_>) -> Result<Notes, Error> {
     // Absolute: the job runs in its own directory.
     let dir = std::path::absolute(actor.dirs.snapshots())?;
     crate::fsutil::create_private_dir(&dir)?;
-    let path = store.snapshot_path(&dir, &from, &to)?;
+    let path = store.snapshot_path(&dir, &from, Some(&to))?;
     let run = store.snapshot_run(&snapshot::partial_of(&path), &actor.ctx.kcpshard_binary)?;
     let kind = JobKind::Snapshot {
         template: Box::new(actor.desired.template.clone()),
@@ -39,6 +39,41 @@ pub async fn start_snapshot(actor: &Actor<'_>) -> Result<Notes, Error> {
         "SnapshotStarted",
         format!(
             "taking a snapshot of the store ({}) into {} before rolling {from} to {to}; the roll goes on once it is kept",
+            store.describe_server(),
+            path.display()
+        ),
+    )])
+}
+
+/// Backup: starts a snapshot of the store asked for with the kcpshard.io/snapshotRequestedAt
+/// annotation (a value none was taken for yet) or due by spec.backup.interval.
+pub async fn start_backup(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let from = actor.world.serving_version().unwrap_or_else(|| "none".into());
+    let answered = actor.world.state.snapshot_request_answered.as_ref();
+    let request = actor.desired.snapshot_request.clone().filter(|r| Some(r) != answered);
+    let store = actor.store()?;
+    let dir = std::path::absolute(actor.dirs.snapshots())?;
+    crate::fsutil::create_private_dir(&dir)?;
+    let path = store.snapshot_path(&dir, &from, None)?;
+    let run = store.snapshot_run(&snapshot::partial_of(&path), &actor.ctx.kcpshard_binary)?;
+    let why = match &request {
+        Some(request) => format!("asked for at {request}"),
+        None => format!(
+            "due every {}",
+            actor.shard.spec.backup.interval.as_deref().unwrap_or("?")
+        ),
+    };
+    start(
+        actor,
+        JobKind::Backup { request },
+        Some(path.display().to_string()),
+        run,
+    )
+    .await?;
+    Ok(vec![Note::normal(
+        "SnapshotStarted",
+        format!(
+            "taking a snapshot of the store ({}) into {} ({why}) while it serves",
             store.describe_server(),
             path.display()
         ),
@@ -172,6 +207,27 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
                 ),
             )])
         }
+        (JobKind::Backup { request }, JobState::Succeeded) => {
+            let path = record.output.clone().unwrap_or_default();
+            snapshot::keep_dump(Path::new(&path), actor.shard.spec.backup.keep.max(1) as usize)?;
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            if request.is_some() {
+                state.snapshot_request_answered = request.clone();
+            }
+            state.backup = Some(BackupRecord {
+                request: request.clone(),
+                path: path.clone(),
+                bytes,
+                taken_at: Utc::now(),
+            });
+            actor.dirs.save_state(&state)?;
+            Ok(vec![Note::normal(
+                "SnapshotTaken",
+                format!(
+                    "took a snapshot of the store: {path} ({bytes} bytes, {took:.1}s); `kcpshard snapshot restore` takes it back (docs/operations.md, \"Restore a snapshot\")"
+                ),
+            )])
+        }
         (kind @ (JobKind::PreflightDump { .. } | JobKind::PreflightCopy { .. }), JobState::Succeeded) => {
             if let Some(dump) = &record.output {
                 snapshot::keep_dump(Path::new(dump), 1)?;
@@ -213,23 +269,22 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
             actor.dirs.save_state(&state)?;
             super::preflight::fail_with(actor, format!("its copy of the data failed: {message}"))
         }
-        (JobKind::Restore { .. }, JobState::Failed { message }) => {
+        (kind, JobState::Failed { message }) => {
             drop_output()?;
             actor.dirs.save_state(&state)?;
-            Err(Error::JobFailed {
-                job: "restore",
-                message,
-                next: "the data is as it was (a dump is restored in one transaction, a sqlite copy replaces state.db only once complete), and the restore is tried again",
-            })
-        }
-        (JobKind::Snapshot { .. }, JobState::Failed { message }) => {
-            drop_output()?;
-            actor.dirs.save_state(&state)?;
-            Err(Error::JobFailed {
-                job: "snapshot before the roll",
-                message,
-                next: "the roll waits, and the dump is tried again",
-            })
+            let (job, next) = match kind {
+                JobKind::Restore { .. } => (
+                    "restore",
+                    "the data is as it was (a dump is restored in one transaction, a sqlite copy replaces state.db only once complete), and the restore is tried again",
+                ),
+                JobKind::Backup { .. } => ("snapshot", "it is tried again"),
+                // A snapshot before a roll (the preflight's jobs were taken up above).
+                _ => (
+                    "snapshot before the roll",
+                    "the roll waits, and the snapshot is tried again",
+                ),
+            };
+            Err(Error::JobFailed { job, message, next })
         }
         (kind, JobState::Lost) => {
             drop_output()?;

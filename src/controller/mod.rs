@@ -45,7 +45,9 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
 
-use crate::api::{FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION, ROTATE_CREDENTIALS_ANNOTATION, StoreSpec};
+use crate::api::{
+    FINALIZER, KcpShard, RESTARTED_AT_ANNOTATION, ROTATE_CREDENTIALS_ANNOTATION, SNAPSHOT_REQUEST_ANNOTATION, StoreSpec,
+};
 use crate::process::exits::ExitNotices;
 use crate::process::{ProcessRecord, Runtime};
 use crate::store::{StoreBackend, StoreError, StorePaths};
@@ -273,7 +275,8 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         },
     };
     let store_type = world.store.store.type_;
-    desired.snapshot_before_version_change &= store_type != crate::api::StoreType::Etcd;
+    desired.takes_snapshots = store_type != crate::api::StoreType::Etcd;
+    desired.snapshot_before_version_change &= desired.takes_snapshots;
     desired.restore_stops_store = store_type == crate::api::StoreType::KineSqlite;
     desired.version_refused = desired::version_refused(shard, &world, &dirs);
     // The admin identities every slot must accept are part of the template: a rotation rolls.

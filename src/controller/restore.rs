@@ -83,9 +83,13 @@ pub fn refusal(name: &str, store: StoreType, version: &str, file_name: &str) -> 
     }
     if taken.from != version {
         return Some(format!(
-            "snapshot {file_name} holds data that kcp {from} served (it was taken before a roll from {from} to {to}), but spec.version is {version}: a restore starts the version that served the data. Set spec.version to {from} first (kubectl patch ks {name} --type merge -p '{{\"spec\":{{\"version\":\"{from}\"}}}}', or commit it to the manifest GitOps applies), then ask again. Until the restore the running slots keep serving {version}: the change back is refused as a downgrade, unless spec.rollout.allowDowngrade is true, in which case the shard first rolls back to {from} on the newer data",
+            "snapshot {file_name} holds data that kcp {from} served{taken_before}, but spec.version is {version}: a restore starts the version that served the data. Set spec.version to {from} first (kubectl patch ks {name} --type merge -p '{{\"spec\":{{\"version\":\"{from}\"}}}}', or commit it to the manifest GitOps applies), then ask again. Until the restore the running slots keep serving {version}: the change back is refused as a downgrade, unless spec.rollout.allowDowngrade is true, in which case the shard first rolls back to {from} on the newer data",
             from = taken.from,
-            to = taken.to,
+            taken_before = taken
+                .to
+                .as_ref()
+                .map(|to| format!(" (it was taken before a roll from {} to {to})", taken.from))
+                .unwrap_or_default(),
         ));
     }
     None

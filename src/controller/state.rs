@@ -328,6 +328,13 @@ pub struct ControllerState {
     /// The latest snapshot taken before a version change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotRecord>,
+    /// The latest snapshot taken on request or on schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupRecord>,
+    /// The latest kcpshard.io/snapshotRequestedAt value a snapshot was taken for (a scheduled
+    /// snapshot after it does not make the request new again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_request_answered: Option<String>,
     /// The latest preflight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preflight: Option<PreflightRecord>,
@@ -426,6 +433,18 @@ pub struct StoreInUse {
 pub struct SnapshotRecord {
     pub template: SlotTemplate,
     pub path: String,
+    pub taken_at: DateTime<Utc>,
+}
+
+/// A store snapshot taken on request (the kcpshard.io/snapshotRequestedAt value it was taken for)
+/// or on schedule (no request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    pub path: String,
+    pub bytes: u64,
     pub taken_at: DateTime<Utc>,
 }
 

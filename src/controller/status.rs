@@ -6,7 +6,8 @@ use super::conditions::{self, k8s_time};
 use super::observe::World;
 use super::plan::{Desired, LeaseHolder, RestoreRecord, RollRecord, SlotObservation, Step};
 use crate::api::{
-    FrontStatus, KcpShard, KcpShardStatus, PreflightStatus, RestoreStatus, RollStatus, SlotStatus, StoreStatus,
+    FrontStatus, KcpShard, KcpShardStatus, PreflightStatus, RestoreStatus, RollStatus, SlotStatus, SnapshotStatus,
+    StoreStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
@@ -79,6 +80,12 @@ pub fn build(
             launched_at: p.launched_at.map(micro_time),
             completed_at: p.completed_at.map(micro_time),
             message: p.message.clone(),
+        }),
+        last_snapshot: world.state.backup.as_ref().map(|b| SnapshotStatus {
+            request: b.request.clone(),
+            path: b.path.clone(),
+            bytes: b.bytes,
+            taken_at: micro_time(b.taken_at),
         }),
         last_restore: world.state.restore.as_ref().map(restore_status),
         conditions: conditions::merge(previous, &verdicts, generation, observed.now),

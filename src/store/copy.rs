@@ -123,7 +123,7 @@ impl StoreBackend {
                         &server.database,
                         &dir,
                         "serving",
-                        "preflight",
+                        Some("preflight"),
                         chrono::Utc::now(),
                     );
                     let run = super::snapshot::dump_run(server, &super::snapshot::partial_of(&dump))?;

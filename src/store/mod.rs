@@ -315,9 +315,10 @@ impl StoreBackend {
         }
     }
 
-    /// Where a snapshot taken now before a roll from `from` to `to` goes in `dir`: a pg_dump of a
-    /// KinePostgres database, a sqlite copy of a KineSqlite `state.db`; an etcd takes none.
-    pub fn snapshot_path(&self, dir: &Path, from: &str, to: &str) -> Result<PathBuf, StoreError> {
+    /// Where a snapshot taken now of data `from` served goes in `dir` (before a roll to `to`, or
+    /// on request or on schedule): a pg_dump of a KinePostgres database, a sqlite copy of a
+    /// KineSqlite `state.db`; an etcd takes none.
+    pub fn snapshot_path(&self, dir: &Path, from: &str, to: Option<&str>) -> Result<PathBuf, StoreError> {
         let now = chrono::Utc::now();
         match self {
             StoreBackend::KinePostgres { server, .. } => Ok(snapshot::snapshot_path(

@@ -110,19 +110,21 @@ pub fn restore_run(server: &PostgresServer, path: &Path) -> Result<ClientRun, St
     client_run("pg_restore", server, args)
 }
 
-/// Where a snapshot of format `format` taken at `now` before a roll from `from` to `to` goes in
-/// `dir`; `stem` names what it is of (the database, `state` for sqlite).
+/// Where a snapshot of format `format` taken at `now` of data `from` served goes in `dir`: before
+/// a roll to `to`, or (None) on request or on schedule. `stem` names what it is of (the database,
+/// `state` for sqlite).
 pub fn snapshot_path(
     format: SnapshotFormat,
     stem: &str,
     dir: &Path,
     from: &str,
-    to: &str,
+    to: Option<&str>,
     now: DateTime<Utc>,
 ) -> PathBuf {
+    let roll = to.map(|to| format!("-to-{to}")).unwrap_or_default();
     dir.join(format!(
-        "{stem}-{from}-to-{to}-{}.{}",
-        now.format("%Y%m%dT%H%M%S%.3fZ"),
+        "{stem}-{from}{roll}-{}.{}",
+        now.format(TIME_FORMAT),
         format.extension()
     ))
 }
@@ -137,7 +139,8 @@ pub fn partial_of(path: &Path) -> PathBuf {
 }
 
 /// Keeps a complete snapshot: 0600, moved from its partial file to `path`, then all but the
-/// newest `keep` snapshots in its directory go.
+/// newest `keep` snapshots of its kind in its directory go (those taken before rolls, or those
+/// taken on request or on schedule).
 pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -148,21 +151,27 @@ pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
     std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&partial))?;
     std::fs::rename(&partial, path).map_err(io(path))?;
     crate::fsutil::sync_dir(dir).map_err(io(dir))?;
-    prune(dir, keep)?;
+    let backup = SnapshotName::is_backup(path);
+    prune(dir, keep, |p| SnapshotName::is_backup(p) == backup)?;
     Ok(())
 }
 
-/// What a snapshot's file name tells: `<stem>-<from>-to-<to>-<time>.<extension>`.
+/// What a snapshot's file name tells: `<stem>-<from>-to-<to>-<time>.<extension>` for one taken
+/// before a roll, `<stem>-<from>-<time>.<extension>` for one taken on request or on schedule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotName {
     pub format: SnapshotFormat,
-    /// The kcp version that served the data in the dump.
+    /// The kcp version that served the data in it.
     pub from: String,
-    /// The version the roll it was taken for went to.
-    pub to: String,
-    /// When it was taken, as the name says it (UTC, `%Y%m%dT%H%M%S%.3fZ`).
+    /// The version the roll it was taken before went to; None for one taken on request or on
+    /// schedule.
+    pub to: Option<String>,
+    /// When it was taken, as the name says it (UTC, [`TIME_FORMAT`]).
     pub taken: String,
 }
+
+/// How a snapshot's name says when it was taken (UTC).
+const TIME_FORMAT: &str = "%Y%m%dT%H%M%S%.3fZ";
 
 impl SnapshotName {
     /// None for a name kcpshard did not make (or whose `from` is no kcp version: "none", a dump
@@ -170,21 +179,33 @@ impl SnapshotName {
     pub fn parse(file_name: &str) -> Option<SnapshotName> {
         let format = SnapshotFormat::of(Path::new(file_name))?;
         let stem = file_name.strip_suffix(&format!(".{}", format.extension()))?;
-        let (head, tail) = stem.rsplit_once("-to-")?;
-        // The database name may hold '-', and so may a pre-release version: the shortest tail
-        // of `head` that is a version.
+        let (rest, taken) = stem.rsplit_once('-')?;
+        chrono::NaiveDateTime::parse_from_str(taken, TIME_FORMAT).ok()?;
+        let is_version = |v: &str| crate::api::KcpVersion::parse(v).is_ok();
+        let (head, to) = match rest.rsplit_once("-to-") {
+            Some((head, to)) if is_version(to) => (head, Some(to.to_string())),
+            _ => (rest, None),
+        };
+        // The stem may hold '-', and so may a pre-release version: the shortest tail of `head`
+        // that is a version.
         let from = head
             .match_indices('-')
             .rev()
             .map(|(at, _)| &head[at + 1..])
-            .find(|v| crate::api::KcpVersion::parse(v).is_ok())?;
-        let (to, taken) = tail.rsplit_once('-')?;
+            .find(|v| is_version(v))?;
         Some(SnapshotName {
             format,
             from: from.to_string(),
-            to: to.to_string(),
+            to,
             taken: taken.to_string(),
         })
+    }
+
+    /// Whether the file at `path` is a snapshot taken on request or on schedule, which are kept
+    /// apart from those taken before rolls ([`keep_dump`]).
+    fn is_backup(path: &Path) -> bool {
+        let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        SnapshotName::parse(&name).is_some_and(|n| n.to.is_none())
     }
 }
 
@@ -207,9 +228,9 @@ pub fn list(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     Ok(dumps.into_iter().map(|(_, p)| p).collect())
 }
 
-/// Removes all but the newest `keep` snapshots in `dir` (by modification time).
-pub fn prune(dir: &Path, keep: usize) -> Result<Vec<PathBuf>, StoreError> {
-    let dumps = list(dir)?;
+/// Removes all but the newest `keep` snapshots in `dir` that are `of_kind` (by modification time).
+pub fn prune(dir: &Path, keep: usize, of_kind: impl Fn(&Path) -> bool) -> Result<Vec<PathBuf>, StoreError> {
+    let dumps: Vec<PathBuf> = list(dir)?.into_iter().filter(|p| of_kind(p)).collect();
     let excess = dumps.len().saturating_sub(keep);
     let removed: Vec<PathBuf> = dumps.into_iter().take(excess).collect();
     for path in &removed {
@@ -234,12 +255,12 @@ mod tests {
             SnapshotName {
                 format: SnapshotFormat::PgDump,
                 from: "v0.30.0".into(),
-                to: "v0.31.2".into(),
+                to: Some("v0.31.2".into()),
                 taken: "20261201T180102.123Z".into()
             }
         );
         let rc = SnapshotName::parse("kcp-v0.32.0-rc.1-to-v0.32.0-20261201T180102.123Z.dump").unwrap();
-        assert_eq!((rc.from.as_str(), rc.to.as_str()), ("v0.32.0-rc.1", "v0.32.0"));
+        assert_eq!((rc.from.as_str(), rc.to.as_deref()), ("v0.32.0-rc.1", Some("v0.32.0")));
         assert_eq!(
             SnapshotName::parse("kcp-none-to-v0.31.2-20261201T180102.123Z.dump"),
             None
@@ -249,6 +270,13 @@ mod tests {
             None
         );
         assert_eq!(SnapshotName::parse("backup.dump"), None);
+        let backup = SnapshotName::parse("kcp-to-prod-v0.31.2-20261201T180102.123Z.dump").unwrap();
+        assert_eq!(
+            (backup.from.as_str(), backup.to, backup.taken.as_str()),
+            ("v0.31.2", None, "20261201T180102.123Z"),
+            "taken on request: a stem with -to- in it is no roll"
+        );
+        assert_eq!(SnapshotName::parse("kcp-v0.31.2-yesterday.dump"), None);
         let sqlite = SnapshotName::parse("state-v0.31.0-to-v0.31.2-20261201T180102.123Z.db").unwrap();
         assert_eq!(
             (sqlite.format, sqlite.from.as_str(), sqlite.format.store()),
@@ -256,22 +284,26 @@ mod tests {
         );
     }
 
+    /// A file at `path` modified at second 1000 + `rank` of the epoch (a higher rank is newer).
+    fn file_of_age(path: &Path, rank: u64) {
+        std::fs::write(path, "x").unwrap();
+        let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000 + rank);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+
     #[test]
     fn only_the_newest_dumps_stay() {
         let dir = tempfile::tempdir().unwrap();
         for i in 0..5 {
-            let path = dir.path().join(format!("kcp-v1-to-v2-{i}.dump"));
-            std::fs::write(&path, "x").unwrap();
-            let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000 + i);
-            std::fs::File::options()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_modified(t)
-                .unwrap();
+            file_of_age(&dir.path().join(format!("kcp-v1-to-v2-{i}.dump")), i);
         }
         std::fs::write(dir.path().join("notes.txt"), "kept").unwrap();
-        let removed = prune(dir.path(), 2).unwrap();
+        let removed = prune(dir.path(), 2, |_| true).unwrap();
         let names = |paths: Vec<PathBuf>| {
             let mut n: Vec<String> = paths
                 .iter()
@@ -291,5 +323,29 @@ mod tests {
                 .collect(),
         );
         assert_eq!(left, ["kcp-v1-to-v2-3.dump", "kcp-v1-to-v2-4.dump", "notes.txt"]);
+    }
+
+    #[test]
+    fn snapshots_taken_on_request_are_kept_apart_from_those_taken_before_rolls() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |minute: u32| format!("20261201T18{minute:02}00.000Z");
+        let mut names: Vec<String> = (0..2)
+            .map(|i| format!("kcp-v0.30.0-to-v0.31.2-{}.dump", at(i)))
+            .chain((2..5).map(|i| format!("kcp-v0.31.2-{}.dump", at(i))))
+            .collect();
+        for (i, name) in names.iter().enumerate() {
+            file_of_age(&dir.path().join(name), i as u64);
+        }
+        let newest = dir.path().join(format!("kcp-v0.31.2-{}.dump", at(5)));
+        std::fs::write(partial_of(&newest), "x").unwrap();
+        keep_dump(&newest, 2).unwrap();
+        names.push(newest.file_name().unwrap().to_string_lossy().into_owned());
+        let mut left: Vec<String> = list(dir.path())
+            .unwrap()
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [&names[0], &names[1], &names[4], &names[5]].map(|n| n.clone()));
     }
 }

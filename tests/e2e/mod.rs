@@ -309,6 +309,19 @@ impl Env {
         self.client = None;
     }
 
+    /// kcpshard's CLI against this env's API, its output captured.
+    pub fn cli(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(kcpshard_bin());
+        cmd.args(args)
+            .arg("--kubeconfig")
+            .arg(self.state.join("kubeconfig"))
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
     pub fn client(&self) -> Client {
         self.client.clone().unwrap_or_else(|| self.fail("serve is not running"))
     }

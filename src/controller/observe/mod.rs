@@ -369,6 +369,8 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_unresponsive: !unresponsive_kines.is_empty(),
         store_processes_up: store.as_ref().is_ok_and(|s| s.processes_running(&ctx.runtime)),
         snapshot_for: state.snapshot.as_ref().map(|s| s.template.clone()),
+        last_backup_at: state.backup.as_ref().map(|b| b.taken_at),
+        snapshot_request_answered: state.snapshot_request_answered.clone(),
         front: front_look.observation,
         front_problem: front_look.problem,
         front_outdated: front_look.outdated,

@@ -90,6 +90,13 @@ pub struct Desired {
     pub root_not_ready: Option<String>,
     /// A restore asked for with the `kcpshard.io/restoreSnapshot` annotation, as judged.
     pub restore: Option<RestoreRequest>,
+    /// The store takes snapshots (KinePostgres, KineSqlite; not Etcd).
+    pub takes_snapshots: bool,
+    /// The kcpshard.io/snapshotRequestedAt annotation: a value no snapshot was taken for yet asks
+    /// for one.
+    pub snapshot_request: Option<String>,
+    /// spec.backup.interval: a snapshot is due this long after the last one.
+    pub backup_interval: Option<Duration>,
     /// A restore replaces the store's files, so the store's own processes stop first (a KineSqlite
     /// store's kine); otherwise it is restored through the running store (pg_restore).
     pub restore_stops_store: bool,

@@ -16,6 +16,13 @@ pub enum JobKind {
     /// pg_dump of the store before the first slot of `template` starts (a version change).
     #[serde(rename_all = "camelCase")]
     Snapshot { template: Box<SlotTemplate> },
+    /// A snapshot of the store asked for with the kcpshard.io/snapshotRequestedAt annotation
+    /// (`request`, its value) or due by spec.backup.interval (None).
+    #[serde(rename_all = "camelCase")]
+    Backup {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<String>,
+    },
     /// pg_restore of the snapshot at `snapshot` (a restore under way).
     #[serde(rename_all = "camelCase")]
     Restore { snapshot: String },
@@ -34,6 +41,7 @@ impl JobKind {
     pub fn name(&self) -> &'static str {
         match self {
             JobKind::Snapshot { .. } => "snapshot",
+            JobKind::Backup { .. } => "backup",
             JobKind::Restore { .. } => "restore",
             JobKind::PreflightDump { .. } => "preflight-dump",
             JobKind::PreflightCopy { .. } => "preflight-copy",
@@ -44,7 +52,7 @@ impl JobKind {
     pub fn preflight_of(&self) -> Option<&SlotTemplate> {
         match self {
             JobKind::PreflightDump { template } | JobKind::PreflightCopy { template } => Some(template),
-            JobKind::Snapshot { .. } | JobKind::Restore { .. } => None,
+            JobKind::Snapshot { .. } | JobKind::Backup { .. } | JobKind::Restore { .. } => None,
         }
     }
 }

@@ -197,6 +197,9 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
         // A preflight no roll waits for any more (the old slots went away during it).
         return remove_preflight(observed);
     }
+    if let Some(step) = backup(desired, observed) {
+        return step;
+    }
     if observed.job.as_ref().is_some_and(JobObservation::running) {
         // A job nothing waits for any more (the spec went back to the version that serves).
         return Step::CancelJob;
@@ -211,6 +214,32 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
             Step::CompleteRestore
         }
         None => Step::Idle,
+    }
+}
+
+/// A snapshot asked for (a kcpshard.io/snapshotRequestedAt value none was taken for) or due
+/// (spec.backup.interval after the last one, or none yet), once the shard is steady: nothing
+/// started, rolled or left above. It runs as a job while every rule above still applies; a roll
+/// that begins meanwhile cancels it, and it is taken again once the roll is done.
+fn backup(desired: &Desired, observed: &Observed) -> Option<Step> {
+    if !desired.takes_snapshots || !observed.store_up {
+        return None;
+    }
+    let asked = desired.snapshot_request.is_some() && desired.snapshot_request != observed.snapshot_request_answered;
+    let scheduled = desired.backup_interval.is_some_and(|every| {
+        observed
+            .last_backup_at
+            .is_none_or(|at| elapsed(observed.now, at) >= every)
+    });
+    if !asked && !scheduled {
+        return None;
+    }
+    match &observed.job {
+        Some(job) if job.running() && matches!(job.record.kind, JobKind::Backup { .. }) => {
+            Some(Step::Wait(Wait::Job { job: "backup" }))
+        }
+        Some(job) if job.running() => Some(Step::CancelJob),
+        _ => Some(Step::Backup),
     }
 }
 

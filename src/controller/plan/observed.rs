@@ -249,6 +249,10 @@ pub struct Observed {
     pub store_processes_up: bool,
     /// The template the latest store snapshot was taken for.
     pub snapshot_for: Option<SlotTemplate>,
+    /// When the latest snapshot taken on request or on schedule was taken.
+    pub last_backup_at: Option<DateTime<Utc>>,
+    /// The latest kcpshard.io/snapshotRequestedAt value a snapshot was taken for.
+    pub snapshot_request_answered: Option<String>,
     pub front: FrontObservation,
     /// Why the front is down (caddy's admin API does not answer, ...), for FrontReady.
     pub front_problem: Option<String>,

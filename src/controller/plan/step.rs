@@ -120,9 +120,12 @@ pub enum Step {
     /// kcpshard's front does not answer on its control socket: kill it by its recorded pid
     /// (EnsureFront starts it again).
     KillFront,
-    /// Start dumping the store before a roll to a new version (docs/background.md section 6): a
-    /// job (job.rs), whose end FinishJob takes up.
+    /// Start a snapshot of the store before a roll to a new version (docs/background.md section
+    /// 6): a job (job.rs), whose end FinishJob takes up.
     Snapshot,
+    /// Start a snapshot of the store asked for (kcpshard.io/snapshotRequestedAt) or due
+    /// (spec.backup.interval): a job, whose end FinishJob takes up.
+    Backup,
     /// A job ended: take up its result (a dump kept and recorded, a restore's version recorded),
     /// or report how it failed; the record goes.
     FinishJob,
@@ -278,6 +281,7 @@ impl Step {
             Step::KillFront => "KillFront",
             Step::FinishFrontCheck { .. } => "FinishFrontCheck",
             Step::Snapshot => "Snapshot",
+            Step::Backup => "Backup",
             Step::StartPreflight => "StartPreflight",
             Step::CopyPreflight => "CopyPreflight",
             Step::LaunchPreflight => "LaunchPreflight",

@@ -43,6 +43,9 @@ pub(crate) fn desired(version: &str) -> Desired {
         allow_schema_change: false,
         restore: None,
         restore_stops_store: false,
+        takes_snapshots: true,
+        snapshot_request: None,
+        backup_interval: None,
         interim: None,
         rotation_request: None,
     }
@@ -83,6 +86,8 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_starting: false,
         slot_stores_starting: BTreeSet::new(),
         snapshot_for: None,
+        last_backup_at: None,
+        snapshot_request_answered: None,
         front: FrontObservation::serving(backends),
         front_problem: None,
         front_outdated: false,
@@ -560,6 +565,74 @@ pub(crate) fn job(kind: JobKind, state: JobState) -> Option<JobObservation> {
         },
         state,
     })
+}
+
+/// A snapshot asked for (kcpshard.io/snapshotRequestedAt) or due (spec.backup.interval) is taken
+/// once nothing else is to be done, as a job during which a crash is still acted on first; an
+/// Etcd store or a store that is down takes none, and a version change goes first.
+#[test]
+fn a_snapshot_asked_for_or_due_is_taken_once_the_shard_is_steady() {
+    let mut d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    assert_eq!(plan(&d, &o), Step::Idle);
+
+    d.snapshot_request = Some("t1".into());
+    assert_eq!(plan(&d, &o), Step::Backup, "asked for");
+    let asked = JobKind::Backup {
+        request: Some("t1".into()),
+    };
+    o.job = job(asked.clone(), JobState::Running);
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Job { job: "backup" }));
+    o.slots[0].running = false;
+    assert_eq!(
+        plan(&d, &o),
+        set_front(&[], &[], &[("a", LeaveCause::Exited)]),
+        "a crash during the snapshot is acted on at once"
+    );
+    o.slots[0].running = true;
+    o.job = job(asked, JobState::Succeeded);
+    assert_eq!(plan(&d, &o), Step::FinishJob);
+    o.job = None;
+    o.last_backup_at = Some(at(5));
+    o.snapshot_request_answered = Some("t1".into());
+    assert_eq!(plan(&d, &o), Step::Idle, "taken for that request");
+
+    d.backup_interval = Some(Duration::from_secs(60));
+    assert_eq!(plan(&d, &o), Step::Idle, "the last one is 5 s old");
+    o.now = at(65);
+    assert_eq!(plan(&d, &o), Step::Backup, "due a minute after the last one");
+    o.now = at(70);
+    o.last_backup_at = Some(at(66));
+    assert_eq!(
+        plan(&d, &o),
+        Step::Idle,
+        "a scheduled snapshot leaves the request answered"
+    );
+    o.now = at(130);
+    o.job = job(dump_for("v0"), JobState::Running);
+    assert_eq!(plan(&d, &o), Step::CancelJob, "one job at a time");
+    o.job = job(JobKind::Backup { request: None }, JobState::Running);
+    d.snapshot_request = Some("t2".into());
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Job { job: "backup" }),
+        "a request during a scheduled snapshot waits for it"
+    );
+    o.job = None;
+
+    o.store_up = false;
+    assert_ne!(plan(&d, &o), Step::Backup, "nothing to copy from a store that is down");
+    o.store_up = true;
+    d.takes_snapshots = false;
+    assert_eq!(plan(&d, &o), Step::Idle, "an Etcd store takes none");
+    d.takes_snapshots = true;
+    let mut v2 = d.clone();
+    v2.template = template("v2");
+    assert_eq!(
+        plan(&v2, &o),
+        Step::StartSlot { name: "b".into() },
+        "a version change goes first"
+    );
 }
 
 fn dump_for(version: &str) -> JobKind {
