@@ -120,17 +120,7 @@ async fn two_slots_serve_and_a_roll_replaces_them_one_by_one_with_no_failed_requ
 async fn a_snapshot_is_taken_on_request_and_on_schedule_while_the_shard_serves() {
     let (mut env, _front, poll) = start(1).await;
     let poller = Poller::start_every(poll, Duration::from_millis(20));
-    let created = env
-        .cli(&["snapshot", "create", "dev", "--timeout", "30"])
-        .output()
-        .await
-        .unwrap();
-    let said = String::from_utf8_lossy(&created.stdout).into_owned();
-    assert!(
-        created.status.success(),
-        "kcpshard snapshot create: {said}{}",
-        String::from_utf8_lossy(&created.stderr)
-    );
+    let said = env.cli_ok(&["snapshot", "create", "dev", "--timeout", "30"]).await;
     let o = env.get("dev").await.unwrap();
     let asked = &o["status"]["lastSnapshot"];
     let path = asked["path"].as_str().unwrap_or_default().to_string();

@@ -339,3 +339,85 @@ async fn walk(store: Store) {
     assert!(unexpected.is_empty(), "steps over 1 s: {unexpected:?}");
     env.shutdown(&[]).await;
 }
+
+/// Disaster recovery: a snapshot taken on one state dir, copied elsewhere with its key material,
+/// is restored into a KcpShard of the same name on a fresh state dir (another host, as far as
+/// kcpshard can tell). Before the restore, the new shard has a CA of its own and a copy of the old
+/// front kubeconfig is refused; after it, that copy reads the workspace made before the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
+async fn a_snapshot_restored_on_a_fresh_state_dir_brings_back_the_data_and_what_clients_trust() {
+    let _serial = serial();
+    let version = kcp_newer();
+    require_components(&[&version]);
+    let shard = "recovered";
+    let front = format!("127.0.0.1:{}", test_port());
+    let spec = json!({
+        "version": version,
+        "store": { "type": "KineSqlite" },
+        "front": { "type": "Tcp", "listen": front },
+    });
+    let kept = tempfile::tempdir().unwrap();
+
+    // The first host: a workspace, a copy of the front kubeconfig, a snapshot copied away; then
+    // the host is gone.
+    let mut first = Env::start().await;
+    first.apply_spec(shard, spec.clone()).await;
+    first.wait_ready(shard, READY_TIMEOUT).await;
+    let admin = front_admin(&first, shard, &front).await;
+    create_workspace_ready(&admin, "kept", Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| first.fail(&e));
+    let old_kubeconfig = kept.path().join("front.kubeconfig");
+    std::fs::copy(front_kubeconfig(&first, shard), &old_kubeconfig).unwrap();
+    first.cli_ok(&["snapshot", "create", shard, "--timeout", "120"]).await;
+    let o = first.get(shard).await.unwrap();
+    let snapshot = std::path::PathBuf::from(o["status"]["lastSnapshot"]["path"].as_str().unwrap());
+    let backup = kept.path().join(snapshot.file_name().unwrap());
+    std::fs::copy(&snapshot, &backup).unwrap();
+    let keys = kcpshard::store::snapshot::keys_of(&snapshot);
+    std::fs::create_dir(kcpshard::store::snapshot::keys_of(&backup)).unwrap();
+    for file in std::fs::read_dir(&keys).unwrap() {
+        let file = file.unwrap().path();
+        std::fs::copy(
+            &file,
+            kcpshard::store::snapshot::keys_of(&backup).join(file.file_name().unwrap()),
+        )
+        .unwrap();
+    }
+    first.log(&format!(
+        "snapshot {} and its key material copied away",
+        snapshot.display()
+    ));
+    first.shutdown(&[shard]).await;
+
+    // The second host: the same KcpShard on a fresh state dir, an empty kcp with a CA of its own.
+    let mut second = Env::start().await;
+    second.apply_spec(shard, spec).await;
+    second.wait_ready(shard, READY_TIMEOUT).await;
+    let stranger = front_admin_of(&old_kubeconfig, &front).await;
+    let refused = once(&stranger, http::Method::GET, &format!("{WORKSPACES}/kept"), None).await;
+    assert!(
+        refused.is_err(),
+        "the old kubeconfig was accepted by a new shard: {refused:?}"
+    );
+    let backup_arg = backup.display().to_string();
+    let said = second
+        .cli_ok(&["snapshot", "restore", shard, &backup_arg, "--timeout", "600"])
+        .await;
+    second.log(&format!("restore on the fresh state dir, the CLI said:\n{said}"));
+    let old = front_admin_of(&old_kubeconfig, &front).await;
+    assert_eq!(
+        status_of(&second, &old, &format!("{WORKSPACES}/kept")).await,
+        200,
+        "the old front kubeconfig after the restore"
+    );
+    let events = second.events(shard).await;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("SnapshotRestored")
+            && e.message.as_deref().is_some_and(|m| m.contains("another identity"))),
+        "no SnapshotRestored event saying the key material was put back:\n{}",
+        summarize_events(&events)
+    );
+    second.shutdown(&[shard]).await;
+}

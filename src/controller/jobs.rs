@@ -15,6 +15,7 @@ use super::plan::{JobKind, JobRecord, JobState, RestorePhase, RestoreRecord};
 use super::state::{BackupRecord, DataVersion, SnapshotRecord};
 use crate::fsutil::remove_if_there;
 use crate::process::{ProcessSpec, Runtime, UnitName};
+use crate::slot::material;
 use crate::store::snapshot::{self, ClientRun};
 
 const PROCESS_FILE: &str = "process.json";
@@ -191,6 +192,7 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
         (JobKind::Snapshot { template }, JobState::Succeeded) => {
             let path = record.output.clone().unwrap_or_default();
             let keep = actor.shard.spec.rollout.snapshots_to_keep.max(1) as usize;
+            snapshot::keep_keys(Path::new(&path), &actor.dirs.shared())?;
             snapshot::keep_dump(Path::new(&path), keep)?;
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             state.snapshot = Some(SnapshotRecord {
@@ -209,6 +211,7 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
         }
         (JobKind::Backup { request }, JobState::Succeeded) => {
             let path = record.output.clone().unwrap_or_default();
+            snapshot::keep_keys(Path::new(&path), &actor.dirs.shared())?;
             snapshot::keep_dump(Path::new(&path), actor.shard.spec.backup.keep.max(1) as usize)?;
             let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             if request.is_some() {
@@ -241,6 +244,16 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
                 actor.dirs.save_state(&state)?;
                 return Ok(vec![]);
             };
+            let keys = snapshot::keys_of(Path::new(snapshot));
+            let shared = actor.dirs.shared();
+            let keys_note = if !keys.is_dir() {
+                " It holds no key material (taken by an earlier kcpshard): the shard keeps its own."
+            } else if material::same_identity(&keys, &shared)? {
+                ""
+            } else {
+                snapshot::restore_keys(Path::new(snapshot), &shared)?;
+                " It was taken of a shard with another identity (another host, or a state dir made anew): its key material (serving certificate, sa.key, admin tokens and identities) replaced the shard's, so its clients' kubeconfigs and tokens are valid again."
+            };
             let now = Utc::now();
             actor.dirs.save_data_version(&DataVersion {
                 version: restore.version.clone(),
@@ -258,7 +271,7 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
             Ok(vec![Note::normal(
                 "SnapshotRestored",
                 format!(
-                    "restored {snapshot} into the store ({took:.1}s); {} now records kcp {} as the data's version, and a slot of it starts",
+                    "restored {snapshot} into the store ({took:.1}s); {} now records kcp {} as the data's version, and a slot of it starts.{keys_note}",
                     actor.dirs.data_version_file().display(),
                     restore.version
                 ),

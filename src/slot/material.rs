@@ -98,6 +98,19 @@ pub fn capture_shared(root_dir: &Path, shared_dir: &Path) -> io::Result<()> {
     fsutil::write_atomically(&shared_dir.join(ADMIN_KUBECONFIG), &kubeconfig)
 }
 
+/// Whether the material in `a` and `b` is one identity: the same pinned files (the serving key
+/// pair, `sa.key`, the admin token store). A snapshot's key material restored into a shard of
+/// another identity (another host, a state dir made anew) replaces the shard's; into its own
+/// shard, nothing of it changes.
+pub fn same_identity(a: &Path, b: &Path) -> io::Result<bool> {
+    for name in PINNED_FILES {
+        if fsutil::read_optional(&a.join(name))? != fsutil::read_optional(&b.join(name))? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn make_private_dir(dir: &Path) -> io::Result<()> {
     fsutil::create_private_dir(dir)?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))

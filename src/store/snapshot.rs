@@ -142,10 +142,6 @@ pub fn partial_of(path: &Path) -> PathBuf {
 /// newest `keep` snapshots of its kind in its directory go (those taken before rolls, or those
 /// taken on request or on schedule).
 pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StoreError::Io { path, source }
-    };
     let partial = partial_of(path);
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&partial))?;
@@ -154,6 +150,66 @@ pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
     let backup = SnapshotName::is_backup(path);
     prune(dir, keep, |p| SnapshotName::is_backup(p) == backup)?;
     Ok(())
+}
+
+/// Where the shard's key material kept with the snapshot at `path` is: the directory
+/// `<file name>.keys` beside it.
+pub fn keys_of(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!("{name}.keys"))
+}
+
+/// Keeps a copy of the shard's key material beside the snapshot at `path` ([`keys_of`]): every
+/// file in `shared` (the serving certificate and key clients pin, `sa.key`, the admin token store
+/// and kubeconfig, kcpshard's admin identities), 0600 in a 0700 directory, complete or not at all.
+/// Restored with the data, it keeps clients trusting the shard and their tokens valid, also on
+/// another host.
+pub fn keep_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
+    let keys = keys_of(path);
+    let partial = partial_of(&keys);
+    remove_dir_if_there(&partial)?;
+    crate::fsutil::create_private_dir(&partial).map_err(io(&partial))?;
+    for entry in std::fs::read_dir(shared).map_err(io(shared))? {
+        let from = entry.map_err(io(shared))?.path();
+        if !from.is_file() {
+            continue;
+        }
+        let bytes = std::fs::read(&from).map_err(io(&from))?;
+        let into = partial.join(from.file_name().unwrap_or_default());
+        crate::fsutil::write_atomically(&into, &bytes).map_err(io(&into))?;
+    }
+    remove_dir_if_there(&keys)?;
+    std::fs::rename(&partial, &keys).map_err(io(&keys))?;
+    let dir = keys.parent().unwrap_or(Path::new("."));
+    crate::fsutil::sync_dir(dir).map_err(io(dir))
+}
+
+/// Puts the key material kept with the snapshot at `path` in place of the files of the same names
+/// in `shared` (every slot has stopped: a restore).
+pub fn restore_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
+    let keys = keys_of(path);
+    for entry in std::fs::read_dir(&keys).map_err(io(&keys))? {
+        let from = entry.map_err(io(&keys))?.path();
+        let bytes = std::fs::read(&from).map_err(io(&from))?;
+        let into = shared.join(from.file_name().unwrap_or_default());
+        crate::fsutil::write_atomically(&into, &bytes).map_err(io(&into))?;
+    }
+    Ok(())
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io { path, source }
+}
+
+fn remove_dir_if_there(dir: &Path) -> Result<(), StoreError> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(dir)(e)),
+        _ => Ok(()),
+    }
 }
 
 /// What a snapshot's file name tells: `<stem>-<from>-to-<to>-<time>.<extension>` for one taken
@@ -234,10 +290,8 @@ pub fn prune(dir: &Path, keep: usize, of_kind: impl Fn(&Path) -> bool) -> Result
     let excess = dumps.len().saturating_sub(keep);
     let removed: Vec<PathBuf> = dumps.into_iter().take(excess).collect();
     for path in &removed {
-        std::fs::remove_file(path).map_err(|source| StoreError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        std::fs::remove_file(path).map_err(io(path))?;
+        remove_dir_if_there(&keys_of(path))?;
         tracing::info!(path = %path.display(), "removed an old snapshot");
     }
     Ok(removed)
@@ -347,5 +401,41 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [&names[0], &names[1], &names[4], &names[5]].map(|n| n.clone()));
+    }
+
+    #[test]
+    fn key_material_is_kept_beside_its_snapshot_privately_and_goes_with_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::write(shared.join("sa.key"), "old key").unwrap();
+        std::fs::write(shared.join("apiserver.crt"), "old CA").unwrap();
+        let snapshots = dir.path().join("snapshots");
+        std::fs::create_dir(&snapshots).unwrap();
+        let taken = |second: u32| {
+            let path = snapshots.join(format!("kcp-v0.31.2-20261201T1800{second:02}.000Z.dump"));
+            file_of_age(&partial_of(&path), second.into());
+            keep_keys(&path, &shared).unwrap();
+            keep_dump(&path, 1).unwrap();
+            path
+        };
+        let first = taken(1);
+        let keys = keys_of(&first);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&keys), mode(&keys.join("sa.key"))), (0o700, 0o600));
+        assert_eq!(std::fs::read_to_string(keys.join("apiserver.crt")).unwrap(), "old CA");
+
+        let second = taken(2);
+        assert!(
+            !first.exists() && !keys.exists(),
+            "the older snapshot went with its keys"
+        );
+        let elsewhere = dir.path().join("another-host");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("sa.key"), "new key").unwrap();
+        restore_keys(&second, &elsewhere).unwrap();
+        assert_eq!(std::fs::read_to_string(elsewhere.join("sa.key")).unwrap(), "old key");
+        assert_eq!(list(&snapshots).unwrap(), [second]);
     }
 }

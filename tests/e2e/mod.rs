@@ -322,6 +322,22 @@ impl Env {
         cmd
     }
 
+    /// Runs kcpshard's CLI against this env's API; its stdout, or the test fails with what it
+    /// printed.
+    pub async fn cli_ok(&self, args: &[&str]) -> String {
+        let output = self.cli(args).output().await.unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !output.status.success() {
+            self.fail(&format!(
+                "kcpshard {}: {}\n{stdout}{}",
+                args.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        stdout
+    }
+
     pub fn client(&self) -> Client {
         self.client.clone().unwrap_or_else(|| self.fail("serve is not running"))
     }
