@@ -192,8 +192,7 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
         (JobKind::Snapshot { template }, JobState::Succeeded) => {
             let path = record.output.clone().unwrap_or_default();
             let keep = actor.shard.spec.rollout.snapshots_to_keep.max(1) as usize;
-            snapshot::keep_keys(Path::new(&path), &actor.dirs.shared())?;
-            snapshot::keep_dump(Path::new(&path), keep)?;
+            snapshot::keep_snapshot(Path::new(&path), keep, &actor.dirs.shared())?;
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             state.snapshot = Some(SnapshotRecord {
                 template: (**template).clone(),
@@ -211,8 +210,8 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
         }
         (JobKind::Backup { request }, JobState::Succeeded) => {
             let path = record.output.clone().unwrap_or_default();
-            snapshot::keep_keys(Path::new(&path), &actor.dirs.shared())?;
-            snapshot::keep_dump(Path::new(&path), actor.shard.spec.backup.keep.max(1) as usize)?;
+            let keep = actor.shard.spec.backup.keep.max(1) as usize;
+            snapshot::keep_snapshot(Path::new(&path), keep, &actor.dirs.shared())?;
             let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             if request.is_some() {
                 state.snapshot_request_answered = request.clone();

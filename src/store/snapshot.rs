@@ -166,8 +166,11 @@ pub fn keys_of(path: &Path) -> PathBuf {
 /// file in `shared` (the serving certificate and key clients pin, `sa.key`, the admin token store
 /// and kubeconfig, kcpshard's admin identities), 0600 in a 0700 directory, complete or not at all.
 /// Restored with the data, it keeps clients trusting the shard and their tokens valid, also on
-/// another host.
+/// another host. Nothing is kept while the shard has no material yet (no slot was ready).
 pub fn keep_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
+    if !shared.is_dir() {
+        return Ok(());
+    }
     let keys = keys_of(path);
     let partial = partial_of(&keys);
     remove_dir_if_there(&partial)?;
@@ -185,6 +188,13 @@ pub fn keep_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
     std::fs::rename(&partial, &keys).map_err(io(&keys))?;
     let dir = keys.parent().unwrap_or(Path::new("."));
     crate::fsutil::sync_dir(dir).map_err(io(dir))
+}
+
+/// Keeps a complete snapshot of the store with the shard's key material from `shared` beside it
+/// ([`keep_keys`], then [`keep_dump`]).
+pub fn keep_snapshot(path: &Path, keep: usize, shared: &Path) -> Result<(), StoreError> {
+    keep_keys(path, shared)?;
+    keep_dump(path, keep)
 }
 
 /// Puts the key material kept with the snapshot at `path` in place of the files of the same names
@@ -416,8 +426,7 @@ mod tests {
         let taken = |second: u32| {
             let path = snapshots.join(format!("kcp-v0.31.2-20261201T1800{second:02}.000Z.dump"));
             file_of_age(&partial_of(&path), second.into());
-            keep_keys(&path, &shared).unwrap();
-            keep_dump(&path, 1).unwrap();
+            keep_snapshot(&path, 1, &shared).unwrap();
             path
         };
         let first = taken(1);
@@ -436,6 +445,8 @@ mod tests {
         std::fs::write(elsewhere.join("sa.key"), "new key").unwrap();
         restore_keys(&second, &elsewhere).unwrap();
         assert_eq!(std::fs::read_to_string(elsewhere.join("sa.key")).unwrap(), "old key");
-        assert_eq!(list(&snapshots).unwrap(), [second]);
+        assert_eq!(list(&snapshots).unwrap(), std::slice::from_ref(&second));
+        keep_keys(&second, &dir.path().join("no-slot-was-ready")).unwrap();
+        assert!(keys_of(&second).is_dir(), "material kept before stays");
     }
 }
