@@ -174,16 +174,7 @@ pub fn keep_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
     let keys = keys_of(path);
     let partial = partial_of(&keys);
     remove_dir_if_there(&partial)?;
-    crate::fsutil::create_private_dir(&partial).map_err(io(&partial))?;
-    for entry in std::fs::read_dir(shared).map_err(io(shared))? {
-        let from = entry.map_err(io(shared))?.path();
-        if !from.is_file() {
-            continue;
-        }
-        let bytes = std::fs::read(&from).map_err(io(&from))?;
-        let into = partial.join(from.file_name().unwrap_or_default());
-        crate::fsutil::write_atomically(&into, &bytes).map_err(io(&into))?;
-    }
+    copy_files(shared, &partial)?;
     remove_dir_if_there(&keys)?;
     std::fs::rename(&partial, &keys).map_err(io(&keys))?;
     let dir = keys.parent().unwrap_or(Path::new("."));
@@ -200,12 +191,20 @@ pub fn keep_snapshot(path: &Path, keep: usize, shared: &Path) -> Result<(), Stor
 /// Puts the key material kept with the snapshot at `path` in place of the files of the same names
 /// in `shared` (every slot has stopped: a restore).
 pub fn restore_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
-    let keys = keys_of(path);
-    for entry in std::fs::read_dir(&keys).map_err(io(&keys))? {
-        let from = entry.map_err(io(&keys))?.path();
-        let bytes = std::fs::read(&from).map_err(io(&from))?;
-        let into = shared.join(from.file_name().unwrap_or_default());
-        crate::fsutil::write_atomically(&into, &bytes).map_err(io(&into))?;
+    copy_files(&keys_of(path), shared)
+}
+
+/// Copies every file of `from` into `into` (made 0700 if missing), each written atomically, 0600.
+fn copy_files(from: &Path, into: &Path) -> Result<(), StoreError> {
+    crate::fsutil::create_private_dir(into).map_err(io(into))?;
+    for entry in std::fs::read_dir(from).map_err(io(from))? {
+        let file = entry.map_err(io(from))?.path();
+        if !file.is_file() {
+            continue;
+        }
+        let bytes = std::fs::read(&file).map_err(io(&file))?;
+        let copy = into.join(file.file_name().unwrap_or_default());
+        crate::fsutil::write_atomically(&copy, &bytes).map_err(io(&copy))?;
     }
     Ok(())
 }
