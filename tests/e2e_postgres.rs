@@ -510,34 +510,21 @@ async fn an_etcd_store_serves_a_shard() {
     let _serial = serial();
     let newer = kcp_newer();
     require_components(&[&newer]);
-    let etcd = support::require("etcd");
     let mut env = Env::start().await;
-    let (client_port, peer_port) = (test_port(), test_port());
-    let data = env.dir().join("etcd");
-    let mut cmd = std::process::Command::new(etcd);
-    cmd.arg(format!("--data-dir={}", data.display()))
-        .arg(format!("--listen-client-urls=http://127.0.0.1:{client_port}"))
-        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client_port}"))
-        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"))
-        .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"))
-        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"));
-    let _etcd = support::Proc::spawn("etcd", cmd, &env.dir().join("etcd.log"));
+    let etcd = support::Etcd::start(env.dir());
     let shard = "etcd";
     let front = format!("127.0.0.1:{}", test_port());
     env.apply_spec(
         shard,
         json!({
             "version": newer,
-            "store": { "type": "Etcd", "etcd": { "endpoints": [format!("http://127.0.0.1:{client_port}")] } },
+            "store": { "type": "Etcd", "etcd": { "endpoints": [&etcd.endpoint] } },
             "front": { "type": "Tcp", "listen": front },
         }),
     )
     .await;
     let ready = env.wait_ready(shard, READY_TIMEOUT).await;
-    assert_eq!(
-        ready["status"]["store"]["endpoints"],
-        json!([format!("http://127.0.0.1:{client_port}")])
-    );
+    assert_eq!(ready["status"]["store"]["endpoints"], json!([&etcd.endpoint]));
     let kcp_admin = front_admin(&env, shard, &front).await;
     create_workspace_ready(&kcp_admin, "on-etcd", Duration::from_secs(120))
         .await

@@ -83,6 +83,7 @@ fn widget(name: &str) -> Value {
 enum Store {
     KinePostgres,
     KineSqlite,
+    Etcd,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -99,6 +100,13 @@ async fn on_kine_sqlite_a_minor_roll_rolls_back_and_a_snapshot_restore_brings_ba
     walk(Store::KineSqlite).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
+async fn on_etcd_a_minor_roll_rolls_back_and_a_snapshot_restore_brings_back_the_data_and_version_it_holds() {
+    let _serial = serial();
+    walk(Store::Etcd).await;
+}
+
 async fn walk(store: Store) {
     let (older, newer) = (support::kcp_older_minor(), kcp_newer());
     require_components(&[&older, &newer]);
@@ -109,21 +117,32 @@ async fn walk(store: Store) {
     });
     let _sweep = pg.as_ref().map(|pg| SweepKines(pg.port));
     let mut env = Env::start().await;
+    let etcd = (store == Store::Etcd).then(|| {
+        // The restore opens the snapshot with etcdutl and a private etcd.
+        support::require("etcdutl");
+        support::Etcd::start(env.dir())
+    });
     let begun = Instant::now();
     let (shard, extension) = match store {
         Store::KinePostgres => ("restore", "dump"),
         Store::KineSqlite => ("restore-sqlite", "db"),
+        Store::Etcd => ("restore-etcd", "etcd"),
     };
     let front = format!("127.0.0.1:{}", test_port());
 
     // 1. v0.30: a workspace, an APIExport bound in another workspace, a Widget of it.
-    let mut spec = match &pg {
-        Some(pg) => {
+    let mut spec = match (&pg, &etcd) {
+        (Some(pg), _) => {
             let password_file = env.dir().join("pgpass");
             std::fs::write(&password_file, "unused-by-trust-auth\n").unwrap();
             postgres_spec(&older, &front, pg, &password_file)
         }
-        None => json!({
+        (None, Some(etcd)) => json!({
+            "version": older,
+            "store": { "type": "Etcd", "etcd": { "endpoints": [&etcd.endpoint] } },
+            "front": { "type": "Tcp", "listen": front },
+        }),
+        (None, None) => json!({
             "version": older,
             "store": { "type": "KineSqlite" },
             "front": { "type": "Tcp", "listen": front },
@@ -257,7 +276,10 @@ async fn walk(store: Store) {
         .unwrap();
     let text = String::from_utf8_lossy(&listed.stdout).into_owned();
     assert!(
-        listed.status.success() && text.lines().any(|l| l.starts_with(&file) && l.contains(&older)),
+        listed.status.success()
+            && text
+                .lines()
+                .any(|l| l.starts_with(&file) && l.contains(&older) && l.ends_with("kept")),
         "kcpshard snapshot list: {text}{}",
         String::from_utf8_lossy(&listed.stderr)
     );

@@ -1,11 +1,13 @@
-// Builds etcdctl and the etcd server (both modules have relative replace directives, so
-// `go install pkg@v` refuses them). Test helpers: etcdctl reads keys through kine, etcd serves the Etcd store tests.
+// Builds etcdctl, etcdutl and the etcd server (their modules have relative replace directives, so
+// `go install pkg@v` refuses them). etcdctl reads keys through kine in tests, etcd serves the Etcd
+// store tests, etcdutl and etcd open an Etcd store's snapshot for a restore.
 module kcpshard.dev/hack/etcd
 
 go 1.24.0
 
 require (
 	go.etcd.io/etcd/etcdctl/v3 v3.6.8
+	go.etcd.io/etcd/etcdutl/v3 v3.6.8
 	go.etcd.io/etcd/server/v3 v3.6.8
 )
 

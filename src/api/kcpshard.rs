@@ -530,9 +530,9 @@ pub struct RolloutSpec {
     #[schemars(pattern(DURATION_PATTERN))]
     pub liveness_timeout: String,
     /// Snapshot the store before a roll that changes spec.version, while it serves: a pg_dump of
-    /// the KinePostgres database, or a copy of the KineSqlite database (sqlite's VACUUM INTO), into
-    /// the shard's snapshots directory (its path goes into status.lastRoll.snapshot). Etcd stores
-    /// take none.
+    /// the KinePostgres database, a copy of the KineSqlite database (sqlite's VACUUM INTO), or an
+    /// etcd snapshot of an Etcd store, into the shard's snapshots directory (its path goes into
+    /// status.lastRoll.snapshot).
     pub snapshot_before_version_change: bool,
     /// Before the first slot of a new spec.version starts, run that version alone against a copy
     /// of the data (a copy of the sqlite file, or the snapshot restored into a scratch database;

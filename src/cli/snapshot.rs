@@ -25,7 +25,7 @@ use super::connect::{Cluster, Conn};
 use super::follow::{FollowArgs, Progress, Wording, ask_and_follow};
 use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION, SNAPSHOT_REQUEST_ANNOTATION, StoreType};
 use crate::controller::restore::{refusal, snapshots};
-use crate::store::snapshot::SnapshotName;
+use crate::store::snapshot::{SnapshotName, keys_of};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -93,13 +93,21 @@ fn list(args: ListArgs) -> anyhow::Result<()> {
     let found = snapshots(&state_dir, &args.name)?;
     if found.is_empty() {
         println!(
-            "No snapshots of shard {} in {} (they are taken of KinePostgres and KineSqlite stores before a version change).",
+            "No snapshots of shard {} in {} (they are taken before a version change, on request with `kcpshard snapshot create`, and every spec.backup.interval).",
             args.name,
             state_dir.display()
         );
         return Ok(());
     }
-    let header = ["SNAPSHOT", "DATA VERSION", "TAKEN BEFORE ROLL TO", "TAKEN", "BYTES"].map(String::from);
+    let header = [
+        "SNAPSHOT",
+        "DATA VERSION",
+        "TAKEN BEFORE ROLL TO",
+        "TAKEN",
+        "BYTES",
+        "KEYS",
+    ]
+    .map(String::from);
     let rows: Vec<Vec<String>> = std::iter::once(header.to_vec())
         .chain(found.iter().map(|path| {
             let file = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
@@ -112,6 +120,11 @@ fn list(args: ListArgs) -> anyhow::Result<()> {
                     .map_or("?".into(), |n| n.to.clone().unwrap_or_else(|| "-".into())),
                 name.map_or("?".into(), |n| n.taken),
                 size.to_string(),
+                // The key material kept beside it (none when no slot had been ready yet).
+                match keys_of(path).is_dir() {
+                    true => "kept".into(),
+                    false => "none".into(),
+                },
             ]
         }))
         .collect();

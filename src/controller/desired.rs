@@ -48,7 +48,6 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         restore: None,
         // From the store in use, in `step`.
         restore_stops_store: false,
-        takes_snapshots: false,
         snapshot_request: shard.annotations().get(SNAPSHOT_REQUEST_ANNOTATION).cloned(),
         backup_interval: spec.backup.interval().transpose().map_err(|cause| Error::Duration {
             field: "spec.backup.interval",

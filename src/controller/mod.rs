@@ -275,8 +275,6 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         },
     };
     let store_type = world.store.store.type_;
-    desired.takes_snapshots = store_type != crate::api::StoreType::Etcd;
-    desired.snapshot_before_version_change &= desired.takes_snapshots;
     desired.restore_stops_store = store_type == crate::api::StoreType::KineSqlite;
     desired.version_refused = desired::version_refused(shard, &world, &dirs);
     // The admin identities every slot must accept are part of the template: a rotation rolls.

@@ -63,14 +63,9 @@ fn restorable(shard: &KcpShard, dirs: &ShardDirs, value: &str) -> Result<Restora
 /// Why shard `name` (with this store and spec.version) cannot restore the snapshot named
 /// `file_name`, saying what to do; None when it can (as far as the name tells).
 pub fn refusal(name: &str, store: StoreType, version: &str, file_name: &str) -> Option<String> {
-    if store == StoreType::Etcd {
-        return Some(format!(
-            "kcpshard takes and restores snapshots of KinePostgres and KineSqlite stores, and shard {name}'s store is an etcd you run. Restore an etcd snapshot into it with `etcdutl snapshot restore` while the KcpShard is deleted, then apply the KcpShard again (docs/operations.md, \"Restore a snapshot\")"
-        ));
-    }
     let Some(taken) = SnapshotName::parse(file_name) else {
         return Some(format!(
-            "{file_name:?} is not a snapshot kcpshard took: its name must be <database>-<from>-to-<to>-<time>.dump (a pg_dump of KinePostgres) or state-<from>-to-<to>-<time>.db (a copy of KineSqlite's state.db), where <from> is the kcp version that served the data in it (`kcpshard snapshot list {name}` lists them)"
+            "{file_name:?} is not a snapshot kcpshard took: its name must be <database>-<from>-to-<to>-<time>.dump (a pg_dump of KinePostgres), state-<from>-to-<to>-<time>.db (a copy of KineSqlite's state.db) or etcd-<from>-to-<to>-<time>.etcd (an etcd snapshot of an Etcd store), where <from> is the kcp version that served the data in it (`kcpshard snapshot list {name}` lists them)"
         ));
     };
     let taken_of = taken.format.store();
@@ -106,6 +101,7 @@ mod tests {
 
     const DUMP: &str = "kcp-v0.30.0-to-v0.31.2-20261201T180102.123Z.dump";
     const SQLITE: &str = "state-v0.30.0-to-v0.31.2-20261201T180102.123Z.db";
+    const ETCD: &str = "etcd-v0.30.0-20261201T180102.123Z.etcd";
 
     #[test]
     fn a_snapshot_restores_only_into_the_store_it_was_taken_of_with_spec_version_its_data_version() {
@@ -130,8 +126,12 @@ mod tests {
         );
         let newer_sqlite = refusal("dev", StoreType::KineSqlite, "v0.31.2", SQLITE).unwrap();
         assert!(newer_sqlite.contains("kcp v0.30.0 served"), "{newer_sqlite}");
-        let etcd = refusal("dev", StoreType::Etcd, "v0.30.0", DUMP).unwrap();
-        assert!(etcd.contains("etcdutl snapshot restore"), "{etcd}");
+        let dump_into_etcd = refusal("dev", StoreType::Etcd, "v0.30.0", DUMP).unwrap();
+        assert!(
+            dump_into_etcd.contains("taken of a KinePostgres store") && dump_into_etcd.contains("store is Etcd"),
+            "{dump_into_etcd}"
+        );
+        assert_eq!(refusal("dev", StoreType::Etcd, "v0.30.0", ETCD), None);
         let foreign = refusal("dev", StoreType::KinePostgres, "v0.30.0", "nightly.dump").unwrap();
         assert!(foreign.contains("not a snapshot kcpshard took"), "{foreign}");
     }

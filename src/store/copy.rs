@@ -192,14 +192,7 @@ impl StoreBackend {
 /// `kcpshard job sqlite-copy` ([`vacuum_into`]) of the database `from` into `into`, as a job (with
 /// absolute paths: a job runs in a directory of its own); `kcpshard` is this binary.
 pub fn sqlite_copy_run(kcpshard: &Path, from: &Path, into: &Path) -> Result<ClientRun, StoreError> {
-    let arg = |path: &Path| {
-        std::path::absolute(path)
-            .map(|p| p.display().to_string())
-            .map_err(|source| StoreError::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-    };
+    let arg = super::snapshot::absolute_arg;
     Ok(ClientRun {
         program: kcpshard.to_path_buf(),
         args: vec![

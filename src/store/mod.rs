@@ -17,6 +17,8 @@
 pub mod copy;
 pub mod disk;
 pub mod etcd;
+pub mod etcd_keys;
+pub mod etcd_snapshot;
 pub mod kine;
 mod kine_address;
 pub mod kine_read;
@@ -317,7 +319,7 @@ impl StoreBackend {
 
     /// Where a snapshot taken now of data `from` served goes in `dir` (before a roll to `to`, or
     /// on request or on schedule): a pg_dump of a KinePostgres database, a sqlite copy of a
-    /// KineSqlite `state.db`; an etcd takes none.
+    /// KineSqlite `state.db`, an etcd snapshot of an Etcd store.
     pub fn snapshot_path(&self, dir: &Path, from: &str, to: Option<&str>) -> Result<PathBuf, StoreError> {
         let now = chrono::Utc::now();
         match self {
@@ -337,30 +339,41 @@ impl StoreBackend {
                 to,
                 now,
             )),
-            StoreBackend::Etcd(_) => Err(no_snapshots()),
+            StoreBackend::Etcd(_) => Ok(snapshot::snapshot_path(
+                SnapshotFormat::Etcd,
+                "etcd",
+                dir,
+                from,
+                to,
+                now,
+            )),
         }
     }
 
     /// The job that writes a snapshot of the store into `partial` while it serves (pg_dump, or
-    /// `kcpshard job sqlite-copy` run by `kcpshard`); [`snapshot::keep_dump`] keeps it.
+    /// `kcpshard job sqlite-copy` or `etcd-snapshot` run by `kcpshard`); [`snapshot::keep_dump`]
+    /// keeps it.
     pub fn snapshot_run(&self, partial: &Path, kcpshard: &Path) -> Result<snapshot::ClientRun, StoreError> {
         match self {
             StoreBackend::KinePostgres { server, .. } => snapshot::dump_run(server, partial),
             StoreBackend::KineSqlite { kine } => {
                 copy::sqlite_copy_run(kcpshard, &kine.dir.join(kine::DB_FILE), partial)
             }
-            StoreBackend::Etcd(_) => Err(no_snapshots()),
+            StoreBackend::Etcd(cluster) => {
+                etcd_snapshot::job_run(kcpshard, "etcd-snapshot", "--into", partial, cluster)
+            }
         }
     }
 
     /// The job that puts a snapshot [`StoreBackend::snapshot_run`] took back into the store's data,
     /// with nothing using it (every slot's kine, and a KineSqlite store's own, stopped): pg_restore
-    /// in one transaction, or a sqlite copy put in place of `state.db` once complete.
+    /// in one transaction, a sqlite copy put in place of `state.db` once complete, or an etcd
+    /// snapshot's keys put back through the cluster's API.
     pub fn restore_run(&self, path: &Path, kcpshard: &Path) -> Result<snapshot::ClientRun, StoreError> {
         match self {
             StoreBackend::KinePostgres { server, .. } => snapshot::restore_run(server, path),
             StoreBackend::KineSqlite { kine } => copy::sqlite_copy_run(kcpshard, path, &kine.dir.join(kine::DB_FILE)),
-            StoreBackend::Etcd(_) => Err(no_snapshots()),
+            StoreBackend::Etcd(cluster) => etcd_snapshot::job_run(kcpshard, "etcd-restore", "--from", path, cluster),
         }
     }
 
@@ -395,10 +408,6 @@ impl StoreBackend {
             StoreBackend::Etcd(_) => None,
         }
     }
-}
-
-fn no_snapshots() -> StoreError {
-    StoreError::Invalid("kcpshard takes and restores no snapshots of an Etcd store".into())
 }
 
 fn with_grace(processes: Vec<ProcessRecord>, grace: Duration) -> Vec<(ProcessRecord, Duration)> {

@@ -3,14 +3,16 @@
 //! that), while the store serves:
 //! - KinePostgres: `pg_dump --format=custom` of the shard's database, `<database>-...dump`;
 //! - KineSqlite: sqlite's `VACUUM INTO` of `state.db` (a consistent copy taken in one read
-//!   transaction while kine writes on, `kcpshard job sqlite-copy`), `state-...db`.
+//!   transaction while kine writes on, `kcpshard job sqlite-copy`), `state-...db`;
+//! - Etcd: etcd's own snapshot of one member (`kcpshard job etcd-snapshot`), `etcd-...etcd`.
 //!
 //! They go into `<shard>/snapshots/`, named `<stem>-<from>-to-<to>-<UTC time>.<extension>`:
 //! `<from>` is the kcp version that served the data in it, which is the version a restore starts
 //! again ([`SnapshotName`]). Only the newest `keep` stay. A restore (`kcpshard snapshot restore`,
 //! docs/operations.md) puts one back with every slot stopped: a dump with [`restore_run`] in one
-//! transaction, a sqlite copy over `state.db` with its kine stopped too. Either leaves the data as
-//! it was when it fails.
+//! transaction, a sqlite copy over `state.db` with its kine stopped too, an etcd snapshot's keys
+//! through the cluster's API ([`super::etcd_snapshot`]). The first two leave the data as it was
+//! when they fail; a failed etcd restore is to be run again.
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -27,15 +29,19 @@ pub enum SnapshotFormat {
     PgDump,
     /// A sqlite database: a copy of a KineSqlite store's `state.db`.
     Sqlite,
+    /// An etcd snapshot (etcd's Maintenance API; `etcdutl snapshot restore` reads it) of an Etcd
+    /// store.
+    Etcd,
 }
 
 impl SnapshotFormat {
-    pub const ALL: [SnapshotFormat; 2] = [SnapshotFormat::PgDump, SnapshotFormat::Sqlite];
+    pub const ALL: [SnapshotFormat; 3] = [SnapshotFormat::PgDump, SnapshotFormat::Sqlite, SnapshotFormat::Etcd];
 
     pub fn extension(self) -> &'static str {
         match self {
             SnapshotFormat::PgDump => "dump",
             SnapshotFormat::Sqlite => "db",
+            SnapshotFormat::Etcd => "etcd",
         }
     }
 
@@ -44,6 +50,7 @@ impl SnapshotFormat {
         match self {
             SnapshotFormat::PgDump => StoreType::KinePostgres,
             SnapshotFormat::Sqlite => StoreType::KineSqlite,
+            SnapshotFormat::Etcd => StoreType::Etcd,
         }
     }
 
@@ -62,6 +69,13 @@ pub struct ClientRun {
     pub program: PathBuf,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
+}
+
+/// `path` made absolute, as an argument of a job (which runs in a directory of its own).
+pub(super) fn absolute_arg(path: &Path) -> Result<String, StoreError> {
+    std::path::absolute(path)
+        .map(|p| p.display().to_string())
+        .map_err(io(path))
 }
 
 fn client_run(name: &str, server: &PostgresServer, args: Vec<String>) -> Result<ClientRun, StoreError> {
@@ -214,7 +228,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
     move |source| StoreError::Io { path, source }
 }
 
-fn remove_dir_if_there(dir: &Path) -> Result<(), StoreError> {
+pub(super) fn remove_dir_if_there(dir: &Path) -> Result<(), StoreError> {
     match std::fs::remove_dir_all(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(dir)(e)),
         _ => Ok(()),

@@ -427,6 +427,43 @@ fn user_ids(user: &str) -> Option<(u32, u32)> {
     })
 }
 
+/// A one-member etcd (bin/etcd) on loopback ports, its data under `dir`.
+pub struct Etcd {
+    /// Its client URL.
+    pub endpoint: String,
+    pub proc: Proc,
+}
+
+impl Etcd {
+    /// Starts etcd; its client port accepts connections when this returns.
+    pub fn start(dir: &Path) -> Etcd {
+        let etcd = require("etcd");
+        let (client_port, peer_port) = (test_port(), test_port());
+        let mut cmd = Command::new(etcd);
+        cmd.arg(format!("--data-dir={}", dir.join("etcd").display()))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client_port}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client_port}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"))
+            .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"))
+            .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"));
+        let mut proc = Proc::spawn("etcd", cmd, &dir.join("etcd.log"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", client_port)).is_err() {
+            if let Some(status) = proc.exited() {
+                proc.fail(&format!("etcd exited during startup: {status}"));
+            }
+            if Instant::now() > deadline {
+                proc.fail("etcd did not accept connections within 30s");
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Etcd {
+            endpoint: format!("http://127.0.0.1:{client_port}"),
+            proc,
+        }
+    }
+}
+
 /// A server certificate for PostgreSQL: PEM of the certificate and of its key.
 pub struct ServerTls {
     pub cert: String,

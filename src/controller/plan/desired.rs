@@ -90,8 +90,6 @@ pub struct Desired {
     pub root_not_ready: Option<String>,
     /// A restore asked for with the `kcpshard.io/restoreSnapshot` annotation, as judged.
     pub restore: Option<RestoreRequest>,
-    /// The store takes snapshots (KinePostgres, KineSqlite; not Etcd).
-    pub takes_snapshots: bool,
     /// The kcpshard.io/snapshotRequestedAt annotation: a value no snapshot was taken for yet asks
     /// for one.
     pub snapshot_request: Option<String>,

@@ -222,7 +222,7 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
 /// started, rolled or left above. It runs as a job while every rule above still applies; a roll
 /// that begins meanwhile cancels it, and it is taken again once the roll is done.
 fn backup(desired: &Desired, observed: &Observed) -> Option<Step> {
-    if !desired.takes_snapshots || !observed.store_up {
+    if !observed.store_up {
         return None;
     }
     let asked = desired.snapshot_request.is_some() && desired.snapshot_request != observed.snapshot_request_answered;

@@ -43,7 +43,6 @@ pub(crate) fn desired(version: &str) -> Desired {
         allow_schema_change: false,
         restore: None,
         restore_stops_store: false,
-        takes_snapshots: true,
         snapshot_request: None,
         backup_interval: None,
         interim: None,
@@ -568,8 +567,8 @@ pub(crate) fn job(kind: JobKind, state: JobState) -> Option<JobObservation> {
 }
 
 /// A snapshot asked for (kcpshard.io/snapshotRequestedAt) or due (spec.backup.interval) is taken
-/// once nothing else is to be done, as a job during which a crash is still acted on first; an
-/// Etcd store or a store that is down takes none, and a version change goes first.
+/// once nothing else is to be done, as a job during which a crash is still acted on first; a store
+/// that is down takes none, and a version change goes first.
 #[test]
 fn a_snapshot_asked_for_or_due_is_taken_once_the_shard_is_steady() {
     let mut d = desired("v1");
@@ -623,9 +622,6 @@ fn a_snapshot_asked_for_or_due_is_taken_once_the_shard_is_steady() {
     o.store_up = false;
     assert_ne!(plan(&d, &o), Step::Backup, "nothing to copy from a store that is down");
     o.store_up = true;
-    d.takes_snapshots = false;
-    assert_eq!(plan(&d, &o), Step::Idle, "an Etcd store takes none");
-    d.takes_snapshots = true;
     let mut v2 = d.clone();
     v2.template = template("v2");
     assert_eq!(

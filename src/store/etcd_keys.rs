@@ -1,0 +1,192 @@
+//! The keys of a store through etcd's v3 KV API (which kine serves too): connecting with the
+//! spec's TLS files, clearing the keys under a prefix, and copying them from one store into
+//! another as they were at one revision.
+//!
+//! Writes are transactions of one key guarded by its mod revision ("create if absent", "delete if
+//! unchanged"): the only writes kine accepts (kine `pkg/server/kv.go`: Put is refused; `txn.go`
+//! takes a create, an update or a delete of one key), and plain enough for etcd.
+use std::path::Path;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue, TlsOptions, Txn, TxnOp,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use super::StoreError;
+use super::etcd::EtcdCluster;
+
+/// The keys kcp keeps: kube-apiserver's default `--etcd-prefix` "/registry"
+/// (k8s.io/apiserver `pkg/server/options/etcd.go`, `DefaultEtcdPathPrefix`), which kcp keeps.
+pub const KCP_PREFIX: &str = "/registry/";
+
+/// Keys read per Range.
+const PAGE: i64 = 500;
+/// Writes in flight at once.
+const PARALLEL_WRITES: usize = 32;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A Range of one page, or a write of one key, that takes longer has met a store that does not
+/// answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client of `endpoints` (etcd's client URLs, or one `unix://` socket path), with the cluster's
+/// TLS files when it has them.
+pub async fn connect(endpoints: &[String], cluster: Option<&EtcdCluster>) -> Result<Client, StoreError> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_timeout(REQUEST_TIMEOUT);
+    if let Some(tls) = cluster.map(tls_options).transpose()?.flatten() {
+        options = options.with_tls(tls);
+    }
+    let cannot = |e: String| StoreError::Invalid(format!("cannot connect to etcd at {}: {e}", endpoints.join(", ")));
+    match endpoints {
+        // etcd-client dials URLs only; a unix socket's channel is made here.
+        [socket] if socket.starts_with("unix:") => {
+            let channel = tonic::transport::Endpoint::from_shared(socket.clone())
+                .map_err(|e| cannot(e.to_string()))?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .timeout(REQUEST_TIMEOUT)
+                .connect()
+                .await
+                .map_err(|e| cannot(e.to_string()))?;
+            Client::from_channel(etcd_client::Channel::Tonic(channel), Some(options)).await
+        }
+        _ => Client::connect(endpoints, Some(options)).await,
+    }
+    .map_err(|e| cannot(e.to_string()))
+}
+
+/// The TLS of spec.store.etcd's files; None when it names none (plain http endpoints).
+fn tls_options(cluster: &EtcdCluster) -> Result<Option<TlsOptions>, StoreError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| StoreError::Io {
+            path: path.into(),
+            source,
+        })
+    };
+    let tls = &cluster.tls;
+    if tls.ca_file.is_none() && tls.cert_file.is_none() {
+        return Ok(None);
+    }
+    let mut options = TlsOptions::new();
+    if let Some(ca) = &tls.ca_file {
+        options = options.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        options = options.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(Some(options))
+}
+
+/// Deletes every key under `prefix`; how many went.
+pub async fn clear(client: &Client, prefix: &str) -> Result<u64, StoreError> {
+    let mut deleted = 0;
+    loop {
+        let keys_only = GetOptions::new().with_prefix().with_keys_only().with_limit(PAGE);
+        let page = client
+            .kv_client()
+            .get(prefix, Some(keys_only))
+            .await
+            .map_err(|e| failed(format!("cannot list the keys under {prefix}"), e))?;
+        if page.kvs().is_empty() {
+            return Ok(deleted);
+        }
+        let deletes = page.kvs().iter().map(|kv| {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision())])
+                .and_then([TxnOp::delete(kv.key(), None)]);
+            write(client, txn, kv.key())
+        });
+        deleted += futures::stream::iter(deletes)
+            .buffer_unordered(PARALLEL_WRITES)
+            .try_fold(0, |n, done| async move { Ok(n + u64::from(done)) })
+            .await?;
+    }
+}
+
+/// Copies every key under `prefix` from `source` into `target`, as the keys were at one revision
+/// of `source` (read in pages at that revision while it takes writes), creating each in `target`
+/// (where none of them may exist). Returns that revision and how many keys were copied.
+pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64, u64), StoreError> {
+    let end = prefix_end(prefix.as_bytes());
+    let mut from = prefix.as_bytes().to_vec();
+    let mut revision = 0;
+    let mut copied = 0;
+    loop {
+        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        if revision != 0 {
+            options = options.with_revision(revision);
+        }
+        let page = source
+            .kv_client()
+            .get(from.clone(), Some(options))
+            .await
+            .map_err(|e| failed(format!("cannot read the keys under {prefix}"), e))?;
+        if revision == 0 {
+            revision = page.header().map(|h| h.revision()).unwrap_or_default();
+        }
+        let creates = page.kvs().iter().map(|kv| write(target, create(kv), kv.key()));
+        let created: u64 = futures::stream::iter(creates)
+            .buffer_unordered(PARALLEL_WRITES)
+            .try_fold(0, |n, done| async move { Ok(n + u64::from(done)) })
+            .await?;
+        if created != page.kvs().len() as u64 {
+            return Err(StoreError::Invalid(format!(
+                "the store being written already holds some of the keys under {prefix}: clear it first"
+            )));
+        }
+        copied += created;
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok((revision, copied)),
+        }
+    }
+}
+
+/// A transaction that creates `kv`'s key with its value, if the key does not exist.
+fn create(kv: &KeyValue) -> Txn {
+    Txn::new()
+        .when([Compare::mod_revision(kv.key(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(kv.key(), kv.value(), None)])
+}
+
+/// Runs `txn` (about `key`); whether its condition held.
+async fn write(client: &Client, txn: Txn, key: &[u8]) -> Result<bool, StoreError> {
+    client
+        .kv_client()
+        .txn(txn)
+        .await
+        .map(|r| r.succeeded())
+        .map_err(|e| failed(format!("cannot write {}", String::from_utf8_lossy(key)), e))
+}
+
+/// The first key after every key that starts with `prefix` (etcd's range end for a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+fn failed(what: String, e: etcd_client::Error) -> StoreError {
+    StoreError::Invalid(format!("{what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_ends_after_its_last_key() {
+        assert_eq!(prefix_end(b"/registry/"), b"/registry0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), [0], "every key");
+    }
+}

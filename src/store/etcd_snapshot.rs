@@ -1,0 +1,253 @@
+//! Snapshots of an Etcd store (an etcd cluster the user runs), the jobs `kcpshard job
+//! etcd-snapshot` and `kcpshard job etcd-restore` run:
+//! - a snapshot is etcd's own (its Maintenance API, the file `etcdctl snapshot save` writes, which
+//!   `etcdutl snapshot restore` reads), taken from one member while the cluster serves;
+//! - a restore puts the keys kcp keeps ([`KCP_PREFIX`]) back as the snapshot holds them, through
+//!   the cluster's KV API, with every slot stopped: the snapshot is opened by a private etcd
+//!   (`etcdutl snapshot restore` into a scratch directory, then `etcd` on unix sockets only), the
+//!   cluster's keys under the prefix are deleted and the snapshot's created. kcpshard cannot
+//!   restart the user's members on a restored data directory, and needs not: the keys come back
+//!   at new revisions, above every revision a client saw, so a client that resumes a watch is
+//!   told to list again. Keys outside the prefix (other users of the cluster) are left alone.
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use super::StoreError;
+use super::etcd::EtcdCluster;
+use super::etcd_keys::{self, KCP_PREFIX};
+use super::snapshot::{ClientRun, absolute_arg, remove_dir_if_there};
+
+/// Where a restore opens the snapshot, in the job's directory.
+pub const RESTORE_SCRATCH: &str = "etcd-restore";
+
+/// `kcpshard job <job> <flag> <path>` against `cluster` (`etcd-snapshot --into`, `etcd-restore
+/// --from`), as a job's run.
+pub fn job_run(
+    kcpshard: &Path,
+    job: &str,
+    flag: &str,
+    path: &Path,
+    cluster: &EtcdCluster,
+) -> Result<ClientRun, StoreError> {
+    let mut args: Vec<String> = vec!["job".into(), job.into(), flag.into(), absolute_arg(path)?];
+    for endpoint in &cluster.endpoints {
+        args.extend(["--endpoint".into(), endpoint.clone()]);
+    }
+    let tls = &cluster.tls;
+    for (flag, file) in [
+        ("--cacert", &tls.ca_file),
+        ("--cert", &tls.cert_file),
+        ("--key", &tls.key_file),
+    ] {
+        if let Some(file) = file {
+            args.extend([flag.into(), absolute_arg(file)?]);
+        }
+    }
+    Ok(ClientRun {
+        program: kcpshard.to_path_buf(),
+        args,
+        env: Vec::new(),
+    })
+}
+
+/// How long the private etcd may take to answer on its socket.
+const PRIVATE_ETCD_START: Duration = Duration::from_secs(30);
+
+/// Writes a snapshot of the cluster into `into` (replaced), from the first member that answers.
+/// Returns its size in bytes.
+pub async fn save(cluster: &EtcdCluster, into: &Path) -> Result<u64, StoreError> {
+    let io = |source| StoreError::Io {
+        path: into.to_path_buf(),
+        source,
+    };
+    let mut failures = Vec::new();
+    for endpoint in &cluster.endpoints {
+        // One member: a snapshot is of one member's database.
+        let client = match etcd_keys::connect(std::slice::from_ref(endpoint), Some(cluster)).await {
+            Ok(client) => client,
+            Err(e) => {
+                failures.push(e.to_string());
+                continue;
+            }
+        };
+        let mut stream = match client.maintenance_client().snapshot().await {
+            Ok(stream) => stream,
+            Err(e) => {
+                failures.push(format!("{endpoint}: {e}"));
+                continue;
+            }
+        };
+        let mut file = std::fs::File::create(into).map_err(io)?;
+        let mut size = 0;
+        loop {
+            match stream.message().await {
+                Ok(Some(part)) => {
+                    file.write_all(part.blob()).map_err(io)?;
+                    size += part.blob().len() as u64;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    return Err(StoreError::Invalid(format!(
+                        "the snapshot stream from {endpoint} broke after {size} bytes: {e}"
+                    )));
+                }
+            }
+        }
+        file.sync_all().map_err(io)?;
+        return Ok(size);
+    }
+    Err(StoreError::Invalid(format!(
+        "no etcd member gave a snapshot ({}); start etcd or fix spec.store.etcd.endpoints",
+        failures.join("; ")
+    )))
+}
+
+/// Puts the keys under [`KCP_PREFIX`] of the cluster back as the snapshot at `snapshot` holds them,
+/// opening it in `scratch` (emptied first, removed after). Nothing may use those keys meanwhile
+/// (every slot stopped). Returns how many keys the cluster holds under the prefix now.
+pub async fn restore(snapshot: &Path, cluster: &EtcdCluster, scratch: &Path) -> Result<u64, StoreError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StoreError::Io { path, source }
+    };
+    remove_dir_if_there(scratch)?;
+    crate::fsutil::create_private_dir(scratch).map_err(io(scratch))?;
+    let data = scratch.join("data");
+    let opened = run_to_end(
+        "etcdutl",
+        &[
+            "snapshot".as_ref(),
+            "restore".as_ref(),
+            snapshot.as_os_str(),
+            "--data-dir".as_ref(),
+            data.as_os_str(),
+        ],
+        scratch,
+    )
+    .await;
+    let restored = match opened {
+        Ok(()) => copy_back(cluster, scratch, &data).await,
+        Err(e) => Err(e),
+    };
+    remove_dir_if_there(scratch)?;
+    restored
+}
+
+/// Starts a private etcd on the restored `data` and copies its keys into the cluster.
+async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path) -> Result<u64, StoreError> {
+    // etcd takes a unix socket as `unix://<name>:<port>`, made in its working directory.
+    let socket = "client:0";
+    let log_path = scratch.join("etcd.log");
+    let log = std::fs::File::create(&log_path).map_err(|source| StoreError::Io {
+        path: log_path.clone(),
+        source,
+    })?;
+    let mut command = tokio::process::Command::new(tool("etcd")?);
+    // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        // The private etcd ends with the job, however the job ends (killed by a cancel).
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+    let mut etcd = command
+        .args(["--data-dir".as_ref(), data.as_os_str()])
+        .args(["--listen-client-urls", &format!("unix://{socket}")])
+        .args(["--advertise-client-urls", &format!("unix://{socket}")])
+        .args(["--listen-peer-urls", "unix://peer:0"])
+        .current_dir(scratch)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|source| StoreError::Io {
+            path: log_path.clone(),
+            source,
+        })?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| StoreError::Invalid(format!("cannot start etcd to open the snapshot: {e}")))?;
+    let endpoint = format!("unix://{}", scratch.join(socket).display());
+    let copied = async {
+        let snapshot = wait_for(&endpoint, &mut etcd, &log_path).await?;
+        let target = etcd_keys::connect(&cluster.endpoints, Some(cluster)).await?;
+        etcd_keys::clear(&target, KCP_PREFIX).await?;
+        let (_, copied) = etcd_keys::copy(&snapshot, &target, KCP_PREFIX).await?;
+        Ok(copied)
+    }
+    .await;
+    let _ = etcd.kill().await;
+    copied
+}
+
+/// A client of the private etcd once it answers on `endpoint`.
+async fn wait_for(
+    endpoint: &str,
+    etcd: &mut tokio::process::Child,
+    log: &Path,
+) -> Result<etcd_client::Client, StoreError> {
+    let deadline = Instant::now() + PRIVATE_ETCD_START;
+    loop {
+        if let Ok(Some(status)) = etcd.try_wait() {
+            return Err(StoreError::Invalid(format!(
+                "the etcd that opens the snapshot exited ({status}); its log: {}",
+                tail(log)
+            )));
+        }
+        let last = match etcd_keys::connect(&[endpoint.to_string()], None).await {
+            Ok(mut client) => match client.status().await {
+                Ok(_) => return Ok(client),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(StoreError::Invalid(format!(
+                "the etcd that opens the snapshot did not answer within {PRIVATE_ETCD_START:?} ({last}); its log: {}",
+                tail(log)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `name` (on PATH) with `args` in `dir` until it exits; an error with its output unless it succeeded.
+async fn run_to_end(name: &str, args: &[&std::ffi::OsStr], dir: &Path) -> Result<(), StoreError> {
+    let output = tokio::process::Command::new(tool(name)?)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| StoreError::Invalid(format!("cannot run {name}: {e}")))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(StoreError::Invalid(format!(
+        "{name} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr).trim()
+    )))
+}
+
+/// `name` on PATH; an error that says what to install.
+fn tool(name: &str) -> Result<PathBuf, StoreError> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "no {name} on PATH: a restore of an Etcd store runs etcdutl and etcd (install the etcd release your cluster runs)"
+            ))
+        })
+}
+
+/// The last lines of the log at `path`.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
