@@ -648,3 +648,51 @@ async fn an_etcd_snapshot_restores_the_keys_kcp_keeps_and_leaves_the_others() {
         .unwrap();
     assert!(!private.status.success(), "the private etcd still runs");
 }
+
+/// The KV copy writes in the shapes kine takes: keys copied from an etcd at one revision into a
+/// kine (over sqlite) read back the same there, a second copy into it is refused (it holds the
+/// keys already), and clearing the prefix leaves the kine without them.
+#[tokio::test]
+async fn the_keys_of_an_etcd_copy_into_a_kine_and_clear_from_it() {
+    use kcpshard::store::etcd_keys::{self, KCP_PREFIX};
+    let dir = tempfile::Builder::new().prefix("kcpshard-etcd-").tempdir().unwrap();
+    let etcd = support::Etcd::start(dir.path());
+    let kine = Kine::sqlite();
+    let source = etcd_keys::connect(std::slice::from_ref(&etcd.endpoint), None)
+        .await
+        .unwrap();
+    let target = etcd_keys::connect(&[kine.address.url()], None).await.unwrap();
+    let mut kv = source.kv_client();
+    for i in 0..1200 {
+        kv.put(format!("/registry/k{i:04}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    kv.put("/other/app", "not kcp's", None).await.unwrap();
+
+    let started = Instant::now();
+    let (revision, copied) = etcd_keys::copy(&source, &target, KCP_PREFIX).await.unwrap();
+    println!(
+        "MEASURE copy of {copied} keys from etcd into kine-sqlite: {:.2}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(copied, 1200);
+    assert!(revision >= 1201, "the copy's revision {revision}");
+    let in_kine = |key: &'static str| {
+        let mut kv = target.kv_client();
+        async move {
+            let got = kv.get(key, None).await.unwrap();
+            got.kvs()
+                .first()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+        }
+    };
+    assert_eq!(in_kine("/registry/k0000").await.as_deref(), Some("v0"));
+    assert_eq!(in_kine("/registry/k1199").await.as_deref(), Some("v1199"));
+    assert_eq!(in_kine("/other/app").await, None, "outside the prefix");
+
+    let again = etcd_keys::copy(&source, &target, KCP_PREFIX).await.unwrap_err();
+    assert!(again.to_string().contains("already holds"), "{again}");
+    assert_eq!(etcd_keys::clear(&target, KCP_PREFIX).await.unwrap(), 1200);
+    assert_eq!(in_kine("/registry/k0000").await, None);
+}

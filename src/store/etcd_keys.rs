@@ -2,9 +2,9 @@
 //! spec's TLS files, clearing the keys under a prefix, and copying them from one store into
 //! another as they were at one revision.
 //!
-//! Writes are transactions of one key guarded by its mod revision ("create if absent", "delete if
-//! unchanged"): the only writes kine accepts (kine `pkg/server/kv.go`: Put is refused; `txn.go`
-//! takes a create, an update or a delete of one key), and plain enough for etcd.
+//! Writes are transactions of one key guarded by its mod revision, in the shapes kine takes (kine
+//! `pkg/server/limited.go` `Txn`: a create is `mod == 0 -> put`, `create.go` `isCreate`; a delete
+//! `mod == r -> delete, else get`, `delete.go` `isDelete`), which etcd runs as they read.
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,6 +19,10 @@ use super::etcd::EtcdCluster;
 /// The keys kcp keeps: kube-apiserver's default `--etcd-prefix` "/registry"
 /// (k8s.io/apiserver `pkg/server/options/etcd.go`, `DefaultEtcdPathPrefix`), which kcp keeps.
 pub const KCP_PREFIX: &str = "/registry/";
+
+/// The key kine keeps for health checks under kcp's prefix (kine `pkg/server/types.go`
+/// `HealthKey`), which every kine makes for itself: never copied, never cleared.
+const KINE_HEALTH_KEY: &[u8] = b"/registry/health";
 
 /// Keys read per Range.
 const PAGE: i64 = 500;
@@ -88,13 +92,15 @@ pub async fn clear(client: &Client, prefix: &str) -> Result<u64, StoreError> {
             .get(prefix, Some(keys_only))
             .await
             .map_err(|e| failed(format!("cannot list the keys under {prefix}"), e))?;
-        if page.kvs().is_empty() {
+        let keys: Vec<&KeyValue> = page.kvs().iter().filter(|kv| kv.key() != KINE_HEALTH_KEY).collect();
+        if keys.is_empty() {
             return Ok(deleted);
         }
-        let deletes = page.kvs().iter().map(|kv| {
+        let deletes = keys.into_iter().map(|kv| {
             let txn = Txn::new()
                 .when([Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision())])
-                .and_then([TxnOp::delete(kv.key(), None)]);
+                .and_then([TxnOp::delete(kv.key(), None)])
+                .or_else([TxnOp::get(kv.key(), None)]);
             write(client, txn, kv.key())
         });
         deleted += futures::stream::iter(deletes)
@@ -125,12 +131,14 @@ pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64
         if revision == 0 {
             revision = page.header().map(|h| h.revision()).unwrap_or_default();
         }
-        let creates = page.kvs().iter().map(|kv| write(target, create(kv), kv.key()));
+        let keys: Vec<&KeyValue> = page.kvs().iter().filter(|kv| kv.key() != KINE_HEALTH_KEY).collect();
+        let wanted = keys.len() as u64;
+        let creates = keys.into_iter().map(|kv| write(target, create(kv), kv.key()));
         let created: u64 = futures::stream::iter(creates)
             .buffer_unordered(PARALLEL_WRITES)
             .try_fold(0, |n, done| async move { Ok(n + u64::from(done)) })
             .await?;
-        if created != page.kvs().len() as u64 {
+        if created != wanted {
             return Err(StoreError::Invalid(format!(
                 "the store being written already holds some of the keys under {prefix}: clear it first"
             )));
