@@ -116,21 +116,28 @@ pub async fn clear(client: &Client, prefix: &str) -> Result<u64, StoreError> {
 pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64, u64), StoreError> {
     let end = prefix_end(prefix.as_bytes());
     let mut from = prefix.as_bytes().to_vec();
-    let mut revision = 0;
+    // The revision first, then every page at it: a kine's list at no revision can hold rows
+    // older than the revision it answers with (seen: a key deleted at or before that revision
+    // was listed).
+    let revision = source
+        .kv_client()
+        .get(from.clone(), Some(GetOptions::new().with_keys_only().with_limit(1)))
+        .await
+        .map_err(|e| failed(format!("cannot read the revision of {prefix}"), e))?
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or_default();
     let mut copied = 0;
     loop {
-        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
-        if revision != 0 {
-            options = options.with_revision(revision);
-        }
+        let options = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(PAGE)
+            .with_revision(revision);
         let page = source
             .kv_client()
             .get(from.clone(), Some(options))
             .await
             .map_err(|e| failed(format!("cannot read the keys under {prefix}"), e))?;
-        if revision == 0 {
-            revision = page.header().map(|h| h.revision()).unwrap_or_default();
-        }
         let keys: Vec<&KeyValue> = page.kvs().iter().filter(|kv| kv.key() != KINE_HEALTH_KEY).collect();
         let wanted = keys.len() as u64;
         let creates = keys.into_iter().map(|kv| write(target, create(kv), kv.key()));
