@@ -121,6 +121,17 @@ impl Host<'_> {
         Api::all_with(client, &kcpshard_resource())
     }
 
+    /// serve's `/metrics`, through the API.
+    async fn metrics(&self) -> String {
+        let client = api_client(&self.m.path(&format!("{STATE}/kubeconfig")))
+            .await
+            .expect("the API's kubeconfig");
+        client
+            .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+            .await
+            .expect("GET /metrics")
+    }
+
     async fn object(&self) -> Option<Value> {
         for _ in 0..50 {
             match self.shards().await.get_opt(SHARD).await {
@@ -456,6 +467,27 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         !units.iter().any(|u| u.starts_with("kcpshard-dev-slot-a.service")),
         "the stopped slot's unit is still listed: {units:?}"
     );
+    // A step that starts a unit returns once systemd ran its program (its main pid, bounded at
+    // 10 s): measured here, over the roll and the preflight, as serve's step durations.
+    let metrics = h.metrics().await;
+    for step in ["StartSlot", "LaunchPreflight"] {
+        let counted = format!("kcpshard_controller_step_duration_seconds_count{{shard=\"{SHARD}\",step=\"{step}\"}}");
+        assert!(metrics.contains(&counted), "serve measured no {step}:\n{metrics}");
+    }
+    let over = |seconds| steps_over(&metrics, SHARD, seconds).unwrap_or_else(|e| panic!("{e}"));
+    let starts_units = |step: &str| ["StartSlot", "LaunchPreflight", "EnsureStore", "StartInterim"].contains(&step);
+    let slow_starts: Vec<_> = over("0.1")
+        .into_iter()
+        .filter(|(step, ..)| starts_units(step))
+        .collect();
+    report.add(format!(
+        "steps that start a unit, over 0.1 s in the roll (step, how many, of): {slow_starts:?}"
+    ));
+    let very_slow: Vec<_> = over("1.0")
+        .into_iter()
+        .filter(|(step, ..)| starts_units(step))
+        .collect();
+    assert!(very_slow.is_empty(), "steps that start a unit over 1 s: {very_slow:?}");
 
     // 5a. SIGKILL of the kine: the controller starts its unit again, on the same socket.
     let kine_record: Value =

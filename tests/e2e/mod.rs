@@ -783,7 +783,11 @@ pub async fn unexpectedly_slow_steps(env: &Env, shard: &str, over: &str) -> Vec<
 /// of serve's `kcpshard_controller_step_duration_seconds`: "0.1", "0.25", "0.5", "1.0"): per step,
 /// how many of how many.
 pub async fn slow_steps(env: &Env, shard: &str, over: &str) -> Vec<(String, u64, u64)> {
-    let metrics = serve_metrics(env).await;
+    steps_over(&serve_metrics(env).await, shard, over).unwrap_or_else(|e| env.fail(&e))
+}
+
+/// [`slow_steps`] in the text of serve's `/metrics`.
+pub fn steps_over(metrics: &str, shard: &str, over: &str) -> Result<Vec<(String, u64, u64)>, String> {
     let series = |prefix: &str, step: &str| {
         metrics.lines().find_map(|l| {
             l.strip_prefix(&format!("{prefix}{step}\"}} "))?
@@ -804,13 +808,12 @@ pub async fn slow_steps(env: &Env, shard: &str, over: &str) -> Vec<(String, u64,
         let count: u64 = count.trim().parse().unwrap_or(0);
         let bucket =
             format!("kcpshard_controller_step_duration_seconds_bucket{{le=\"{over}\",shard=\"{shard}\",step=\"");
-        let fast =
-            series(&bucket, step).unwrap_or_else(|| env.fail(&format!("no {over} s bucket for {step}:\n{metrics}")));
+        let fast = series(&bucket, step).ok_or_else(|| format!("no {over} s bucket for {step}:\n{metrics}"))?;
         if fast < count {
             slow.push((step.to_string(), count - fast, count));
         }
     }
-    slow
+    Ok(slow)
 }
 
 pub fn parse_time(v: &Value) -> Option<DateTime<Utc>> {
