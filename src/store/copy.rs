@@ -100,15 +100,11 @@ impl StoreBackend {
         dump: Option<&Path>,
         kcpshard: &Path,
     ) -> Result<CopyRun, StoreError> {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StoreError::Io { path, source }
-        };
-        crate::fsutil::create_private_dir(&place.dir).map_err(io(&place.dir))?;
+        crate::fsutil::create_private_dir(&place.dir).map_err(StoreError::io(&place.dir))?;
         match self {
             StoreBackend::KineSqlite { kine } => {
                 let into = place.dir.join("store");
-                crate::fsutil::create_private_dir(&into).map_err(io(&into))?;
+                crate::fsutil::create_private_dir(&into).map_err(StoreError::io(&into))?;
                 Ok(CopyRun::Copy(sqlite_copy_run(
                     kcpshard,
                     &kine.dir.join(DB_FILE),
@@ -117,7 +113,7 @@ impl StoreBackend {
             }
             StoreBackend::KinePostgres { server, .. } => {
                 let Some(dump) = dump else {
-                    let dir = std::path::absolute(&place.dir).map_err(io(&place.dir))?;
+                    let dir = std::path::absolute(&place.dir).map_err(StoreError::io(&place.dir))?;
                     let dump = super::snapshot::snapshot_path(
                         super::snapshot::SnapshotFormat::PgDump,
                         &server.database,
@@ -174,16 +170,13 @@ impl StoreBackend {
     pub async fn remove_copy(&self, place: &CopyPlace) -> Result<(), StoreError> {
         if let Some(spec) = self.copy_kine(place)? {
             let record = spec.record_path();
-            crate::fsutil::remove_if_there(&record).map_err(|source| StoreError::Io { path: record, source })?;
+            crate::fsutil::remove_if_there(&record).map_err(StoreError::io(record))?;
         }
         if let (StoreBackend::KinePostgres { server, .. }, Some(database)) = (self, &place.scratch_database) {
             server.drop_database(database).await?;
         }
         match std::fs::remove_dir_all(&place.dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io {
-                path: place.dir.clone(),
-                source: e,
-            }),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(&place.dir)(e)),
             _ => Ok(()),
         }
     }
@@ -228,12 +221,8 @@ fn vacuum_into_blocking(from: &Path, into: &Path) -> Result<(), StoreError> {
             into.display()
         ))
     };
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StoreError::Io { path, source }
-    };
     let copying = sibling(into, ".copying");
-    crate::fsutil::remove_if_there(&copying).map_err(io(&copying))?;
+    crate::fsutil::remove_if_there(&copying).map_err(StoreError::io(&copying))?;
     let source =
         rusqlite::Connection::open_with_flags(from, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(failed)?;
     source.busy_timeout(Duration::from_secs(30)).map_err(failed)?;
@@ -242,16 +231,16 @@ fn vacuum_into_blocking(from: &Path, into: &Path) -> Result<(), StoreError> {
         .map_err(failed)?;
     std::fs::File::open(&copying)
         .and_then(|f| f.sync_all())
-        .map_err(io(&copying))?;
+        .map_err(StoreError::io(&copying))?;
     for stale in [sibling(into, "-wal"), sibling(into, "-shm")] {
-        crate::fsutil::remove_if_there(&stale).map_err(io(&stale))?;
+        crate::fsutil::remove_if_there(&stale).map_err(StoreError::io(&stale))?;
     }
-    std::fs::rename(&copying, into).map_err(io(into))?;
+    std::fs::rename(&copying, into).map_err(StoreError::io(into))?;
     let dir = into
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    crate::fsutil::sync_dir(dir).map_err(io(dir))
+    crate::fsutil::sync_dir(dir).map_err(StoreError::io(dir))
 }
 
 /// `path` with `suffix` appended to its file name (`state.db` -> `state.db-wal`).

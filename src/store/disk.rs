@@ -108,17 +108,13 @@ impl DiskProblem {
 pub fn free_space(paths: &[&Path]) -> Result<Vec<DiskSpace>, StoreError> {
     let mut found: Vec<(u64, DiskSpace)> = Vec::new();
     for &path in paths {
-        let io = |source| StoreError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let existing = nearest_existing(path).map_err(io)?;
-        let device = std::fs::metadata(&existing).map_err(io)?.dev();
+        let existing = nearest_existing(path).map_err(StoreError::io(path))?;
+        let device = std::fs::metadata(&existing).map_err(StoreError::io(path))?.dev();
         if let Some((_, space)) = found.iter_mut().find(|(d, _)| *d == device) {
             space.paths.push(path.to_path_buf());
             continue;
         }
-        let stat = nix::sys::statvfs::statvfs(&existing).map_err(|e| io(e.into()))?;
+        let stat = nix::sys::statvfs::statvfs(&existing).map_err(|e| StoreError::io(path)(e.into()))?;
         let fragment = stat.fragment_size() as u64;
         let space = DiskSpace {
             mount_point: mount_point(&existing, device),

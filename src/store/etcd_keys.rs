@@ -62,12 +62,7 @@ pub async fn connect(endpoints: &[String], cluster: Option<&EtcdCluster>) -> Res
 
 /// The TLS of spec.store.etcd's files; None when it names none (plain http endpoints).
 fn tls_options(cluster: &EtcdCluster) -> Result<Option<TlsOptions>, StoreError> {
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| StoreError::Io {
-            path: path.into(),
-            source,
-        })
-    };
+    let read = |path: &Path| std::fs::read(path).map_err(StoreError::io(path));
     let tls = &cluster.tls;
     if tls.ca_file.is_none() && tls.cert_file.is_none() {
         return Ok(None);

@@ -58,10 +58,6 @@ const PRIVATE_ETCD_START: Duration = Duration::from_secs(30);
 /// Writes a snapshot of the cluster into `into` (replaced), from the first member that answers.
 /// Returns its size in bytes.
 pub async fn save(cluster: &EtcdCluster, into: &Path) -> Result<u64, StoreError> {
-    let io = |source| StoreError::Io {
-        path: into.to_path_buf(),
-        source,
-    };
     let mut failures = Vec::new();
     for endpoint in &cluster.endpoints {
         // One member: a snapshot is of one member's database.
@@ -79,12 +75,12 @@ pub async fn save(cluster: &EtcdCluster, into: &Path) -> Result<u64, StoreError>
                 continue;
             }
         };
-        let mut file = std::fs::File::create(into).map_err(io)?;
+        let mut file = std::fs::File::create(into).map_err(StoreError::io(into))?;
         let mut size = 0;
         loop {
             match stream.message().await {
                 Ok(Some(part)) => {
-                    file.write_all(part.blob()).map_err(io)?;
+                    file.write_all(part.blob()).map_err(StoreError::io(into))?;
                     size += part.blob().len() as u64;
                 }
                 Ok(None) => break,
@@ -95,7 +91,7 @@ pub async fn save(cluster: &EtcdCluster, into: &Path) -> Result<u64, StoreError>
                 }
             }
         }
-        file.sync_all().map_err(io)?;
+        file.sync_all().map_err(StoreError::io(into))?;
         return Ok(size);
     }
     Err(StoreError::Invalid(format!(
@@ -108,12 +104,8 @@ pub async fn save(cluster: &EtcdCluster, into: &Path) -> Result<u64, StoreError>
 /// opening it in `scratch` (emptied first, removed after). Nothing may use those keys meanwhile
 /// (every slot stopped). Returns how many keys the cluster holds under the prefix now.
 pub async fn restore(snapshot: &Path, cluster: &EtcdCluster, scratch: &Path) -> Result<u64, StoreError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| StoreError::Io { path, source }
-    };
     remove_dir_if_there(scratch)?;
-    crate::fsutil::create_private_dir(scratch).map_err(io(scratch))?;
+    crate::fsutil::create_private_dir(scratch).map_err(StoreError::io(scratch))?;
     let data = scratch.join("data");
     let opened = run_to_end(
         "etcdutl",
@@ -140,10 +132,7 @@ async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path) -> Result
     // etcd takes a unix socket as `unix://<name>:<port>`, made in its working directory.
     let socket = "client:0";
     let log_path = scratch.join("etcd.log");
-    let log = std::fs::File::create(&log_path).map_err(|source| StoreError::Io {
-        path: log_path.clone(),
-        source,
-    })?;
+    let log = std::fs::File::create(&log_path).map_err(StoreError::io(&log_path))?;
     let mut command = tokio::process::Command::new(tool("etcd")?);
     // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
     unsafe {
@@ -159,10 +148,7 @@ async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path) -> Result
         .args(["--listen-peer-urls", "unix://peer:0"])
         .current_dir(scratch)
         .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|source| StoreError::Io {
-            path: log_path.clone(),
-            source,
-        })?)
+        .stdout(log.try_clone().map_err(StoreError::io(&log_path))?)
         .stderr(log)
         .kill_on_drop(true)
         .spawn()

@@ -315,10 +315,6 @@ async fn adopt(runtime: &Runtime, spec: &KineSpec) -> Result<Option<Found>, Stor
 /// Every kine on this endpoint was adopted or stopped before, so whatever accepts on a recorded
 /// port is another program (kine itself replaces a stale socket file).
 async fn spawn(runtime: &Runtime, spec: &KineSpec, recorded: Option<&ProcessRecord>) -> Result<Kine, StoreError> {
-    let io = |e| StoreError::Io {
-        path: spec.dir.clone(),
-        source: e,
-    };
     let address = match recorded.and_then(|r| Some((r, KineAddress::from_args(&r.args)?))) {
         Some((rec, KineAddress::Tcp(port))) if !port_let_go(port, rec).await => {
             return Err(StoreError::PortTaken {
@@ -327,7 +323,7 @@ async fn spawn(runtime: &Runtime, spec: &KineSpec, recorded: Option<&ProcessReco
             });
         }
         Some((_, address)) => address,
-        None => KineAddress::for_new_kine(&spec.dir).map_err(io)?,
+        None => KineAddress::for_new_kine(&spec.dir).map_err(StoreError::io(&spec.dir))?,
     };
     let mut process = ProcessSpec::new(
         "kine",
@@ -412,10 +408,7 @@ pub async fn stop_kine(runtime: &Runtime, spec: &KineSpec, grace: Duration) -> R
             result = Some(ended);
         }
     }
-    crate::fsutil::remove_if_there(&record_path).map_err(|source| StoreError::Io {
-        path: record_path,
-        source,
-    })?;
+    crate::fsutil::remove_if_there(&record_path).map_err(StoreError::io(record_path))?;
     Ok(result)
 }
 
@@ -438,12 +431,8 @@ async fn wait_accepting(runtime: &Runtime, rec: &ProcessRecord, address: &KineAd
 }
 
 fn absolute_private_dir(dir: &Path) -> Result<PathBuf, StoreError> {
-    let io = |e| StoreError::Io {
-        path: dir.to_path_buf(),
-        source: e,
-    };
-    crate::fsutil::create_private_dir(dir).map_err(io)?;
-    std::path::absolute(dir).map_err(io)
+    crate::fsutil::create_private_dir(dir).map_err(StoreError::io(dir))?;
+    std::path::absolute(dir).map_err(StoreError::io(dir))
 }
 
 /// How many lines of a kine's output an error quotes.

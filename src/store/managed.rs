@@ -197,12 +197,8 @@ impl ManagedPostgres {
     /// The cluster's directories, made the owner's.
     fn prepare(&self) -> Result<Owner, StoreError> {
         let owner = Owner::current()?;
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| StoreError::Io { path, source }
-        };
-        crate::fsutil::create_private_dir(&self.dir).map_err(io(&self.dir))?;
-        crate::fsutil::create_private_dir(&self.socket_dir()).map_err(io(&self.socket_dir()))?;
+        crate::fsutil::create_private_dir(&self.dir).map_err(StoreError::io(&self.dir))?;
+        crate::fsutil::create_private_dir(&self.socket_dir()).map_err(StoreError::io(&self.socket_dir()))?;
         owner.give(&self.dir, &self.state_dir)?;
         owner.give(&self.socket_dir(), &self.state_dir)?;
         owner.can_reach(&self.dir, "its cluster")?;
@@ -292,10 +288,7 @@ impl ManagedPostgres {
             };
             // Under systemd its unit was kept for its exit status.
             runtime.stop_unit(&UnitName::postgres_initdb(&self.shard)).await;
-            crate::fsutil::remove_if_there(&record_path).map_err(|source| StoreError::Io {
-                path: record_path.clone(),
-                source,
-            })?;
+            crate::fsutil::remove_if_there(&record_path).map_err(StoreError::io(&record_path))?;
             let _ = std::fs::remove_file(&pwfile);
             match end {
                 InitdbEnd::Made => {
@@ -309,10 +302,7 @@ impl ManagedPostgres {
         let data = self.data();
         // A half-made cluster from an interrupted initdb is removed; initdb wants an empty directory.
         if data.exists() {
-            std::fs::remove_dir_all(&data).map_err(|source| StoreError::Io {
-                path: data.clone(),
-                source,
-            })?;
+            std::fs::remove_dir_all(&data).map_err(StoreError::io(&data))?;
         }
         let initdb = binary("initdb")?;
         owner.can_reach(&initdb, "initdb")?;
@@ -327,12 +317,8 @@ impl ManagedPostgres {
         ];
         match &server.password {
             Some(password) => {
-                crate::fsutil::write_atomically(&pwfile, password.expose().as_bytes()).map_err(|source| {
-                    StoreError::Io {
-                        path: pwfile.clone(),
-                        source,
-                    }
-                })?;
+                crate::fsutil::write_atomically(&pwfile, password.expose().as_bytes())
+                    .map_err(StoreError::io(&pwfile))?;
                 owner.give(&pwfile, &self.state_dir)?;
                 args.push("--auth-host=scram-sha-256".into());
                 args.push(format!("--pwfile={}", pwfile.display()));
@@ -421,20 +407,17 @@ impl Owner {
         let Some(RunAs { uid, gid, .. }) = self.run_as else {
             return Ok(());
         };
-        let io = |p: &Path, source| StoreError::Io {
-            path: p.to_path_buf(),
-            source,
-        };
-        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(|e| io(path, e))?;
+        std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(StoreError::io(path))?;
         let mut parent = path.parent();
         while let Some(dir) = parent {
             if !dir.starts_with(top) {
                 break;
             }
-            let meta = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
+            let meta = std::fs::metadata(dir).map_err(StoreError::io(dir))?;
             let mode = meta.permissions().mode();
             if mode & 0o001 == 0 {
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o001)).map_err(|e| io(dir, e))?;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o001))
+                    .map_err(StoreError::io(dir))?;
             }
             if dir == top {
                 break;

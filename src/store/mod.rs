@@ -410,6 +410,14 @@ impl StoreBackend {
     }
 }
 
+impl StoreError {
+    /// For `map_err`: an I/O failure on `path`.
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
+        let path = path.into();
+        move |source| StoreError::Io { path, source }
+    }
+}
+
 fn with_grace(processes: Vec<ProcessRecord>, grace: Duration) -> Vec<(ProcessRecord, Duration)> {
     processes.into_iter().map(|p| (p, grace)).collect()
 }

@@ -75,7 +75,7 @@ pub struct ClientRun {
 pub(super) fn absolute_arg(path: &Path) -> Result<String, StoreError> {
     std::path::absolute(path)
         .map(|p| p.display().to_string())
-        .map_err(io(path))
+        .map_err(StoreError::io(path))
 }
 
 fn client_run(name: &str, server: &PostgresServer, args: Vec<String>) -> Result<ClientRun, StoreError> {
@@ -158,9 +158,10 @@ pub fn partial_of(path: &Path) -> PathBuf {
 pub fn keep_dump(path: &Path, keep: usize) -> Result<(), StoreError> {
     let partial = partial_of(path);
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(io(&partial))?;
-    std::fs::rename(&partial, path).map_err(io(path))?;
-    crate::fsutil::sync_dir(dir).map_err(io(dir))?;
+    std::fs::set_permissions(&partial, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(StoreError::io(&partial))?;
+    std::fs::rename(&partial, path).map_err(StoreError::io(path))?;
+    crate::fsutil::sync_dir(dir).map_err(StoreError::io(dir))?;
     let backup = SnapshotName::is_backup(path);
     prune(dir, keep, |p| SnapshotName::is_backup(p) == backup)?;
     Ok(())
@@ -190,9 +191,9 @@ pub fn keep_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
     remove_dir_if_there(&partial)?;
     copy_files(shared, &partial)?;
     remove_dir_if_there(&keys)?;
-    std::fs::rename(&partial, &keys).map_err(io(&keys))?;
+    std::fs::rename(&partial, &keys).map_err(StoreError::io(&keys))?;
     let dir = keys.parent().unwrap_or(Path::new("."));
-    crate::fsutil::sync_dir(dir).map_err(io(dir))
+    crate::fsutil::sync_dir(dir).map_err(StoreError::io(dir))
 }
 
 /// Keeps a complete snapshot of the store with the shard's key material from `shared` beside it
@@ -210,27 +211,22 @@ pub fn restore_keys(path: &Path, shared: &Path) -> Result<(), StoreError> {
 
 /// Copies every file of `from` into `into` (made 0700 if missing), each written atomically, 0600.
 fn copy_files(from: &Path, into: &Path) -> Result<(), StoreError> {
-    crate::fsutil::create_private_dir(into).map_err(io(into))?;
-    for entry in std::fs::read_dir(from).map_err(io(from))? {
-        let file = entry.map_err(io(from))?.path();
+    crate::fsutil::create_private_dir(into).map_err(StoreError::io(into))?;
+    for entry in std::fs::read_dir(from).map_err(StoreError::io(from))? {
+        let file = entry.map_err(StoreError::io(from))?.path();
         if !file.is_file() {
             continue;
         }
-        let bytes = std::fs::read(&file).map_err(io(&file))?;
+        let bytes = std::fs::read(&file).map_err(StoreError::io(&file))?;
         let copy = into.join(file.file_name().unwrap_or_default());
-        crate::fsutil::write_atomically(&copy, &bytes).map_err(io(&copy))?;
+        crate::fsutil::write_atomically(&copy, &bytes).map_err(StoreError::io(&copy))?;
     }
     Ok(())
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
-    let path = path.to_path_buf();
-    move |source| StoreError::Io { path, source }
-}
-
 pub(super) fn remove_dir_if_there(dir: &Path) -> Result<(), StoreError> {
     match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(dir)(e)),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(dir)(e)),
         _ => Ok(()),
     }
 }
@@ -292,10 +288,7 @@ impl SnapshotName {
 pub fn list(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let entries = match std::fs::read_dir(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        other => other.map_err(|source| StoreError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?,
+        other => other.map_err(StoreError::io(dir))?,
     };
     let mut dumps: Vec<(std::time::SystemTime, PathBuf)> = entries
         .flatten()
@@ -313,7 +306,7 @@ pub fn prune(dir: &Path, keep: usize, of_kind: impl Fn(&Path) -> bool) -> Result
     let excess = dumps.len().saturating_sub(keep);
     let removed: Vec<PathBuf> = dumps.into_iter().take(excess).collect();
     for path in &removed {
-        std::fs::remove_file(path).map_err(io(path))?;
+        std::fs::remove_file(path).map_err(StoreError::io(path))?;
         remove_dir_if_there(&keys_of(path))?;
         tracing::info!(path = %path.display(), "removed an old snapshot");
     }
