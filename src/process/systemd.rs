@@ -494,18 +494,9 @@ pub async fn journal_tail(unit: &UnitName, lines: usize) -> Vec<String> {
 /// An absolute path to `program` (a bare name is looked up on PATH, as exec would), which must be
 /// an executable file: a unit's start would fail later and less clearly.
 fn resolve(program: &Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    let found = if program.components().count() == 1 && !program.is_absolute() {
-        std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|dir| dir.join(program))
-                .find(|p| executable(p))
-        })
-    } else {
-        std::path::absolute(program).ok().filter(|p| executable(p))
-    };
-    found.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no such executable file"))
+    let found = which::which(program)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::NotFound, "no such executable file"))?;
+    std::path::absolute(found)
 }
 
 /// Writes `spec.env` (0600) beside its record for `EnvironmentFile=`: a secret in `Environment=`

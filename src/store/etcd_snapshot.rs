@@ -219,12 +219,7 @@ async fn run_to_end(name: &str, args: &[&std::ffi::OsStr], dir: &Path) -> Result
 
 /// `name` on PATH; an error that says what to install.
 fn tool(name: &str) -> Result<PathBuf, StoreError> {
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
+    which::which(name).map_err(|_| {
             StoreError::Invalid(format!(
                 "no {name} on PATH: a restore of an Etcd store runs etcdutl and etcd (install the etcd release your cluster runs)"
             ))

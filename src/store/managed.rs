@@ -432,9 +432,7 @@ impl Owner {
 /// (Debian does not put initdb and postgres on PATH). Links are resolved: the `postgres` user runs
 /// it, and may not reach a link in a checkout's `bin/` under another user's private directory.
 pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).map(|d| d.join(name)).collect::<Vec<_>>())
-        .unwrap_or_default();
+    let on_path = which::which(name).ok();
     let mut debian: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .map(|entries| entries.flatten().map(|e| e.path().join("bin").join(name)).collect())
         .unwrap_or_default();
