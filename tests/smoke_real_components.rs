@@ -256,7 +256,7 @@ fn each_pinned_kcp_takes_the_flags_kcpshard_gives_a_slot() {
         .filter_map(|a| a.strip_prefix("--"))
         .map(|a| a.split_once('=').map_or(a, |(name, _)| name))
         .collect();
-    flags.extend(kcpshard::slot::args::SAFETY_FLAGS);
+    flags.extend(kcpshard::api::validation::OWNED_KCP_FLAGS);
     flags.push("batteries-included");
     flags.sort_unstable();
     flags.dedup();

@@ -13,26 +13,36 @@ use super::duration::parse_duration;
 use super::kcpshard::{FrontType, KcpShard, SslMode, StoreType};
 use crate::apiserver::error::FieldCause;
 
-/// kcp flags kcpshard sets for every slot; `spec.kcp.extraArgs` may not set them again.
-pub const OWNED_KCP_FLAGS: &[&str] = &[
-    "--root-directory",
-    "--secure-port",
-    "--permit-port-sharing",
-    "--bind-address",
-    "--etcd-servers",
-    "--etcd-cafile",
-    "--etcd-certfile",
-    "--etcd-keyfile",
-    "--shard-base-url",
-    "--shard-external-url",
-    "--enable-leader-election",
-    "--shutdown-delay-duration",
+/// kcp flags (without `--`) kcpshard sets for every slot; `spec.kcp.extraArgs` may not set them
+/// again: refused at admission, and by the slot's start (slot/args.rs) for a spec stored before.
+pub const OWNED_KCP_FLAGS: [&str; 22] = [
+    "root-directory",
+    "bind-address",
+    "secure-port",
+    "permit-port-sharing",
+    "etcd-servers",
+    "etcd-cafile",
+    "etcd-certfile",
+    "etcd-keyfile",
+    "enable-leader-election",
+    // The lease kcpshard deletes after the old slot exits (kube-system/kcp-controllers).
+    "leader-election-name",
+    "leader-election-namespace",
+    "shard-base-url",
+    "shard-external-url",
+    "shutdown-delay-duration",
+    // The admin kubeconfig and shard-admin token hash must stay in the root directory, where the
+    // shared material is seeded and captured.
+    "kubeconfig-path",
+    "authentication-admin-token-path",
+    // The shard's admin identity, which the kubeconfig through the front carries.
+    "token-auth-file",
     // A sharded kcp's (spec.shard).
-    "--shard-name",
-    "--root-shard-kubeconfig-file",
-    "--cache-kubeconfig",
-    "--logical-cluster-admin-kubeconfig",
-    "--external-logical-cluster-admin-kubeconfig",
+    "shard-name",
+    "root-shard-kubeconfig-file",
+    "cache-kubeconfig",
+    "logical-cluster-admin-kubeconfig",
+    "external-logical-cluster-admin-kubeconfig",
 ];
 
 /// The longest readinessTimeout or drainTimeout accepted.
@@ -160,7 +170,10 @@ fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
     }
     for (i, arg) in kcp.extra_args.iter().enumerate() {
         let flag = arg.split('=').next().unwrap_or(arg);
-        if OWNED_KCP_FLAGS.contains(&flag) {
+        if flag
+            .strip_prefix("--")
+            .is_some_and(|name| OWNED_KCP_FLAGS.contains(&name))
+        {
             let hint = match flag {
                 "--shutdown-delay-duration" => "set spec.kcp.shutdownDelay instead",
                 "--etcd-servers" | "--etcd-cafile" | "--etcd-certfile" | "--etcd-keyfile" => "set spec.store instead",

@@ -26,6 +26,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::api::validation::OWNED_KCP_FLAGS;
+
 /// Everything that makes one slot's kcp command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotLaunch {
@@ -97,31 +99,6 @@ pub const SHARDED_FLAGS: [&str; 10] = [
     "requestheader-group-headers",
     "requestheader-extra-headers-prefix",
     "requestheader-allowed-names",
-];
-
-/// Flags that kcpshard sets for every slot and that extra arguments may not set again.
-pub const SAFETY_FLAGS: [&str; 17] = [
-    "root-directory",
-    "bind-address",
-    "secure-port",
-    "permit-port-sharing",
-    "etcd-servers",
-    "etcd-cafile",
-    "etcd-certfile",
-    "etcd-keyfile",
-    "enable-leader-election",
-    // The lease kcpshard deletes after the old slot exits (kube-system/kcp-controllers).
-    "leader-election-name",
-    "leader-election-namespace",
-    "shard-base-url",
-    "shard-external-url",
-    "shutdown-delay-duration",
-    // The admin kubeconfig and shard-admin token hash must stay in the root directory, where the
-    // shared material is seeded and captured.
-    "kubeconfig-path",
-    "authentication-admin-token-path",
-    // The shard's admin identity, which the kubeconfig through the front carries.
-    "token-auth-file",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -275,7 +252,7 @@ pub fn check_extra_args(extra: &[String]) -> Result<(), ArgsError> {
             return Err(ArgsError::NotAFlag { arg: arg.clone() });
         };
         let name = body.split_once('=').map_or(body, |(n, _)| n);
-        if let Some(flag) = SAFETY_FLAGS.iter().find(|f| **f == name) {
+        if let Some(flag) = OWNED_KCP_FLAGS.iter().find(|f| **f == name) {
             return Err(ArgsError::SafetyFlagOverridden {
                 flag: flag.to_string(),
                 arg: arg.clone(),
@@ -490,7 +467,7 @@ mod tests {
 
     #[test]
     fn every_safety_flag_is_refused_in_extra_args_in_every_spelling() {
-        for flag in SAFETY_FLAGS {
+        for flag in OWNED_KCP_FLAGS {
             for extra in [
                 vec![format!("--{flag}=x")],
                 vec![format!("--{flag}"), "x".to_string()],

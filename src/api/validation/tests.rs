@@ -377,3 +377,20 @@ fn extra_args_may_not_set_the_flags_kcpshard_owns() {
     assert_eq!(fields(&causes), ["spec.kcp.extraArgs[1]", "spec.kcp.extraArgs[2]"]);
     assert!(causes[0].message.contains("spec.store"), "{}", causes[0].message);
 }
+
+/// Every flag a slot's start would refuse in extraArgs (slot/args.rs) is refused at admission
+/// already, with a message that says what to do.
+#[test]
+fn every_flag_kcpshard_owns_is_refused_at_admission() {
+    for flag in OWNED_KCP_FLAGS {
+        let mut obj = dev();
+        obj.spec.kcp.extra_args = vec![format!("--{flag}=x")];
+        let causes = validate(&obj);
+        assert_eq!(fields(&causes), ["spec.kcp.extraArgs[0]"], "--{flag}");
+        assert!(
+            causes[0].message.contains("instead") || causes[0].message.contains("remove it"),
+            "--{flag}: {}",
+            causes[0].message
+        );
+    }
+}
