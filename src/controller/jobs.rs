@@ -21,42 +21,24 @@ use crate::store::snapshot::{self, ClientRun};
 const PROCESS_FILE: &str = "process.json";
 const LOG_FILE: &str = "job.log";
 
-/// Snapshot: starts a snapshot of the store (pg_dump, sqlite's VACUUM INTO) into the snapshots
-/// directory.
+/// Snapshot: starts a snapshot of the store (pg_dump, sqlite's VACUUM INTO, etcd's snapshot API)
+/// into the snapshots directory, before the roll to the desired version.
 pub async fn start_snapshot(actor: &Actor<'_>) -> Result<Notes, Error> {
-    let from = actor.world.serving_version().unwrap_or_else(|| "none".into());
     let to = actor.desired.template.version.clone();
-    let store = actor.store()?;
-    // Absolute: the job runs in its own directory.
-    let dir = std::path::absolute(actor.dirs.snapshots())?;
-    crate::fsutil::create_private_dir(&dir)?;
-    let path = store.snapshot_path(&dir, &from, Some(&to))?;
-    let run = store.snapshot_run(&snapshot::partial_of(&path), &actor.ctx.kcpshard_binary)?;
     let kind = JobKind::Snapshot {
         template: Box::new(actor.desired.template.clone()),
     };
-    start(actor, kind, Some(path.display().to_string()), run).await?;
-    Ok(vec![Note::normal(
-        "SnapshotStarted",
-        format!(
-            "taking a snapshot of the store ({}) into {} before rolling {from} to {to}; the roll goes on once it is kept",
-            store.describe_server(),
-            path.display()
-        ),
-    )])
+    start_snapshot_job(actor, kind, Some(&to), |from| {
+        format!("before rolling {from} to {to}; the roll goes on once it is kept")
+    })
+    .await
 }
 
 /// Backup: starts a snapshot of the store asked for with the kcpshard.io/snapshotRequestedAt
 /// annotation (a value none was taken for yet) or due by spec.backup.interval.
 pub async fn start_backup(actor: &Actor<'_>) -> Result<Notes, Error> {
-    let from = actor.world.serving_version().unwrap_or_else(|| "none".into());
     let answered = actor.world.state.snapshot_request_answered.as_ref();
     let request = actor.desired.snapshot_request.clone().filter(|r| Some(r) != answered);
-    let store = actor.store()?;
-    let dir = std::path::absolute(actor.dirs.snapshots())?;
-    crate::fsutil::create_private_dir(&dir)?;
-    let path = store.snapshot_path(&dir, &from, None)?;
-    let run = store.snapshot_run(&snapshot::partial_of(&path), &actor.ctx.kcpshard_binary)?;
     let why = match &request {
         Some(request) => format!("asked for at {request}"),
         None => format!(
@@ -64,25 +46,43 @@ pub async fn start_backup(actor: &Actor<'_>) -> Result<Notes, Error> {
             actor.shard.spec.backup.interval.as_deref().unwrap_or("?")
         ),
     };
-    start(
-        actor,
-        JobKind::Backup { request },
-        Some(path.display().to_string()),
-        run,
-    )
-    .await?;
+    start_snapshot_job(actor, JobKind::Backup { request }, None, |_| {
+        format!("({why}) while it serves")
+    })
+    .await
+}
+
+/// Starts job `kind`, a snapshot of the data the serving version served into the snapshots
+/// directory (named for the roll to `to`, or on request or schedule when None); the event ends with
+/// `purpose(from)`.
+async fn start_snapshot_job(
+    actor: &Actor<'_>,
+    kind: JobKind,
+    to: Option<&str>,
+    purpose: impl FnOnce(&str) -> String,
+) -> Result<Notes, Error> {
+    let from = actor.world.serving_version().unwrap_or_else(|| "none".into());
+    let store = actor.store()?;
+    // Absolute: the job runs in its own directory.
+    let dir = std::path::absolute(actor.dirs.snapshots())?;
+    crate::fsutil::create_private_dir(&dir)?;
+    let path = store.snapshot_path(&dir, &from, to)?;
+    let run = store.snapshot_run(&snapshot::partial_of(&path), &actor.ctx.kcpshard_binary)?;
+    start(actor, kind, Some(path.display().to_string()), run).await?;
     Ok(vec![Note::normal(
         "SnapshotStarted",
         format!(
-            "taking a snapshot of the store ({}) into {} ({why}) while it serves",
+            "taking a snapshot of the store ({}) into {} {}",
             store.describe_server(),
-            path.display()
+            path.display(),
+            purpose(&from)
         ),
     )])
 }
 
 /// RestoreSnapshot: every slot has stopped (and a KineSqlite store's kine); starts the restore of
-/// the snapshot (pg_restore, or a sqlite copy put in place of `state.db`).
+/// the snapshot (pg_restore, a sqlite copy put in place of `state.db`, or an etcd snapshot's keys
+/// put back through the cluster's API).
 pub async fn start_restore(actor: &Actor<'_>) -> Result<Notes, Error> {
     let Some(record) = actor
         .world
