@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use super::{Error, Note};
 use crate::api::{FrontSpec, FrontType};
 use crate::front::caddy::CaddyAdmin;
-use crate::front::{self, Backend, FrontClient, FrontLaunch, SlotConnections, UpgradeStart};
+use crate::front::{self, Backend, FrontClient, FrontError, FrontLaunch, SlotConnections, UpgradeStart};
 use crate::process::{ProcessRecord, Runtime, UnitName};
 
 /// The front of one shard.
@@ -136,8 +136,8 @@ impl Front {
 
     /// Starts kcpshard's front on the spec's address (once it is free: a front that holds it is named) and
     /// returns: looks see it starting ([`Front::starting`]) until it answers. Under systemd, a
-    /// unit that restarts a front that crashed a moment ago is waited for instead (at most
-    /// [`front::START_TIMEOUT`]), on the socket it keeps. For a caddy, checks that its admin API
+    /// unit that restarts a front that crashed a moment ago is left to do so, on the socket it
+    /// keeps (looks see it starting: [`Front::restarted_by_unit`]). For a caddy, checks that its admin API
     /// answers and has the handler. Returns what happened, for an event.
     pub async fn start(&self) -> Result<String, Error> {
         match self {
@@ -156,8 +156,15 @@ impl Front {
                 };
                 // A front that systemd restarts holds the address in its unit's descriptor store.
                 if runtime.unit_active(&UnitName::front(shard)).await {
-                    let pid = front::ensure_running(launch, *listen).await?.status().await?.pid;
-                    return Ok(format!("the front's unit restarted it on {listen} (pid {pid})"));
+                    return match front::ensure_running(launch, *listen).await {
+                        Ok(client) => Ok(format!(
+                            "the front's unit restarted it on {listen} (pid {})",
+                            client.status().await?.pid
+                        )),
+                        // Looks see it starting until it answers.
+                        Err(restarting @ FrontError::RestartingUnderUnit { .. }) => Ok(restarting.to_string()),
+                        Err(e) => Err(e.into()),
+                    };
                 }
                 address_free(*listen)?;
                 let started = front::start_front(launch, *listen).await?;
@@ -266,6 +273,15 @@ impl Front {
         match self {
             Front::Tcp { dir, .. } => front::recorded_process(dir),
             Front::Caddy { .. } => None,
+        }
+    }
+
+    /// Under systemd, kcpshard's front's unit is active while no front answers: the unit restarts a
+    /// front that crashed a moment ago (on the socket it keeps).
+    pub async fn restarted_by_unit(&self) -> bool {
+        match self {
+            Front::Tcp { shard, runtime, .. } => runtime.unit_active(&UnitName::front(shard)).await,
+            Front::Caddy { .. } => false,
         }
     }
 

@@ -55,6 +55,11 @@ pub enum FrontError {
     #[error("the front was killed while starting ({status}); it is started again on the next try; see {log}")]
     KilledWhileStarting { status: String, log: String },
 
+    /// Under systemd: its unit restarts a front that crashed a moment ago, on the socket it keeps;
+    /// the caller looks again later.
+    #[error("systemd restarts the front (unit {unit} is active); it serves once it answers on its control socket")]
+    RestartingUnderUnit { unit: String },
+
     #[error("the front (pid {pid}) did not answer on {socket} within {seconds} s; it was killed, see {log}")]
     StartTimeout {
         pid: u32,

@@ -58,7 +58,9 @@ pub struct FrontLaunch<'a> {
 /// A running front whose control socket answers is adopted when it listens on `listen` (port 0
 /// matches any port on the same IP). One that listens elsewhere is stopped and replaced, but only
 /// if the new address is free: otherwise it keeps serving and the error says so. One that
-/// is alive but does not answer within [`START_TIMEOUT`] is killed and replaced.
+/// is alive but does not answer within [`START_TIMEOUT`] is killed and replaced. Under systemd,
+/// while the front's unit restarts a front that crashed (active, nothing answers), the answer is
+/// [`FrontError::RestartingUnderUnit`]: the unit starts it, on the socket it keeps.
 ///
 /// An adopted front that runs another binary than `binary` (another file, or the same path
 /// rebuilt) is upgraded in place with [`upgrade`], without closing its listening socket. If that
@@ -77,18 +79,10 @@ pub async fn ensure_running(launch: FrontLaunch<'_>, listen: SocketAddr) -> Resu
             "the front listens on another address; replacing it");
         stop(launch.runtime, launch.shard, dir).await?;
     } else if launch.runtime.unit_active(&UnitName::front(launch.shard)).await {
-        // Its unit restarts it (a crash a moment ago), on the socket it keeps: wait for it.
-        let deadline = Instant::now() + START_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Some((client, status)) = answering(dir).await {
-                if listen_matches(listen, status.listen) {
-                    return Ok(client);
-                }
-                break;
-            }
-            tokio::time::sleep(POLL).await;
-        }
-        stop(launch.runtime, launch.shard, dir).await?;
+        // Its unit restarts it (a crash a moment ago), on the socket it keeps: not waited for here.
+        return Err(FrontError::RestartingUnderUnit {
+            unit: UnitName::front(launch.shard).to_string(),
+        });
     } else if let Some(record) = read_pid_record(dir).filter(is_alive) {
         // Alive but silent: still starting (another caller just spawned it), or stuck.
         let deadline = Instant::now() + START_TIMEOUT;

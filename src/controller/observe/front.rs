@@ -57,7 +57,22 @@ pub(super) async fn look(
     stopping: &[ProcessStop],
 ) -> FrontLook {
     let watch = |pid: u32| ctx.exits.watch(pid, (shard_ref.clone(), Wake::Exit));
-    match tokio::time::timeout(FRONT_TIMEOUT, front.observe()).await {
+    let answer = tokio::time::timeout(FRONT_TIMEOUT, front.observe()).await;
+    let silent = !matches!(answer, Ok(Ok(_)));
+    // Between a crash and the restart its unit makes (and until the new front records its pid),
+    // nothing answers and no recorded front runs: starting, not down.
+    if silent
+        && front.starting().is_none()
+        && !front.recorded_pid_alive()
+        && !stopping.iter().any(|s| s.what == Stopping::Front)
+        && front.restarted_by_unit().await
+    {
+        return FrontLook::not_up(
+            FrontObservation::Starting,
+            "systemd restarts the front (its unit is active); it serves once it answers on its control socket".into(),
+        );
+    }
+    match answer {
         Ok(Ok(seen)) => {
             // The front's exit, and a successor's (which failed its upgrade), wake the controller.
             for pid in seen.pid.iter().chain(&seen.upgrading) {
