@@ -1,11 +1,12 @@
 //! End to end on real kcp (the older minor release and the newer one, hack/versions.env), kine and
-//! PostgreSQL: a minor roll, its roll back, and a snapshot restore. One shard per store that takes
-//! snapshots (KinePostgres, KineSqlite), walked in order:
+//! PostgreSQL: a minor roll, its roll back, and a snapshot restore. One shard per store
+//! (KinePostgres, KineSqlite, Etcd), walked in order:
 //!   1. apply at the older minor (v0.30): Ready; workspace `before-snapshot`, and an APIExport in
 //!      workspace `provider` bound by an APIBinding in `consumer`, with a `Widget` of it;
+//!      `kcpshard snapshot create` takes a snapshot while it serves;
 //!   2. spec.version to the newer release (v0.31.2, allowMinorVersionChange): a snapshot is taken
-//!      first while the store serves (a pg_dump, a sqlite copy of state.db; its name says v0.30.0's
-//!      data), the roll completes; workspace `after-snapshot` is made;
+//!      first while the store serves (a pg_dump, a sqlite copy of state.db, an etcd snapshot; its
+//!      name says v0.30.0's data), the roll completes; workspace `after-snapshot` is made;
 //!   3. `kcpshard snapshot restore` while spec.version is still the newer one is refused, naming
 //!      the snapshot's version and the patch to make; nothing changes;
 //!   4. roll back to v0.30 (allowDowngrade): it completes, and what was made before and after the
@@ -197,6 +198,13 @@ async fn walk(store: Store) {
     })
     .await;
     env.log(&format!("{older}: Ready with an APIExport bound"));
+    // A snapshot on request, while it serves, of every kind of store.
+    let created = env.cli_ok(&["snapshot", "create", shard]).await;
+    assert!(
+        created.contains(&format!(".{extension}")),
+        "kcpshard snapshot create: {created}"
+    );
+    env.log(&format!("snapshot create: {}", created.trim()));
 
     // 2. The minor roll up: a snapshot of v0.30's data first.
     let up_at = now();

@@ -126,7 +126,7 @@ pub struct KcpShardSpec {
 pub struct BackupSpec {
     /// How often to take a snapshot of the store while it serves, e.g. "24h" or "30m" (at least
     /// 10s): a pg_dump of a KinePostgres database, a copy of a KineSqlite database (sqlite's VACUUM
-    /// INTO). Unset: only on request. An Etcd store takes none.
+    /// INTO), an etcd snapshot of an Etcd store. Unset: only on request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(DURATION_PATTERN))]
     pub interval: Option<String>,

@@ -10,7 +10,7 @@
 //! follows status.lastSnapshot until it names that request.
 //!
 //! `restore` asks the controller for a restore, a planned outage: it refuses what the controller
-//! would refuse (a store that takes no snapshots, a spec.version other than the snapshot's; the
+//! would refuse (a snapshot of another kind of store, a spec.version other than the snapshot's; the
 //! same words, `controller/restore.rs`), sets the `kcpshard.io/restoreSnapshot` annotation (what
 //! `kubectl annotate` would do), then follows status.lastRestore like `rollout status` follows a
 //! roll: a line per progress message, success once a slot serves the restored data, failure when
@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::connect::{Cluster, Conn};
 use super::follow::{FollowArgs, Progress, Wording, ask_and_follow};
-use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION, SNAPSHOT_REQUEST_ANNOTATION, StoreType};
+use crate::api::{KcpShard, RESTORE_SNAPSHOT_ANNOTATION, SNAPSHOT_REQUEST_ANNOTATION};
 use crate::controller::restore::{refusal, snapshots};
 use crate::store::snapshot::{SnapshotName, keys_of};
 
@@ -140,13 +140,8 @@ async fn typed_shard(cluster: &Cluster, name: &str) -> anyhow::Result<KcpShard> 
 
 async fn create(args: CreateArgs) -> anyhow::Result<()> {
     let cluster = args.conn.connect().await?;
-    let shard = typed_shard(&cluster, &args.name).await?;
-    if shard.spec.store.type_ == StoreType::Etcd {
-        bail!(
-            "cannot take a snapshot of shard {}: its store is an etcd you run, which kcpshard takes no snapshots of; take one with `etcdctl snapshot save` (docs/operations.md, \"Snapshots\")",
-            args.name
-        );
-    }
+    // A shard that is not there (or does not parse) is said before anything is asked.
+    typed_shard(&cluster, &args.name).await?;
     let request = Utc::now().to_rfc3339_opts(SecondsFormat::Micros, true);
     let words = Wording {
         done: "snapshot taken",
