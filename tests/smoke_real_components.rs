@@ -609,7 +609,10 @@ async fn an_etcd_snapshot_restores_the_keys_kcp_keeps_and_leaves_the_others() {
     let garbage = dir.path().join("garbage.etcd");
     std::fs::write(&garbage, b"not an etcd snapshot").unwrap();
     let scratch = dir.path().join("scratch");
-    let refused = etcd_snapshot::restore(&garbage, &cluster, &scratch).await.unwrap_err();
+    let tools = etcd_snapshot::EtcdTools::find().unwrap();
+    let refused = etcd_snapshot::restore(&garbage, &cluster, &scratch, &tools)
+        .await
+        .unwrap_err();
     assert!(refused.to_string().contains("etcdutl failed"), "{refused}");
     let value = |kv: &mut etcd_client::KvClient, key: &'static str| {
         let mut kv = kv.clone();
@@ -627,7 +630,9 @@ async fn an_etcd_snapshot_restores_the_keys_kcp_keeps_and_leaves_the_others() {
     );
 
     let started = Instant::now();
-    let restored = etcd_snapshot::restore(&snapshot, &cluster, &scratch).await.unwrap();
+    let restored = etcd_snapshot::restore(&snapshot, &cluster, &scratch, &tools)
+        .await
+        .unwrap();
     println!(
         "MEASURE etcd restore of {restored} keys through the API: {:.2}s",
         started.elapsed().as_secs_f64()

@@ -37,6 +37,12 @@ enum Job {
         /// The snapshot file.
         #[arg(long)]
         from: PathBuf,
+        /// etcdutl, which opens the snapshot.
+        #[arg(long)]
+        etcdutl_binary: PathBuf,
+        /// etcd, which serves the opened snapshot to the restore.
+        #[arg(long)]
+        etcd_binary: PathBuf,
         #[command(flatten)]
         etcd: EtcdArgs,
     },
@@ -80,9 +86,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             println!("wrote an etcd snapshot of {bytes} bytes into {}", into.display());
             Ok(())
         }
-        Job::EtcdRestore { from, etcd } => {
+        Job::EtcdRestore {
+            from,
+            etcdutl_binary,
+            etcd_binary,
+            etcd,
+        } => {
             let scratch = Path::new(etcd_snapshot::RESTORE_SCRATCH);
-            let keys = etcd_snapshot::restore(&from, &etcd.cluster(), scratch).await?;
+            let tools = etcd_snapshot::EtcdTools {
+                etcdutl: etcdutl_binary,
+                etcd: etcd_binary,
+            };
+            let keys = etcd_snapshot::restore(&from, &etcd.cluster(), scratch, &tools).await?;
             println!("restored {keys} keys from {}", from.display());
             Ok(())
         }

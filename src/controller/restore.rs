@@ -53,6 +53,12 @@ fn restorable(shard: &KcpShard, dirs: &ShardDirs, value: &str) -> Result<Restora
             dirs.snapshots().display()
         ));
     }
+    // Refused before the outage begins rather than failing once every slot has stopped.
+    if shard.spec.store.type_ == StoreType::Etcd
+        && let Err(missing) = crate::store::etcd_snapshot::EtcdTools::find()
+    {
+        return Err(missing.to_string());
+    }
     let taken = SnapshotName::parse(&file_name).expect("refusal() checked the name");
     Ok(Restorable {
         path: std::path::absolute(&path).unwrap_or(path).display().to_string(),

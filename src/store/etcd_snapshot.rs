@@ -52,6 +52,37 @@ pub fn job_run(
     })
 }
 
+/// The etcd programs a restore runs, found on serve's PATH when the restore's job is made: a job
+/// under systemd runs with the manager's PATH, not serve's.
+#[derive(Debug, Clone)]
+pub struct EtcdTools {
+    pub etcdutl: PathBuf,
+    pub etcd: PathBuf,
+}
+
+impl EtcdTools {
+    pub fn find() -> Result<EtcdTools, StoreError> {
+        Ok(EtcdTools {
+            etcdutl: tool("etcdutl")?,
+            etcd: tool("etcd")?,
+        })
+    }
+}
+
+/// `kcpshard job etcd-restore` of the snapshot at `path` into `cluster`, with the etcd programs
+/// it runs.
+pub fn restore_run(kcpshard: &Path, path: &Path, cluster: &EtcdCluster) -> Result<ClientRun, StoreError> {
+    let tools = EtcdTools::find()?;
+    let mut run = job_run(kcpshard, "etcd-restore", "--from", path, cluster)?;
+    run.args.extend([
+        "--etcdutl-binary".into(),
+        tools.etcdutl.display().to_string(),
+        "--etcd-binary".into(),
+        tools.etcd.display().to_string(),
+    ]);
+    Ok(run)
+}
+
 /// How long the private etcd may take to answer on its socket.
 const PRIVATE_ETCD_START: Duration = Duration::from_secs(30);
 
@@ -103,12 +134,17 @@ pub async fn save(cluster: &EtcdCluster, into: &Path) -> Result<u64, StoreError>
 /// Puts the keys under [`KCP_PREFIX`] of the cluster back as the snapshot at `snapshot` holds them,
 /// opening it in `scratch` (emptied first, removed after). Nothing may use those keys meanwhile
 /// (every slot stopped). Returns how many keys the cluster holds under the prefix now.
-pub async fn restore(snapshot: &Path, cluster: &EtcdCluster, scratch: &Path) -> Result<u64, StoreError> {
+pub async fn restore(
+    snapshot: &Path,
+    cluster: &EtcdCluster,
+    scratch: &Path,
+    tools: &EtcdTools,
+) -> Result<u64, StoreError> {
     remove_dir_if_there(scratch)?;
     crate::fsutil::create_private_dir(scratch).map_err(StoreError::io(scratch))?;
     let data = scratch.join("data");
     let opened = run_to_end(
-        "etcdutl",
+        &tools.etcdutl,
         &[
             "snapshot".as_ref(),
             "restore".as_ref(),
@@ -120,7 +156,7 @@ pub async fn restore(snapshot: &Path, cluster: &EtcdCluster, scratch: &Path) -> 
     )
     .await;
     let restored = match opened {
-        Ok(()) => copy_back(cluster, scratch, &data).await,
+        Ok(()) => copy_back(cluster, scratch, &data, &tools.etcd).await,
         Err(e) => Err(e),
     };
     remove_dir_if_there(scratch)?;
@@ -128,12 +164,12 @@ pub async fn restore(snapshot: &Path, cluster: &EtcdCluster, scratch: &Path) -> 
 }
 
 /// Starts a private etcd on the restored `data` and copies its keys into the cluster.
-async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path) -> Result<u64, StoreError> {
+async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path, etcd: &Path) -> Result<u64, StoreError> {
     // etcd takes a unix socket as `unix://<name>:<port>`, made in its working directory.
     let socket = "client:0";
     let log_path = scratch.join("etcd.log");
     let log = std::fs::File::create(&log_path).map_err(StoreError::io(&log_path))?;
-    let mut command = tokio::process::Command::new(tool("etcd")?);
+    let mut command = tokio::process::Command::new(etcd);
     // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
     unsafe {
         // The private etcd ends with the job, however the job ends (killed by a cancel).
@@ -197,9 +233,10 @@ async fn wait_for(
     }
 }
 
-/// Runs `name` (on PATH) with `args` in `dir` until it exits; an error with its output unless it succeeded.
-async fn run_to_end(name: &str, args: &[&std::ffi::OsStr], dir: &Path) -> Result<(), StoreError> {
-    let output = tokio::process::Command::new(tool(name)?)
+/// Runs `program` with `args` in `dir` until it exits; an error with its output unless it succeeded.
+async fn run_to_end(program: &Path, args: &[&std::ffi::OsStr], dir: &Path) -> Result<(), StoreError> {
+    let name = program.display();
+    let output = tokio::process::Command::new(program)
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())

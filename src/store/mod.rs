@@ -373,7 +373,7 @@ impl StoreBackend {
         match self {
             StoreBackend::KinePostgres { server, .. } => snapshot::restore_run(server, path),
             StoreBackend::KineSqlite { kine } => copy::sqlite_copy_run(kcpshard, path, &kine.dir.join(kine::DB_FILE)),
-            StoreBackend::Etcd(cluster) => etcd_snapshot::job_run(kcpshard, "etcd-restore", "--from", path, cluster),
+            StoreBackend::Etcd(cluster) => etcd_snapshot::restore_run(kcpshard, path, cluster),
         }
     }
 
