@@ -87,21 +87,17 @@ pub async fn clear(client: &Client, prefix: &str) -> Result<u64, StoreError> {
             .get(prefix, Some(keys_only))
             .await
             .map_err(|e| failed(format!("cannot list the keys under {prefix}"), e))?;
-        let keys: Vec<&KeyValue> = page.kvs().iter().filter(|kv| kv.key() != KINE_HEALTH_KEY).collect();
+        let keys = kcp_keys(page.kvs());
         if keys.is_empty() {
             return Ok(deleted);
         }
-        let deletes = keys.into_iter().map(|kv| {
-            let txn = Txn::new()
+        deleted += write_each(client, keys, |kv| {
+            Txn::new()
                 .when([Compare::mod_revision(kv.key(), CompareOp::Equal, kv.mod_revision())])
                 .and_then([TxnOp::delete(kv.key(), None)])
-                .or_else([TxnOp::get(kv.key(), None)]);
-            write(client, txn, kv.key())
-        });
-        deleted += futures::stream::iter(deletes)
-            .buffer_unordered(PARALLEL_WRITES)
-            .try_fold(0, |n, done| async move { Ok(n + u64::from(done)) })
-            .await?;
+                .or_else([TxnOp::get(kv.key(), None)])
+        })
+        .await?;
     }
 }
 
@@ -133,13 +129,9 @@ pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64
             .get(from.clone(), Some(options))
             .await
             .map_err(|e| failed(format!("cannot read the keys under {prefix}"), e))?;
-        let keys: Vec<&KeyValue> = page.kvs().iter().filter(|kv| kv.key() != KINE_HEALTH_KEY).collect();
+        let keys = kcp_keys(page.kvs());
         let wanted = keys.len() as u64;
-        let creates = keys.into_iter().map(|kv| write(target, create(kv), kv.key()));
-        let created: u64 = futures::stream::iter(creates)
-            .buffer_unordered(PARALLEL_WRITES)
-            .try_fold(0, |n, done| async move { Ok(n + u64::from(done)) })
-            .await?;
+        let created = write_each(target, keys, create).await?;
         if created != wanted {
             return Err(StoreError::Invalid(format!(
                 "the store being written already holds some of the keys under {prefix}: clear it first"
@@ -154,6 +146,24 @@ pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64
             _ => return Ok((revision, copied)),
         }
     }
+}
+
+/// The keys of `page` that are kcp's (not kine's own health key).
+fn kcp_keys(page: &[KeyValue]) -> Vec<&KeyValue> {
+    page.iter().filter(|kv| kv.key() != KINE_HEALTH_KEY).collect()
+}
+
+/// Runs `txn_of` each of `keys` in `client`, [`PARALLEL_WRITES`] at a time; how many conditions
+/// held.
+async fn write_each(
+    client: &Client,
+    keys: Vec<&KeyValue>,
+    txn_of: impl Fn(&KeyValue) -> Txn,
+) -> Result<u64, StoreError> {
+    futures::stream::iter(keys.into_iter().map(|kv| write(client, txn_of(kv), kv.key())))
+        .buffer_unordered(PARALLEL_WRITES)
+        .try_fold(0, |n, done| async move { Ok(n + u64::from(done)) })
+        .await
 }
 
 /// A transaction that creates `kv`'s key with its value, if the key does not exist.

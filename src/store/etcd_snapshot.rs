@@ -213,7 +213,7 @@ async fn wait_for(
         if let Ok(Some(status)) = etcd.try_wait() {
             return Err(StoreError::Invalid(format!(
                 "the etcd that opens the snapshot exited ({status}); its log: {}",
-                tail(log)
+                crate::process::detached::file_tail(log, 5).join("\n")
             )));
         }
         let last = match etcd_keys::connect(&[endpoint.to_string()], None).await {
@@ -226,7 +226,7 @@ async fn wait_for(
         if Instant::now() >= deadline {
             return Err(StoreError::Invalid(format!(
                 "the etcd that opens the snapshot did not answer within {PRIVATE_ETCD_START:?} ({last}); its log: {}",
-                tail(log)
+                crate::process::detached::file_tail(log, 5).join("\n")
             )));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -261,11 +261,4 @@ fn tool(name: &str) -> Result<PathBuf, StoreError> {
                 "no {name} on PATH: a restore of an Etcd store runs etcdutl and etcd (install the etcd release your cluster runs)"
             ))
         })
-}
-
-/// The last lines of the log at `path`.
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(5)..].join("\n")
 }
