@@ -1,15 +1,17 @@
 //! The keys of a store through etcd's v3 KV API (which kine serves too): connecting with the
-//! spec's TLS files, clearing the keys under a prefix, and copying them from one store into
-//! another as they were at one revision.
+//! spec's TLS files, clearing the keys under a prefix, copying them from one store into another as
+//! they were at one revision, and applying the changes a watch of one store sees to another.
 //!
 //! Writes are transactions of one key guarded by its mod revision, in the shapes kine takes (kine
-//! `pkg/server/limited.go` `Txn`: a create is `mod == 0 -> put`, `create.go` `isCreate`; a delete
-//! `mod == r -> delete, else get`, `delete.go` `isDelete`), which etcd runs as they read.
+//! `pkg/server/limited.go` `Txn`: a create is `mod == 0 -> put`, `create.go` `isCreate`; an update
+//! `mod == r -> put, else get`, `update.go` `isUpdate`; a delete `mod == r -> delete, else get`,
+//! `delete.go` `isDelete`), which etcd runs as they read.
 use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue, TlsOptions, Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, KeyValue, TlsOptions,
+    Txn, TxnOp,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -107,9 +109,8 @@ pub async fn clear(client: &Client, prefix: &str) -> Result<u64, StoreError> {
 pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64, u64), StoreError> {
     let end = prefix_end(prefix.as_bytes());
     let mut from = prefix.as_bytes().to_vec();
-    // The revision first, then every page at it: a kine's list at no revision can hold rows
-    // older than the revision it answers with (seen: a key deleted at or before that revision
-    // was listed).
+    // The revision first, then every page at it: a kine's unpinned list can answer with a
+    // revision its rows are older than.
     let revision = source
         .kv_client()
         .get(from.clone(), Some(GetOptions::new().with_keys_only().with_limit(1)))
@@ -183,6 +184,93 @@ async fn write(client: &Client, txn: Txn, key: &[u8]) -> Result<bool, StoreError
         .map_err(|e| failed(format!("cannot write {}", String::from_utf8_lossy(key)), e))
 }
 
+/// Applies one change a watch of another store saw to `target`: its key written with its value,
+/// or deleted. kine's own health key is left alone. Whether it was a change of kcp's.
+pub async fn apply(target: &Client, event: &etcd_client::Event) -> Result<bool, StoreError> {
+    let Some(kv) = event.kv().filter(|kv| kv.key() != KINE_HEALTH_KEY) else {
+        return Ok(false);
+    };
+    match event.event_type() {
+        EventType::Put => upsert(target, kv.key(), kv.value()).await?,
+        EventType::Delete => remove(target, kv.key()).await?,
+    }
+    Ok(true)
+}
+
+/// Whether `client` holds a key under `prefix` (other than kine's health key).
+pub async fn holds_keys(client: &Client, prefix: &str) -> Result<bool, StoreError> {
+    let page = client
+        .kv_client()
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_keys_only().with_limit(2)),
+        )
+        .await
+        .map_err(|e| failed(format!("cannot list the keys under {prefix}"), e))?;
+    Ok(!kcp_keys(page.kvs()).is_empty())
+}
+
+/// Writes `value` under `key` in `target`, whatever is there: a guarded write, retried with the
+/// mod revision the target answers with (kine's update shape, `update.go` `isUpdate`; 0 creates).
+async fn upsert(target: &Client, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+    let mut expected = 0;
+    loop {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, expected)])
+            .and_then([TxnOp::put(key, value, None)])
+            .or_else([TxnOp::get(key, None)]);
+        let response = target
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| failed(format!("cannot write {}", String::from_utf8_lossy(key)), e))?;
+        if response.succeeded() {
+            return Ok(());
+        }
+        expected = current_revision(&response);
+    }
+}
+
+/// Deletes `key` from `target` if it is there (kine's delete shape).
+async fn remove(target: &Client, key: &[u8]) -> Result<(), StoreError> {
+    let mut expected = target
+        .kv_client()
+        .get(key, None)
+        .await
+        .map_err(|e| failed(format!("cannot read {}", String::from_utf8_lossy(key)), e))?
+        .kvs()
+        .first()
+        .map(|kv| kv.mod_revision());
+    while let Some(revision) = expected {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, revision)])
+            .and_then([TxnOp::delete(key, None)])
+            .or_else([TxnOp::get(key, None)]);
+        let response = target
+            .kv_client()
+            .txn(txn)
+            .await
+            .map_err(|e| failed(format!("cannot delete {}", String::from_utf8_lossy(key)), e))?;
+        if response.succeeded() {
+            return Ok(());
+        }
+        expected = Some(current_revision(&response)).filter(|r| *r != 0);
+    }
+    Ok(())
+}
+
+/// The mod revision of the key a failed guarded write read back (0: none).
+fn current_revision(response: &etcd_client::TxnResponse) -> i64 {
+    response
+        .op_responses()
+        .into_iter()
+        .find_map(|op| match op {
+            etcd_client::TxnOpResponse::Get(get) => Some(get.kvs().first().map_or(0, |kv| kv.mod_revision())),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
 /// The first key after every key that starts with `prefix` (etcd's range end for a prefix).
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -195,7 +283,7 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-fn failed(what: String, e: etcd_client::Error) -> StoreError {
+pub(super) fn failed(what: String, e: etcd_client::Error) -> StoreError {
     StoreError::Invalid(format!("{what}: {e}"))
 }
 

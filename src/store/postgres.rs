@@ -229,6 +229,35 @@ impl PostgresServer {
 }
 
 impl PostgresServer {
+    /// Makes the kines over the shard's database (which a kine made, none running on it now) hand
+    /// out revisions above `above`: a fill row at `above`, the kind kine writes for a revision it
+    /// skipped (kine `pkg/drivers/generic/generic.go` `FillSQL`, name `gap-<revision>`), and the
+    /// id sequence moved past it, since a kine takes its revision from the highest row when it
+    /// starts. A kine that runs would fill every revision in between, one row each.
+    pub async fn raise_kine_revision(&self, above: i64) -> Result<(), StoreError> {
+        let client = self.connect(&self.database).await?;
+        let failed = |e: tokio_postgres::Error| StoreError::Postgres {
+            server: self.describe(),
+            message: format!("cannot raise kine's revision above {above}: {}", postgres_message(&e)),
+        };
+        let name = format!("gap-{above}");
+        client
+            .execute(
+                "INSERT INTO kine(id, name, created, deleted, create_revision, prev_revision, lease, value, old_value) \
+                 VALUES ($1, $2, 0, 1, 0, 0, 0, NULL, NULL)",
+                &[&above, &name],
+            )
+            .await
+            .map_err(failed)?;
+        client
+            .execute("SELECT setval('kine_id_seq', $1)", &[&above])
+            .await
+            .map_err(failed)?;
+        Ok(())
+    }
+}
+
+impl PostgresServer {
     /// Drops database `name` if it exists (closing its connections) and creates it empty: a
     /// scratch database for a preflight's copy. Never the shard's own database.
     pub async fn recreate_database(&self, name: &str) -> Result<(), StoreError> {
