@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kcpshard::store::managed::{ManagedPostgres, Postmaster};
@@ -700,4 +702,200 @@ async fn the_keys_of_an_etcd_copy_into_a_kine_and_clear_from_it() {
     assert!(again.to_string().contains("already holds"), "{again}");
     assert_eq!(etcd_keys::clear(&target, KCP_PREFIX).await.unwrap(), 1200);
     assert_eq!(in_kine("/registry/k0000").await, None);
+}
+
+/// The migration's mirror (`kcpshard job store-mirror`) from a kine over sqlite into a kine over
+/// PostgreSQL whose revisions were raised above the source's, while a writer puts, updates and
+/// deletes: the progress file shows the copy and the following, the job ends once the revision
+/// written into its until file is applied, and the target then holds every key with its value,
+/// each at a revision above every one the source handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_mirror_from_kine_on_sqlite_into_kine_on_postgres_under_writes_loses_nothing() {
+    let pg = Postgres::start();
+    let target = pg_target(&pg).await;
+    mirror_under_writes(&Kine::sqlite(), target, 1).await;
+}
+
+/// The same the other way, from a kine over PostgreSQL written by three writers at once (kine's
+/// ids are taken at insert and seen at commit, so they may become visible out of order) into a
+/// kine over sqlite raised the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_mirror_from_kine_on_postgres_into_kine_on_sqlite_under_three_writers_loses_nothing() {
+    let pg = Postgres::start();
+    let store = tempfile::Builder::new().prefix("kcpshard-target-").tempdir().unwrap();
+    // A kine makes the schema; with none running, the revision is raised; the target's starts.
+    drop(Kine::kcpshard_sqlite(store.path()));
+    let raise = |above| kcpshard::store::copy::raise_sqlite_revision(&store.path().join("state.db"), above);
+    let target: RaisedTarget = Box::new(|above| {
+        raise(above).unwrap();
+        Kine::kcpshard_sqlite(store.path())
+    });
+    mirror_under_writes(&Kine::start(&pg.url("kcp")), target, 3).await;
+}
+
+/// A mirror into a store that already holds kcp's keys (another shard's, or a copy that did not
+/// finish) refuses before it writes anything, and says so.
+#[tokio::test]
+async fn a_store_mirror_into_a_store_that_holds_keys_refuses_and_writes_nothing() {
+    let (source, target) = (Kine::sqlite(), Kine::sqlite());
+    source.put("/registry/a", "from the source");
+    target.put("/registry/b", "someone else's");
+    let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
+    let out = mirror_job(&source, &target, dir.path()).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the mirror into a store with keys went on");
+    assert!(stderr.contains("already holds keys under /registry/"), "{stderr}");
+    assert_eq!(target.get("/registry/a"), None);
+    assert_eq!(target.get("/registry/b").as_deref(), Some("someone else's"));
+}
+
+/// Where a mirror writes: a kine started once its store's revision is raised above the one given.
+type RaisedTarget<'a> = Box<dyn FnOnce(i64) -> Kine + 'a>;
+
+/// A kine over a new database on `pg`, made by a first kine and raised with none running.
+async fn pg_target(pg: &Postgres) -> RaisedTarget<'static> {
+    let server = PostgresServer {
+        host: "127.0.0.1".into(),
+        port: pg.port,
+        database: "target".into(),
+        user: "postgres".into(),
+        password: None,
+        ssl_mode: Default::default(),
+        ca_file: None,
+    };
+    server.ensure_database().await.unwrap();
+    let endpoint = server.kine_endpoint("kcpshard-mirror-test");
+    drop(Kine::start(&endpoint));
+    let handle = tokio::runtime::Handle::current();
+    Box::new(move |above| {
+        tokio::task::block_in_place(|| handle.block_on(server.raise_kine_revision(above))).unwrap();
+        Kine::start(&endpoint)
+    })
+}
+
+/// `kcpshard job store-mirror` from `source` into `target`, its files in `dir`.
+fn mirror_job(source: &Kine, target: &Kine, dir: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_kcpshard"))
+        .args(["job", "store-mirror", "--from", &source.url(), "--to", &target.url()])
+        .arg("--progress")
+        .arg(dir.join("progress.json"))
+        .arg("--until")
+        .arg(dir.join("until"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, writers: usize) {
+    use kcpshard::store::etcd_keys::{self, KCP_PREFIX};
+    use kcpshard::store::mirror::{MirrorPhase, MirrorProgress};
+    let source = etcd_keys::connect(&[source_kine.url()], None).await.unwrap();
+    let mut kv = source.kv_client();
+    for i in 0..3000 {
+        kv.put(format!("/registry/k{i:05}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let revision_now = |kv: etcd_client::KvClient| async move {
+        let mut kv = kv;
+        kv.get("/registry/k00000", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+    };
+    let above = revision_now(kv.clone()).await + 1_000_000;
+    let target_kine = target(above);
+    let target_client = etcd_keys::connect(&[target_kine.url()], None).await.unwrap();
+
+    // Writers on the source all along: puts, updates and (guarded, as kine takes them) deletes.
+    let all_writers: Vec<_> = (0..writers)
+        .map(|w| {
+            let mut kv = source.kv_client();
+            tokio::spawn(async move {
+                let until = Instant::now() + Duration::from_secs(5);
+                let mut i = 0;
+                while Instant::now() < until {
+                    kv.put(format!("/registry/w{w}-{:03}", i % 200), format!("w{i}"), None)
+                        .await
+                        .unwrap();
+                    let key = format!("/registry/k{:05}", i * 7 + w);
+                    let got = kv.get(key.clone(), None).await.unwrap();
+                    if let Some(old) = got.kvs().first().filter(|_| i % 3 == 0) {
+                        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+                        let txn = Txn::new()
+                            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, old.mod_revision())])
+                            .and_then([TxnOp::delete(key.clone(), None)])
+                            .or_else([TxnOp::get(key, None)]);
+                        kv.txn(txn).await.unwrap();
+                    }
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                i
+            })
+        })
+        .collect();
+    let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
+    let started = Instant::now();
+    let job = mirror_job(source_kine, &target_kine, dir.path());
+    let progress = dir.path().join("progress.json");
+    let following = poll(Duration::from_secs(60), Duration::from_millis(50), || {
+        MirrorProgress::load(&progress)
+            .unwrap()
+            .filter(|p| p.phase == MirrorPhase::Following)
+    })
+    .expect("the mirror did not report following within 60 s");
+    assert!(following.copied_keys >= 3000, "{following:?}");
+    println!(
+        "MEASURE copied {} keys at revision {:?} in {:.2}s",
+        following.copied_keys,
+        following.copy_revision,
+        started.elapsed().as_secs_f64()
+    );
+    let mut writes = 0;
+    for writer in all_writers {
+        writes += writer.await.unwrap();
+    }
+    let last = revision_now(kv.clone()).await;
+    let written_at = Instant::now();
+    std::fs::write(dir.path().join("until"), last.to_string()).unwrap();
+    let out = tokio::task::spawn_blocking(move || job.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let done = MirrorProgress::load(&progress).unwrap().unwrap();
+    assert_eq!(done.phase, MirrorPhase::Done);
+    assert!(done.applied_revision >= last, "{done:?} ends below {last}");
+    println!(
+        "MEASURE {writes} write rounds; {} changes applied after the copy; done {:.2}s after the source's last revision was named ({})",
+        done.applied_changes,
+        written_at.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+
+    let all = |client: etcd_client::Client| async move {
+        let got = client
+            .kv_client()
+            .get(KCP_PREFIX, Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        got.kvs()
+            .iter()
+            .filter(|kv| kv.key() != b"/registry/health")
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.mod_revision()))
+            .collect::<Vec<_>>()
+    };
+    let (from, into) = (all(source.clone()).await, all(target_client).await);
+    let content = |v: &Vec<(Vec<u8>, Vec<u8>, i64)>| v.iter().map(|k| (k.0.clone(), k.1.clone())).collect::<Vec<_>>();
+    assert_eq!(content(&from), content(&into), "the target differs from the source");
+    assert!(from.len() < 3000 + 200 * writers, "no key was deleted: {}", from.len());
+    let lowest = into.iter().map(|k| k.2).min().unwrap();
+    assert!(
+        lowest > above && lowest > last,
+        "a target revision {lowest} is not above the source's {last}"
+    );
 }

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
-use crate::store::etcd_snapshot;
 use crate::store::{EtcdCluster, EtcdTls};
+use crate::store::{etcd_keys, etcd_snapshot, mirror};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -46,6 +46,43 @@ enum Job {
         #[command(flatten)]
         etcd: EtcdArgs,
     },
+    /// Mirror the keys kcp keeps from one store into another (which must hold none), through
+    /// etcd's API (a kine's too): a copy at one revision, then every later change, until every
+    /// change up to the revision written into the file `--until` is applied.
+    StoreMirror {
+        /// Where how far the mirror is gets written (JSON, replaced as it goes).
+        #[arg(long)]
+        progress: PathBuf,
+        /// The file `serve` writes the source's last revision into, once nothing writes to it.
+        #[arg(long)]
+        until: PathBuf,
+        #[command(flatten)]
+        ends: MirrorEnds,
+    },
+}
+
+/// The two stores of a mirror, each an etcd cluster's client URLs (with its TLS files) or a
+/// kine's address.
+#[derive(Debug, clap::Args)]
+struct MirrorEnds {
+    /// The store mirrored from (once per member).
+    #[arg(long = "from", required = true)]
+    from: Vec<String>,
+    #[arg(long)]
+    from_cacert: Option<PathBuf>,
+    #[arg(long)]
+    from_cert: Option<PathBuf>,
+    #[arg(long)]
+    from_key: Option<PathBuf>,
+    /// The store mirrored into (once per member).
+    #[arg(long = "to", required = true)]
+    to: Vec<String>,
+    #[arg(long)]
+    to_cacert: Option<PathBuf>,
+    #[arg(long)]
+    to_cert: Option<PathBuf>,
+    #[arg(long)]
+    to_key: Option<PathBuf>,
 }
 
 /// An etcd cluster, as spec.store.etcd says it.
@@ -67,14 +104,23 @@ struct EtcdArgs {
 
 impl EtcdArgs {
     fn cluster(self) -> EtcdCluster {
-        EtcdCluster {
-            endpoints: self.endpoints,
-            tls: EtcdTls {
-                ca_file: self.cacert,
-                cert_file: self.cert,
-                key_file: self.key,
-            },
-        }
+        cluster(self.endpoints, self.cacert, self.cert, self.key)
+    }
+}
+
+fn cluster(
+    endpoints: Vec<String>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+) -> EtcdCluster {
+    EtcdCluster {
+        endpoints,
+        tls: EtcdTls {
+            ca_file,
+            cert_file,
+            key_file,
+        },
     }
 }
 
@@ -99,6 +145,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             };
             let keys = etcd_snapshot::restore(&from, &etcd.cluster(), scratch, &tools).await?;
             println!("restored {keys} keys from {}", from.display());
+            Ok(())
+        }
+        Job::StoreMirror { progress, until, ends } => {
+            let from = cluster(ends.from, ends.from_cacert, ends.from_cert, ends.from_key);
+            let to = cluster(ends.to, ends.to_cacert, ends.to_cert, ends.to_key);
+            let source = etcd_keys::connect(&from.endpoints, Some(&from)).await?;
+            let target = etcd_keys::connect(&to.endpoints, Some(&to)).await?;
+            let done = mirror::run(&source, &target, &progress, &until).await?;
+            println!(
+                "mirrored {} keys at revision {} and {} changes after it, up to revision {}",
+                done.copied_keys,
+                done.copy_revision.unwrap_or_default(),
+                done.applied_changes,
+                done.applied_revision
+            );
             Ok(())
         }
     }

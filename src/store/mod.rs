@@ -23,6 +23,7 @@ pub mod kine;
 mod kine_address;
 pub mod kine_read;
 pub mod managed;
+pub mod mirror;
 pub mod postgres;
 mod postgres_tls;
 pub mod snapshot;
