@@ -708,7 +708,8 @@ async fn the_keys_of_an_etcd_copy_into_a_kine_and_clear_from_it() {
 /// PostgreSQL whose revisions were raised above the source's, while a writer puts, updates and
 /// deletes: the progress file shows the copy and the following, the job ends once the revision
 /// written into its until file is applied, and the target then holds every key with its value,
-/// each at a revision above every one the source handed out.
+/// each at a revision above every one the source handed out, and refuses a watch from one of the
+/// source's revisions as compacted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_mirror_from_kine_on_sqlite_into_kine_on_postgres_under_writes_loses_nothing() {
     let pg = Postgres::start();
@@ -889,7 +890,7 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
             .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.mod_revision()))
             .collect::<Vec<_>>()
     };
-    let (from, into) = (all(source.clone()).await, all(target_client).await);
+    let (from, into) = (all(source.clone()).await, all(target_client.clone()).await);
     let content = |v: &Vec<(Vec<u8>, Vec<u8>, i64)>| v.iter().map(|k| (k.0.clone(), k.1.clone())).collect::<Vec<_>>();
     assert_eq!(content(&from), content(&into), "the target differs from the source");
     assert!(from.len() < 3000 + 200 * writers, "no key was deleted: {}", from.len());
@@ -898,4 +899,25 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
         lowest > above && lowest > last,
         "a target revision {lowest} is not above the source's {last}"
     );
+    // A client that resumes from a revision of the source is told it was compacted (kcp answers it
+    // 410 Gone, and it lists again), not sent the target's history as if it were new.
+    let mut watch = target_client
+        .watch_client()
+        .watch(
+            KCP_PREFIX,
+            Some(etcd_client::WatchOptions::new().with_prefix().with_start_revision(last)),
+        )
+        .await
+        .unwrap();
+    let refused = loop {
+        let response = watch.message().await.unwrap().expect("the watch ended");
+        if !response.created() || response.canceled() {
+            break response;
+        }
+    };
+    assert!(
+        refused.canceled(),
+        "a watch from the source's revision {last} was not refused: {refused:?}"
+    );
+    assert_eq!(refused.compact_revision(), above);
 }

@@ -244,21 +244,18 @@ fn vacuum_into_blocking(from: &Path, into: &Path) -> Result<(), StoreError> {
 }
 
 /// Makes the kine over the sqlite database `db` (made by a kine, none running on it) hand out
-/// revisions above `above`: a fill row at `above`, the kind kine writes for a revision it skipped
-/// (kine `pkg/drivers/generic/generic.go` `FillSQL`, name `gap-<revision>`), since kine takes its
-/// current revision from the highest row when it starts.
+/// revisions above `above`, and take older ones as compacted ([`kine::RAISE_REVISION_SQL`]).
 pub fn raise_sqlite_revision(db: &Path, above: i64) -> Result<(), StoreError> {
     let failed =
         |e: rusqlite::Error| StoreError::Invalid(format!("cannot raise the revision of {}: {e}", db.display()));
-    let connection = rusqlite::Connection::open(db).map_err(failed)?;
-    connection
-        .execute(
-            "INSERT INTO kine(id, name, created, deleted, create_revision, prev_revision, lease, value, old_value) \
-             VALUES (?1, ?2, 0, 1, 0, 0, 0, NULL, NULL)",
-            rusqlite::params![above, format!("gap-{above}")],
-        )
+    let mut connection = rusqlite::Connection::open(db).map_err(failed)?;
+    let [fill, compact] = kine::RAISE_REVISION_SQL;
+    let transaction = connection.transaction().map_err(failed)?;
+    transaction
+        .execute(fill, rusqlite::params![above, format!("gap-{above}")])
         .map_err(failed)?;
-    Ok(())
+    transaction.execute(compact, rusqlite::params![above]).map_err(failed)?;
+    transaction.commit().map_err(failed)
 }
 
 /// `path` with `suffix` appended to its file name (`state.db` -> `state.db-wal`).

@@ -30,6 +30,21 @@ pub const DB_FILE: &str = "state.db";
 pub const SQLITE_PARAMS: &str =
     "_journal_mode=WAL&_busy_timeout=30000&_synchronous=NORMAL&_txlock=immediate&cache=shared";
 
+/// What makes a kine's table hand out revisions above `$1` once a kine starts on it (a kine made
+/// it, none runs on it now), with `$2` = `gap-<$1>`:
+/// - a fill row at `$1`, the kind kine writes for a revision it skipped (kine
+///   `pkg/drivers/generic/generic.go` `FillSQL`), since a kine takes its current revision from the
+///   highest row when it starts (a running kine would fill every revision in between, a row each);
+/// - its compact revision at `$1` (the `prev_revision` of `compact_rev_key`, generic.go
+///   `CompactRevSQL`), so that a read or watch from an older revision is told it was compacted
+///   (kine `pkg/logstructured/sqllog/sql.go` `After`, `List`): kube-apiserver answers a client
+///   that resumes from an old resourceVersion 410 Gone, and it lists again.
+pub const RAISE_REVISION_SQL: [&str; 2] = [
+    "INSERT INTO kine(id, name, created, deleted, create_revision, prev_revision, lease, value, old_value) \
+     VALUES ($1, $2, 0, 1, 0, 0, 0, NULL, NULL)",
+    "UPDATE kine SET prev_revision = $1 WHERE name = 'compact_rev_key'",
+];
+
 /// How long a fresh kine may take to accept (an empty sqlite database takes well under a second).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a kine gets to exit after SIGTERM before SIGKILL; it exits in milliseconds.

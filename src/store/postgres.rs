@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::api::{KinePostgresStore, PasswordSource, SslMode};
 use crate::process::UnitName;
 
-use super::kine::{KineSpec, READY_TIMEOUT};
+use super::kine::{self, KineSpec, READY_TIMEOUT};
 use super::{StoreError, postgres_tls};
 
 /// How long one connection attempt to PostgreSQL may take.
@@ -229,31 +229,27 @@ impl PostgresServer {
 }
 
 impl PostgresServer {
-    /// Makes the kines over the shard's database (which a kine made, none running on it now) hand
-    /// out revisions above `above`: a fill row at `above`, the kind kine writes for a revision it
-    /// skipped (kine `pkg/drivers/generic/generic.go` `FillSQL`, name `gap-<revision>`), and the
-    /// id sequence moved past it, since a kine takes its revision from the highest row when it
-    /// starts. A kine that runs would fill every revision in between, one row each.
+    /// Makes the kines over the shard's database (a kine made it, none runs on it now) hand out
+    /// revisions above `above`, and take older ones as compacted ([`kine::RAISE_REVISION_SQL`]);
+    /// the id sequence moves past it too.
     pub async fn raise_kine_revision(&self, above: i64) -> Result<(), StoreError> {
-        let client = self.connect(&self.database).await?;
+        let mut client = self.connect(&self.database).await?;
         let failed = |e: tokio_postgres::Error| StoreError::Postgres {
             server: self.describe(),
             message: format!("cannot raise kine's revision above {above}: {}", postgres_message(&e)),
         };
-        let name = format!("gap-{above}");
-        client
-            .execute(
-                "INSERT INTO kine(id, name, created, deleted, create_revision, prev_revision, lease, value, old_value) \
-                 VALUES ($1, $2, 0, 1, 0, 0, 0, NULL, NULL)",
-                &[&above, &name],
-            )
+        let [fill, compact] = kine::RAISE_REVISION_SQL;
+        let transaction = client.transaction().await.map_err(failed)?;
+        transaction
+            .execute(fill, &[&above, &format!("gap-{above}")])
             .await
             .map_err(failed)?;
-        client
+        transaction.execute(compact, &[&above]).await.map_err(failed)?;
+        transaction
             .execute("SELECT setval('kine_id_seq', $1)", &[&above])
             .await
             .map_err(failed)?;
-        Ok(())
+        transaction.commit().await.map_err(failed)
     }
 }
 
