@@ -3,7 +3,9 @@
 //! slots, whether a slot serves kcp's own APIs, kcpshard's admin identity on both slots at once
 //! (behind a round-robin forwarder: every request accepted, whichever slot it reaches; kcp sees the
 //! same user as its own kcp-admin; its workspaces reach Ready with it as their owner), the lease
-//! hand-over and the workspace probe.
+//! hand-over and the workspace probe; and the store migration's warm-up and switch: a slot on a store
+//! mirrored from the serving one (`kcpshard job store-mirror`) follows, then leads once the old one
+//! has exited and the mirror has caught up.
 //!
 //! The first test's kine is over PostgreSQL, and slot b's first start loses the store at root
 //! phase 0 of kcp's bootstrap (PostgreSQL stopped the moment kcp logs it, back 3 s later; kine
@@ -765,4 +767,211 @@ async fn a_kine_that_was_asked_to_stop_starts_again_without_a_failure() {
     let again = started(again);
     reaper.add(&again.record, &log);
     assert_ne!(again.record.pid, first.record.pid);
+}
+
+/// The store migration's warm-up and switch on two real kcp slots. Slot a serves on a kine over
+/// sqlite; `kcpshard job store-mirror` copies kcp's keys into a kine over PostgreSQL whose
+/// revisions were raised above a's, and follows a's changes; slot b starts on that kine. While a
+/// runs, b does not lead (the mirrored controllers Lease is renewed by a, so b's elector sees it
+/// held) and sees what a writes. The switch: a gets SIGTERM and exits, the mirror applies the
+/// source's last revision and ends, the Lease (its holder gone) is deleted, and b leads: a new
+/// workspace reaches Ready through b, every workspace made through a is there, and a watch from a
+/// resourceVersion a handed out is answered 410 Gone (the client lists again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_after_the_switch() {
+    use kcpshard::store::PostgresServer;
+    use kcpshard::store::etcd_keys;
+    use kcpshard::store::mirror::{MirrorPhase, MirrorProgress};
+    let version = pin("KCP_VERSION_NEWER");
+    let kine = require("kine");
+    let tmp = tempfile::Builder::new().prefix("kcpshard-migrate-").tempdir().unwrap();
+    let base = tmp.path();
+    let shared = base.join("shared");
+    let runtime = Runtime::new();
+    let mut reaper = Reaper { procs: Vec::new() };
+    let front = format!("https://127.0.0.1:{}", support::test_port());
+
+    let store_dir = base.join("store");
+    let spec = KineSpec::sqlite(&kine, &store_dir, "real").unwrap();
+    let source = store::kine::ensure_kine(&runtime, &spec).await.unwrap();
+    reaper.add(&source.record, &store_dir.join(store::kine::LOG_FILE));
+    let admin = Identity::issue(chrono::Utc::now()).unwrap();
+    assert!(!slot::seed_root(&shared, &base.join("slot-a").join("root")).unwrap());
+    let on_source = Shard {
+        base,
+        etcd: &source.endpoint(),
+        front: &front,
+    };
+    let a = start_slot(&runtime, &mut reaper, &on_source, "a", &version, &[&admin]).await;
+    wait_ready(&runtime, &a, Duration::from_secs(180)).await;
+    slot::capture_shared(&a.root, &shared).unwrap();
+    let front_kubeconfig = base.join("admin.kubeconfig");
+    let shard_admin_token =
+        identity::shard_admin_token(&std::fs::read(shared.join("admin.kubeconfig")).unwrap()).unwrap();
+    let rendered = FrontKubeconfig {
+        front_url: &front,
+        ca_pem: &std::fs::read(shared.join("apiserver.crt")).unwrap(),
+        identity: &admin,
+        shard_admin_token: &shard_admin_token,
+    }
+    .render();
+    std::fs::write(&front_kubeconfig, rendered).unwrap();
+    let kcp_admin_a = slot::admin_client(&front_kubeconfig, &slot::slot_url(a.port))
+        .await
+        .unwrap();
+    let made_before_copy = slot::access::create_probe_workspace(&kcp_admin_a).await.unwrap();
+
+    // The target: a kine made its schema on a new database; with none running, its revision is
+    // raised above the source's; then the target's kine starts.
+    let pg = support::Postgres::start();
+    let server = PostgresServer {
+        host: "127.0.0.1".into(),
+        port: pg.port,
+        database: "target".into(),
+        user: "postgres".into(),
+        password: None,
+        ssl_mode: Default::default(),
+        ca_file: None,
+    };
+    server.ensure_database().await.unwrap();
+    let endpoint = server.kine_endpoint("kcpshard-target");
+    drop(support::Kine::start(&endpoint));
+    let source_client = etcd_keys::connect(&[source.endpoint()], None).await.unwrap();
+    let revision_now = || async {
+        source_client
+            .kv_client()
+            .get(
+                "/registry/",
+                Some(etcd_client::GetOptions::new().with_keys_only().with_limit(1)),
+            )
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision()
+    };
+    let above = revision_now().await + 1_000_000;
+    server.raise_kine_revision(above).await.unwrap();
+    let target = support::Kine::start(&endpoint);
+
+    let job_dir = base.join("mirror");
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let mut mirror_cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kcpshard"));
+    mirror_cmd
+        .args([
+            "job",
+            "store-mirror",
+            "--from",
+            &source.endpoint(),
+            "--to",
+            &target.url(),
+        ])
+        .arg("--progress")
+        .arg(job_dir.join("progress.json"))
+        .arg("--until")
+        .arg(job_dir.join("until"));
+    let copy_started = Instant::now();
+    let mut mirror = support::Proc::spawn("store-mirror", mirror_cmd, &job_dir.join("job.log"));
+    let progress = job_dir.join("progress.json");
+    let following = loop {
+        if let Some(p) = MirrorProgress::load(&progress)
+            .unwrap()
+            .filter(|p| p.phase == MirrorPhase::Following)
+        {
+            break p;
+        }
+        assert!(mirror.is_running(), "{}", mirror.report("the mirror ended"));
+        assert!(copy_started.elapsed() < Duration::from_secs(60), "no copy within 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let copied_in = copy_started.elapsed();
+
+    // Slot b, on the target, out of any front.
+    assert!(slot::seed_root(&shared, &base.join("slot-b").join("root")).unwrap());
+    let target_url = target.url();
+    let on_target = Shard {
+        base,
+        etcd: &target_url,
+        front: &front,
+    };
+    let b = start_slot(&runtime, &mut reaper, &on_target, "b", &version, &[&admin]).await;
+    let b_ready = wait_ready(&runtime, &b, Duration::from_secs(180)).await;
+    let (client_a, client_b) = (shard_admin(&a).await, shard_admin(&b).await);
+    let kcp_admin_b = slot::admin_client(&front_kubeconfig, &slot::slot_url(b.port))
+        .await
+        .unwrap();
+    let leader = slot::controllers_lease_holder(&client_a).await.unwrap();
+    assert!(leader.is_some(), "a leads");
+
+    // While a serves: b sees what a writes, and never leads (longer than a Lease lasts).
+    let made_while_warm = slot::access::create_probe_workspace(&kcp_admin_a).await.unwrap();
+    let written = Instant::now();
+    let path = format!("{WORKSPACES}/{made_while_warm}");
+    while send(&kcp_admin_b, http::Method::GET, &path, None).await.0 != 200 {
+        assert!(written.elapsed() < Duration::from_secs(10), "b does not see a's write");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen_after = written.elapsed();
+    let (_, listed) = send(&kcp_admin_a, http::Method::GET, WORKSPACES, None).await;
+    let old_version = serde_json::from_str::<serde_json::Value>(&listed).unwrap()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_secs(20) {
+        assert_eq!(
+            slot::controllers_lease_holder(&client_b).await.unwrap(),
+            leader,
+            "b took the Lease"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let b_log = String::from_utf8_lossy(&std::fs::read(&b.log).unwrap()).into_owned();
+    assert!(!b_log.contains("Successfully acquired lease"), "b led while a ran");
+    let lag = MirrorProgress::load(&progress).unwrap().unwrap();
+
+    // The switch.
+    let switch = Instant::now();
+    let stop = runtime.terminate(&a.record, Duration::from_secs(30)).await.unwrap();
+    let last = revision_now().await;
+    std::fs::write(job_dir.join("until"), last.to_string()).unwrap();
+    while mirror.is_running() {
+        assert!(switch.elapsed() < Duration::from_secs(30), "the mirror did not end");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        mirror.exited().unwrap().success(),
+        "{}",
+        mirror.report("the mirror failed")
+    );
+    let caught_up = switch.elapsed();
+    assert!(slot::release_controllers_lease(&client_b).await.unwrap());
+    let released = switch.elapsed();
+    let probe = slot::probe_workspace(&kcp_admin_b, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let led = switch.elapsed();
+    for name in [&made_before_copy, &made_while_warm] {
+        let (status, body) = send(&kcp_admin_b, http::Method::GET, &format!("{WORKSPACES}/{name}"), None).await;
+        assert_eq!(status, 200, "{name} is not on b: {body}");
+    }
+    let (status, body) = send(
+        &kcp_admin_b,
+        http::Method::GET,
+        &format!("{WORKSPACES}?watch=true&timeoutSeconds=2&resourceVersion={old_version}"),
+        None,
+    )
+    .await;
+    assert!(
+        status == 410 || body.contains("\"code\":410"),
+        "a watch from a's resourceVersion {old_version} was not told to relist: {status} {body}"
+    );
+    eprintln!(
+        "TIMINGS migration: copy of {} keys {copied_in:?}; b start->ready {b_ready:?}; a's write seen on b after {seen_after:?}; lag while warm {} revisions; \
+         switch: a SIGTERM->exit {:?}, mirror caught up {caught_up:?}, Lease released {released:?}, probe Ready {led:?} (create->Ready {probe:?}); old watch: {status} {}",
+        following.copied_keys,
+        lag.lag(),
+        stop.exited_after,
+        body.chars().take(200).collect::<String>()
+    );
 }
