@@ -42,5 +42,5 @@ pub use lifecycle::{
 pub use protocol::{
     BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,
 };
-pub use proxy::{RETRY_STEP, RETRY_WINDOW};
+pub use proxy::{HOLD_WINDOW, RETRY_STEP, RETRY_WINDOW};
 pub use server::{FrontConfig, run};

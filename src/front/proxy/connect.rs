@@ -6,8 +6,9 @@
 //!   change of the serving set racing a connect costs latency, not a failed request. While no byte
 //!   has flowed, a retry picks again from the serving set, another backend than the one that
 //!   refused if the set has one; after that the connection is pinned.
-//! - With an empty serving set, a connection waits up to [`RETRY_WINDOW`] for a backend, then is
-//!   closed.
+//! - With an empty serving set, a connection waits up to [`HOLD_WINDOW`] for a backend, then is
+//!   closed: while a move of the data switches stores, no slot serves for a moment (the old slots
+//!   stop and their last changes reach the new store), and requests are delayed, not failed.
 //! - A connection whose slot did not accept within the window counts as `failed` for that slot.
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,17 +23,24 @@ use super::router::{Active, Router};
 
 /// How long a new connection may wait for a backend to accept (or to exist).
 pub const RETRY_WINDOW: Duration = Duration::from_secs(2);
+/// How long a new connection waits for a backend while the serving set is empty. A move's switch
+/// took 1.6 s from the old slot's SIGTERM to the new store having its last change, on real kcp
+/// (tests/slot_real_kcp.rs), plus the controller's looks.
+pub const HOLD_WINDOW: Duration = Duration::from_secs(10);
 /// Pause between two connect attempts.
 pub const RETRY_STEP: Duration = Duration::from_millis(50);
 
 /// The slot a new connection is given, its count in that slot, and the connected upstream (with
 /// TCP_NODELAY); `None` when no slot took it within [`RETRY_WINDOW`] (logged and counted).
 pub(super) async fn connect(router: &Router, peer: SocketAddr) -> Option<(Arc<Active>, Pinned, TcpStream)> {
-    let deadline = Instant::now() + RETRY_WINDOW;
+    let mut deadline = Instant::now() + RETRY_WINDOW;
     let mut active = match router.pick(None) {
         Some(active) => active,
-        None => match router.wait_for_backend(deadline).await {
-            Some(active) => active,
+        None => match router.wait_for_backend(Instant::now() + HOLD_WINDOW).await {
+            Some(active) => {
+                deadline = Instant::now() + RETRY_WINDOW;
+                active
+            }
             None => {
                 warn!(%peer, "closing a client connection: the front has no backend yet");
                 return None;

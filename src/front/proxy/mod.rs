@@ -20,5 +20,5 @@ mod router;
 mod tests;
 
 pub use accept::{accept_loop, tune_listener};
-pub use connect::{RETRY_STEP, RETRY_WINDOW};
+pub use connect::{HOLD_WINDOW, RETRY_STEP, RETRY_WINDOW};
 pub use router::Router;

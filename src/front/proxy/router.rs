@@ -7,7 +7,7 @@
 //!   stays pinned to its slot until one side closes.
 //! - A new connection goes to the serving backend with the fewest open connections; ties go round
 //!   robin, so that an even set is filled evenly. An empty set holds new connections (up to the
-//!   connect window) until a backend serves.
+//!   hold window) until a backend serves.
 //! - What an open connection needs to know of the routing is one watched value, [`Routes`]: the
 //!   serving addresses (a connection to any other is *retired*) and the addresses being closed. A
 //!   set that names an address again lifts its close.
