@@ -779,7 +779,6 @@ async fn a_kine_that_was_asked_to_stop_starts_again_without_a_failure() {
 /// resourceVersion a handed out is answered 410 Gone (the client lists again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_after_the_switch() {
-    use kcpshard::store::PostgresServer;
     use kcpshard::store::etcd_keys;
     use kcpshard::store::mirror::{MirrorPhase, MirrorProgress};
     let version = pin("KCP_VERSION_NEWER");
@@ -821,55 +820,27 @@ async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_a
         .unwrap();
     let made_before_copy = slot::access::create_probe_workspace(&kcp_admin_a).await.unwrap();
 
-    // The target: a kine made its schema on a new database; with none running, its revision is
-    // raised above the source's; then the target's kine starts.
+    // The target: a new database on PostgreSQL; the job makes kine's table there and raises its
+    // revisions above the source's.
     let pg = support::Postgres::start();
-    let server = PostgresServer {
-        host: "127.0.0.1".into(),
-        port: pg.port,
-        database: "target".into(),
-        user: "postgres".into(),
-        password: None,
-        ssl_mode: Default::default(),
-        ca_file: None,
-    };
-    server.ensure_database().await.unwrap();
-    let endpoint = server.kine_endpoint("kcpshard-target");
-    drop(support::Kine::start(&endpoint));
     let source_client = etcd_keys::connect(&[source.endpoint()], None).await.unwrap();
-    let revision_now = || async {
-        source_client
-            .kv_client()
-            .get(
-                "/registry/",
-                Some(etcd_client::GetOptions::new().with_keys_only().with_limit(1)),
-            )
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision()
-    };
-    let above = revision_now().await + 1_000_000;
-    server.raise_kine_revision(above).await.unwrap();
-    let target = support::Kine::start(&endpoint);
-
     let job_dir = base.join("mirror");
     std::fs::create_dir_all(&job_dir).unwrap();
+    let to = serde_json::json!({
+        "type": "KinePostgres",
+        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "target", "user": "postgres" },
+    });
     let mut mirror_cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kcpshard"));
     mirror_cmd
-        .args([
-            "job",
-            "store-mirror",
-            "--from",
-            &source.endpoint(),
-            "--to",
-            &target.url(),
-        ])
+        .args(["job", "store-mirror", "--from", &source.endpoint()])
+        .args(["--to-store", &to.to_string()])
+        .arg("--kine-binary")
+        .arg(&kine)
         .arg("--progress")
         .arg(job_dir.join("progress.json"))
         .arg("--until")
-        .arg(job_dir.join("until"));
+        .arg(job_dir.join("until"))
+        .current_dir(&job_dir);
     let copy_started = Instant::now();
     let mut mirror = support::Proc::spawn("store-mirror", mirror_cmd, &job_dir.join("job.log"));
     let progress = job_dir.join("progress.json");
@@ -886,7 +857,8 @@ async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_a
     };
     let copied_in = copy_started.elapsed();
 
-    // Slot b, on the target, out of any front.
+    // Slot b, on the target (a kine of its own, as a KinePostgres slot has), out of any front.
+    let target = support::Kine::start(&pg.url("target"));
     assert!(slot::seed_root(&shared, &base.join("slot-b").join("root")).unwrap());
     let target_url = target.url();
     let on_target = Shard {
@@ -933,8 +905,8 @@ async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_a
     // The switch.
     let switch = Instant::now();
     let stop = runtime.terminate(&a.record, Duration::from_secs(30)).await.unwrap();
-    let last = revision_now().await;
-    std::fs::write(job_dir.join("until"), last.to_string()).unwrap();
+    let last = kcpshard::store::mirror::current_revision(&source_client).await.unwrap();
+    std::fs::write(job_dir.join("until"), "").unwrap();
     while mirror.is_running() {
         assert!(switch.elapsed() < Duration::from_secs(30), "the mirror did not end");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -943,6 +915,11 @@ async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_a
         mirror.exited().unwrap().success(),
         "{}",
         mirror.report("the mirror failed")
+    );
+    let done = MirrorProgress::load(&progress).unwrap().unwrap();
+    assert!(
+        done.applied_revision >= last,
+        "the mirror ended at {done:?}, before a's last revision {last}"
     );
     let caught_up = switch.elapsed();
     assert!(slot::release_controllers_lease(&client_b).await.unwrap());

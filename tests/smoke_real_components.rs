@@ -704,91 +704,70 @@ async fn the_keys_of_an_etcd_copy_into_a_kine_and_clear_from_it() {
     assert_eq!(in_kine("/registry/k0000").await, None);
 }
 
-/// The migration's mirror (`kcpshard job store-mirror`) from a kine over sqlite into a kine over
-/// PostgreSQL whose revisions were raised above the source's, while a writer puts, updates and
-/// deletes: the progress file shows the copy and the following, the job ends once the revision
-/// written into its until file is applied, and the target then holds every key with its value,
-/// each at a revision above every one the source handed out, and refuses a watch from one of the
-/// source's revisions as compacted.
+/// The migration's mirror (`kcpshard job store-mirror`) from a kine over sqlite into a new
+/// database on PostgreSQL, while a writer puts, updates and deletes: the job makes kine's table,
+/// raises its revisions, and the progress file shows the copy and the following; it ends once its
+/// until file exists and the source's revision at that moment is applied. The target then holds
+/// every key with its value, each at a revision above every one the source handed out, and a
+/// kine on it refuses a watch from one of the source's revisions as compacted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_mirror_from_kine_on_sqlite_into_kine_on_postgres_under_writes_loses_nothing() {
+async fn a_store_mirror_from_kine_on_sqlite_into_postgres_under_writes_loses_nothing() {
     let pg = Postgres::start();
-    let target = pg_target(&pg).await;
-    mirror_under_writes(&Kine::sqlite(), target, 1).await;
+    mirror_under_writes(&Kine::sqlite(), &pg, 1).await;
 }
 
-/// The same the other way, from a kine over PostgreSQL written by three writers at once (kine's
-/// ids are taken at insert and seen at commit, so they may become visible out of order) into a
-/// kine over sqlite raised the same way.
+/// The same from a kine over PostgreSQL written by three writers at once (kine's ids are taken at
+/// insert and seen at commit, so they may become visible out of order), into another database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_store_mirror_from_kine_on_postgres_into_kine_on_sqlite_under_three_writers_loses_nothing() {
+async fn a_store_mirror_from_kine_on_postgres_under_three_writers_loses_nothing() {
     let pg = Postgres::start();
-    let store = tempfile::Builder::new().prefix("kcpshard-target-").tempdir().unwrap();
-    // A kine makes the schema; with none running, the revision is raised; the target's starts.
-    drop(Kine::kcpshard_sqlite(store.path()));
-    let raise = |above| kcpshard::store::copy::raise_sqlite_revision(&store.path().join("state.db"), above);
-    let target: RaisedTarget = Box::new(|above| {
-        raise(above).unwrap();
-        Kine::kcpshard_sqlite(store.path())
-    });
-    mirror_under_writes(&Kine::start(&pg.url("kcp")), target, 3).await;
+    mirror_under_writes(&Kine::start(&pg.url("kcp")), &pg, 3).await;
 }
 
-/// A mirror into a store that already holds kcp's keys (another shard's, or a copy that did not
-/// finish) refuses before it writes anything, and says so.
+/// A mirror into a database that already holds kcp's keys (another shard's, or a copy that did
+/// not finish) refuses before it writes anything, and says what to do.
 #[tokio::test]
-async fn a_store_mirror_into_a_store_that_holds_keys_refuses_and_writes_nothing() {
-    let (source, target) = (Kine::sqlite(), Kine::sqlite());
+async fn a_store_mirror_into_a_database_that_holds_keys_refuses_and_writes_nothing() {
+    let pg = Postgres::start();
+    let source = Kine::sqlite();
     source.put("/registry/a", "from the source");
+    let target = Kine::start(&pg.url("target"));
     target.put("/registry/b", "someone else's");
+    drop(target);
     let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
-    let out = mirror_job(&source, &target, dir.path()).wait_with_output().unwrap();
+    let out = mirror_job(&source, &pg, dir.path()).wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the mirror into a store with keys went on");
     assert!(stderr.contains("already holds keys under /registry/"), "{stderr}");
+    assert!(stderr.contains("DROP DATABASE"), "{stderr}");
+    let target = Kine::start(&pg.url("target"));
     assert_eq!(target.get("/registry/a"), None);
     assert_eq!(target.get("/registry/b").as_deref(), Some("someone else's"));
 }
 
-/// Where a mirror writes: a kine started once its store's revision is raised above the one given.
-type RaisedTarget<'a> = Box<dyn FnOnce(i64) -> Kine + 'a>;
-
-/// A kine over a new database on `pg`, made by a first kine and raised with none running.
-async fn pg_target(pg: &Postgres) -> RaisedTarget<'static> {
-    let server = PostgresServer {
-        host: "127.0.0.1".into(),
-        port: pg.port,
-        database: "target".into(),
-        user: "postgres".into(),
-        password: None,
-        ssl_mode: Default::default(),
-        ca_file: None,
-    };
-    server.ensure_database().await.unwrap();
-    let endpoint = server.kine_endpoint("kcpshard-mirror-test");
-    drop(Kine::start(&endpoint));
-    let handle = tokio::runtime::Handle::current();
-    Box::new(move |above| {
-        tokio::task::block_in_place(|| handle.block_on(server.raise_kine_revision(above))).unwrap();
-        Kine::start(&endpoint)
-    })
-}
-
-/// `kcpshard job store-mirror` from `source` into `target`, its files in `dir`.
-fn mirror_job(source: &Kine, target: &Kine, dir: &Path) -> std::process::Child {
+/// `kcpshard job store-mirror` from `source` into database `target` on `pg`, its files in `dir`.
+fn mirror_job(source: &Kine, pg: &Postgres, dir: &Path) -> std::process::Child {
+    let to = serde_json::json!({
+        "type": "KinePostgres",
+        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "target", "user": "postgres" },
+    });
     Command::new(env!("CARGO_BIN_EXE_kcpshard"))
-        .args(["job", "store-mirror", "--from", &source.url(), "--to", &target.url()])
+        .args(["job", "store-mirror", "--from", &source.url()])
+        .args(["--to-store", &to.to_string()])
+        .arg("--kine-binary")
+        .arg(support::require("kine"))
         .arg("--progress")
         .arg(dir.join("progress.json"))
         .arg("--until")
         .arg(dir.join("until"))
+        .current_dir(dir)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap()
 }
 
-async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, writers: usize) {
+async fn mirror_under_writes(source_kine: &Kine, pg: &Postgres, writers: usize) {
     use kcpshard::store::etcd_keys::{self, KCP_PREFIX};
     use kcpshard::store::mirror::{MirrorPhase, MirrorProgress};
     let source = etcd_keys::connect(&[source_kine.url()], None).await.unwrap();
@@ -798,18 +777,6 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
             .await
             .unwrap();
     }
-    let revision_now = |kv: etcd_client::KvClient| async move {
-        let mut kv = kv;
-        kv.get("/registry/k00000", None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision()
-    };
-    let above = revision_now(kv.clone()).await + 1_000_000;
-    let target_kine = target(above);
-    let target_client = etcd_keys::connect(&[target_kine.url()], None).await.unwrap();
 
     // Writers on the source all along: puts, updates and (guarded, as kine takes them) deletes.
     let all_writers: Vec<_> = (0..writers)
@@ -841,7 +808,7 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
         .collect();
     let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
     let started = Instant::now();
-    let job = mirror_job(source_kine, &target_kine, dir.path());
+    let job = mirror_job(source_kine, pg, dir.path());
     let progress = dir.path().join("progress.json");
     let following = poll(Duration::from_secs(60), Duration::from_millis(50), || {
         MirrorProgress::load(&progress)
@@ -850,8 +817,9 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
     })
     .expect("the mirror did not report following within 60 s");
     assert!(following.copied_keys >= 3000, "{following:?}");
+    let raised = following.raised_above.expect("the target's revisions were raised");
     println!(
-        "MEASURE copied {} keys at revision {:?} in {:.2}s",
+        "MEASURE copied {} keys at revision {:?} in {:.2}s (schema made, revisions raised above {raised})",
         following.copied_keys,
         following.copy_revision,
         started.elapsed().as_secs_f64()
@@ -860,9 +828,9 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
     for writer in all_writers {
         writes += writer.await.unwrap();
     }
-    let last = revision_now(kv.clone()).await;
-    let written_at = Instant::now();
-    std::fs::write(dir.path().join("until"), last.to_string()).unwrap();
+    let last = kcpshard::store::mirror::current_revision(&source).await.unwrap();
+    let named_at = Instant::now();
+    std::fs::write(dir.path().join("until"), "").unwrap();
     let out = tokio::task::spawn_blocking(move || job.wait_with_output())
         .await
         .unwrap()
@@ -872,12 +840,14 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
     assert_eq!(done.phase, MirrorPhase::Done);
     assert!(done.applied_revision >= last, "{done:?} ends below {last}");
     println!(
-        "MEASURE {writes} write rounds; {} changes applied after the copy; done {:.2}s after the source's last revision was named ({})",
+        "MEASURE {writes} write rounds; {} changes applied after the copy; done {:.2}s after the until file ({})",
         done.applied_changes,
-        written_at.elapsed().as_secs_f64(),
+        named_at.elapsed().as_secs_f64(),
         String::from_utf8_lossy(&out.stdout).trim()
     );
 
+    let target_kine = Kine::start(&pg.url("target"));
+    let target = etcd_keys::connect(&[target_kine.url()], None).await.unwrap();
     let all = |client: etcd_client::Client| async move {
         let got = client
             .kv_client()
@@ -890,18 +860,18 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
             .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.mod_revision()))
             .collect::<Vec<_>>()
     };
-    let (from, into) = (all(source.clone()).await, all(target_client.clone()).await);
+    let (from, into) = (all(source.clone()).await, all(target.clone()).await);
     let content = |v: &Vec<(Vec<u8>, Vec<u8>, i64)>| v.iter().map(|k| (k.0.clone(), k.1.clone())).collect::<Vec<_>>();
     assert_eq!(content(&from), content(&into), "the target differs from the source");
     assert!(from.len() < 3000 + 200 * writers, "no key was deleted: {}", from.len());
     let lowest = into.iter().map(|k| k.2).min().unwrap();
     assert!(
-        lowest > above && lowest > last,
+        lowest > raised && raised > last,
         "a target revision {lowest} is not above the source's {last}"
     );
     // A client that resumes from a revision of the source is told it was compacted (kcp answers it
     // 410 Gone, and it lists again), not sent the target's history as if it were new.
-    let mut watch = target_client
+    let mut watch = target
         .watch_client()
         .watch(
             KCP_PREFIX,
@@ -919,5 +889,5 @@ async fn mirror_under_writes(source_kine: &Kine, target: RaisedTarget<'_>, write
         refused.canceled(),
         "a watch from the source's revision {last} was not refused: {refused:?}"
     );
-    assert_eq!(refused.compact_revision(), above);
+    assert_eq!(refused.compact_revision(), raised);
 }

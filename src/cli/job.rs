@@ -46,26 +46,33 @@ enum Job {
         #[command(flatten)]
         etcd: EtcdArgs,
     },
-    /// Mirror the keys kcp keeps from one store into another (which must hold none), through
-    /// etcd's API (a kine's too): a copy at one revision, then every later change, until every
-    /// change up to the revision written into the file `--until` is applied.
+    /// Mirror the keys kcp keeps from one store into a kine over PostgreSQL it readies (kine's
+    /// table made, the revisions raised above the first store's): a copy at one revision, then
+    /// every later change, until the file `--until` exists and every change up to the first
+    /// store's revision at that moment is applied.
     StoreMirror {
         /// Where how far the mirror is gets written (JSON, replaced as it goes).
         #[arg(long)]
         progress: PathBuf,
-        /// The file `serve` writes the source's last revision into, once nothing writes to it.
+        /// The file `serve` makes once the first store takes no more writes.
         #[arg(long)]
         until: PathBuf,
+        /// The store mirrored into: its spec.store (JSON), of type KinePostgres. Its password is
+        /// read as that spec says (a file, or a variable `serve` passes on).
+        #[arg(long)]
+        to_store: String,
+        /// The kine the job runs on the store mirrored into.
+        #[arg(long)]
+        kine_binary: PathBuf,
         #[command(flatten)]
-        ends: MirrorEnds,
+        from: MirrorSource,
     },
 }
 
-/// The two stores of a mirror, each an etcd cluster's client URLs (with its TLS files) or a
-/// kine's address.
+/// The store mirrored from: an etcd cluster's client URLs (with its TLS files), or a kine's address.
 #[derive(Debug, clap::Args)]
-struct MirrorEnds {
-    /// The store mirrored from (once per member).
+struct MirrorSource {
+    /// Once per member.
     #[arg(long = "from", required = true)]
     from: Vec<String>,
     #[arg(long)]
@@ -74,15 +81,6 @@ struct MirrorEnds {
     from_cert: Option<PathBuf>,
     #[arg(long)]
     from_key: Option<PathBuf>,
-    /// The store mirrored into (once per member).
-    #[arg(long = "to", required = true)]
-    to: Vec<String>,
-    #[arg(long)]
-    to_cacert: Option<PathBuf>,
-    #[arg(long)]
-    to_cert: Option<PathBuf>,
-    #[arg(long)]
-    to_key: Option<PathBuf>,
 }
 
 /// An etcd cluster, as spec.store.etcd says it.
@@ -147,18 +145,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             println!("restored {keys} keys from {}", from.display());
             Ok(())
         }
-        Job::StoreMirror { progress, until, ends } => {
-            let from = cluster(ends.from, ends.from_cacert, ends.from_cert, ends.from_key);
-            let to = cluster(ends.to, ends.to_cacert, ends.to_cert, ends.to_key);
+        Job::StoreMirror {
+            progress,
+            until,
+            to_store,
+            kine_binary,
+            from,
+        } => {
+            let from = cluster(from.from, from.from_cacert, from.from_cert, from.from_key);
             let source = etcd_keys::connect(&from.endpoints, Some(&from)).await?;
-            let target = etcd_keys::connect(&to.endpoints, Some(&to)).await?;
-            let done = mirror::run(&source, &target, &progress, &until).await?;
+            let to: crate::api::StoreSpec = serde_json::from_str(&to_store)?;
+            let Some(settings) = to
+                .kine_postgres
+                .as_ref()
+                .filter(|_| to.type_ == crate::api::StoreType::KinePostgres)
+            else {
+                anyhow::bail!("a mirror goes into a KinePostgres store, not {}", to.describe());
+            };
+            let server = crate::store::PostgresServer::from_spec(settings)?;
+            let dir = std::env::current_dir()?;
+            let (target, raised) = mirror::prepare_postgres(&server, &kine_binary, &dir, &source).await?;
+            let done = mirror::run(&source, &target.client, &progress, &until, Some(raised)).await?;
             println!(
-                "mirrored {} keys at revision {} and {} changes after it, up to revision {}",
+                "mirrored {} keys at revision {} and {} changes after it, up to revision {}, into {} (revisions above {raised})",
                 done.copied_keys,
                 done.copy_revision.unwrap_or_default(),
                 done.applied_changes,
-                done.applied_revision
+                done.applied_revision,
+                server.describe()
             );
             Ok(())
         }

@@ -243,21 +243,6 @@ fn vacuum_into_blocking(from: &Path, into: &Path) -> Result<(), StoreError> {
     crate::fsutil::sync_dir(dir).map_err(StoreError::io(dir))
 }
 
-/// Makes the kine over the sqlite database `db` (made by a kine, none running on it) hand out
-/// revisions above `above`, and take older ones as compacted ([`kine::RAISE_REVISION_SQL`]).
-pub fn raise_sqlite_revision(db: &Path, above: i64) -> Result<(), StoreError> {
-    let failed =
-        |e: rusqlite::Error| StoreError::Invalid(format!("cannot raise the revision of {}: {e}", db.display()));
-    let mut connection = rusqlite::Connection::open(db).map_err(failed)?;
-    let [fill, compact] = kine::RAISE_REVISION_SQL;
-    let transaction = connection.transaction().map_err(failed)?;
-    transaction
-        .execute(fill, rusqlite::params![above, format!("gap-{above}")])
-        .map_err(failed)?;
-    transaction.execute(compact, rusqlite::params![above]).map_err(failed)?;
-    transaction.commit().map_err(failed)
-}
-
 /// `path` with `suffix` appended to its file name (`state.db` -> `state.db-wal`).
 fn sibling(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();

@@ -1,13 +1,18 @@
 //! The mirror of a store into another while slots write to the first: the keys kcp keeps, copied
 //! as they were at one revision ([`etcd_keys::copy`]), then every later change applied in order
 //! from a watch that starts right after that revision. The job `kcpshard job store-mirror` runs it
-//! for a store migration; it writes how far it is to a progress file that `serve` reads, and ends
-//! once it has applied every change up to a revision `serve` names in another file (the source's
-//! last, once nothing writes to it any more).
+//! for a move of the data (controller/migration.rs); it writes how far it is to a progress file
+//! that `serve` reads, and ends once `serve` has made its until file (the old store takes no more
+//! writes) and every change up to the old store's revision at that moment is applied.
 //!
 //! How far it is comes from the watch itself: after the changes it sent, a progress response
 //! (etcd's `WatchProgressRequest`, which kine answers too: kine `pkg/server/watch.go` `Progress`,
 //! `ProgressAll`) carries a revision up to which every change has been sent.
+//!
+//! The new store is a kine over PostgreSQL that the job readies itself ([`prepare_postgres`]): a
+//! kine of its own makes kine's table, then, with none running, the revisions are raised far
+//! above the old store's (store/kine.rs `RAISE_REVISION_SQL`), so that a client that resumes from
+//! a resourceVersion of the old store is answered 410 Gone and lists again.
 use std::path::Path;
 use std::time::Duration;
 
@@ -45,6 +50,12 @@ pub struct MirrorProgress {
     pub applied_changes: u64,
     /// The source's latest revision the mirror has heard of.
     pub source_revision: i64,
+    /// The revision the target's revisions were raised above, if the job raised them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raised_above: Option<i64>,
+    /// The source's revision when `serve` said it takes no more writes: the mirror ends there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_revision: Option<i64>,
     pub updated_at: DateTime<Utc>,
 }
 
@@ -71,25 +82,16 @@ impl MirrorProgress {
     }
 }
 
-/// The revision a mirror is to end at, as `serve` wrote it into `path` (none yet: it goes on).
-pub fn until(path: &Path) -> Result<Option<i64>, StoreError> {
-    let Some(bytes) = crate::fsutil::read_optional(path).map_err(StoreError::io(path))? else {
-        return Ok(None);
-    };
-    String::from_utf8_lossy(&bytes)
-        .trim()
-        .parse()
-        .map(Some)
-        .map_err(|e| StoreError::Invalid(format!("{}: not a revision: {e}", path.display())))
-}
-
 /// Mirrors kcp's keys from `source` into `target` (which must hold none), writing how far it is
-/// into `progress`, until every change up to the revision in `until_file` is applied.
+/// into `progress`, until `until_file` exists and every change up to the source's revision at
+/// that moment is applied. `raised_above`: the target's revisions start above it, so the source
+/// must end below it.
 pub async fn run(
     source: &Client,
     target: &Client,
     progress: &Path,
     until_file: &Path,
+    raised_above: Option<i64>,
 ) -> Result<MirrorProgress, StoreError> {
     if etcd_keys::holds_keys(target, KCP_PREFIX).await? {
         return Err(StoreError::Invalid(format!(
@@ -103,6 +105,8 @@ pub async fn run(
         applied_revision: 0,
         applied_changes: 0,
         source_revision: 0,
+        raised_above,
+        end_revision: None,
         updated_at: Utc::now(),
     };
     state.save(progress)?;
@@ -164,7 +168,16 @@ pub async fn run(
                     .request_progress()
                     .await
                     .map_err(|e| failed(format!("cannot ask the watch of {KCP_PREFIX} for its progress"), e))?;
-                if until(until_file)?.is_some_and(|end| state.applied_revision >= end) {
+                if state.end_revision.is_none() && until_file.exists() {
+                    let end = current_revision(source).await?;
+                    if let Some(raised) = raised_above.filter(|raised| end >= *raised) {
+                        return Err(StoreError::Invalid(format!(
+                            "the source reached revision {end} during the move, above the {raised} the target's revisions start from: a client could resume from a revision of the source that the target handed out for another change. Move again: the target's revisions are raised further"
+                        )));
+                    }
+                    state.end_revision = Some(end);
+                }
+                if state.end_revision.is_some_and(|end| state.applied_revision >= end) {
                     state.phase = MirrorPhase::Done;
                     state.save(progress)?;
                     return Ok(state);
@@ -174,6 +187,135 @@ pub async fn run(
                     saved = state.clone();
                 }
             }
+        }
+    }
+}
+
+/// The current revision of `client`'s store.
+pub async fn current_revision(client: &Client) -> Result<i64, StoreError> {
+    let response = client
+        .kv_client()
+        .get(
+            KCP_PREFIX,
+            Some(etcd_client::GetOptions::new().with_keys_only().with_limit(1)),
+        )
+        .await
+        .map_err(|e| failed(format!("cannot read the revision of {KCP_PREFIX}"), e))?;
+    Ok(response.header().map_or(0, |h| h.revision()))
+}
+
+/// How far above the old store's revision the new store's revisions start: more than the old
+/// store hands out during a move (checked when the mirror ends).
+pub const RAISE_MARGIN: i64 = 1_000_000_000;
+
+/// How long a kine of the job's own may take to accept.
+const PRIVATE_KINE_START: Duration = Duration::from_secs(60);
+
+/// Readies the kine over PostgreSQL `server` a move goes to, for a mirror from `source`: a kine of
+/// the job's own makes kine's table (the database is made if missing), the target is refused if
+/// it holds kcp's keys, then, with that kine stopped, the revisions are raised [`RAISE_MARGIN`]
+/// above the source's. Returns a kine of the job's own on the raised database, and the revision
+/// raised above.
+pub async fn prepare_postgres(
+    server: &super::PostgresServer,
+    kine_binary: &Path,
+    dir: &Path,
+    source: &Client,
+) -> Result<(PrivateKine, i64), StoreError> {
+    server.ensure_database().await?;
+    let endpoint = server.kine_endpoint("kcpshard-store-mirror");
+    let env = server.env();
+    let schema_maker = PrivateKine::start(kine_binary, &endpoint, &env, dir).await?;
+    if etcd_keys::holds_keys(&schema_maker.client, KCP_PREFIX).await? {
+        return Err(StoreError::Invalid(format!(
+            "PostgreSQL database {} already holds keys under {KCP_PREFIX} (another shard's, or an earlier move's copy that did not finish): drop it (DROP DATABASE) or name another in spec.store",
+            server.describe()
+        )));
+    }
+    schema_maker.stop().await;
+    let above = current_revision(source).await? + RAISE_MARGIN;
+    server.raise_kine_revision(above).await?;
+    Ok((PrivateKine::start(kine_binary, &endpoint, &env, dir).await?, above))
+}
+
+/// A kine the job runs for itself, on a unix socket in its directory: SIGKILLed with the job
+/// however the job ends (PR_SET_PDEATHSIG, and on drop).
+pub struct PrivateKine {
+    child: tokio::process::Child,
+    pub client: Client,
+}
+
+impl PrivateKine {
+    async fn start(
+        binary: &Path,
+        endpoint: &str,
+        env: &[(String, String)],
+        dir: &Path,
+    ) -> Result<PrivateKine, StoreError> {
+        let socket = std::path::absolute(dir.join("mirror-kine.sock")).map_err(StoreError::io(dir))?;
+        crate::fsutil::remove_if_there(&socket).map_err(StoreError::io(&socket))?;
+        let address = super::kine_address::KineAddress::Unix(socket);
+        let log_path = dir.join("mirror-kine.log");
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(StoreError::io(&log_path))?;
+        let mut command = tokio::process::Command::new(binary);
+        // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            command.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let mut child = command
+            .args(super::kine::kine_args(endpoint, &address))
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .current_dir(dir)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().map_err(StoreError::io(&log_path))?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| StoreError::Invalid(format!("cannot start {}: {e}", binary.display())))?;
+        let deadline = tokio::time::Instant::now() + PRIVATE_KINE_START;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(StoreError::Invalid(format!(
+                    "the mirror's kine exited ({status}); its log: {}",
+                    crate::process::detached::file_tail(&log_path, 5).join("\n")
+                )));
+            }
+            let last = match etcd_keys::connect(&[address.url()], None).await {
+                Ok(client) => match current_revision(&client).await {
+                    Ok(_) => return Ok(PrivateKine { child, client }),
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::Invalid(format!(
+                    "the mirror's kine did not answer within {PRIVATE_KINE_START:?} ({last}); its log: {}",
+                    crate::process::detached::file_tail(&log_path, 5).join("\n")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// SIGTERM, and SIGKILL if it has not exited within kine's stop grace.
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(super::kine::STOP_GRACE, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
         }
     }
 }
