@@ -699,8 +699,9 @@ async fn a_slot_that_crashes_during_the_preflights_copy_of_the_data_is_acted_on_
 }
 
 /// The data loss of a store change (the next slot on an empty store) cannot happen: the API
-/// refuses a spec.store that puts the data elsewhere once a slot started on it; a KcpShard created
-/// again with another store runs on the one its data is in, says so, and status names that store;
+/// refuses a spec.store that puts the data where kcpshard cannot move it once a slot started on
+/// it; a KcpShard created again with such a store runs on the one its data is in, says so, and
+/// status names that store;
 /// deletion stops every kine the shard started, one that serves nothing it uses included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_change_is_refused_a_re_created_shard_keeps_its_data_s_store_and_deletion_stops_every_kine() {
@@ -713,13 +714,14 @@ async fn a_store_change_is_refused_a_re_created_shard_keeps_its_data_s_store_and
         o["status"]["store"]
     );
 
-    let postgres = json!({ "type": "KinePostgres", "kinePostgres": { "host": "127.0.0.1", "port": test_port(), "user": "postgres" } });
+    // A store kcpshard cannot move the data into (etcd's revisions cannot be raised).
+    let elsewhere = json!({ "type": "Etcd", "etcd": { "endpoints": [format!("http://127.0.0.1:{}", test_port())] } });
     let refused = env
         .shards()
         .patch(
             "dev",
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({ "spec": { "store": postgres } })),
+            &kube::api::Patch::Merge(json!({ "spec": { "store": elsewhere } })),
         )
         .await
         .expect_err("a change of spec.store was accepted");
@@ -750,7 +752,7 @@ async fn a_store_change_is_refused_a_re_created_shard_keeps_its_data_s_store_and
 
     // Created again on another store: it runs on the one its data is in.
     let mut again = spec(&front, 1);
-    again["store"] = postgres;
+    again["store"] = elsewhere;
     env.apply_spec("dev", again).await;
     let o = env
         .until(

@@ -12,9 +12,9 @@
 //!   3. garbage in `controller.json`: Degraded=True, reason StateFileUnreadable, naming the file
 //!      and what to do, one Warning event, the slot serving on (0 failed polls); moved aside, the
 //!      shard is Ready again with no roll.
-//!   4. `kubectl patch` of spec.store to a managed KinePostgres (what once served an empty kcp at
-//!      the next roll): refused with 422 naming the field, status still names KineSqlite; a
-//!      restart roll afterwards keeps every workspace.
+//!   4. `kubectl patch` of spec.store to a store kcpshard cannot move the data into (Etcd; once
+//!      any change served an empty kcp at the next roll): refused with 422 naming the field,
+//!      status still names KineSqlite; a restart roll afterwards keeps every workspace.
 //! - `slot_kine_postgres_and_roll_faults_on_a_kine_postgres_shard`, one shard on PostgreSQL:
 //!   1. SIGKILL of the active slot's own kine (found by `application_name=kcpshard-<shard>-<slot>`
 //!      in its argv): started again at the same address (SlotStoreRestarted), no roll.
@@ -518,7 +518,7 @@ async fn kine_front_and_state_file_faults_on_a_kine_sqlite_shard() {
             "--type",
             "merge",
             "-p",
-            r#"{"spec":{"store":{"type":"KinePostgres","kinePostgres":{"host":"127.0.0.1","managed":true}}}}"#,
+            r#"{"spec":{"store":{"type":"Etcd","etcd":{"endpoints":["https://127.0.0.1:2379"]}}}}"#,
         ],
         "",
     );

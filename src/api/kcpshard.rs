@@ -261,6 +261,26 @@ pub struct StoreSpec {
 }
 
 impl StoreSpec {
+    /// Why kcpshard cannot move a shard's data from this store to `to` while it serves (None: it
+    /// can; controller/plan/migration.rs). The new store must be a kine over PostgreSQL: its
+    /// revisions are raised above every revision the old store handed out, so that a client that
+    /// resumes from an old resourceVersion is told to list again (410 Gone); etcd's revisions
+    /// cannot be raised, and a KineSqlite target is not built yet. The old store must be one the
+    /// mirror can read after its slots stopped: a KineSqlite's kine or Etcd members.
+    pub fn move_refused(&self, to: &StoreSpec) -> Option<String> {
+        let what = match (self.type_, to.type_) {
+            (_, StoreType::Etcd) => {
+                "into an Etcd store (etcd's revisions cannot be raised above the old store's, so a client resuming a watch could miss changes)"
+            }
+            (_, StoreType::KineSqlite) => "into a KineSqlite store yet",
+            (StoreType::KinePostgres, _) => "out of a KinePostgres store yet",
+            (StoreType::KineSqlite | StoreType::Etcd, StoreType::KinePostgres) => return None,
+        };
+        Some(format!(
+            "kcpshard cannot move a shard's data {what}; it moves KineSqlite and Etcd stores into KinePostgres"
+        ))
+    }
+
     /// The first field by which `self` puts the data somewhere else than `other`: the type, the
     /// PostgreSQL server (host, port, or whether kcpshard runs it), its database, or the etcd
     /// endpoints. The other settings (user, password, TLS) say how to reach the same data, and

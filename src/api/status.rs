@@ -52,6 +52,9 @@ pub struct KcpShardStatus {
     /// way or done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_restore: Option<RestoreStatus>,
+    /// The latest move of the data to another store (a change of spec.store), under way or done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationStatus>,
     /// The latest observations of the shard's state. Ready is True when the front forwards to a
     /// slot that answers /readyz.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -298,4 +301,40 @@ pub struct RestoreStatus {
     /// When a slot served the restored data through the front again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<MicroTime>,
+}
+
+/// A move of the shard's data to another store while it serves (docs/operations.md, "Move a shard
+/// to another store").
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationStatus {
+    /// Copying (into the new store), Following (every change applied as it is made; a slot
+    /// starts on the new store, out of the front), Switching (the front holds new connections
+    /// while the old slots stop and their last changes are applied), Switched (the new store
+    /// serves; what ran the old one stops), Complete, or Failed (message says why).
+    pub phase: String,
+    /// The store the data was in.
+    pub from: String,
+    /// The store the data moves to.
+    pub to: String,
+    pub started_at: MicroTime,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<MicroTime>,
+    /// Keys copied at one revision of the old store, before the following began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copied_keys: Option<u64>,
+    /// Revisions of the old store not yet applied to the new, as the mirror last said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<i64>,
+    /// From when the front began to hold new connections to when the new store had the old
+    /// store's last change, e.g. "2.1s": what a write in the switch waited at most, plus the
+    /// front's change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_pause: Option<String>,
+    /// The store the data was in, left as it was for the user to drop once satisfied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_store: Option<String>,
+    /// Why it failed, and what was left where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

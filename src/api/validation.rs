@@ -120,8 +120,8 @@ pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
 
 /// The problems of a change from `old` to `new` that [`validate`] cannot see in `new` alone: a
 /// spec.store that puts the data somewhere else once a slot has started on the old store
-/// (status.store.dataSince). A slot started on the new store would serve an empty kcp while the
-/// data stayed behind, so the change is refused until kcpshard can move the data.
+/// (status.store.dataSince), where kcpshard cannot move the data ([`StoreSpec::move_refused`]). A
+/// slot started on the new store would serve an empty kcp while the data stayed behind.
 pub fn validate_update(old: &KcpShard, new: &KcpShard) -> Vec<FieldCause> {
     let Some(since) = old
         .status
@@ -134,11 +134,14 @@ pub fn validate_update(old: &KcpShard, new: &KcpShard) -> Vec<FieldCause> {
     let Some(field) = new.spec.store.moved_at(&old.spec.store) else {
         return Vec::new();
     };
+    let Some(why) = old.spec.store.move_refused(&new.spec.store) else {
+        return Vec::new();
+    };
     let name = new.name_any();
     vec![forbidden(
         field,
         format!(
-            "the data of KcpShard {name} is in {} (since {}), and kcpshard cannot move a shard's data to another store: a slot started on {} would serve an empty kcp. Put spec.store back as it was. To run the shard on the new store without its data, delete the KcpShard, move its store directory (<state dir>/shards/{name}/store) aside, and create it again (docs/operations.md, \"Change a shard's store\")",
+            "the data of KcpShard {name} is in {} (since {}), and {why}: a slot started on {} would serve an empty kcp. Put spec.store back as it was. To run the shard on the new store without its data, delete the KcpShard, move its store directory (<state dir>/shards/{name}/store) aside, and create it again (docs/operations.md, \"Move a shard to another store\")",
             old.spec.store.describe(),
             since.0,
             new.spec.store.describe(),

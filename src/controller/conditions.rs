@@ -307,6 +307,16 @@ fn progress_reason(step: &Step) -> &'static str {
             what: Stopping::Preflight,
         }
         | Step::Wait(Wait::Preflight) => "Preflight",
+        Step::BeginMigration
+        | Step::EnsureTargetStore
+        | Step::StartMirror
+        | Step::StartWarmSlot { .. }
+        | Step::BeginSwitch
+        | Step::EndMirror
+        | Step::StopOldStore
+        | Step::CompleteMigration
+        | Step::Wait(Wait::Job { job: "store-mirror" }) => "Migrating",
+        Step::FailMigration { .. } => "MigrationFailed",
         Step::Wait(Wait::Job { .. }) | Step::FinishJob | Step::CancelJob => "RunningJob",
         Step::BeginRestore(_) | Step::RestoreSnapshot | Step::CompleteRestore => "Restoring",
         Step::RefuseRestore { .. } => "RestoreRefused",
@@ -334,6 +344,12 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::ReleaseLease { .. } => "ReleasingLease",
         Step::Probe | Step::ProbeSucceeded | Step::Wait(Wait::Probe) => "Probing",
         Step::CompleteRoll => "RollComplete",
+        Step::Wait(Wait::Stopping {
+            what: Stopping::OldStore,
+        })
+        | Step::KillStopping {
+            what: Stopping::OldStore,
+        } => "Migrating",
         Step::StopStore
         | Step::StopOrphanedKine { .. }
         | Step::StopFront
@@ -359,6 +375,17 @@ fn progress_message(step: &Step) -> String {
             format!("waiting for the {job} job to end (its output: job/job.log in the shard's directory)")
         }
         Step::FinishJob => "taking up what the job did".into(),
+        Step::BeginMigration => "beginning to move the shard's data to the store spec.store names".into(),
+        Step::EnsureTargetStore => "starting the store the data moves to".into(),
+        Step::StartMirror => "starting the mirror of the data into the new store (a job)".into(),
+        Step::StartWarmSlot { name } => format!("starting slot {name} on the new store, out of the front"),
+        Step::BeginSwitch => {
+            "switching to the new store: the front holds new connections while the old slots stop".into()
+        }
+        Step::EndMirror => "the old slots have exited: the mirror applies their last changes".into(),
+        Step::StopOldStore => "stopping what ran the store the data left (its data stays)".into(),
+        Step::CompleteMigration => "the move of the data is complete".into(),
+        Step::FailMigration { .. } => "stopping the move of the data; the old store serves on".into(),
         Step::CancelJob => "stopping a job nothing needs any more".into(),
         Step::StartPreflight => "starting a preflight: the new version alone on a copy of the data".into(),
         Step::CopyPreflight => "copying the data for the preflight (a job)".into(),

@@ -39,6 +39,8 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         })?,
         deleting: shard.meta().deletion_timestamp.is_some(),
         version_refused: None,
+        // From the store the data is in: in `step`.
+        store_move: None,
         root_not_ready: None,
         // And a store that takes snapshots: the one in use, in `step`.
         snapshot_before_version_change: spec.rollout.snapshot_before_version_change,

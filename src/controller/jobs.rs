@@ -276,6 +276,18 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
                 ),
             )])
         }
+        (JobKind::Mirror, JobState::Succeeded) => super::migration::switched(actor, &mut state),
+        (JobKind::Mirror, JobState::Failed { message }) => {
+            actor.dirs.save_state(&state)?;
+            super::migration::failed(actor, format!("the mirror failed: {message}"))
+        }
+        (JobKind::Mirror, JobState::Lost) => {
+            actor.dirs.save_state(&state)?;
+            super::migration::failed(
+                actor,
+                "the mirror's process is gone and how it ended is unknown (serve stopped while it ran)".into(),
+            )
+        }
         (JobKind::PreflightDump { .. } | JobKind::PreflightCopy { .. }, JobState::Failed { message }) => {
             drop_output()?;
             actor.dirs.save_state(&state)?;

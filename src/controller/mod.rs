@@ -20,6 +20,7 @@ pub mod host_lease;
 pub mod jobs;
 pub mod lease;
 pub mod metrics;
+pub mod migration;
 pub mod observe;
 pub mod plan;
 pub mod preflight;
@@ -277,6 +278,10 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
     let store_type = world.store.store.type_;
     desired.restore_stops_store = store_type == crate::api::StoreType::KineSqlite;
     desired.version_refused = desired::version_refused(shard, &world, &dirs);
+    desired.store_move = shard.spec.store.moved_at(&world.store.store).map(|_| plan::StoreMove {
+        to: shard.spec.store.clone(),
+        refused: world.store.refused.clone(),
+    });
     // The admin identities every slot must accept are part of the template: a rotation rolls.
     desired.template.accepted_identities = plan::accepted(&world.observed.identities, &world.observed);
     // A shard of a sharded kcp: its flags come from its root. While the root cannot take it,

@@ -313,6 +313,10 @@ pub struct SlotRecord {
     /// The signal kcpshard sent it, and why: written before the signal, so its exit is expected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopRecord>,
+    /// The store a move goes to, for a slot started on it before the switch (plan/migration.rs);
+    /// None: the shard's store (its store record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<crate::api::StoreSpec>,
 }
 
 /// The controller's memory of a shard: what cannot be observed.
@@ -354,6 +358,9 @@ pub struct ControllerState {
     /// A change of a caddy front's upstreams whose check through the front is due.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub front_check: Option<crate::controller::plan::FrontCheck>,
+    /// The move of the data to another store under way, or the latest one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<crate::controller::plan::MigrationRecord>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version
@@ -375,7 +382,7 @@ pub struct DataVersion {
 /// The store a shard's data is in, written before the first slot starts on it (and again when
 /// the settings that reach it change). From then on the controller runs the shard on this store,
 /// whatever spec.store says: a slot on another store would serve an empty kcp (docs/operations.md,
-/// "Change a shard's store").
+/// "Move a shard to another store").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StoreRecord {
@@ -386,8 +393,8 @@ pub struct StoreRecord {
 
 impl StoreRecord {
     /// The store the shard runs on, given spec.store: the spec's while it names the store the data
-    /// is in (its other settings may change), the recorded one when it names another; and in that
-    /// case why the spec is not followed, saying what to do.
+    /// is in (its other settings may change), the recorded one when it names another (until a
+    /// move's switch); and, when kcpshard cannot move the data there, why, saying what to do.
     pub fn in_use(record: Option<&StoreRecord>, spec: &crate::api::StoreSpec, dirs: &ShardDirs) -> StoreInUse {
         let Some(record) = record else {
             return StoreInUse {
@@ -405,14 +412,18 @@ impl StoreRecord {
             Some(field) => StoreInUse {
                 store: record.store.clone(),
                 since: Some(record.since),
-                refused: Some(format!(
-                    "{field} names {} but the shard's data is in {} (since {}, {}): the shard runs on the store its data is in, since kcpshard cannot move data between stores. Put spec.store back as it was; to run the shard on the new store without its data, delete the KcpShard, move {} aside, and create it again",
-                    spec.describe(),
-                    record.store.describe(),
-                    record.since.format("%Y-%m-%dT%H:%M:%SZ"),
-                    dirs.store_record_file().display(),
-                    dirs.store().display(),
-                )),
+                // A move kcpshard can make is made (plan/migration.rs); until its switch the shard
+                // runs on the store its data is in.
+                refused: record.store.move_refused(spec).map(|why| {
+                    format!(
+                        "{field} names {} but the shard's data is in {} (since {}, {}), and {why}: the shard runs on the store its data is in. Put spec.store back as it was; to run the shard on the new store without its data, delete the KcpShard, move {} aside, and create it again",
+                        spec.describe(),
+                        record.store.describe(),
+                        record.since.format("%Y-%m-%dT%H:%M:%SZ"),
+                        dirs.store_record_file().display(),
+                        dirs.store().display(),
+                    )
+                }),
             },
         }
     }
@@ -576,12 +587,21 @@ mod tests {
         };
         dirs.save_store_record(&record).unwrap();
         let record = dirs.load_store_record().unwrap();
-        let moved = StoreRecord::in_use(record.as_ref(), &postgres, &dirs);
+        // A store the data can move to: the data's store until the move's switch, nothing refused.
+        let moving = StoreRecord::in_use(record.as_ref(), &postgres, &dirs);
+        assert_eq!(
+            (&moving.store, moving.since, &moving.refused),
+            (&sqlite, Some(since), &None)
+        );
+        // One it cannot move to: the data's store, and why.
+        let etcd: crate::api::StoreSpec =
+            serde_yaml::from_str("{type: Etcd, etcd: {endpoints: [\"https://127.0.0.1:2379\"]}}").unwrap();
+        let moved = StoreRecord::in_use(record.as_ref(), &etcd, &dirs);
         assert_eq!(moved.store, sqlite, "the data's store, not the spec's");
         assert_eq!(moved.since, Some(since));
         let why = moved.refused.unwrap();
         assert!(
-            why.starts_with("spec.store.type names KinePostgres (database kcp on the managed PostgreSQL at 127.0.0.1:5432) but the shard's data is in KineSqlite (since 2026-12-04T10:00:00Z"),
+            why.starts_with("spec.store.type names Etcd (https://127.0.0.1:2379) but the shard's data is in KineSqlite (since 2026-12-04T10:00:00Z"),
             "{why}"
         );
         assert!(why.contains(&format!("move {} aside", dirs.store().display())), "{why}");

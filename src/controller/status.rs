@@ -4,10 +4,10 @@ use serde_json::{Value, json};
 
 use super::conditions::{self, k8s_time};
 use super::observe::World;
-use super::plan::{Desired, LeaseHolder, RestoreRecord, RollRecord, SlotObservation, Step};
+use super::plan::{Desired, LeaseHolder, MigrationObservation, RestoreRecord, RollRecord, SlotObservation, Step};
 use crate::api::{
-    FrontStatus, KcpShard, KcpShardStatus, PreflightStatus, RestoreStatus, RollStatus, SlotStatus, SnapshotStatus,
-    StoreStatus,
+    FrontStatus, KcpShard, KcpShardStatus, MigrationStatus, PreflightStatus, RestoreStatus, RollStatus, SlotStatus,
+    SnapshotStatus, StoreStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
@@ -88,6 +88,7 @@ pub fn build(
             taken_at: micro_time(b.taken_at),
         }),
         last_restore: world.state.restore.as_ref().map(restore_status),
+        migration: world.observed.migration.as_ref().map(migration_status),
         conditions: conditions::merge(previous, &verdicts, generation, observed.now),
     }
 }
@@ -175,6 +176,40 @@ fn restore_status(restore: &RestoreRecord) -> RestoreStatus {
         requested_at: Some(micro_time(restore.requested_at)),
         restored_at: restore.restored_at.map(micro_time),
         completed_at: restore.completed_at.map(micro_time),
+    }
+}
+
+fn migration_status(seen: &MigrationObservation) -> MigrationStatus {
+    let m = &seen.record;
+    let mirror = seen.mirror.as_ref();
+    let phase = if m.failure.is_some() {
+        "Failed"
+    } else if m.completed_at.is_some() {
+        "Complete"
+    } else if m.switched_at.is_some() {
+        "Switched"
+    } else if m.switch_started_at.is_some() {
+        "Switching"
+    } else if mirror.is_some_and(|p| p.phase != crate::store::mirror::MirrorPhase::Copying) {
+        "Following"
+    } else {
+        "Copying"
+    };
+    let write_pause = m
+        .switch_started_at
+        .zip(m.switched_at)
+        .map(|(from, to)| format!("{:.1}s", (to - from).num_milliseconds() as f64 / 1000.0));
+    MigrationStatus {
+        phase: phase.into(),
+        from: m.from.describe(),
+        to: m.to.describe(),
+        started_at: micro_time(m.started_at),
+        completed_at: m.completed_at.map(micro_time),
+        copied_keys: mirror.map(|p| p.copied_keys),
+        lag: mirror.filter(|_| m.switched_at.is_none()).map(|p| p.lag),
+        write_pause,
+        old_store: m.switched_at.map(|_| m.from.describe()),
+        message: m.failure.clone(),
     }
 }
 

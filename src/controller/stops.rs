@@ -25,7 +25,9 @@ pub async fn stop_store(actor: &Actor<'_>) -> Result<Notes, Error> {
 /// StopSlotStore: the own kine of slot `name`, whose kcp is gone.
 pub async fn stop_slot_store(actor: &Actor<'_>, name: &str) -> Result<Notes, Error> {
     let slot_dir = actor.dirs.slot(name).store();
-    let processes = actor.store()?.slot_processes(&actor.ctx.runtime, &slot_dir, name)?;
+    let processes = actor
+        .slot_store(name)?
+        .slot_processes(&actor.ctx.runtime, &slot_dir, name)?;
     let what = Stopping::SlotStore { slot: name.to_string() };
     send(actor, what, processes).await?;
     Ok(vec![])

@@ -124,17 +124,28 @@ fn holding_data(mut obj: KcpShard) -> KcpShard {
 }
 
 #[test]
-fn a_store_that_holds_the_data_cannot_be_swapped_for_another() {
+fn a_store_that_holds_the_data_is_swapped_only_for_one_kcpshard_can_move_it_into() {
     let old = holding_data(dev());
-    let causes = validate_update(&old, &postgres());
+    // KineSqlite -> KinePostgres is a move of the data (controller/plan/migration.rs).
+    assert_eq!(validate_update(&old, &postgres()), vec![]);
+    let mut etcd = dev();
+    etcd.spec.store.type_ = StoreType::Etcd;
+    etcd.spec.store.etcd = Some(crate::api::EtcdStore {
+        endpoints: vec!["https://a:2379".into()],
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+    });
+    let causes = validate_update(&old, &etcd);
     assert_eq!(fields(&causes), ["spec.store.type"]);
     assert_eq!(causes[0].reason, "FieldValueForbidden");
     let message = &causes[0].message;
     for needed in [
         "is in KineSqlite (since 2026-12-04T10:00:00Z)",
+        "cannot move a shard's data into an Etcd store",
         "would serve an empty kcp",
         "Put spec.store back",
-        "shards/pg/store) aside",
+        "shards/dev/store) aside",
     ] {
         assert!(message.contains(needed), "{needed:?} not in {message}");
     }
@@ -143,7 +154,7 @@ fn a_store_that_holds_the_data_cannot_be_swapped_for_another() {
     same.spec.version = "v0.32.4".into();
     assert_eq!(validate_update(&old, &same), vec![]);
     // Before a slot started on it, the store may change: there is no data to leave behind.
-    assert_eq!(validate_update(&dev(), &postgres()), vec![]);
+    assert_eq!(validate_update(&dev(), &etcd), vec![]);
 }
 
 #[test]

@@ -48,7 +48,7 @@ impl Actor<'_> {
 
     /// Changes the front's serving set: records who joined and left first (a slot that left is
     /// then let settle before SIGTERM), then applies it.
-    pub(super) async fn set_front(&self, change: &FrontChange) -> Result<Notes, Error> {
+    pub(crate) async fn set_front(&self, change: &FrontChange) -> Result<Notes, Error> {
         let now = Utc::now();
         for name in &change.joined {
             self.slot(name)?.dirs.update(|r| {

@@ -16,7 +16,7 @@ use crate::store::StoreBackend;
 mod front;
 mod restore;
 mod roll;
-mod slots;
+pub(crate) mod slots;
 mod store;
 
 /// What a step did that the user should hear about.
@@ -104,11 +104,28 @@ impl Actor<'_> {
             Step::StopFront => super::stops::stop_front(self).await,
             Step::KillStopping { what } => super::stops::kill(self, what).await,
             Step::ForgetKilled => super::stops::forget_killed(self).await,
+            Step::BeginMigration => super::migration::begin(self),
+            Step::EnsureTargetStore => super::migration::ensure_target_store(self).await,
+            Step::StartMirror => super::migration::start_mirror(self).await,
+            Step::StartWarmSlot { name } => super::migration::start_warm_slot(self, name).await,
+            Step::BeginSwitch => super::migration::begin_switch(self).await,
+            Step::EndMirror => super::migration::end_mirror(self),
+            Step::StopOldStore => super::migration::stop_old_store(self).await,
+            Step::CompleteMigration => super::migration::complete(self),
+            Step::FailMigration { cause } => super::migration::fail(self, cause),
         }
     }
 
     pub(super) fn store(&self) -> Result<StoreBackend, Error> {
         Ok(self.ctx.store(self.shard, &self.world.store.store, self.dirs)?)
+    }
+
+    /// The store slot `name` runs on: the shard's, or the one a move goes to (its record says).
+    pub(super) fn slot_store(&self, name: &str) -> Result<StoreBackend, Error> {
+        match self.world.slot(name).and_then(|s| s.record.store.as_ref()) {
+            Some(spec) => Ok(self.ctx.store(self.shard, spec, self.dirs)?),
+            None => self.store(),
+        }
     }
 
     fn slot(&self, name: &str) -> Result<&ObservedSlot, Error> {

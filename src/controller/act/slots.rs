@@ -18,7 +18,7 @@ use crate::slot;
 use crate::store::SlotStoreStart;
 
 /// What [`Actor::start_slot`] did.
-pub(super) enum SlotStart {
+pub(crate) enum SlotStart {
     /// Started the slot's kcp: what, for the event.
     Kcp(String),
     /// Started the store the slot dials (its own kine), which does not accept yet: the event.
@@ -66,7 +66,7 @@ impl Actor<'_> {
         let Some(template) = &self.desired.interim else {
             return Ok(vec![]);
         };
-        let started = match self.start_slot(name, template, false).await? {
+        let started = match self.start_slot(name, template, false, None).await? {
             SlotStart::Kcp(started) => started,
             SlotStart::StoreStarting(note) => return Ok(vec![note]),
         };
@@ -80,7 +80,7 @@ impl Actor<'_> {
     }
 
     pub(super) async fn start_new_slot(&self, name: &str) -> Result<Notes, Error> {
-        let started = match self.start_slot(name, &self.desired.template, true).await? {
+        let started = match self.start_slot(name, &self.desired.template, true, None).await? {
             SlotStart::Kcp(started) => started,
             SlotStart::StoreStarting(note) => return Ok(vec![note]),
         };
@@ -92,19 +92,24 @@ impl Actor<'_> {
 
     /// Starts slot `name` of `template`: first its own kine (KinePostgres), which is not waited
     /// for, then once it accepts its records and its kcp; with `begins_roll` it is recorded in the
-    /// roll of that template.
-    pub(super) async fn start_slot(
+    /// roll of that template. On the shard's store, or on the store a move goes to (`moving_to`:
+    /// the data's records stay as they are until the switch).
+    pub(crate) async fn start_slot(
         &self,
         name: &str,
         template: &SlotTemplate,
         begins_roll: bool,
+        moving_to: Option<&crate::api::StoreSpec>,
     ) -> Result<SlotStart, Error> {
         let slot_dirs = self.dirs.slot(name);
+        let backend = match moving_to {
+            Some(spec) => self.ctx.store(self.shard, spec, self.dirs)?,
+            None => self.store()?,
+        };
         // The slot's own kine (KinePostgres) starts before its kcp, and alone: the other slot's
         // kine, if any, has long created kine's schema (docs/background.md section 7). Until it
         // accepts, looks see it starting and wait (Wait (Store)); StartSlot then goes on here.
-        let slot_store = match self
-            .store()?
+        let slot_store = match backend
             .start_slot_store(&self.ctx.runtime, &slot_dirs.store(), name)
             .await?
         {
@@ -148,14 +153,16 @@ impl Actor<'_> {
         // Before the slot touches the data: from now on the data is in this store (a spec.store
         // that names another is not followed, observe.rs), and this version's.
         let store = &self.world.store;
-        if store.since.is_none() || store.store != self.shard.spec.store && store.refused.is_none() {
+        if moving_to.is_none()
+            && (store.since.is_none() || store.store != self.shard.spec.store && store.refused.is_none())
+        {
             self.dirs.save_store_record(&StoreRecord {
                 store: store.store.clone(),
                 since: store.since.unwrap_or(now),
             })?;
         }
         let recorded = self.world.data_version.as_ref();
-        if recorded.and_then(|d| d.template.as_ref()) != Some(template) {
+        if moving_to.is_none() && recorded.and_then(|d| d.template.as_ref()) != Some(template) {
             let since = recorded
                 .filter(|d| d.version == template.version)
                 .map_or(now, |d| d.since);
@@ -173,6 +180,7 @@ impl Actor<'_> {
             served_at: None,
             left_front_at: None,
             stop: None,
+            store: moving_to.cloned(),
         })?;
         slot::material::seed_root(&self.dirs.shared(), &slot_dirs.root())?;
         // A shard of a sharded kcp: the root's material (a non-root's first slot) and the
@@ -488,6 +496,8 @@ fn record_from_argv(name: &str, process: &crate::process::ProcessRecord) -> Opti
         served_at: Some(created_at),
         left_front_at: None,
         stop: None,
+        // Which store its --etcd-servers names is not told: the shard's.
+        store: None,
     })
 }
 

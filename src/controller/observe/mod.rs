@@ -16,7 +16,8 @@ use kube::runtime::reflector::ObjectRef;
 use super::clients::Identity;
 use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
-    Health, JobObservation, LeaseHolder, Observed, ProcessStop, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
+    Health, JobObservation, LeaseHolder, MigrationObservation, MigrationRecord, MirrorObservation, Observed,
+    ProcessStop, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
 use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
@@ -24,6 +25,7 @@ use crate::front::Backend;
 use crate::process::{ProcessRecord, Runtime};
 use crate::slot::access;
 use crate::store::Kine;
+use crate::store::mirror::MirrorProgress;
 
 /// The observation, and the details act and status need that the plan does not.
 pub struct World {
@@ -152,7 +154,12 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         let process = Runtime::load(&slot_dirs.process())?;
         let running = process.as_ref().is_some_and(|p| ctx.runtime.is_running(p));
         let mut own_store_running = false;
-        if let Ok(store) = &store {
+        // A slot started on the store a move goes to (plan/migration.rs) dials that store's kine.
+        let slot_store = match &record.store {
+            Some(spec) => ctx.store(shard, spec, dirs).map_err(|e| e.to_string()),
+            None => store.clone(),
+        };
+        if let Ok(store) = &slot_store {
             match store
                 .running_slot_kine(&ctx.runtime, &slot_dirs.store(), &record.name)
                 .await
@@ -167,7 +174,9 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
                 Some(None) => {}
                 // A running slot whose own kine is down has no store (KinePostgres): EnsureStore
                 // brings the kine back at the address the slot dials.
-                None if running => {
+                // Not so for a slot on a move's new store: it stays out of the front, and the
+                // move stops if it exits.
+                None if running && record.store.is_none() => {
                     store_status = Err(format!("the kine of slot {} does not accept", record.name));
                     kine_down.push(record.name.clone());
                 }
@@ -227,6 +236,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
             stop,
             left_front_at: record.left_front_at,
             own_store_running,
+            on_other_store: record.store.is_some(),
             last_words: match process.as_ref().filter(|_| !running) {
                 Some(process) => Some(last_words(&ctx.runtime, process, true).await),
                 None => None,
@@ -301,7 +311,13 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     // Own kines of slots (KinePostgres) started and not accepting yet: of a slot about to start,
     // or of a running slot whose kine was started again.
     let mut slot_stores_starting = BTreeMap::new();
-    if let Ok(store) = &store {
+    // And of a slot about to start on the store a move goes to.
+    let move_target = state
+        .migration
+        .as_ref()
+        .filter(|m| m.under_way() && m.switched_at.is_none())
+        .and_then(|m| ctx.store(shard, &m.to, dirs).ok());
+    for store in store.iter().chain(&move_target) {
         for name in SLOT_NAMES {
             if let Some(pid) = store
                 .starting_slot_kine(&ctx.runtime, &dirs.slot(name).store(), name)
@@ -357,6 +373,10 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         }
         None => None,
     };
+    let migration = match &state.migration {
+        Some(record) => Some(observe_migration(ctx, shard, dirs, record).await?),
+        None => None,
+    };
     let disk = disk_problem(ctx, shard, store.as_ref().ok());
     let data_version = dirs.load_data_version()?;
 
@@ -398,6 +418,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         stopping,
         killed_and_gone,
         front_check,
+        migration,
         identities: Default::default(),
         sharded_trust_stale: match &shard.spec.shard {
             Some(sharded) if sharded.is_root() => {
@@ -431,6 +452,39 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         observe_lease_and_probe(ctx, &mut world).await;
     }
     Ok(world)
+}
+
+/// A move of the data (plan/migration.rs): whether its new store accepts (before the switch), how
+/// far the mirror is, and whether what ran the old store still runs (after the switch).
+async fn observe_migration(
+    ctx: &Context,
+    shard: &crate::api::KcpShard,
+    dirs: &ShardDirs,
+    record: &MigrationRecord,
+) -> Result<MigrationObservation, Error> {
+    let mut seen = MigrationObservation {
+        record: record.clone(),
+        target_up: false,
+        target_starting: false,
+        mirror: MirrorProgress::load(&super::migration::progress_file(dirs))?.map(|p| MirrorObservation {
+            phase: p.phase,
+            copied_keys: p.copied_keys,
+            lag: p.lag(),
+        }),
+        old_store_running: false,
+    };
+    if !record.under_way() {
+        return Ok(seen);
+    }
+    if record.switched_at.is_none() {
+        if let Ok(target) = ctx.store(shard, &record.to, dirs) {
+            seen.target_up = target.check(&ctx.runtime).await.is_ok();
+            seen.target_starting = !seen.target_up && target.starting(&ctx.runtime).await.is_some();
+        }
+    } else if let Ok(old) = ctx.store(shard, &record.from, dirs) {
+        seen.old_store_running = old.processes_running(&ctx.runtime);
+    }
+    Ok(seen)
 }
 
 /// The records of kines kcpshard started for this shard that still run but serve neither the

@@ -76,6 +76,8 @@ pub struct Desired {
     /// Why spec.rollout refuses a roll from the serving slots' version to this one, if it does
     /// (a minor change or a downgrade that is not allowed).
     pub version_refused: Option<String>,
+    /// spec.store names another store than the data is in: a move (plan/migration.rs).
+    pub store_move: Option<super::StoreMove>,
     /// Snapshot the store before a roll that changes the version (spec.rollout, and a store that
     /// takes snapshots).
     pub snapshot_before_version_change: bool,

@@ -34,6 +34,9 @@ pub enum JobKind {
     /// database, or sqlite's VACUUM INTO.
     #[serde(rename_all = "camelCase")]
     PreflightCopy { template: Box<SlotTemplate> },
+    /// The mirror of the shard's store into the store a move goes to (`kcpshard job
+    /// store-mirror`): it ends once the old store takes no more writes and all of them are applied.
+    Mirror,
 }
 
 impl JobKind {
@@ -45,6 +48,7 @@ impl JobKind {
             JobKind::Restore { .. } => "restore",
             JobKind::PreflightDump { .. } => "preflight-dump",
             JobKind::PreflightCopy { .. } => "preflight-copy",
+            JobKind::Mirror => "store-mirror",
         }
     }
 
@@ -52,7 +56,7 @@ impl JobKind {
     pub fn preflight_of(&self) -> Option<&SlotTemplate> {
         match self {
             JobKind::PreflightDump { template } | JobKind::PreflightCopy { template } => Some(template),
-            JobKind::Snapshot { .. } | JobKind::Backup { .. } | JobKind::Restore { .. } => None,
+            JobKind::Snapshot { .. } | JobKind::Backup { .. } | JobKind::Restore { .. } | JobKind::Mirror => None,
         }
     }
 }

@@ -21,11 +21,18 @@
 //! - a restore of a store snapshot (a planned outage) runs only once no slot runs: the front
 //!   serves none, every slot and its own kine stop, then the snapshot is restored and slots of
 //!   its version start as on a first start;
+//! - a move of the data to another store (plan/migration.rs) runs only while the shard is
+//!   steady; its slot on the new store never joins the front, nor carries a Lease release, before
+//!   the switch; its switch is the one time an old slot is sent SIGTERM with no slot in the front:
+//!   the front holds new connections meanwhile;
 //! - nothing waits: a step sends a signal or a request and returns; its effect is observed later.
 mod cleanup;
 mod desired;
 mod identities;
 mod job;
+mod migration;
+#[cfg(test)]
+mod migration_tests;
 mod observed;
 mod preflight;
 mod records;
@@ -44,6 +51,7 @@ use std::time::Duration;
 pub use desired::*;
 pub use identities::*;
 pub use job::*;
+pub use migration::*;
 pub use observed::*;
 pub use records::*;
 pub use step::*;
@@ -86,7 +94,9 @@ pub const SLOT_NAMES: [&str; 4] = ["a", "b", "c", "d"];
 pub fn plan(desired: &Desired, observed: &Observed) -> Step {
     match next_step(desired, observed) {
         // The slot's own kine was started and does not accept yet: its kcp starts once it does.
-        Step::StartSlot { name } | Step::StartInterim { name } if observed.slot_stores_starting.contains(&name) => {
+        Step::StartSlot { name } | Step::StartInterim { name } | Step::StartWarmSlot { name }
+            if observed.slot_stores_starting.contains(&name) =>
+        {
             Step::Wait(Wait::Store)
         }
         step => step,
@@ -161,6 +171,11 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
         }
         return Step::SetFront(front_change(desired, observed, wanted));
     }
+    // A move's switch: the moment its old slots have exited, the mirror takes their last changes
+    // (their records go after; the front holds new connections meanwhile).
+    if let Some(step) = switch_ending(observed) {
+        return step;
+    }
     if let Some(step) = gone_slots(desired, observed) {
         return step;
     }
@@ -174,6 +189,9 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
         return step;
     }
     if let Some(step) = closes(observed) {
+        return step;
+    }
+    if let Some(step) = migration(desired, observed) {
         return step;
     }
     if let Some(step) = retirements(desired, observed, &wanted) {
@@ -310,7 +328,7 @@ fn lease_carrier(observed: &Observed) -> Option<&SlotObservation> {
     observed
         .slots
         .iter()
-        .find(|s| s.running && s.listening && s.health.ready)
+        .find(|s| s.running && s.listening && s.health.ready && !s.on_other_store)
 }
 
 /// The Lease held by a slot that can no longer renew it (stopped listening), or by a process that

@@ -135,6 +135,9 @@ pub struct SlotObservation {
     pub left_front_at: Option<DateTime<Utc>>,
     /// What only this slot uses of the store runs (its own kine, on KinePostgres).
     pub own_store_running: bool,
+    /// It runs on the store a move goes to, not yet the shard's (plan/migration.rs): it stays
+    /// out of the front and carries no Lease request until the switch.
+    pub on_other_store: bool,
     /// A slot that is gone: how it ended (exit status, the last error it printed, its log), for
     /// the events and conditions that report it.
     pub last_words: Option<String>,
@@ -300,6 +303,8 @@ pub struct Observed {
     pub stopping: Vec<ProcessStop>,
     /// A check of a caddy front's change through the front, while one is due.
     pub front_check: Option<FrontCheckObservation>,
+    /// The move of the data to another store under way, or the latest one.
+    pub migration: Option<MigrationObservation>,
     /// The processes killed after their stop's grace (KillStopping) that have exited since.
     pub killed_and_gone: Vec<ProcessStop>,
     /// The shard's admin identities and whether the kubeconfig through the front is current.

@@ -26,11 +26,17 @@ pub fn front_checked(observed: &Observed) -> Option<Step> {
 /// moves once); if none, any slot that answers; if none, what the front has now and still runs
 /// (there is nothing better).
 pub fn wanted_front(desired: &Desired, observed: &Observed) -> Vec<String> {
+    if observed
+        .migration
+        .as_ref()
+        .is_some_and(|m| m.record.under_way() && m.record.switching())
+    {
+        // A move's switch: the front holds new connections until the new store's slot takes them.
+        return Vec::new();
+    }
     let current = observed.front.backends();
     let in_front = |s: &SlotObservation| current.contains(&s.name);
-    let fits = |s: &SlotObservation| {
-        if in_front(s) { s.can_stay() } else { s.can_join() }
-    };
+    let fits = |s: &SlotObservation| !s.on_other_store && if in_front(s) { s.can_stay() } else { s.can_join() };
     let mut new: Vec<&SlotObservation> = observed
         .slots
         .iter()
@@ -52,7 +58,7 @@ pub fn wanted_front(desired: &Desired, observed: &Observed) -> Vec<String> {
         wanted = observed
             .slots
             .iter()
-            .filter(|s| s.can_join())
+            .filter(|s| s.can_join() && !s.on_other_store)
             .take(desired.slots)
             .map(|s| s.name.clone())
             .collect();

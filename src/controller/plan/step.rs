@@ -167,6 +167,33 @@ pub enum Step {
     RestoreSnapshot,
     /// A slot of the restored version serves: the restore is complete.
     CompleteRestore,
+    /// spec.store names another store than the data is in: record the move (MigrationStarted).
+    BeginMigration,
+    /// Start what the move's new store needs shard-wide (a managed PostgreSQL, its database; a
+    /// KineSqlite store's kine once the mirror raised its revisions).
+    EnsureTargetStore,
+    /// Start the mirror of the old store into the new one (a job: store/mirror.rs).
+    StartMirror,
+    /// The mirror follows the old store: start a slot on the new store, out of the front
+    /// (MigrationCaughtUp).
+    StartWarmSlot {
+        name: String,
+    },
+    /// The new store's slot is ready and the mirror close behind: record the switch; the front
+    /// then holds new connections while every old slot stops.
+    BeginSwitch,
+    /// Every old slot has exited: tell the mirror that the old store takes no more writes; it
+    /// ends once it has applied the last of them (FinishJob records the switch).
+    EndMirror,
+    /// Stop what kcpshard ran of the old store (its data is left as it was).
+    StopOldStore,
+    /// The move is complete (MigrationComplete).
+    CompleteMigration,
+    /// Stop the move before its switch ended: the mirror and the new store's slot stop, the old
+    /// store serves on (MigrationFailed).
+    FailMigration {
+        cause: MigrationFailure,
+    },
     /// Start a slot with the desired template.
     StartSlot {
         name: String,
@@ -260,7 +287,8 @@ impl Step {
             | Step::StopSlotStore { name }
             | Step::RemoveSlot { name, .. }
             | Step::RestartSlot { name, .. }
-            | Step::AbortRoll { name, .. } => Some(name),
+            | Step::AbortRoll { name, .. }
+            | Step::StartWarmSlot { name } => Some(name),
             _ => None,
         }
     }
@@ -315,6 +343,15 @@ impl Step {
             Step::StopFront => "StopFront",
             Step::KillStopping { .. } => "KillStopping",
             Step::ForgetKilled => "ForgetKilled",
+            Step::BeginMigration => "BeginMigration",
+            Step::EnsureTargetStore => "EnsureTargetStore",
+            Step::StartMirror => "StartMirror",
+            Step::StartWarmSlot { .. } => "StartWarmSlot",
+            Step::BeginSwitch => "BeginSwitch",
+            Step::EndMirror => "EndMirror",
+            Step::StopOldStore => "StopOldStore",
+            Step::CompleteMigration => "CompleteMigration",
+            Step::FailMigration { .. } => "FailMigration",
             Step::Blocked { .. } => "Blocked",
             Step::Wait(_) => "Wait",
             Step::Idle => "Idle",

@@ -21,6 +21,8 @@ pub enum Stopping {
     Front,
     /// The preflight's kcp and the kine over its copy.
     Preflight,
+    /// What kcpshard ran of the store a move took the data from (its data stays).
+    OldStore,
 }
 
 impl std::fmt::Display for Stopping {
@@ -31,6 +33,7 @@ impl std::fmt::Display for Stopping {
             Stopping::OrphanedKine { record } => write!(f, "the kine recorded at {record}"),
             Stopping::Front => write!(f, "the front"),
             Stopping::Preflight => write!(f, "the preflight's kcp and kine"),
+            Stopping::OldStore => write!(f, "the store the data moved from"),
         }
     }
 }

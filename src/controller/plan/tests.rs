@@ -37,6 +37,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         drain_timeout: Duration::from_secs(30),
         deleting: false,
         version_refused: None,
+        store_move: None,
         root_not_ready: None,
         snapshot_before_version_change: false,
         preflight: false,
@@ -71,6 +72,7 @@ pub(crate) fn slot(name: &str, version: &str, ready: bool) -> SlotObservation {
         stop: None,
         left_front_at: None,
         own_store_running: false,
+        on_other_store: false,
         last_words: None,
     }
 }
@@ -111,6 +113,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         stopping: vec![],
         killed_and_gone: vec![],
         front_check: None,
+        migration: None,
         // The shard's admin identity is made and the kubeconfig is current: the identity steps
         // (plan/identities.rs) have nothing to do.
         identities: IdentitiesObservation {
@@ -130,7 +133,7 @@ fn roll() -> RollRecord {
     }
 }
 
-fn set_front(backends: &[&str], joined: &[&str], left: &[(&str, LeaveCause)]) -> Step {
+pub(crate) fn set_front(backends: &[&str], joined: &[&str], left: &[(&str, LeaveCause)]) -> Step {
     Step::SetFront(FrontChange {
         backends: backends.iter().map(|s| s.to_string()).collect(),
         joined: joined.iter().map(|s| s.to_string()).collect(),

@@ -1,0 +1,319 @@
+//! The steps of a move of the shard's data to another store (plan/migration.rs): each records
+//! what it decides in controller.json before its effect, and returns. The mirror is a job
+//! (jobs.rs, `kcpshard job store-mirror`); FinishJob takes up its end, which is the switch.
+use std::path::PathBuf;
+
+use chrono::Utc;
+
+use super::Note;
+use super::act::slots::SlotStart;
+use super::act::{Actor, Notes};
+use super::error::Error;
+use super::plan::{FrontChange, JobKind, LeaveCause, MigrationFailure, MigrationRecord, Stopping};
+use super::state::{ControllerState, StoreRecord};
+use crate::api::{StoreSpec, StoreType};
+use crate::store::StoreBackend;
+use crate::store::snapshot::ClientRun;
+
+/// The mirror's files in the job directory.
+const PROGRESS_FILE: &str = "mirror-progress.json";
+const UNTIL_FILE: &str = "mirror-until";
+
+/// The move under way, as recorded.
+fn record(state: &ControllerState) -> Result<&MigrationRecord, Error> {
+    state
+        .migration
+        .as_ref()
+        .filter(|m| m.under_way())
+        .ok_or(Error::NoMigration)
+}
+
+fn update(actor: &Actor<'_>, change: impl FnOnce(&mut MigrationRecord)) -> Result<MigrationRecord, Error> {
+    let mut state = actor.dirs.load_state()?;
+    let migration = state.migration.as_mut().ok_or(Error::NoMigration)?;
+    change(migration);
+    let updated = migration.clone();
+    actor.dirs.save_state(&state)?;
+    Ok(updated)
+}
+
+/// Where the mirror writes how far it is.
+pub fn progress_file(actor_dirs: &super::state::ShardDirs) -> PathBuf {
+    actor_dirs.job().join(PROGRESS_FILE)
+}
+
+/// BeginMigration.
+pub fn begin(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let from = actor.world.store.store.clone();
+    let to = actor.shard.spec.store.clone();
+    let mut state = actor.dirs.load_state()?;
+    state.migration = Some(MigrationRecord::begun(from.clone(), to.clone(), Utc::now()));
+    actor.dirs.save_state(&state)?;
+    Ok(vec![Note::normal(
+        "MigrationStarted",
+        format!(
+            "moving the shard's data from {} to {}: the slots serve on while it is copied and followed, then a slot on the new store takes over while the front holds new connections for a moment",
+            from.describe(),
+            to.describe()
+        ),
+    )])
+}
+
+/// The backend of the store the move goes to.
+fn target(actor: &Actor<'_>, record: &MigrationRecord) -> Result<StoreBackend, Error> {
+    Ok(actor.ctx.store(actor.shard, &record.to, actor.dirs)?)
+}
+
+/// EnsureTargetStore.
+pub async fn ensure_target_store(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = record(&actor.world.state)?.clone();
+    let started = target(actor, &record)?.ensure(&actor.ctx.runtime).await?;
+    Ok(vec![Note::normal(
+        "MigrationStoreReady",
+        format!("the store the data moves to: {started}"),
+    )])
+}
+
+/// StartMirror: `kcpshard job store-mirror` from the store the slots use into the new one.
+pub async fn start_mirror(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = record(&actor.world.state)?.clone();
+    let dir = std::path::absolute(actor.dirs.job())?;
+    crate::fsutil::create_private_dir(&dir)?;
+    for file in [PROGRESS_FILE, UNTIL_FILE] {
+        crate::fsutil::remove_if_there(&dir.join(file))?;
+    }
+    let mut args = vec!["job".to_string(), "store-mirror".to_string()];
+    match actor.store()? {
+        // The kine the slots dial, which runs until the move is complete.
+        StoreBackend::KineSqlite { .. } => {
+            for endpoint in &actor.world.store_endpoints {
+                args.extend(["--from".to_string(), endpoint.clone()]);
+            }
+        }
+        StoreBackend::Etcd(cluster) => {
+            for endpoint in &cluster.endpoints {
+                args.extend(["--from".to_string(), endpoint.clone()]);
+            }
+            let tls = &cluster.tls;
+            for (flag, file) in [
+                ("--from-cacert", &tls.ca_file),
+                ("--from-cert", &tls.cert_file),
+                ("--from-key", &tls.key_file),
+            ] {
+                if let Some(file) = file {
+                    args.extend([flag.to_string(), std::path::absolute(file)?.display().to_string()]);
+                }
+            }
+        }
+        StoreBackend::KinePostgres { .. } => return Err(Error::MigrationUnsupported(record.from.describe())),
+    }
+    args.extend([
+        "--to-store".to_string(),
+        serde_json::to_string(&record.to).expect("a store spec serializes"),
+        "--kine-binary".to_string(),
+        std::path::absolute(&actor.ctx.kine_binary)?.display().to_string(),
+        "--progress".to_string(),
+        dir.join(PROGRESS_FILE).display().to_string(),
+        "--until".to_string(),
+        dir.join(UNTIL_FILE).display().to_string(),
+    ]);
+    // A password spec.store names by an environment variable of serve's reaches the job the same
+    // way (a file it reads itself).
+    let env = record
+        .to
+        .kine_postgres
+        .as_ref()
+        .and_then(|pg| pg.password_from.as_ref())
+        .and_then(|from| from.env.clone())
+        .and_then(|name| std::env::var(&name).ok().map(|value| (name, value)))
+        .into_iter()
+        .collect();
+    let run = ClientRun {
+        program: actor.ctx.kcpshard_binary.clone(),
+        args,
+        env,
+    };
+    super::jobs::start(actor, JobKind::Mirror, None, run).await?;
+    Ok(vec![Note::normal(
+        "MirrorStarted",
+        format!(
+            "copying the shard's data into {} and following every change after the copy (progress: {})",
+            record.to.describe(),
+            dir.join(PROGRESS_FILE).display()
+        ),
+    )])
+}
+
+/// StartWarmSlot: a slot of the desired template on the new store, out of the front.
+pub async fn start_warm_slot(actor: &Actor<'_>, name: &str) -> Result<Notes, Error> {
+    let record = record(&actor.world.state)?.clone();
+    let started = match actor
+        .start_slot(name, &actor.desired.template, false, Some(&record.to))
+        .await?
+    {
+        SlotStart::Kcp(started) => started,
+        SlotStart::StoreStarting(note) => return Ok(vec![note]),
+    };
+    update(actor, |m| m.warm_slot = Some(name.to_string()))?;
+    let progress = actor.world.observed.migration.as_ref().and_then(|m| m.mirror.clone());
+    let (copied, lag) = progress.map_or((0, 0), |p| (p.copied_keys, p.lag));
+    Ok(vec![Note::normal(
+        "MigrationCaughtUp",
+        format!(
+            "copied {copied} keys into {}, which follows every change ({lag} revisions behind); started {started} on it, out of the front: it follows while the serving slots lead",
+            record.to.describe()
+        ),
+    )])
+}
+
+/// BeginSwitch: recorded, then the front holds new connections (an empty serving set); the old
+/// slots' connections stay until each slot stops.
+pub async fn begin_switch(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = update(actor, |m| m.switch_started_at = Some(Utc::now()))?;
+    let left = actor
+        .world
+        .observed
+        .front
+        .backends()
+        .iter()
+        .map(|name| (name.clone(), LeaveCause::Replaced))
+        .collect();
+    actor
+        .set_front(&FrontChange {
+            backends: vec![],
+            joined: vec![],
+            left,
+        })
+        .await?;
+    Ok(vec![Note::normal(
+        "MigrationSwitching",
+        format!(
+            "slot {} on {} is ready: the front holds new connections while the slots on {} stop and their last changes are applied",
+            record.warm_slot.as_deref().unwrap_or("?"),
+            record.to.describe(),
+            record.from.describe()
+        ),
+    )])
+}
+
+/// EndMirror: the old store takes no more writes (every slot on it has exited).
+pub fn end_mirror(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let until = actor.dirs.job().join(UNTIL_FILE);
+    update(actor, |m| m.mirror_ending_at = Some(Utc::now()))?;
+    crate::fsutil::write_atomically(&until, Utc::now().to_rfc3339().as_bytes())?;
+    Ok(vec![])
+}
+
+/// The mirror ended having applied the old store's last change: the data is in the new store.
+/// Called by FinishJob.
+pub fn switched(actor: &Actor<'_>, state: &mut ControllerState) -> Result<Notes, Error> {
+    let now = Utc::now();
+    let Some(migration) = state.migration.as_mut().filter(|m| m.under_way()) else {
+        return Ok(vec![]);
+    };
+    actor.dirs.save_store_record(&StoreRecord {
+        store: migration.to.clone(),
+        since: now,
+    })?;
+    if let Some(name) = &migration.warm_slot {
+        actor.dirs.slot(name).update(|slot| slot.store = None)?;
+    }
+    migration.switched_at = Some(now);
+    let pause = migration
+        .switch_started_at
+        .map_or(0.0, |at| (now - at).num_milliseconds() as f64 / 1000.0);
+    let message = format!(
+        "{} has every change of {}: slot {} takes new connections ({pause:.1}s since the front began to hold them)",
+        migration.to.describe(),
+        migration.from.describe(),
+        migration.warm_slot.as_deref().unwrap_or("?"),
+    );
+    actor.dirs.save_state(state)?;
+    Ok(vec![Note::normal("MigrationSwitched", message)])
+}
+
+/// StopOldStore: what kcpshard ran of the store the data left; its data stays.
+pub async fn stop_old_store(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let from = actor
+        .world
+        .state
+        .migration
+        .as_ref()
+        .map(|m| m.from.clone())
+        .ok_or(Error::NoMigration)?;
+    let processes = actor
+        .ctx
+        .store(actor.shard, &from, actor.dirs)?
+        .processes(&actor.ctx.runtime)?;
+    super::stops::send(actor, Stopping::OldStore, processes).await?;
+    Ok(vec![])
+}
+
+/// CompleteMigration.
+pub fn complete(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let record = update(actor, |m| m.completed_at = Some(Utc::now()))?;
+    let took = record
+        .completed_at
+        .map_or(0, |at| (at - record.started_at).num_seconds());
+    Ok(vec![Note::normal(
+        "MigrationComplete",
+        format!(
+            "moved the shard's data from {} to {} in {took}s; {}",
+            record.from.describe(),
+            record.to.describe(),
+            left_as_it_was(actor, &record.from)
+        ),
+    )])
+}
+
+/// What a move leaves of the store the data was in.
+fn left_as_it_was(actor: &Actor<'_>, from: &StoreSpec) -> String {
+    match from.type_ {
+        StoreType::KineSqlite => format!(
+            "the old store is left as it was ({}): remove it once satisfied",
+            actor.dirs.store().join(crate::store::kine::DB_FILE).display()
+        ),
+        StoreType::KinePostgres | StoreType::Etcd => format!(
+            "the old store ({}) is left as it was: drop it once satisfied",
+            from.describe()
+        ),
+    }
+}
+
+/// FailMigration: the mirror stops, and the slot on the new store goes (the plan stops it); the
+/// old store serves on.
+pub fn fail(actor: &Actor<'_>, cause: &MigrationFailure) -> Result<Notes, Error> {
+    let why = match cause {
+        MigrationFailure::SpecChanged => "spec.store changed before the switch".to_string(),
+        MigrationFailure::WarmSlotExited { slot, last_words } => format!(
+            "slot {slot} on the new store exited before it served{}",
+            last_words.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
+        ),
+        MigrationFailure::Mirror { message } => format!("the mirror failed: {message}"),
+    };
+    failed(actor, why)
+}
+
+/// Records the move as failed with `why`, and kills its mirror if it runs.
+pub fn failed(actor: &Actor<'_>, why: String) -> Result<Notes, Error> {
+    let record = update(actor, |m| m.failure = Some(why.clone()))?;
+    if actor
+        .world
+        .observed
+        .job
+        .as_ref()
+        .is_some_and(|j| j.running() && j.record.kind == JobKind::Mirror)
+    {
+        super::jobs::cancel(actor)?;
+    }
+    Ok(vec![Note::warning(
+        "MigrationFailed",
+        format!(
+            "the move of the data from {} to {} stopped: {why}. The shard serves on {} as before. {} holds what was copied: clear it before moving there again",
+            record.from.describe(),
+            record.to.describe(),
+            record.from.describe(),
+            record.to.describe()
+        ),
+    )])
+}
