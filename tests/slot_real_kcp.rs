@@ -391,17 +391,7 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
 
     // Both slots serve: the admin identity, through a front that sends each connection to the
     // other slot, is accepted every time; kcp sees it as its own kcp-admin.
-    let front_kubeconfig = base.join("admin.kubeconfig");
-    let shard_admin_token =
-        identity::shard_admin_token(&std::fs::read(shared.join("admin.kubeconfig")).unwrap()).unwrap();
-    let rendered = FrontKubeconfig {
-        front_url: &front,
-        ca_pem: &std::fs::read(shared.join("apiserver.crt")).unwrap(),
-        identity: &admin,
-        shard_admin_token: &shard_admin_token,
-    }
-    .render();
-    std::fs::write(&front_kubeconfig, rendered).unwrap();
+    let front_kubeconfig = write_front_kubeconfig(base, &shared, &front, &admin);
     let both = both_slots_at_once(&front, &front_kubeconfig, &a, &b).await;
 
     let client_b = slot::shard_admin_client(&b.root.join("admin.kubeconfig"), &slot::slot_url(b.port))
@@ -459,6 +449,23 @@ async fn hand_over(version_a: &str, version_b: &str, backend: Backend) {
          b SIGTERM->exit {:?}; kcp-admin token of b accepted by a: {kcp_admin_ok}; lease holder {holder_before:?} -> {holder_after:?}; {both}",
         stop.exited_after, stop_b.exited_after
     );
+}
+
+/// The kubeconfig through the front for kcpshard's admin `identity`, as the controller writes it
+/// from the shard's material in `shared`: in `base`.
+fn write_front_kubeconfig(base: &Path, shared: &Path, front: &str, identity: &Identity) -> PathBuf {
+    let path = base.join("admin.kubeconfig");
+    let shard_admin_token =
+        identity::shard_admin_token(&std::fs::read(shared.join("admin.kubeconfig")).unwrap()).unwrap();
+    let rendered = FrontKubeconfig {
+        front_url: front,
+        ca_pem: &std::fs::read(shared.join("apiserver.crt")).unwrap(),
+        identity,
+        shard_admin_token: &shard_admin_token,
+    }
+    .render();
+    std::fs::write(&path, rendered).unwrap();
+    path
 }
 
 /// `GET`/`POST path` with `client`: the status and body.
@@ -804,17 +811,7 @@ async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_a
     let a = start_slot(&runtime, &mut reaper, &on_source, "a", &version, &[&admin]).await;
     wait_ready(&runtime, &a, Duration::from_secs(180)).await;
     slot::capture_shared(&a.root, &shared).unwrap();
-    let front_kubeconfig = base.join("admin.kubeconfig");
-    let shard_admin_token =
-        identity::shard_admin_token(&std::fs::read(shared.join("admin.kubeconfig")).unwrap()).unwrap();
-    let rendered = FrontKubeconfig {
-        front_url: &front,
-        ca_pem: &std::fs::read(shared.join("apiserver.crt")).unwrap(),
-        identity: &admin,
-        shard_admin_token: &shard_admin_token,
-    }
-    .render();
-    std::fs::write(&front_kubeconfig, rendered).unwrap();
+    let front_kubeconfig = write_front_kubeconfig(base, &shared, &front, &admin);
     let kcp_admin_a = slot::admin_client(&front_kubeconfig, &slot::slot_url(a.port))
         .await
         .unwrap();
@@ -832,7 +829,7 @@ async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_a
     });
     let mut mirror_cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kcpshard"));
     mirror_cmd
-        .args(["job", "store-mirror", "--from", &source.endpoint()])
+        .args(["job", "store-mirror", "--from-endpoint", &source.endpoint()])
         .args(["--to-store", &to.to_string()])
         .arg("--kine-binary")
         .arg(&kine)
@@ -905,7 +902,7 @@ async fn a_slot_on_a_mirrored_store_follows_while_the_old_leads_and_takes_over_a
     // The switch.
     let switch = Instant::now();
     let stop = runtime.terminate(&a.record, Duration::from_secs(30)).await.unwrap();
-    let last = kcpshard::store::mirror::current_revision(&source_client).await.unwrap();
+    let last = kcpshard::store::etcd_keys::revision(&source_client).await.unwrap();
     std::fs::write(job_dir.join("until"), "").unwrap();
     while mirror.is_running() {
         assert!(switch.elapsed() < Duration::from_secs(30), "the mirror did not end");

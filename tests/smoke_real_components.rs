@@ -752,7 +752,7 @@ fn mirror_job(source: &Kine, pg: &Postgres, dir: &Path) -> std::process::Child {
         "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "target", "user": "postgres" },
     });
     Command::new(env!("CARGO_BIN_EXE_kcpshard"))
-        .args(["job", "store-mirror", "--from", &source.url()])
+        .args(["job", "store-mirror", "--from-endpoint", &source.url()])
         .args(["--to-store", &to.to_string()])
         .arg("--kine-binary")
         .arg(support::require("kine"))
@@ -828,7 +828,7 @@ async fn mirror_under_writes(source_kine: &Kine, pg: &Postgres, writers: usize) 
     for writer in all_writers {
         writes += writer.await.unwrap();
     }
-    let last = kcpshard::store::mirror::current_revision(&source).await.unwrap();
+    let last = kcpshard::store::etcd_keys::revision(&source).await.unwrap();
     let named_at = Instant::now();
     std::fs::write(dir.path().join("until"), "").unwrap();
     let out = tokio::task::spawn_blocking(move || job.wait_with_output())

@@ -73,7 +73,7 @@ enum Job {
 #[derive(Debug, clap::Args)]
 struct MirrorSource {
     /// Once per member.
-    #[arg(long = "from", required = true)]
+    #[arg(long = "from-endpoint", required = true)]
     from: Vec<String>,
     #[arg(long)]
     from_cacert: Option<PathBuf>,

@@ -12,8 +12,8 @@ use super::error::Error;
 use super::plan::{FrontChange, JobKind, LeaveCause, MigrationFailure, MigrationRecord, Stopping};
 use super::state::{ControllerState, StoreRecord};
 use crate::api::{StoreSpec, StoreType};
-use crate::store::StoreBackend;
 use crate::store::snapshot::ClientRun;
+use crate::store::{EtcdCluster, EtcdTls, StoreBackend};
 
 /// The mirror's files in the job directory.
 const PROGRESS_FILE: &str = "mirror-progress.json";
@@ -83,30 +83,16 @@ pub async fn start_mirror(actor: &Actor<'_>) -> Result<Notes, Error> {
         crate::fsutil::remove_if_there(&dir.join(file))?;
     }
     let mut args = vec!["job".to_string(), "store-mirror".to_string()];
-    match actor.store()? {
+    let source = match actor.store()? {
         // The kine the slots dial, which runs until the move is complete.
-        StoreBackend::KineSqlite { .. } => {
-            for endpoint in &actor.world.store_endpoints {
-                args.extend(["--from".to_string(), endpoint.clone()]);
-            }
-        }
-        StoreBackend::Etcd(cluster) => {
-            for endpoint in &cluster.endpoints {
-                args.extend(["--from".to_string(), endpoint.clone()]);
-            }
-            let tls = &cluster.tls;
-            for (flag, file) in [
-                ("--from-cacert", &tls.ca_file),
-                ("--from-cert", &tls.cert_file),
-                ("--from-key", &tls.key_file),
-            ] {
-                if let Some(file) = file {
-                    args.extend([flag.to_string(), std::path::absolute(file)?.display().to_string()]);
-                }
-            }
-        }
+        StoreBackend::KineSqlite { .. } => EtcdCluster {
+            endpoints: actor.world.store_endpoints.clone(),
+            tls: EtcdTls::default(),
+        },
+        StoreBackend::Etcd(cluster) => cluster,
         StoreBackend::KinePostgres { .. } => return Err(Error::MigrationUnsupported(record.from.describe())),
-    }
+    };
+    args.extend(source.job_args("from-")?);
     args.extend([
         "--to-store".to_string(),
         serde_json::to_string(&record.to).expect("a store spec serializes"),

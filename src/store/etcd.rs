@@ -35,6 +35,26 @@ impl EtcdCluster {
         }
     }
 
+    /// The cluster as arguments of a `kcpshard job`: `--<prefix>endpoint` per member, then
+    /// `--<prefix>cacert`, `--<prefix>cert`, `--<prefix>key` for the files it has, made absolute
+    /// (a job runs in a directory of its own).
+    pub fn job_args(&self, prefix: &str) -> Result<Vec<String>, super::StoreError> {
+        let mut args = Vec::new();
+        for endpoint in &self.endpoints {
+            args.extend([format!("--{prefix}endpoint"), endpoint.clone()]);
+        }
+        for (flag, file) in [
+            ("cacert", &self.tls.ca_file),
+            ("cert", &self.tls.cert_file),
+            ("key", &self.tls.key_file),
+        ] {
+            if let Some(file) = file {
+                args.extend([format!("--{prefix}{flag}"), super::snapshot::absolute_arg(file)?]);
+            }
+        }
+        Ok(args)
+    }
+
     /// `--etcd-servers` for the slots.
     pub fn etcd_servers(&self) -> String {
         self.endpoints.join(",")

@@ -111,14 +111,7 @@ pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64
     let mut from = prefix.as_bytes().to_vec();
     // The revision first, then every page at it: a kine's unpinned list can answer with a
     // revision its rows are older than.
-    let revision = source
-        .kv_client()
-        .get(from.clone(), Some(GetOptions::new().with_keys_only().with_limit(1)))
-        .await
-        .map_err(|e| failed(format!("cannot read the revision of {prefix}"), e))?
-        .header()
-        .map(|h| h.revision())
-        .unwrap_or_default();
+    let revision = revision(source).await?;
     let mut copied = 0;
     loop {
         let options = GetOptions::new()
@@ -147,6 +140,16 @@ pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64
             _ => return Ok((revision, copied)),
         }
     }
+}
+
+/// The current revision of `client`'s store.
+pub async fn revision(client: &Client) -> Result<i64, StoreError> {
+    let response = client
+        .kv_client()
+        .get(KCP_PREFIX, Some(GetOptions::new().with_keys_only().with_limit(1)))
+        .await
+        .map_err(|e| failed(format!("cannot read the revision of the keys under {KCP_PREFIX}"), e))?;
+    Ok(response.header().map_or(0, |h| h.revision()))
 }
 
 /// The keys of `page` that are kcp's (not kine's own health key).

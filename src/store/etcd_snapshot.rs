@@ -12,11 +12,12 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::StoreError;
 use super::etcd::EtcdCluster;
 use super::etcd_keys::{self, KCP_PREFIX};
+use super::private;
 use super::snapshot::{ClientRun, absolute_arg, remove_dir_if_there};
 
 /// Where a restore opens the snapshot, in the job's directory.
@@ -32,19 +33,7 @@ pub fn job_run(
     cluster: &EtcdCluster,
 ) -> Result<ClientRun, StoreError> {
     let mut args: Vec<String> = vec!["job".into(), job.into(), flag.into(), absolute_arg(path)?];
-    for endpoint in &cluster.endpoints {
-        args.extend(["--endpoint".into(), endpoint.clone()]);
-    }
-    let tls = &cluster.tls;
-    for (flag, file) in [
-        ("--cacert", &tls.ca_file),
-        ("--cert", &tls.cert_file),
-        ("--key", &tls.key_file),
-    ] {
-        if let Some(file) = file {
-            args.extend([flag.into(), absolute_arg(file)?]);
-        }
-    }
+    args.extend(cluster.job_args("")?);
     Ok(ClientRun {
         program: kcpshard.to_path_buf(),
         args,
@@ -167,31 +156,22 @@ pub async fn restore(
 async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path, etcd: &Path) -> Result<u64, StoreError> {
     // etcd takes a unix socket as `unix://<name>:<port>`, made in its working directory.
     let socket = "client:0";
-    let log_path = scratch.join("etcd.log");
-    let log = std::fs::File::create(&log_path).map_err(StoreError::io(&log_path))?;
-    let mut command = tokio::process::Command::new(etcd);
-    // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
-    unsafe {
-        // The private etcd ends with the job, however the job ends (killed by a cancel).
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
-    let mut etcd = command
-        .args(["--data-dir".as_ref(), data.as_os_str()])
-        .args(["--listen-client-urls", &format!("unix://{socket}")])
-        .args(["--advertise-client-urls", &format!("unix://{socket}")])
-        .args(["--listen-peer-urls", "unix://peer:0"])
-        .current_dir(scratch)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(StoreError::io(&log_path))?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| StoreError::Invalid(format!("cannot start etcd to open the snapshot: {e}")))?;
+    let log = scratch.join("etcd.log");
+    let args = [
+        "--data-dir".to_string(),
+        data.display().to_string(),
+        "--listen-client-urls".to_string(),
+        format!("unix://{socket}"),
+        "--advertise-client-urls".to_string(),
+        format!("unix://{socket}"),
+        "--listen-peer-urls".to_string(),
+        "unix://peer:0".to_string(),
+    ];
+    let mut etcd = private::spawn(etcd, &args, &[], scratch, &log)?;
     let endpoint = format!("unix://{}", scratch.join(socket).display());
     let copied = async {
-        let snapshot = wait_for(&endpoint, &mut etcd, &log_path).await?;
+        let what = "the etcd that opens the snapshot";
+        let snapshot = private::answering(what, &endpoint, &mut etcd, &log, PRIVATE_ETCD_START).await?;
         let target = etcd_keys::connect(&cluster.endpoints, Some(cluster)).await?;
         etcd_keys::clear(&target, KCP_PREFIX).await?;
         let (_, copied) = etcd_keys::copy(&snapshot, &target, KCP_PREFIX).await?;
@@ -200,37 +180,6 @@ async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path, etcd: &Pa
     .await;
     let _ = etcd.kill().await;
     copied
-}
-
-/// A client of the private etcd once it answers on `endpoint`.
-async fn wait_for(
-    endpoint: &str,
-    etcd: &mut tokio::process::Child,
-    log: &Path,
-) -> Result<etcd_client::Client, StoreError> {
-    let deadline = Instant::now() + PRIVATE_ETCD_START;
-    loop {
-        if let Ok(Some(status)) = etcd.try_wait() {
-            return Err(StoreError::Invalid(format!(
-                "the etcd that opens the snapshot exited ({status}); its log: {}",
-                crate::process::detached::file_tail(log, 5).join("\n")
-            )));
-        }
-        let last = match etcd_keys::connect(&[endpoint.to_string()], None).await {
-            Ok(mut client) => match client.status().await {
-                Ok(_) => return Ok(client),
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            return Err(StoreError::Invalid(format!(
-                "the etcd that opens the snapshot did not answer within {PRIVATE_ETCD_START:?} ({last}); its log: {}",
-                crate::process::detached::file_tail(log, 5).join("\n")
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Runs `program` with `args` in `dir` until it exits; an error with its output unless it succeeded.

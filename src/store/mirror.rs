@@ -169,7 +169,7 @@ pub async fn run(
                     .await
                     .map_err(|e| failed(format!("cannot ask the watch of {KCP_PREFIX} for its progress"), e))?;
                 if state.end_revision.is_none() && until_file.exists() {
-                    let end = current_revision(source).await?;
+                    let end = etcd_keys::revision(source).await?;
                     if let Some(raised) = raised_above.filter(|raised| end >= *raised) {
                         return Err(StoreError::Invalid(format!(
                             "the source reached revision {end} during the move, above the {raised} the target's revisions start from: a client could resume from a revision of the source that the target handed out for another change. Move again: the target's revisions are raised further"
@@ -189,19 +189,6 @@ pub async fn run(
             }
         }
     }
-}
-
-/// The current revision of `client`'s store.
-pub async fn current_revision(client: &Client) -> Result<i64, StoreError> {
-    let response = client
-        .kv_client()
-        .get(
-            KCP_PREFIX,
-            Some(etcd_client::GetOptions::new().with_keys_only().with_limit(1)),
-        )
-        .await
-        .map_err(|e| failed(format!("cannot read the revision of {KCP_PREFIX}"), e))?;
-    Ok(response.header().map_or(0, |h| h.revision()))
 }
 
 /// How far above the old store's revision the new store's revisions start: more than the old
@@ -233,7 +220,7 @@ pub async fn prepare_postgres(
         )));
     }
     schema_maker.stop().await;
-    let above = current_revision(source).await? + RAISE_MARGIN;
+    let above = etcd_keys::revision(source).await? + RAISE_MARGIN;
     server.raise_kine_revision(above).await?;
     Ok((PrivateKine::start(kine_binary, &endpoint, &env, dir).await?, above))
 }
@@ -255,52 +242,12 @@ impl PrivateKine {
         let socket = std::path::absolute(dir.join("mirror-kine.sock")).map_err(StoreError::io(dir))?;
         crate::fsutil::remove_if_there(&socket).map_err(StoreError::io(&socket))?;
         let address = super::kine_address::KineAddress::Unix(socket);
-        let log_path = dir.join("mirror-kine.log");
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(StoreError::io(&log_path))?;
-        let mut command = tokio::process::Command::new(binary);
-        // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            command.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
-            });
-        }
-        let mut child = command
-            .args(super::kine::kine_args(endpoint, &address))
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .current_dir(dir)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().map_err(StoreError::io(&log_path))?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| StoreError::Invalid(format!("cannot start {}: {e}", binary.display())))?;
-        let deadline = tokio::time::Instant::now() + PRIVATE_KINE_START;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(StoreError::Invalid(format!(
-                    "the mirror's kine exited ({status}); its log: {}",
-                    crate::process::detached::file_tail(&log_path, 5).join("\n")
-                )));
-            }
-            let last = match etcd_keys::connect(&[address.url()], None).await {
-                Ok(client) => match current_revision(&client).await {
-                    Ok(_) => return Ok(PrivateKine { child, client }),
-                    Err(e) => e.to_string(),
-                },
-                Err(e) => e.to_string(),
-            };
-            if tokio::time::Instant::now() >= deadline {
-                return Err(StoreError::Invalid(format!(
-                    "the mirror's kine did not answer within {PRIVATE_KINE_START:?} ({last}); its log: {}",
-                    crate::process::detached::file_tail(&log_path, 5).join("\n")
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let log = dir.join("mirror-kine.log");
+        let args = super::kine::kine_args(endpoint, &address);
+        let mut child = super::private::spawn(binary, &args, env, dir, &log)?;
+        let what = "the mirror's kine";
+        let client = super::private::answering(what, &address.url(), &mut child, &log, PRIVATE_KINE_START).await?;
+        Ok(PrivateKine { child, client })
     }
 
     /// SIGTERM, and SIGKILL if it has not exited within kine's stop grace.

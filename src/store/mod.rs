@@ -26,6 +26,7 @@ pub mod managed;
 pub mod mirror;
 pub mod postgres;
 mod postgres_tls;
+mod private;
 pub mod snapshot;
 
 use std::path::{Path, PathBuf};
