@@ -713,48 +713,117 @@ async fn the_keys_of_an_etcd_copy_into_a_kine_and_clear_from_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_mirror_from_kine_on_sqlite_into_postgres_under_writes_loses_nothing() {
     let pg = Postgres::start();
-    mirror_under_writes(&Kine::sqlite(), &pg, 1).await;
+    let source = Kine::sqlite();
+    mirror_under_writes(&source, MirrorFrom::Kine(&source), MirrorInto::Postgres(&pg), 1).await;
 }
 
-/// The same from a kine over PostgreSQL written by three writers at once (kine's ids are taken at
-/// insert and seen at commit, so they may become visible out of order), into another database.
+/// The same from a KinePostgres store written by three writers at once (kine's ids are taken at
+/// insert and seen at commit, so they may become visible out of order), which the job reads
+/// through a kine of its own, into another database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_mirror_from_kine_on_postgres_under_three_writers_loses_nothing() {
     let pg = Postgres::start();
-    mirror_under_writes(&Kine::start(&pg.url("kcp")), &pg, 3).await;
+    let source = Kine::start(&pg.url("kcp"));
+    mirror_under_writes(&source, MirrorFrom::Postgres(&pg), MirrorInto::Postgres(&pg), 3).await;
 }
 
-/// A mirror into a database that already holds kcp's keys (another shard's, or a copy that did
-/// not finish) refuses before it writes anything, and says what to do.
+/// The same from a KinePostgres store into a KineSqlite store's directory: the job's kine on the
+/// new state.db is not taken for the shard's (its --endpoint differs), and the revisions of the
+/// sqlite file are raised as PostgreSQL's are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_mirror_from_kine_on_postgres_into_a_sqlite_store_loses_nothing() {
+    let pg = Postgres::start();
+    let source = Kine::start(&pg.url("kcp"));
+    let store = tempfile::Builder::new().prefix("kcpshard-store-").tempdir().unwrap();
+    mirror_under_writes(&source, MirrorFrom::Postgres(&pg), MirrorInto::Sqlite(store.path()), 1).await;
+}
+
+/// A mirror into a store that already holds kcp's keys (another shard's, an earlier store's, or
+/// a copy that did not finish) refuses before it writes anything, and says what to do.
 #[tokio::test]
-async fn a_store_mirror_into_a_database_that_holds_keys_refuses_and_writes_nothing() {
+async fn a_store_mirror_into_a_store_that_holds_keys_refuses_and_writes_nothing() {
     let pg = Postgres::start();
     let source = Kine::sqlite();
     source.put("/registry/a", "from the source");
     let target = Kine::start(&pg.url("target"));
     target.put("/registry/b", "someone else's");
     drop(target);
-    let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
-    let out = mirror_job(&source, &pg, dir.path()).wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the mirror into a store with keys went on");
-    assert!(stderr.contains("already holds keys under /registry/"), "{stderr}");
-    assert!(stderr.contains("DROP DATABASE"), "{stderr}");
-    let target = Kine::start(&pg.url("target"));
-    assert_eq!(target.get("/registry/a"), None);
-    assert_eq!(target.get("/registry/b").as_deref(), Some("someone else's"));
+    let store = tempfile::Builder::new().prefix("kcpshard-store-").tempdir().unwrap();
+    Kine::kcpshard_sqlite(store.path()).put("/registry/b", "an earlier store's");
+    for (into, what_to_do) in [
+        (MirrorInto::Postgres(&pg), "DROP DATABASE".to_string()),
+        (
+            MirrorInto::Sqlite(store.path()),
+            format!(
+                "move {}/state.db (with its -wal and -shm files) aside",
+                store.path().display()
+            ),
+        ),
+    ] {
+        let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
+        let out = mirror_job(MirrorFrom::Kine(&source), &into, dir.path())
+            .wait_with_output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the mirror into a store with keys went on");
+        assert!(stderr.contains("already holds keys under /registry/"), "{stderr}");
+        assert!(stderr.contains(&what_to_do), "{stderr}");
+        let target = into.kine();
+        assert_eq!(target.get("/registry/a"), None);
+        assert!(target.get("/registry/b").is_some());
+    }
 }
 
-/// `kcpshard job store-mirror` from `source` into database `target` on `pg`, its files in `dir`.
-fn mirror_job(source: &Kine, pg: &Postgres, dir: &Path) -> std::process::Child {
-    let to = serde_json::json!({
+/// What a mirror job in these tests reads: a kine's address, or a KinePostgres store's database
+/// `kcp`, which the job runs a kine of its own on.
+enum MirrorFrom<'a> {
+    Kine(&'a Kine),
+    Postgres(&'a Postgres),
+}
+
+/// What it writes into: database `target`, or a KineSqlite store's directory.
+enum MirrorInto<'a> {
+    Postgres(&'a Postgres),
+    Sqlite(&'a Path),
+}
+
+impl MirrorInto<'_> {
+    fn spec(&self) -> serde_json::Value {
+        match self {
+            MirrorInto::Postgres(pg) => postgres_spec(pg, "target"),
+            MirrorInto::Sqlite(_) => serde_json::json!({ "type": "KineSqlite" }),
+        }
+    }
+
+    /// A kine on it, as kcpshard runs the store's own.
+    fn kine(&self) -> Kine {
+        match self {
+            MirrorInto::Postgres(pg) => Kine::start(&pg.url("target")),
+            MirrorInto::Sqlite(dir) => Kine::kcpshard_sqlite(dir),
+        }
+    }
+}
+
+fn postgres_spec(pg: &Postgres, database: &str) -> serde_json::Value {
+    serde_json::json!({
         "type": "KinePostgres",
-        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": "target", "user": "postgres" },
-    });
-    Command::new(env!("CARGO_BIN_EXE_kcpshard"))
-        .args(["job", "store-mirror", "--from-endpoint", &source.url()])
-        .args(["--to-store", &to.to_string()])
-        .arg("--kine-binary")
+        "kinePostgres": { "host": "127.0.0.1", "port": pg.port, "database": database, "user": "postgres" },
+    })
+}
+
+/// `kcpshard job store-mirror` from `from` into `into`, its files in `dir`.
+fn mirror_job(from: MirrorFrom, into: &MirrorInto, dir: &Path) -> std::process::Child {
+    let mut job = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
+    job.args(["job", "store-mirror"]);
+    match from {
+        MirrorFrom::Kine(kine) => job.args(["--from-endpoint", &kine.url()]),
+        MirrorFrom::Postgres(pg) => job.args(["--from-store", &postgres_spec(pg, "kcp").to_string()]),
+    };
+    job.args(["--to-store", &into.spec().to_string()]);
+    if let MirrorInto::Sqlite(store) = into {
+        job.arg("--to-store-dir").arg(store);
+    }
+    job.arg("--kine-binary")
         .arg(support::require("kine"))
         .arg("--progress")
         .arg(dir.join("progress.json"))
@@ -767,7 +836,8 @@ fn mirror_job(source: &Kine, pg: &Postgres, dir: &Path) -> std::process::Child {
         .unwrap()
 }
 
-async fn mirror_under_writes(source_kine: &Kine, pg: &Postgres, writers: usize) {
+/// Mirrors `from` into `into` while `writers` write through `source_kine`, then compares.
+async fn mirror_under_writes(source_kine: &Kine, from: MirrorFrom<'_>, into: MirrorInto<'_>, writers: usize) {
     use kcpshard::store::etcd_keys::{self, KCP_PREFIX};
     use kcpshard::store::mirror::{MirrorPhase, MirrorProgress};
     let source = etcd_keys::connect(&[source_kine.url()], None).await.unwrap();
@@ -808,7 +878,7 @@ async fn mirror_under_writes(source_kine: &Kine, pg: &Postgres, writers: usize) 
         .collect();
     let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
     let started = Instant::now();
-    let job = mirror_job(source_kine, pg, dir.path());
+    let job = mirror_job(from, &into, dir.path());
     let progress = dir.path().join("progress.json");
     let following = poll(Duration::from_secs(60), Duration::from_millis(50), || {
         MirrorProgress::load(&progress)
@@ -846,7 +916,7 @@ async fn mirror_under_writes(source_kine: &Kine, pg: &Postgres, writers: usize) 
         String::from_utf8_lossy(&out.stdout).trim()
     );
 
-    let target_kine = Kine::start(&pg.url("target"));
+    let target_kine = into.kine();
     let target = etcd_keys::connect(&[target_kine.url()], None).await.unwrap();
     let all = |client: etcd_client::Client| async move {
         let got = client

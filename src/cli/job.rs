@@ -46,10 +46,10 @@ enum Job {
         #[command(flatten)]
         etcd: EtcdArgs,
     },
-    /// Mirror the keys kcp keeps from one store into a kine over PostgreSQL it readies (kine's
-    /// table made, the revisions raised above the first store's): a copy at one revision, then
-    /// every later change, until the file `--until` exists and every change up to the first
-    /// store's revision at that moment is applied.
+    /// Mirror the keys kcp keeps from one store into a kine store it readies (kine's table made,
+    /// the revisions raised above the first store's): a copy at one revision, then every later
+    /// change, until the file `--until` exists and every change up to the first store's revision
+    /// at that moment is applied.
     StoreMirror {
         /// Where how far the mirror is gets written (JSON, replaced as it goes).
         #[arg(long)]
@@ -57,11 +57,15 @@ enum Job {
         /// The file `serve` makes once the first store takes no more writes.
         #[arg(long)]
         until: PathBuf,
-        /// The store mirrored into: its spec.store (JSON), of type KinePostgres. Its password is
-        /// read as that spec says (a file, or a variable `serve` passes on).
+        /// The store mirrored into: its spec.store (JSON), of type KinePostgres or KineSqlite. A
+        /// password is read as that spec says (a file, or a variable `serve` passes on).
         #[arg(long)]
         to_store: String,
-        /// The kine the job runs on the store mirrored into.
+        /// The shard's store directory, where a KineSqlite store mirrored into keeps state.db.
+        #[arg(long)]
+        to_store_dir: Option<PathBuf>,
+        /// The kine the job runs on the store mirrored into (and on a KinePostgres one mirrored
+        /// from).
         #[arg(long)]
         kine_binary: PathBuf,
         #[command(flatten)]
@@ -69,12 +73,16 @@ enum Job {
     },
 }
 
-/// The store mirrored from: an etcd cluster's client URLs (with its TLS files), or a kine's address.
+/// The store mirrored from: an etcd cluster's client URLs (with its TLS files), a kine's address,
+/// or a KinePostgres store (its spec.store as JSON), which the job runs a kine of its own on.
 #[derive(Debug, clap::Args)]
+#[group(required = true, multiple = true)]
 struct MirrorSource {
     /// Once per member.
-    #[arg(long = "from-endpoint", required = true)]
+    #[arg(long = "from-endpoint", conflicts_with = "from_store")]
     from: Vec<String>,
+    #[arg(long)]
+    from_store: Option<String>,
     #[arg(long)]
     from_cacert: Option<PathBuf>,
     #[arg(long)]
@@ -149,30 +157,38 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             progress,
             until,
             to_store,
+            to_store_dir,
             kine_binary,
             from,
         } => {
-            let from = cluster(from.from, from.from_cacert, from.from_cert, from.from_key);
-            let source = etcd_keys::connect(&from.endpoints, Some(&from)).await?;
-            let to: crate::api::StoreSpec = serde_json::from_str(&to_store)?;
-            let Some(settings) = to
-                .kine_postgres
-                .as_ref()
-                .filter(|_| to.type_ == crate::api::StoreType::KinePostgres)
-            else {
-                anyhow::bail!("a mirror goes into a KinePostgres store, not {}", to.describe());
-            };
-            let server = crate::store::PostgresServer::from_spec(settings)?;
             let dir = std::env::current_dir()?;
-            let (target, raised) = mirror::prepare_postgres(&server, &kine_binary, &dir, &source).await?;
-            let done = mirror::run(&source, &target.client, &progress, &until, Some(raised)).await?;
+            // Kept until the job ends: the source's kine, when the job runs one.
+            let (source, _source_kine) = match from.from_store {
+                Some(spec) => {
+                    let spec: crate::api::StoreSpec = serde_json::from_str(&spec)?;
+                    let Some(settings) = spec.kine_postgres.as_ref() else {
+                        anyhow::bail!("--from-store names a KinePostgres store, not {}", spec.describe());
+                    };
+                    let server = crate::store::PostgresServer::from_spec(settings)?;
+                    let kine = mirror::source_kine(&server, &kine_binary, &dir).await?;
+                    (kine.client.clone(), Some(kine))
+                }
+                None => {
+                    let from = cluster(from.from, from.from_cacert, from.from_cert, from.from_key);
+                    (etcd_keys::connect(&from.endpoints, Some(&from)).await?, None)
+                }
+            };
+            let to: crate::api::StoreSpec = serde_json::from_str(&to_store)?;
+            let target = mirror::MirrorTarget::from_spec(&to, to_store_dir.as_deref())?;
+            let (target_kine, raised) = mirror::prepare(&target, &kine_binary, &dir, &source).await?;
+            let done = mirror::run(&source, &target_kine.client, &progress, &until, Some(raised)).await?;
             println!(
                 "mirrored {} keys at revision {} and {} changes after it, up to revision {}, into {} (revisions above {raised})",
                 done.copied_keys,
                 done.copy_revision.unwrap_or_default(),
                 done.applied_changes,
                 done.applied_revision,
-                server.describe()
+                target.describe()
             );
             Ok(())
         }

@@ -45,6 +45,26 @@ pub const RAISE_REVISION_SQL: [&str; 2] = [
     "UPDATE kine SET prev_revision = $1 WHERE name = 'compact_rev_key'",
 ];
 
+/// [`RAISE_REVISION_SQL`] on the kine sqlite database `db` (a kine made it, none runs on it now);
+/// kine's AUTOINCREMENT ids go on above the fill row.
+pub async fn raise_sqlite_revision(db: &Path, above: i64) -> Result<(), StoreError> {
+    let (db, shown) = (db.to_path_buf(), db.display().to_string());
+    let raise = move || {
+        let mut connection = rusqlite::Connection::open(&db)?;
+        let transaction = connection.transaction()?;
+        let [fill, compact] = RAISE_REVISION_SQL;
+        transaction.execute(fill, rusqlite::params![above, format!("gap-{above}")])?;
+        transaction.execute(compact, rusqlite::params![above])?;
+        transaction.commit()
+    };
+    let message =
+        |e: String| StoreError::Invalid(format!("cannot raise kine's revision in {shown} above {above}: {e}"));
+    tokio::task::spawn_blocking(raise)
+        .await
+        .map_err(|e| message(e.to_string()))?
+        .map_err(|e| message(e.to_string()))
+}
+
 /// How long a fresh kine may take to accept (an empty sqlite database takes well under a second).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a kine gets to exit after SIGTERM before SIGKILL; it exits in milliseconds.

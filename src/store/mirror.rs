@@ -9,11 +9,12 @@
 //! (etcd's `WatchProgressRequest`, which kine answers too: kine `pkg/server/watch.go` `Progress`,
 //! `ProgressAll`) carries a revision up to which every change has been sent.
 //!
-//! The new store is a kine over PostgreSQL that the job readies itself ([`prepare_postgres`]): a
-//! kine of its own makes kine's table, then, with none running, the revisions are raised far
-//! above the old store's (store/kine.rs `RAISE_REVISION_SQL`), so that a client that resumes from
-//! a resourceVersion of the old store is answered 410 Gone and lists again.
-use std::path::Path;
+//! The new store is a kine store (over PostgreSQL or sqlite) that the job readies itself
+//! ([`prepare`]): a kine of its own makes kine's table, then, with none running, the revisions are
+//! raised far above the old store's (store/kine.rs `RAISE_REVISION_SQL`), so that a client that
+//! resumes from a resourceVersion of the old store is answered 410 Gone and lists again. An etcd
+//! cluster's revisions cannot be raised that way, so no move goes into one.
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::StoreError;
 use super::etcd_keys::{self, KCP_PREFIX, failed};
+use crate::api::{StoreSpec, StoreType};
 
 /// How often the progress file is written and the watch asked for its progress.
 const PROGRESS_EVERY: Duration = Duration::from_millis(200);
@@ -198,32 +200,126 @@ pub const RAISE_MARGIN: i64 = 1_000_000_000;
 /// How long a kine of the job's own may take to accept.
 const PRIVATE_KINE_START: Duration = Duration::from_secs(60);
 
-/// Readies the kine over PostgreSQL `server` a move goes to, for a mirror from `source`: a kine of
-/// the job's own makes kine's table (the database is made if missing), the target is refused if
-/// it holds kcp's keys, then, with that kine stopped, the revisions are raised [`RAISE_MARGIN`]
-/// above the source's. Returns a kine of the job's own on the raised database, and the revision
+/// The kine store a mirror goes into.
+#[derive(Debug)]
+pub enum MirrorTarget {
+    /// A database on a PostgreSQL server (made if missing).
+    Postgres(super::PostgresServer),
+    /// The directory of the shard's store, where a KineSqlite `state.db` is (or is made).
+    Sqlite(PathBuf),
+}
+
+impl MirrorTarget {
+    /// The target `spec` names: a KinePostgres store, or a KineSqlite one in `store_dir`.
+    pub fn from_spec(spec: &StoreSpec, store_dir: Option<&Path>) -> Result<MirrorTarget, StoreError> {
+        match (spec.type_, &spec.kine_postgres, store_dir) {
+            (StoreType::KinePostgres, Some(settings), _) => {
+                Ok(MirrorTarget::Postgres(super::PostgresServer::from_spec(settings)?))
+            }
+            (StoreType::KineSqlite, _, Some(dir)) => Ok(MirrorTarget::Sqlite(dir.to_path_buf())),
+            _ => Err(StoreError::Invalid(format!(
+                "a mirror goes into a KinePostgres store, or a KineSqlite store given its directory; not {}",
+                spec.describe()
+            ))),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            MirrorTarget::Postgres(server) => server.describe(),
+            MirrorTarget::Sqlite(dir) => dir.join(super::kine::DB_FILE).display().to_string(),
+        }
+    }
+
+    /// The `--endpoint` of the job's own kine on it: never the one of the shard's kine on the
+    /// same database, which kcpshard finds by that argument (store/kine.rs).
+    fn endpoint(&self) -> String {
+        match self {
+            MirrorTarget::Postgres(server) => server.kine_endpoint("kcpshard-store-mirror"),
+            // go-sqlite3 ignores a parameter it does not know.
+            MirrorTarget::Sqlite(dir) => format!("{}&_kcpshard=store-mirror", super::kine::sqlite_endpoint(dir)),
+        }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        match self {
+            MirrorTarget::Postgres(server) => server.env(),
+            MirrorTarget::Sqlite(_) => Vec::new(),
+        }
+    }
+
+    /// What to do with a target that holds keys.
+    fn how_to_clear(&self) -> String {
+        match self {
+            MirrorTarget::Postgres(_) => "drop it (DROP DATABASE) or name another in spec.store".to_string(),
+            MirrorTarget::Sqlite(dir) => format!(
+                "move {} (with its -wal and -shm files) aside",
+                dir.join(super::kine::DB_FILE).display()
+            ),
+        }
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        match self {
+            MirrorTarget::Postgres(server) => server.ensure_database().await.map(|_| ()),
+            MirrorTarget::Sqlite(dir) => crate::fsutil::create_private_dir(dir).map_err(StoreError::io(dir)),
+        }
+    }
+
+    async fn raise(&self, above: i64) -> Result<(), StoreError> {
+        match self {
+            MirrorTarget::Postgres(server) => server.raise_kine_revision(above).await,
+            MirrorTarget::Sqlite(dir) => {
+                super::kine::raise_sqlite_revision(&dir.join(super::kine::DB_FILE), above).await
+            }
+        }
+    }
+}
+
+/// Readies the kine store `target` a move goes to, for a mirror from `source`: a kine of the
+/// job's own makes kine's table (a database is made if missing), the target is refused if it
+/// holds kcp's keys, then, with that kine stopped, the revisions are raised [`RAISE_MARGIN`]
+/// above the source's. Returns a kine of the job's own on the raised store, and the revision
 /// raised above.
-pub async fn prepare_postgres(
-    server: &super::PostgresServer,
+pub async fn prepare(
+    target: &MirrorTarget,
     kine_binary: &Path,
     dir: &Path,
     source: &Client,
 ) -> Result<(PrivateKine, i64), StoreError> {
-    server.ensure_database().await?;
-    let endpoint = server.kine_endpoint("kcpshard-store-mirror");
-    let env = server.env();
-    let schema_maker = PrivateKine::start(kine_binary, &endpoint, &env, dir).await?;
+    target.ready().await?;
+    let (endpoint, env) = (target.endpoint(), target.env());
+    let schema_maker = PrivateKine::start(kine_binary, &endpoint, &env, dir, TARGET_KINE).await?;
     if etcd_keys::holds_keys(&schema_maker.client, KCP_PREFIX).await? {
         return Err(StoreError::Invalid(format!(
-            "PostgreSQL database {} already holds keys under {KCP_PREFIX} (another shard's, or an earlier move's copy that did not finish): drop it (DROP DATABASE) or name another in spec.store",
-            server.describe()
+            "{} already holds keys under {KCP_PREFIX} (another shard's, an earlier store's, or an earlier move's copy that did not finish): {}",
+            target.describe(),
+            target.how_to_clear()
         )));
     }
     schema_maker.stop().await;
     let above = etcd_keys::revision(source).await? + RAISE_MARGIN;
-    server.raise_kine_revision(above).await?;
-    Ok((PrivateKine::start(kine_binary, &endpoint, &env, dir).await?, above))
+    target.raise(above).await?;
+    Ok((
+        PrivateKine::start(kine_binary, &endpoint, &env, dir, TARGET_KINE).await?,
+        above,
+    ))
 }
+
+/// A kine of the job's own on a KinePostgres store the data moves out of: the slots' own kines
+/// stop with them during the switch, while the mirror reads on to the last change.
+pub async fn source_kine(
+    server: &super::PostgresServer,
+    kine_binary: &Path,
+    dir: &Path,
+) -> Result<PrivateKine, StoreError> {
+    let endpoint = server.kine_endpoint("kcpshard-store-mirror-source");
+    PrivateKine::start(kine_binary, &endpoint, &server.env(), dir, SOURCE_KINE).await
+}
+
+/// The names of the job's kines' sockets and logs in its directory.
+const TARGET_KINE: &str = "mirror-target-kine";
+const SOURCE_KINE: &str = "mirror-source-kine";
 
 /// A kine the job runs for itself, on a unix socket in its directory: SIGKILLed with the job
 /// however the job ends (PR_SET_PDEATHSIG, and on drop).
@@ -238,11 +334,12 @@ impl PrivateKine {
         endpoint: &str,
         env: &[(String, String)],
         dir: &Path,
+        name: &str,
     ) -> Result<PrivateKine, StoreError> {
-        let socket = std::path::absolute(dir.join("mirror-kine.sock")).map_err(StoreError::io(dir))?;
+        let socket = std::path::absolute(dir.join(format!("{name}.sock"))).map_err(StoreError::io(dir))?;
         crate::fsutil::remove_if_there(&socket).map_err(StoreError::io(&socket))?;
         let address = super::kine_address::KineAddress::Unix(socket);
-        let log = dir.join("mirror-kine.log");
+        let log = dir.join(format!("{name}.log"));
         let args = super::kine::kine_args(endpoint, &address);
         let mut child = super::private::spawn(binary, &args, env, dir, &log)?;
         let what = "the mirror's kine";
