@@ -262,23 +262,27 @@ pub struct StoreSpec {
 
 impl StoreSpec {
     /// Why kcpshard cannot move a shard's data from this store to `to` while it serves (None: it
-    /// can; controller/plan/migration.rs). The new store must be a kine over PostgreSQL: its
-    /// revisions are raised above every revision the old store handed out, so that a client that
-    /// resumes from an old resourceVersion is told to list again (410 Gone); etcd's revisions
-    /// cannot be raised, and a KineSqlite target is not built yet. The old store must be one the
-    /// mirror can read after its slots stopped: a KineSqlite's kine or Etcd members.
+    /// can; controller/plan/migration.rs). The new store must be a kine store: its revisions are
+    /// raised above every revision the old store handed out, so that a client that resumes from
+    /// an old resourceVersion is told to list again (410 Gone); etcd's revisions cannot be raised.
+    /// A managed PostgreSQL keeps one cluster in the shard's store directory, so a move between
+    /// two managed ones stays on its server (another database).
     pub fn move_refused(&self, to: &StoreSpec) -> Option<String> {
-        let what = match (self.type_, to.type_) {
+        let why = match (self.type_, to.type_) {
             (_, StoreType::Etcd) => {
-                "into an Etcd store (etcd's revisions cannot be raised above the old store's, so a client resuming a watch could miss changes)"
+                "into an Etcd store: etcd's revisions cannot be raised above the old store's, so a client resuming a watch could miss changes. It moves the data into KineSqlite or KinePostgres"
             }
-            (_, StoreType::KineSqlite) => "into a KineSqlite store yet",
-            (StoreType::KinePostgres, _) => "out of a KinePostgres store yet",
-            (StoreType::KineSqlite | StoreType::Etcd, StoreType::KinePostgres) => return None,
+            (StoreType::KinePostgres, StoreType::KinePostgres) => {
+                let (a, b) = (self.kine_postgres.as_ref()?, to.kine_postgres.as_ref()?);
+                let other_server = a.host != b.host || a.port != b.port;
+                if !(a.managed && b.managed && other_server) {
+                    return None;
+                }
+                "from one managed PostgreSQL to another: both would keep their cluster in the shard's store directory. Move into another database of the same managed PostgreSQL, or into a PostgreSQL you run"
+            }
+            _ => return None,
         };
-        Some(format!(
-            "kcpshard cannot move a shard's data {what}; it moves KineSqlite and Etcd stores into KinePostgres"
-        ))
+        Some(format!("kcpshard cannot move a shard's data {why}"))
     }
 
     /// The first field by which `self` puts the data somewhere else than `other`: the type, the

@@ -315,6 +315,7 @@ fn progress_reason(step: &Step) -> &'static str {
         | Step::EndMirror
         | Step::StopOldStore
         | Step::CompleteMigration
+        | Step::ForgetMigration
         | Step::Wait(Wait::Job { job: "store-mirror" }) => "Migrating",
         Step::FailMigration { .. } => "MigrationFailed",
         Step::Wait(Wait::Job { .. }) | Step::FinishJob | Step::CancelJob => "RunningJob",
@@ -386,6 +387,7 @@ fn progress_message(step: &Step) -> String {
         Step::StopOldStore => "stopping what ran the store the data left (its data stays)".into(),
         Step::CompleteMigration => "the move of the data is complete".into(),
         Step::FailMigration { .. } => "stopping the move of the data; the old store serves on".into(),
+        Step::ForgetMigration => "spec.store names the data's store again: the failed move is forgotten".into(),
         Step::CancelJob => "stopping a job nothing needs any more".into(),
         Step::StartPreflight => "starting a preflight: the new version alone on a copy of the data".into(),
         Step::CopyPreflight => "copying the data for the preflight (a job)".into(),

@@ -81,9 +81,6 @@ pub enum Error {
     /// A step of a move of the data found no move under way (it ended meanwhile).
     #[error("no move of the data to another store is under way; the next look starts over")]
     NoMigration,
-    /// A move from a store kcpshard cannot mirror from yet.
-    #[error("kcpshard cannot move the data from {0} yet: put spec.store back as it was")]
-    MigrationUnsupported(String),
     /// A restore step found the request annotation gone (removed meanwhile).
     #[error("the {annotation} annotation is gone; the restore is not started")]
     NoRestoreRequest { annotation: &'static str },
@@ -125,7 +122,6 @@ impl Error {
             | Error::StillRunning { .. }
             | Error::NoRestoreRequest { .. }
             | Error::NoMigration => "state",
-            Error::MigrationUnsupported(_) => "spec",
             Error::Api { .. } => "api",
         }
     }

@@ -10,8 +10,9 @@ use super::act::slots::SlotStart;
 use super::act::{Actor, Notes};
 use super::error::Error;
 use super::plan::{FrontChange, JobKind, LeaveCause, MigrationFailure, MigrationRecord, Stopping};
-use super::state::{ControllerState, StoreRecord};
+use super::state::{ControllerState, ShardDirs, StoreRecord};
 use crate::api::{StoreSpec, StoreType};
+use crate::process::ProcessRecord;
 use crate::store::snapshot::ClientRun;
 use crate::store::{EtcdCluster, EtcdTls, StoreBackend};
 
@@ -37,8 +38,28 @@ fn update(actor: &Actor<'_>, change: impl FnOnce(&mut MigrationRecord)) -> Resul
     Ok(updated)
 }
 
+/// Why a move into KineSqlite cannot begin: the file it would make holds an earlier store's data
+/// (a move out of it left it as it was, or a move into it did not finish). Nothing is overwritten:
+/// the user moves it aside. None while a move into it is under way (it made the file).
+pub fn sqlite_target_taken(
+    dirs: &ShardDirs,
+    spec: &StoreSpec,
+    in_use: &StoreSpec,
+    state: &ControllerState,
+) -> Option<String> {
+    let moving_into_sqlite = spec.type_ == StoreType::KineSqlite && in_use.type_ != StoreType::KineSqlite;
+    let under_way = state.migration.as_ref().is_some_and(|m| m.under_way() && &m.to == spec);
+    let db = dirs.store().join(crate::store::kine::DB_FILE);
+    (moving_into_sqlite && !under_way && db.exists()).then(|| {
+        format!(
+            "spec.store names KineSqlite, and {} holds an earlier store's data (a move out of it left it as it was, or a move into it did not finish): kcpshard does not overwrite it. Once you no longer need it, move it and its -wal and -shm files aside (for f in {0} {0}-wal {0}-shm; do mv $f $f.old; done) and the move begins",
+            db.display()
+        )
+    })
+}
+
 /// Where the mirror writes how far it is.
-pub fn progress_file(actor_dirs: &super::state::ShardDirs) -> PathBuf {
+pub fn progress_file(actor_dirs: &ShardDirs) -> PathBuf {
     actor_dirs.job().join(PROGRESS_FILE)
 }
 
@@ -85,17 +106,26 @@ pub async fn start_mirror(actor: &Actor<'_>) -> Result<Notes, Error> {
     let mut args = vec!["job".to_string(), "store-mirror".to_string()];
     let source = match actor.store()? {
         // The kine the slots dial, which runs until the move is complete.
-        StoreBackend::KineSqlite { .. } => EtcdCluster {
+        StoreBackend::KineSqlite { .. } => Some(EtcdCluster {
             endpoints: actor.world.store_endpoints.clone(),
             tls: EtcdTls::default(),
-        },
-        StoreBackend::Etcd(cluster) => cluster,
-        StoreBackend::KinePostgres { .. } => return Err(Error::MigrationUnsupported(record.from.describe())),
+        }),
+        StoreBackend::Etcd(cluster) => Some(cluster),
+        // The job's own kine on the database (the slots' kines stop with them in the switch).
+        StoreBackend::KinePostgres { .. } => None,
     };
-    args.extend(source.job_args("from-")?);
+    match source {
+        Some(cluster) => args.extend(cluster.job_args("from-")?),
+        None => args.extend(["--from-store".to_string(), spec_arg(&record.from)]),
+    }
+    args.extend(["--to-store".to_string(), spec_arg(&record.to)]);
+    if record.to.type_ == StoreType::KineSqlite {
+        args.extend([
+            "--to-store-dir".to_string(),
+            std::path::absolute(actor.dirs.store())?.display().to_string(),
+        ]);
+    }
     args.extend([
-        "--to-store".to_string(),
-        serde_json::to_string(&record.to).expect("a store spec serializes"),
         "--kine-binary".to_string(),
         std::path::absolute(&actor.ctx.kine_binary)?.display().to_string(),
         "--progress".to_string(),
@@ -105,14 +135,11 @@ pub async fn start_mirror(actor: &Actor<'_>) -> Result<Notes, Error> {
     ]);
     // A password spec.store names by an environment variable of serve's reaches the job the same
     // way (a file it reads itself).
-    let env = record
-        .to
-        .kine_postgres
-        .as_ref()
-        .and_then(|pg| pg.password_from.as_ref())
-        .and_then(|from| from.env.clone())
-        .and_then(|name| std::env::var(&name).ok().map(|value| (name, value)))
+    let env = [&record.from, &record.to]
         .into_iter()
+        .filter_map(|store| store.kine_postgres.as_ref())
+        .filter_map(|pg| pg.password_from.as_ref()?.env.clone())
+        .filter_map(|name| std::env::var(&name).ok().map(|value| (name, value)))
         .collect();
     let run = ClientRun {
         program: actor.ctx.kcpshard_binary.clone(),
@@ -128,6 +155,10 @@ pub async fn start_mirror(actor: &Actor<'_>) -> Result<Notes, Error> {
             dir.join(PROGRESS_FILE).display()
         ),
     )])
+}
+
+fn spec_arg(store: &StoreSpec) -> String {
+    serde_json::to_string(store).expect("a store spec serializes")
 }
 
 /// StartWarmSlot: a slot of the desired template on the new store, out of the front.
@@ -218,19 +249,29 @@ pub fn switched(actor: &Actor<'_>, state: &mut ControllerState) -> Result<Notes,
     Ok(vec![Note::normal("MigrationSwitched", message)])
 }
 
+/// What kcpshard runs of the store the data left that the new store does not also use (a managed
+/// PostgreSQL both databases are on runs on), each with its stop grace.
+pub fn old_store_processes(
+    ctx: &super::Context,
+    shard: &crate::api::KcpShard,
+    dirs: &ShardDirs,
+    record: &MigrationRecord,
+) -> Result<Vec<(ProcessRecord, std::time::Duration)>, Error> {
+    let kept: Vec<u32> = ctx
+        .store(shard, &record.to, dirs)?
+        .processes(&ctx.runtime)?
+        .iter()
+        .map(|(p, _)| p.pid)
+        .collect();
+    let mut old = ctx.store(shard, &record.from, dirs)?.processes(&ctx.runtime)?;
+    old.retain(|(p, _)| !kept.contains(&p.pid));
+    Ok(old)
+}
+
 /// StopOldStore: what kcpshard ran of the store the data left; its data stays.
 pub async fn stop_old_store(actor: &Actor<'_>) -> Result<Notes, Error> {
-    let from = actor
-        .world
-        .state
-        .migration
-        .as_ref()
-        .map(|m| m.from.clone())
-        .ok_or(Error::NoMigration)?;
-    let processes = actor
-        .ctx
-        .store(actor.shard, &from, actor.dirs)?
-        .processes(&actor.ctx.runtime)?;
+    let record = actor.world.state.migration.as_ref().ok_or(Error::NoMigration)?;
+    let processes = old_store_processes(actor.ctx, actor.shard, actor.dirs, record)?;
     super::stops::send(actor, Stopping::OldStore, processes).await?;
     Ok(vec![])
 }
@@ -278,6 +319,14 @@ pub fn fail(actor: &Actor<'_>, cause: &MigrationFailure) -> Result<Notes, Error>
         MigrationFailure::Mirror { message } => format!("the mirror failed: {message}"),
     };
     failed(actor, why)
+}
+
+/// ForgetMigration: the record of a move that failed goes.
+pub fn forget(actor: &Actor<'_>) -> Result<Notes, Error> {
+    let mut state = actor.dirs.load_state()?;
+    state.migration = None;
+    actor.dirs.save_state(&state)?;
+    Ok(vec![])
 }
 
 /// Records the move as failed with `why`, and kills its mirror if it runs.

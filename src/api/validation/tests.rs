@@ -159,28 +159,51 @@ fn a_store_that_holds_the_data_is_swapped_only_for_one_kcpshard_can_move_it_into
 
 #[test]
 fn a_postgres_server_or_database_is_where_the_data_is_and_credentials_are_not() {
-    let old = holding_data(postgres());
+    let old = postgres().spec.store;
     let moved = |change: fn(&mut crate::api::KinePostgresStore)| {
-        let mut new = postgres();
-        change(new.spec.store.kine_postgres.as_mut().unwrap());
-        fields(&validate_update(&old, &new))
-            .into_iter()
-            .map(str::to_string)
-            .collect::<Vec<_>>()
+        let mut new = old.clone();
+        change(new.kine_postgres.as_mut().unwrap());
+        new.moved_at(&old)
     };
     assert_eq!(
         moved(|pg| pg.host = "db.example".into()),
-        ["spec.store.kinePostgres.host"]
+        Some("spec.store.kinePostgres.host")
     );
-    assert_eq!(moved(|pg| pg.port = 5433), ["spec.store.kinePostgres.port"]);
+    assert_eq!(moved(|pg| pg.port = 5433), Some("spec.store.kinePostgres.port"));
     assert_eq!(
         moved(|pg| pg.database = "other".into()),
-        ["spec.store.kinePostgres.database"]
+        Some("spec.store.kinePostgres.database")
     );
-    assert_eq!(moved(|pg| pg.managed = true), ["spec.store.kinePostgres.managed"]);
-    assert!(moved(|pg| pg.user = "admin".into()).is_empty());
-    assert!(moved(|pg| pg.password_from = None).is_empty());
-    assert!(moved(|pg| pg.ssl_mode = SslMode::Require).is_empty());
+    assert_eq!(moved(|pg| pg.managed = true), Some("spec.store.kinePostgres.managed"));
+    assert_eq!(moved(|pg| pg.user = "admin".into()), None);
+    assert_eq!(moved(|pg| pg.password_from = None), None);
+    assert_eq!(moved(|pg| pg.ssl_mode = SslMode::Require), None);
+}
+
+#[test]
+fn a_move_between_postgresql_servers_is_made_unless_both_are_managed() {
+    let mut old = holding_data(postgres());
+    let mut other_server = postgres();
+    other_server.spec.store.kine_postgres.as_mut().unwrap().port = 5433;
+    assert_eq!(validate_update(&old, &other_server), vec![], "a move of the data");
+
+    for shard in [&mut old, &mut other_server] {
+        shard.spec.store.kine_postgres.as_mut().unwrap().managed = true;
+    }
+    let causes = validate_update(&old, &other_server);
+    assert_eq!(fields(&causes), ["spec.store.kinePostgres.port"]);
+    assert!(
+        causes[0].message.contains("from one managed PostgreSQL to another"),
+        "{}",
+        causes[0].message
+    );
+    let mut other_database = old.clone();
+    other_database.spec.store.kine_postgres.as_mut().unwrap().database = "other".into();
+    assert_eq!(
+        validate_update(&old, &other_database),
+        vec![],
+        "the same managed server"
+    );
 }
 
 #[test]

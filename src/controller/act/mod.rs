@@ -113,6 +113,7 @@ impl Actor<'_> {
             Step::StopOldStore => super::migration::stop_old_store(self).await,
             Step::CompleteMigration => super::migration::complete(self),
             Step::FailMigration { cause } => super::migration::fail(self, cause),
+            Step::ForgetMigration => super::migration::forget(self),
         }
     }
 

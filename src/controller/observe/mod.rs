@@ -122,7 +122,11 @@ pub fn slot_processes(slot: &SlotDirs) -> Vec<ProcessRecord> {
 pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDirs) -> Result<World, Error> {
     let shard_ref = ObjectRef::from_obj(shard);
     let state = dirs.load_state()?;
-    let store_in_use = StoreRecord::in_use(dirs.load_store_record()?.as_ref(), &shard.spec.store, dirs);
+    let mut store_in_use = StoreRecord::in_use(dirs.load_store_record()?.as_ref(), &shard.spec.store, dirs);
+    if store_in_use.refused.is_none() {
+        store_in_use.refused =
+            super::migration::sqlite_target_taken(dirs, &shard.spec.store, &store_in_use.store, &state);
+    }
     let store = ctx.store(shard, &store_in_use.store, dirs).map_err(|e| e.to_string());
     let mut store_status = match &store {
         Ok(store) => store.check(&ctx.runtime).await,
@@ -481,8 +485,9 @@ async fn observe_migration(
             seen.target_up = target.check(&ctx.runtime).await.is_ok();
             seen.target_starting = !seen.target_up && target.starting(&ctx.runtime).await.is_some();
         }
-    } else if let Ok(old) = ctx.store(shard, &record.from, dirs) {
-        seen.old_store_running = old.processes_running(&ctx.runtime);
+    } else {
+        seen.old_store_running = super::migration::old_store_processes(ctx, shard, dirs, record)
+            .is_ok_and(|processes| !processes.is_empty());
     }
     Ok(seen)
 }

@@ -128,12 +128,11 @@ pub(super) fn migration(desired: &Desired, observed: &Observed) -> Option<Step> 
         .job
         .as_ref()
         .filter(|j| matches!(j.record.kind, JobKind::Mirror));
-    if !m.target_up {
-        return Some(if m.target_starting {
-            Step::Wait(Wait::Store)
-        } else {
-            Step::EnsureTargetStore
-        });
+    // A KineSqlite target's kine starts on the file the mirror readied (its revisions are raised
+    // while no kine runs on it); any other target is up before the mirror writes into it.
+    let target_after_mirror = record.to.type_ == crate::api::StoreType::KineSqlite;
+    if !m.target_up && !target_after_mirror {
+        return Some(target_step(m));
     }
     let Some(job) = mirror_job else {
         if observed.job.as_ref().is_some_and(JobObservation::running) {
@@ -147,6 +146,9 @@ pub(super) fn migration(desired: &Desired, observed: &Observed) -> Option<Step> 
             .is_some_and(|p| p.phase == crate::store::mirror::MirrorPhase::Following);
     if !following {
         return Some(Step::Wait(Wait::Job { job: "store-mirror" }));
+    }
+    if !m.target_up {
+        return Some(target_step(m));
     }
     let warm = record.warm_slot.as_ref().and_then(|name| observed.slot(name));
     let Some(warm) = warm else {
@@ -192,19 +194,36 @@ pub(super) fn migration(desired: &Desired, observed: &Observed) -> Option<Step> 
     if let Some(s) = old.iter().find(|s| s.running) {
         return Some(Step::Wait(Wait::Exit { slot: s.name.clone() }));
     }
+    // Their own kines (KinePostgres) too, while the slots' records still name the old store.
+    if let Some(s) = old.iter().find(|s| s.own_store_running) {
+        return Some(stop_slot_store(observed, &s.name));
+    }
     Some(switch_ending(observed).unwrap_or(Step::Wait(Wait::Job { job: "store-mirror" })))
+}
+
+/// Towards the new store's shard-wide part accepting.
+fn target_step(m: &MigrationObservation) -> Step {
+    if m.target_starting {
+        Step::Wait(Wait::Store)
+    } else {
+        Step::EnsureTargetStore
+    }
 }
 
 /// EndMirror, during a move's switch once no old slot runs and the mirror has not been told yet.
 pub(super) fn switch_ending(observed: &Observed) -> Option<Step> {
     let m = observed.migration.as_ref().filter(|m| m.record.under_way())?;
     let ending = m.record.switching() && m.record.mirror_ending_at.is_none();
-    let old_gone = observed.slots.iter().all(|s| s.on_other_store || !s.running);
+    let old_gone = observed
+        .slots
+        .iter()
+        .all(|s| s.on_other_store || !(s.running || s.own_store_running));
     (ending && old_gone).then_some(Step::EndMirror)
 }
 
 /// A move of the data wanted and not begun: it begins once the shard is steady (no roll,
-/// preflight, restore or job, every slot serving), and not again for a target it failed for.
+/// preflight, restore or job, every slot serving), and not again for a target it failed for
+/// until spec.store has named the data's store in between.
 fn begin(desired: &Desired, observed: &Observed) -> Option<Step> {
     // A slot a move that stopped started on its new store goes first.
     if let Some(s) = observed
@@ -214,12 +233,15 @@ fn begin(desired: &Desired, observed: &Observed) -> Option<Step> {
     {
         return Some(Step::TerminateSlot { name: s.name.clone() });
     }
-    let wanted = desired.store_move.as_ref().filter(|w| w.refused.is_none())?;
     let failed_for = observed
         .migration
         .as_ref()
         .filter(|m| m.record.failure.is_some())
         .map(|m| &m.record.to);
+    if failed_for.is_some() && desired.store_move.is_none() {
+        return Some(Step::ForgetMigration);
+    }
+    let wanted = desired.store_move.as_ref().filter(|w| w.refused.is_none())?;
     if failed_for == Some(&wanted.to) {
         return None;
     }
@@ -242,7 +264,7 @@ fn after_switch(observed: &Observed, m: &MigrationObservation) -> Option<Step> {
         return None;
     }
     Some(if m.old_store_running {
-        Step::StopOldStore
+        towards_stopped(observed, Stopping::OldStore, Step::StopOldStore)
     } else {
         Step::CompleteMigration
     })

@@ -94,8 +94,16 @@ fn a_refused_move_or_one_that_failed_for_the_same_store_does_not_begin() {
         None,
     );
     assert_eq!(plan(&d, &o), Step::Idle, "not again until spec.store changes");
+    let wanted = d.store_move.clone();
     d.store_move.as_mut().unwrap().to = sqlite();
     assert_eq!(plan(&d, &o), Step::BeginMigration, "another target begins");
+    // spec.store back on the data's store: the failure is forgotten, and the same target is
+    // tried afresh once named again (after the user cleared it).
+    d.store_move = None;
+    assert_eq!(plan(&d, &o), Step::ForgetMigration);
+    o.migration = None;
+    d.store_move = wanted;
+    assert_eq!(plan(&d, &o), Step::BeginMigration);
 }
 
 #[test]
@@ -118,6 +126,31 @@ fn a_move_starts_the_new_store_then_the_mirror_and_waits_for_its_copy() {
     assert_eq!(plan(&d, &o), Step::Wait(Wait::Job { job: "store-mirror" }));
     o.migration = under_way(record(), Some((MirrorPhase::Copying, 0)));
     assert_eq!(plan(&d, &o), Step::Wait(Wait::Job { job: "store-mirror" }));
+}
+
+#[test]
+fn a_move_into_kine_sqlite_starts_its_kine_once_the_mirror_has_readied_the_file() {
+    let (mut d, mut o) = wanting_postgres();
+    d.store_move.as_mut().unwrap().to = sqlite();
+    let into_sqlite = MigrationRecord::begun(postgres(), sqlite(), at(0));
+    o.migration = under_way(into_sqlite.clone(), None);
+    o.migration.as_mut().unwrap().target_up = false;
+    assert_eq!(
+        plan(&d, &o),
+        Step::StartMirror,
+        "no kine runs on the file while the mirror raises its revisions"
+    );
+    o.job = mirroring();
+    o.migration = under_way(into_sqlite.clone(), Some((MirrorPhase::Copying, 0)));
+    o.migration.as_mut().unwrap().target_up = false;
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Job { job: "store-mirror" }));
+    o.migration = under_way(into_sqlite.clone(), Some((MirrorPhase::Following, 3)));
+    o.migration.as_mut().unwrap().target_up = false;
+    assert_eq!(plan(&d, &o), Step::EnsureTargetStore);
+    o.migration.as_mut().unwrap().target_starting = true;
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Store));
+    o.migration = under_way(into_sqlite, Some((MirrorPhase::Following, 3)));
+    assert_eq!(plan(&d, &o), Step::StartWarmSlot { name: "b".into() });
 }
 
 #[test]
@@ -286,4 +319,25 @@ fn the_slot_a_stopped_move_started_on_the_new_store_is_stopped_and_the_old_store
         killed: false,
     });
     assert_eq!(wanted_front(&d, &o), vec!["a".to_string()], "a serves on");
+}
+
+#[test]
+fn out_of_kine_postgres_the_old_slots_own_kines_stop_before_the_mirror_is_told_to_end() {
+    let (d, mut o) = wanting_postgres();
+    o.job = mirroring();
+    o.migration = under_way(
+        MigrationRecord {
+            warm_slot: Some("b".into()),
+            switch_started_at: Some(at(9)),
+            ..MigrationRecord::begun(postgres(), sqlite(), at(0))
+        },
+        Some((MirrorPhase::Following, 2)),
+    );
+    o.front = FrontObservation::serving(&[]);
+    o.slots[0].running = false;
+    o.slots[0].own_store_running = true;
+    o.slots.push(warm("b", true));
+    assert_eq!(plan(&d, &o), Step::StopSlotStore { name: "a".into() });
+    o.slots[0].own_store_running = false;
+    assert_eq!(plan(&d, &o), Step::EndMirror);
 }

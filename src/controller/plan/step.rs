@@ -194,6 +194,9 @@ pub enum Step {
     FailMigration {
         cause: MigrationFailure,
     },
+    /// spec.store names the data's store again after a move failed: the failed move's record
+    /// goes, so that a move to that store later is tried afresh.
+    ForgetMigration,
     /// Start a slot with the desired template.
     StartSlot {
         name: String,
@@ -352,6 +355,7 @@ impl Step {
             Step::StopOldStore => "StopOldStore",
             Step::CompleteMigration => "CompleteMigration",
             Step::FailMigration { .. } => "FailMigration",
+            Step::ForgetMigration => "ForgetMigration",
             Step::Blocked { .. } => "Blocked",
             Step::Wait(_) => "Wait",
             Step::Idle => "Idle",
