@@ -1,25 +1,37 @@
-//! End to end on real kcp: a shard's data moved from its embedded KineSqlite store to a managed
-//! PostgreSQL while it serves (docs/operations.md, "Move a shard to another store"), as a user
-//! does it: `spec.store` changed on a Ready shard with workspaces and ConfigMaps, a `/readyz`
-//! poller through the front every 20 ms and a ConfigMap written every 200 ms all along. Then: no
-//! poll failed, every acknowledged write is in the new store, every workspace is there, a new one
-//! gets Ready (the controllers lead on the new store), the old sqlite file is left as it was, its
-//! kine stopped, and status and events tell the move.
+//! End to end on real kcp: a shard's data moved to another store while it serves (docs/
+//! operations.md, "Move a shard to another store"), as a user does it: `spec.store` changed on a
+//! Ready shard with workspaces, an APIExport bound in a workspace, ConfigMaps and a Secret, while a
+//! `/readyz` poller goes through the front every 20 ms, a ConfigMap is written every 200 ms, and an
+//! informer (kube-rs's reflector, resuming its watch from the resourceVersion it holds) watches
+//! the ConfigMaps. Each move: no poll and no write failed, every acknowledged write and every
+//! object made before is in the new store with the same content, a new workspace gets Ready (the
+//! controllers lead on the new store), what ran the old store is stopped and its data left, and
+//! status and events tell the move. Afterwards the informer's cache equals a fresh list.
+//!
+//! Walked: KineSqlite -> managed PostgreSQL -> KineSqlite again (refused until the old state.db is
+//! moved aside), and Etcd -> managed PostgreSQL.
 //!
 //! A missing component fails, never skips.
 mod e2e;
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use e2e::*;
-use serde_json::json;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Config;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::{Value, json};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const MOVE_TIMEOUT: Duration = Duration::from_secs(300);
 const CONFIGMAPS: &str = "/clusters/root/api/v1/namespaces/default/configmaps";
+/// The workspace with an APIBinding, a ConfigMap and a Secret made before any move.
+const KEPT: &str = "before-move";
 
 fn sha256(path: &std::path::Path) -> String {
     let out = std::process::Command::new("sha256sum").arg(path).output().unwrap();
@@ -30,56 +42,205 @@ fn sha256(path: &std::path::Path) -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
-async fn a_shard_moves_from_kine_sqlite_to_a_managed_postgres_while_it_serves() {
-    let _serial = serial();
-    let version = kcp_newer();
-    require_components(&[&version]);
+/// Clients with client-go's patience: its TLS handshake may take 10 s (a new connection in the
+/// switch waits in the front until the new store's slot takes it).
+fn patient(mut config: Config) -> Config {
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config
+}
+
+fn managed_postgres(env: &Env, port: u16) -> Value {
+    let password_file = env.dir().join("pgpass");
+    std::fs::write(&password_file, "kcpshard-e2e-move\n").unwrap();
+    managed_postgres_store(port, &password_file)
+}
+
+/// A Ready shard `shard` on `store` (through a front it returns), with what [`make_objects`]
+/// makes, its admin, and an informer started.
+async fn serving(env: &Env, shard: &str, store: Value) -> (String, Config, Kept, Informer) {
+    let front = format!("127.0.0.1:{}", test_port());
+    env.apply_on(shard, &kcp_newer(), &front, store).await;
+    env.wait_ready(shard, READY_TIMEOUT).await;
+    let admin = patient(front_admin(env, shard, &front).await);
+    let kept = make_objects(env, &admin).await;
+    let informer = Informer::start(&admin);
+    (front, admin, kept, informer)
+}
+
+fn require_managed_postgres() {
+    require_components(&[&kcp_newer()]);
     support::require("initdb");
     support::require("pg_ctl");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
+async fn a_shard_moves_from_kine_sqlite_to_a_managed_postgres_and_back_while_it_serves() {
+    let _serial = serial();
+    require_managed_postgres();
     let mut env = Env::start().await;
     let shard = "move";
-    let front = format!("127.0.0.1:{}", test_port());
-    env.apply(shard, &version, &front).await;
-    env.wait_ready(shard, READY_TIMEOUT).await;
-    // Clients with client-go's patience: its TLS handshake may take 10 s (a new connection in the
-    // switch waits in the front until the new store's slot takes it).
-    let patient = |mut config: kube::Config| {
-        config.connect_timeout = Some(Duration::from_secs(10));
-        config
-    };
-    let admin = patient(front_admin(&env, shard, &front).await);
-    let mut workspaces = Vec::new();
-    for name in ["before-move-1", "before-move-2"] {
-        let (status, body) = once(
-            &admin,
-            http::Method::POST,
-            WORKSPACES,
-            Some(
-                &json!({ "apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": { "name": name } }),
-            ),
-        )
-        .await
-        .unwrap();
-        assert_eq!(status, 201, "create workspace {name}: {body}");
-        workspaces.push(name.to_string());
-    }
+    let (front, admin, kept, informer) = serving(&env, shard, json!({ "type": "KineSqlite" })).await;
+    let sqlite = env.shard_dir(shard).join("store/state.db");
+    let postgres = managed_postgres(&env, test_port());
+    move_under_load(&env, shard, &front, &admin, &postgres, "KineSqlite", "to-postgres").await;
+    assert_objects_kept(&env, &admin, &kept).await;
 
-    // Reads every 20 ms through the front; a ConfigMap written every 200 ms, each acknowledged
-    // one remembered.
+    // The old store is left as it was, and nothing runs it.
+    let before = sha256(&sqlite);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sha256(&sqlite), before, "the old sqlite file changed after the move");
+    assert!(
+        processes_with(&format!("{}", env.shard_dir(shard).join("store").display()))
+            .iter()
+            .all(|(_, argv)| !argv.contains("state.db")),
+        "the old sqlite kine still runs"
+    );
+
+    // Back to KineSqlite: refused while the old state.db is there (it is never overwritten), and
+    // made once the user moved it aside.
+    env.patch(
+        shard,
+        json!({ "spec": { "store": { "type": "KineSqlite", "kinePostgres": null } } }),
+    )
+    .await;
+    let refusal = env
+        .until(shard, Duration::from_secs(60), "Degraded StoreChangeRefused", |o| {
+            o["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Degraded" && c["reason"] == "StoreChangeRefused")
+                .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+        })
+        .await;
+    assert!(refusal.contains("holds an earlier store's data"), "{refusal}");
+    assert!(refusal.contains(&sqlite.display().to_string()), "{refusal}");
+    assert_eq!(sha256(&sqlite), before, "the refused move touched the old sqlite file");
+    for suffix in ["", "-wal", "-shm"] {
+        let file = format!("{}{suffix}", sqlite.display());
+        if std::path::Path::new(&file).exists() {
+            std::fs::rename(&file, format!("{file}.old")).unwrap();
+        }
+    }
+    let back = json!({ "type": "KineSqlite" });
+    move_under_load(&env, shard, &front, &admin, &back, "KinePostgres", "to-sqlite").await;
+    assert_objects_kept(&env, &admin, &kept).await;
+    assert!(
+        processes_with(&env.shard_dir(shard).join("store/postgres").display().to_string()).is_empty(),
+        "the old managed PostgreSQL still runs"
+    );
+    informer.check(&admin).await;
+    env.shutdown(&[shard]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
+async fn a_shard_moves_from_etcd_to_a_managed_postgres_while_it_serves() {
+    let _serial = serial();
+    require_managed_postgres();
+    let mut env = Env::start().await;
+    let mut etcd = support::Etcd::start(env.dir());
+    let shard = "move-etcd";
+    let etcd_store = json!({ "type": "Etcd", "etcd": { "endpoints": [&etcd.endpoint] } });
+    let (front, admin, kept, informer) = serving(&env, shard, etcd_store).await;
+    let postgres = managed_postgres(&env, test_port());
+    let mut store = postgres.clone();
+    store["etcd"] = Value::Null;
+    move_under_load(&env, shard, &front, &admin, &store, "Etcd", "from-etcd").await;
+    assert_objects_kept(&env, &admin, &kept).await;
+    informer.check(&admin).await;
+    // The etcd cluster is the user's: it still runs, with the shard's keys as they were.
+    assert!(etcd.proc.is_running(), "the user's etcd was stopped");
+    env.shutdown(&[shard]).await;
+}
+
+/// What the test made before any move, as read then, by path.
+type Kept = BTreeMap<String, Value>;
+
+/// Workspace [`KEPT`] with an APIBinding to an APIExport in root, a ConfigMap and a Secret in it.
+async fn make_objects(env: &Env, admin: &Config) -> Kept {
+    create_workspace_ready(admin, KEPT, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| env.fail(&e));
+    bind_an_export(admin, KEPT, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| env.fail(&e));
+    let namespace = format!("/clusters/root:{KEPT}/api/v1/namespaces/default");
+    let objects = [
+        (
+            format!("{namespace}/configmaps"),
+            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "kept", "labels": { "e2e": "kept" } },
+                    "data": { "settings.yaml": "replicas: 3\nregion: eu\n" } }),
+        ),
+        (
+            format!("{namespace}/secrets"),
+            json!({ "apiVersion": "v1", "kind": "Secret", "metadata": { "name": "kept" },
+                    "type": "Opaque", "stringData": { "token": "s3cr3t-before-the-move" } }),
+        ),
+    ];
+    for (path, body) in &objects {
+        let (status, answer) = once(admin, http::Method::POST, path, Some(body)).await.unwrap();
+        assert_eq!(status, 201, "POST {path}: {answer}");
+    }
+    let mut kept = Kept::new();
+    for path in [
+        format!("{namespace}/configmaps/kept"),
+        format!("{namespace}/secrets/kept"),
+        "/clusters/root/apis/apis.kcp.io/v1alpha2/apiexports/e2e-widgets".to_string(),
+        format!("/clusters/root:{KEPT}/apis/apis.kcp.io/v1alpha2/apibindings/e2e-widgets"),
+        format!("{WORKSPACES}/{KEPT}"),
+    ] {
+        kept.insert(path.clone(), read(admin, &path).await);
+    }
+    kept
+}
+
+/// `path` as the API serves it now, without what a move may change: its resourceVersion, and the
+/// status controllers keep writing (a binding's and a workspace's conditions carry times).
+async fn read(admin: &Config, path: &str) -> Value {
+    let (status, body) = once(admin, http::Method::GET, path, None).await.unwrap();
+    assert_eq!(status, 200, "GET {path}: {body}");
+    let mut object: Value = serde_json::from_str(&body).unwrap();
+    let meta = object["metadata"].as_object_mut().unwrap();
+    meta.remove("resourceVersion");
+    meta.remove("managedFields");
+    if let Some(status) = object.get_mut("status").and_then(Value::as_object_mut) {
+        status.remove("conditions");
+    }
+    object
+}
+
+/// Every object made before is there, with the same uid, content and (where it has one) phase.
+async fn assert_objects_kept(env: &Env, admin: &Config, kept: &Kept) {
+    for (path, before) in kept {
+        let now = read(admin, path).await;
+        if &now != before {
+            env.fail(&format!(
+                "{path} changed in the move:\nbefore {before:#}\nafter  {now:#}"
+            ));
+        }
+    }
+    export_served(admin, KEPT, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| env.fail(&e));
+}
+
+/// Patches spec.store to `store` on a serving shard and waits for the move to complete, with a
+/// poller and a writer going all along (their ConfigMaps named `<tag>-<n>`); asserts what a user
+/// sees of it.
+async fn move_under_load(env: &Env, shard: &str, front: &str, admin: &Config, store: &Value, from: &str, tag: &str) {
     let poller = Poller::start_every(
-        patient(front_shard_admin(&env, shard, &front).await),
+        patient(front_shard_admin(env, shard, front).await),
         Duration::from_millis(20),
     );
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
-        let (admin, stop) = (admin.clone(), stop.clone());
+        let (admin, stop, tag) = (admin.clone(), stop.clone(), tag.to_string());
         tokio::spawn(async move {
             let (mut acknowledged, mut failed) = (Vec::new(), Vec::new());
             let mut n = 0;
             while !stop.load(Ordering::SeqCst) {
-                let name = format!("write-{n:04}");
+                let name = format!("{tag}-{n:04}");
                 let body = json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": name }, "data": { "n": n.to_string() } });
                 let started = Instant::now();
                 match once(&admin, http::Method::POST, CONFIGMAPS, Some(&body)).await {
@@ -95,40 +256,23 @@ async fn a_shard_moves_from_kine_sqlite_to_a_managed_postgres_while_it_serves() 
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let sqlite = env.shard_dir(shard).join("store/state.db");
-    let pg_port = test_port();
-    let password_file = env.dir().join("pgpass");
-    std::fs::write(&password_file, "kcpshard-e2e-move\n").unwrap();
+    let events_before = env.events(shard).await.len();
     let moved_at = Instant::now();
-    env.patch(
-        shard,
-        json!({ "spec": { "store": {
-            "type": "KinePostgres",
-            "kinePostgres": {
-                "host": "127.0.0.1",
-                "port": pg_port,
-                "database": "kcp",
-                "user": "kcp",
-                "passwordFrom": { "file": password_file.display().to_string() },
-                "managed": true,
-            },
-        } } }),
-    )
-    .await;
+    env.patch(shard, json!({ "spec": { "store": store } })).await;
+    let to = store["type"].as_str().unwrap().to_string();
     let status = env
         .until(shard, MOVE_TIMEOUT, "status.migration.phase Complete, and Ready", |o| {
             let migration = &o["status"]["migration"];
             if migration["phase"] == "Failed" {
                 panic!("the move failed: {migration:#}");
             }
-            (migration["phase"] == "Complete" && ready_now(o)).then(|| o["status"].clone())
+            let this_move = migration["to"].as_str().is_some_and(|t| t.starts_with(&to));
+            (this_move && migration["phase"] == "Complete" && ready_now(o)).then(|| o["status"].clone())
         })
         .await;
-    assert_eq!(status["store"]["type"], "KinePostgres", "{status:#}");
+    assert_eq!(status["store"]["type"], to.as_str(), "{status:#}");
     let migration = status["migration"].clone();
-    let reasons: Vec<String> = env
-        .events(shard)
-        .await
+    let reasons: Vec<String> = env.events(shard).await[events_before..]
         .iter()
         .filter_map(|e| e.reason.clone())
         .collect();
@@ -138,7 +282,7 @@ async fn a_shard_moves_from_kine_sqlite_to_a_managed_postgres_while_it_serves() 
     let (acknowledged, failed_writes) = writer.await.unwrap();
     let stats = poller.finish().await;
     env.log(&format!(
-        "move: {:.1}s, status.migration {migration}; polls {} failed {} slowest {:?}; writes {} acknowledged, {} failed, slowest {:?}; events {reasons:?}",
+        "move {from} -> {to}: {:.1}s, status.migration {migration}; polls {} failed {} slowest {:?}; writes {} acknowledged, {} failed, slowest {:?}; events {reasons:?}",
         took.as_secs_f64(),
         stats.polls,
         stats.failures.len(),
@@ -148,9 +292,7 @@ async fn a_shard_moves_from_kine_sqlite_to_a_managed_postgres_while_it_serves() 
         acknowledged.iter().map(|(_, t)| *t).max()
     ));
     assert!(
-        migration["oldStore"]
-            .as_str()
-            .is_some_and(|s| s.starts_with("KineSqlite")),
+        migration["oldStore"].as_str().is_some_and(|s| s.starts_with(from)),
         "{migration:#}"
     );
     let pause: f64 = migration["writePause"]
@@ -171,33 +313,101 @@ async fn a_shard_moves_from_kine_sqlite_to_a_managed_postgres_while_it_serves() 
     assert!(stats.failures.is_empty(), "failed polls: {:?}", stats.failures);
     assert!(failed_writes.is_empty(), "failed writes: {failed_writes:?}");
 
-    // Every acknowledged write and every workspace is in the new store; a new workspace gets
+    // Every acknowledged write is in the new store, with what was written; a new workspace gets
     // Ready there.
-    for (name, _) in &acknowledged {
-        let (status, body) = once(&admin, http::Method::GET, &format!("{CONFIGMAPS}/{name}"), None)
+    for (n, (name, _)) in acknowledged.iter().enumerate() {
+        let (status, body) = once(admin, http::Method::GET, &format!("{CONFIGMAPS}/{name}"), None)
             .await
             .unwrap();
         assert_eq!(status, 200, "the acknowledged {name} is gone: {body}");
+        let written: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            written["data"]["n"],
+            n.to_string(),
+            "{name} holds another write: {body}"
+        );
     }
-    for name in &workspaces {
-        let (status, body) = once(&admin, http::Method::GET, &format!("{WORKSPACES}/{name}"), None)
-            .await
-            .unwrap();
-        assert_eq!(status, 200, "workspace {name} is gone: {body}");
-    }
-    kubectl_works(&front_kubeconfig(&env, shard), "after-move", Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| env.fail(&format!("a workspace made after the move: {e}")));
+    kubectl_works(
+        &front_kubeconfig(env, shard),
+        &format!("after-{tag}"),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(&format!("a workspace made after the move: {e}")));
+}
 
-    // The old store is left as it was, and nothing runs it.
-    let before = sha256(&sqlite);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(sha256(&sqlite), before, "the old sqlite file changed after the move");
-    assert!(
-        processes_with(&format!("{}", env.shard_dir(shard).join("store").display()))
+/// A reflector of the ConfigMaps in root's default namespace through the front, as a controller
+/// keeps one: after a broken watch it resumes from the resourceVersion it holds, and relists when
+/// told that version is gone (410).
+struct Informer {
+    store: reflector::Store<ConfigMap>,
+    errors: Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Informer {
+    fn start(admin: &Config) -> Informer {
+        let mut config = admin.clone();
+        let base = config.cluster_url.to_string();
+        config.cluster_url = format!("{}/clusters/root", base.trim_end_matches('/')).parse().unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
+        let (store, writer) = reflector::store();
+        let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = errors.clone();
+        let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(e) = event {
+                    seen.lock().unwrap().push(e.to_string());
+                }
+            }
+        });
+        Informer { store, errors, task }
+    }
+
+    /// Its cache equals a fresh list (names and resourceVersions), which holds every write.
+    async fn check(self, admin: &Config) {
+        let (status, body) = once(admin, http::Method::GET, CONFIGMAPS, None).await.unwrap();
+        assert_eq!(status, 200, "list: {body}");
+        let list: Value = serde_json::from_str(&body).unwrap();
+        let fresh: BTreeMap<String, String> = list["items"]
+            .as_array()
+            .unwrap()
             .iter()
-            .all(|(_, argv)| !argv.contains("state.db")),
-        "the old sqlite kine still runs"
-    );
-    env.shutdown(&[shard]).await;
+            .map(|o| {
+                (
+                    o["metadata"]["name"].as_str().unwrap().to_string(),
+                    o["metadata"]["resourceVersion"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let cached = loop {
+            let cached: BTreeMap<String, String> = self
+                .store
+                .state()
+                .iter()
+                .map(|c| {
+                    (
+                        c.metadata.name.clone().unwrap_or_default(),
+                        c.metadata.resource_version.clone().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            if cached == fresh || Instant::now() > deadline {
+                break cached;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        self.task.abort();
+        let errors = self.errors.lock().unwrap().clone();
+        println!("informer: {} objects cached; its errors: {errors:?}", cached.len());
+        assert_eq!(cached, fresh, "the informer's cache differs from a fresh list");
+        assert!(
+            errors.iter().any(|e| e.contains("too old resource version")),
+            "the informer resumed its watch across the switch without being told to list again: {errors:?}"
+        );
+    }
 }

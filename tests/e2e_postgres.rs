@@ -390,17 +390,7 @@ async fn a_managed_postgres_is_created_started_and_stopped_with_the_shard() {
         json!({
             // No kcp of this version: the store comes first, and is all this test needs.
             "version": "v0.0.1",
-            "store": {
-                "type": "KinePostgres",
-                "kinePostgres": {
-                    "host": "127.0.0.1",
-                    "port": port,
-                    "database": "kcp",
-                    "user": "kcp",
-                    "passwordFrom": { "file": password_file.display().to_string() },
-                    "managed": true,
-                },
-            },
+            "store": managed_postgres_store(port, &password_file),
             "front": { "type": "Tcp", "listen": format!("127.0.0.1:{}", test_port()) },
         }),
     )
@@ -514,15 +504,8 @@ async fn an_etcd_store_serves_a_shard() {
     let etcd = support::Etcd::start(env.dir());
     let shard = "etcd";
     let front = format!("127.0.0.1:{}", test_port());
-    env.apply_spec(
-        shard,
-        json!({
-            "version": newer,
-            "store": { "type": "Etcd", "etcd": { "endpoints": [&etcd.endpoint] } },
-            "front": { "type": "Tcp", "listen": front },
-        }),
-    )
-    .await;
+    let store = json!({ "type": "Etcd", "etcd": { "endpoints": [&etcd.endpoint] } });
+    env.apply_on(shard, &newer, &front, store).await;
     let ready = env.wait_ready(shard, READY_TIMEOUT).await;
     assert_eq!(ready["status"]["store"]["endpoints"], json!([&etcd.endpoint]));
     let kcp_admin = front_admin(&env, shard, &front).await;

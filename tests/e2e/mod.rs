@@ -352,9 +352,15 @@ impl Env {
 
     /// Creates a KcpShard (KineSqlite store, Tcp front on `listen`).
     pub async fn apply(&self, name: &str, version: &str, listen: &str) -> DynamicObject {
+        self.apply_on(name, version, listen, json!({ "type": "KineSqlite" }))
+            .await
+    }
+
+    /// [`Env::apply`] with spec.store `store`.
+    pub async fn apply_on(&self, name: &str, version: &str, listen: &str, store: Value) -> DynamicObject {
         let spec = json!({
             "version": version,
-            "store": { "type": "KineSqlite" },
+            "store": store,
             "front": { "type": "Tcp", "listen": listen },
         });
         self.apply_spec(name, spec).await
@@ -1303,6 +1309,22 @@ pub fn postgres_spec(
             },
         },
         "front": { "type": "Tcp", "listen": front },
+    })
+}
+
+/// spec.store of a managed PostgreSQL on `port` (user kcp, database kcp), its password in
+/// `password_file`.
+pub fn managed_postgres_store(port: u16, password_file: &std::path::Path) -> Value {
+    json!({
+        "type": "KinePostgres",
+        "kinePostgres": {
+            "host": "127.0.0.1",
+            "port": port,
+            "database": "kcp",
+            "user": "kcp",
+            "passwordFrom": { "file": password_file.display().to_string() },
+            "managed": true,
+        },
     })
 }
 
