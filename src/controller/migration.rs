@@ -11,7 +11,7 @@ use super::act::{Actor, Notes};
 use super::error::Error;
 use super::plan::{FrontChange, JobKind, LeaveCause, MigrationFailure, MigrationRecord, Stopping};
 use super::state::{ControllerState, ShardDirs, StoreRecord};
-use crate::api::{StoreSpec, StoreType};
+use crate::api::{FrontType, KcpShard, StoreSpec, StoreType};
 use crate::process::ProcessRecord;
 use crate::store::snapshot::ClientRun;
 use crate::store::{EtcdCluster, EtcdTls, StoreBackend};
@@ -38,23 +38,28 @@ fn update(actor: &Actor<'_>, change: impl FnOnce(&mut MigrationRecord)) -> Resul
     Ok(updated)
 }
 
-/// Why a move into KineSqlite cannot begin: the file it would make holds an earlier store's data
-/// (a move out of it left it as it was, or a move into it did not finish). Nothing is overwritten:
-/// the user moves it aside. None while a move into it is under way (it made the file).
-pub fn sqlite_target_taken(
-    dirs: &ShardDirs,
-    spec: &StoreSpec,
-    in_use: &StoreSpec,
-    state: &ControllerState,
-) -> Option<String> {
-    let moving_into_sqlite = spec.type_ == StoreType::KineSqlite && in_use.type_ != StoreType::KineSqlite;
+/// Why a move kcpshard can make waits, saying what to do; None while a move to `spec` is under
+/// way or none is wanted:
+/// - the file a move into KineSqlite would make holds an earlier store's data (a move out of it
+///   left it as it was, or a move into it did not finish): nothing is overwritten, the user moves
+///   it aside;
+/// - a Caddy front cannot hold new connections in the switch (the TCP front does, docs/front.md):
+///   requests in those seconds would fail.
+pub fn move_waits(dirs: &ShardDirs, shard: &KcpShard, in_use: &StoreSpec, state: &ControllerState) -> Option<String> {
+    let spec = &shard.spec.store;
     let under_way = state.migration.as_ref().is_some_and(|m| m.under_way() && &m.to == spec);
+    if spec.moved_at(in_use).is_none() || under_way {
+        return None;
+    }
     let db = dirs.store().join(crate::store::kine::DB_FILE);
-    (moving_into_sqlite && !under_way && db.exists()).then(|| {
-        format!(
+    if spec.type_ == StoreType::KineSqlite && db.exists() {
+        return Some(format!(
             "spec.store names KineSqlite, and {} holds an earlier store's data (a move out of it left it as it was, or a move into it did not finish): kcpshard does not overwrite it. Once you no longer need it, move it and its -wal and -shm files aside (for f in {0} {0}-wal {0}-shm; do mv $f $f.old; done) and the move begins",
             db.display()
-        )
+        ));
+    }
+    (shard.spec.front.type_ == FrontType::Caddy).then(|| {
+        "spec.store names another store, and the move waits: its switch needs a front that holds new connections for a few seconds, which the Caddy front cannot (requests then would fail). Set spec.front.type to Tcp for the move, and back to Caddy after it".to_string()
     })
 }
 
@@ -351,4 +356,57 @@ pub fn failed(actor: &Actor<'_>, why: String) -> Result<Notes, Error> {
             record.to.describe()
         ),
     )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(store: &str, front: &str) -> KcpShard {
+        let spec =
+            format!("{{version: v0.31.2, store: {store}, front: {{type: {front}, listen: \"127.0.0.1:6443\"}}}}");
+        KcpShard::new("dev", serde_yaml::from_str(&spec).unwrap())
+    }
+
+    #[test]
+    fn a_move_waits_for_an_earlier_state_db_to_be_moved_aside_and_for_a_front_that_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = ShardDirs::new(dir.path(), "dev");
+        let postgres: StoreSpec = serde_yaml::from_str("{type: KinePostgres, kinePostgres: {host: h}}").unwrap();
+        let back_to_sqlite = shard("{type: KineSqlite}", "Tcp");
+        let none = ControllerState::default();
+        assert_eq!(
+            move_waits(&dirs, &back_to_sqlite, &postgres, &none),
+            None,
+            "no state.db: it begins"
+        );
+
+        std::fs::create_dir_all(dirs.store()).unwrap();
+        std::fs::write(dirs.store().join("state.db"), "an earlier store's").unwrap();
+        let why = move_waits(&dirs, &back_to_sqlite, &postgres, &none).unwrap();
+        assert!(why.contains("holds an earlier store's data"), "{why}");
+        assert!(why.contains("-wal and -shm files aside"), "{why}");
+        // The move into it under way made the file.
+        let under_way = ControllerState {
+            migration: Some(MigrationRecord::begun(
+                postgres.clone(),
+                back_to_sqlite.spec.store.clone(),
+                Utc::now(),
+            )),
+            ..Default::default()
+        };
+        assert_eq!(move_waits(&dirs, &back_to_sqlite, &postgres, &under_way), None);
+        // No move wanted.
+        let sqlite = back_to_sqlite.spec.store.clone();
+        assert_eq!(move_waits(&dirs, &back_to_sqlite, &sqlite, &none), None);
+
+        let behind_caddy = shard("{type: KinePostgres, kinePostgres: {host: h}}", "Caddy");
+        let why = move_waits(&dirs, &behind_caddy, &sqlite, &none).unwrap();
+        assert!(why.contains("Set spec.front.type to Tcp for the move"), "{why}");
+        assert_eq!(
+            move_waits(&dirs, &behind_caddy, &postgres, &none),
+            None,
+            "no move, no wait"
+        );
+    }
 }

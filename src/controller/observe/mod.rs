@@ -124,8 +124,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     let state = dirs.load_state()?;
     let mut store_in_use = StoreRecord::in_use(dirs.load_store_record()?.as_ref(), &shard.spec.store, dirs);
     if store_in_use.refused.is_none() {
-        store_in_use.refused =
-            super::migration::sqlite_target_taken(dirs, &shard.spec.store, &store_in_use.store, &state);
+        store_in_use.refused = super::migration::move_waits(dirs, shard, &store_in_use.store, &state);
     }
     let store = ctx.store(shard, &store_in_use.store, dirs).map_err(|e| e.to_string());
     let mut store_status = match &store {
