@@ -85,10 +85,19 @@ for r in rows:
     rel = lambda k: f"{ev[k] - r['askedAt']:.1f}" if k in ev else "-"
     failed = sum(1 for f in load.get("failures", []) if within(f, r))
     print(f"| {r['label']} | " + " | ".join(rel(k) for k in keys) + f" | {m.get('copiedKeys')} | {m.get('writePause')} | {failed} |")
+# Each failure placed in its move and phase, counted.
+phases = [("MigrationStarted", "copying"), ("MigrationCaughtUp", "new slot starting, following"),
+          ("MigrationSwitching", "switching"), ("MigrationSwitched", "switched, old store stopping")]
+places = {}
 for r in rows:
     for f in load.get("failures", []):
         if within(f, r):
-            print(f"  {r['label']}: {f['client']} {f['path']}: {f['kind']}: {f['detail'][:100]}")
+            x = datetime.fromisoformat(f["at"].replace("Z", "+00:00")).timestamp()
+            phase = next((label for key, label in reversed(phases) if r["events"].get(key, 1e18) <= x), "asked")
+            key = (r["label"], phase, f["client"], f["path"], f["kind"], f["detail"][:90])
+            places[key] = places.get(key, 0) + 1
+for (label, phase, client, path, kind, detail), count in places.items():
+    print(f"  {label}: {phase}: {count} x {client} {path}: {kind}: {detail}")
 print(f"load ({load['seconds']:.0f} s): {load['requests']:,} requests, {load['failed']} failed; by kind: "
       + ", ".join(f"{k} {v}" for k, v in load["failedByKind"].items()))
 for c, v in load["clients"].items():
