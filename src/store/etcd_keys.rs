@@ -142,11 +142,17 @@ pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64
     }
 }
 
-/// The current revision of `client`'s store.
+/// The current revision of `client`'s store. A range that finds a key: kine answers one that
+/// finds none with the revision its own poll loop last saw (`pkg/logstructured/sqllog/sql.go`
+/// `List` -> `CurrentRevision`), which lags what other kines on the same database wrote; a row
+/// carries the database's highest id.
 pub async fn revision(client: &Client) -> Result<i64, StoreError> {
     let response = client
         .kv_client()
-        .get(KCP_PREFIX, Some(GetOptions::new().with_keys_only().with_limit(1)))
+        .get(
+            KCP_PREFIX,
+            Some(GetOptions::new().with_prefix().with_keys_only().with_limit(1)),
+        )
         .await
         .map_err(|e| failed(format!("cannot read the revision of the keys under {KCP_PREFIX}"), e))?;
     Ok(response.header().map_or(0, |h| h.revision()))
