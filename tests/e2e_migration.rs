@@ -300,6 +300,10 @@ async fn move_under_load(env: &Env, shard: &str, front: &str, admin: &Config, st
         .and_then(|p| p.trim_end_matches('s').parse().ok())
         .unwrap_or_else(|| panic!("no writePause: {migration:#}"));
     assert!(pause < 10.0, "the front held new connections for {pause}s");
+    // Store to store: before the switch ended the mirror read every key of the old store again,
+    // at its last revision, and found each written as of its last change.
+    let verified = migration["verifiedKeys"].as_u64().unwrap_or(0);
+    assert!(verified > 0, "the mirror checked no key: {migration:#}");
     for reason in [
         "MigrationStarted",
         "MirrorStarted",

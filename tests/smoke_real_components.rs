@@ -680,10 +680,14 @@ async fn the_keys_of_an_etcd_copy_into_a_kine_and_clear_from_it() {
     let started = Instant::now();
     let (revision, copied) = etcd_keys::copy(&source, &target, KCP_PREFIX).await.unwrap();
     println!(
-        "MEASURE copy of {copied} keys from etcd into kine-sqlite: {:.2}s",
+        "MEASURE copy of {} keys from etcd into kine-sqlite: {:.2}s",
+        copied.len(),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(copied, 1200);
+    assert_eq!(copied.len(), 1200);
+    // Each key copied as of its last change: what a mirror checks at its end.
+    let at_copy = etcd_keys::key_revisions(&source, KCP_PREFIX, revision).await.unwrap();
+    assert_eq!(copied, at_copy);
     assert!(revision >= 1201, "the copy's revision {revision}");
     let in_kine = |key: &'static str| {
         let mut kv = target.kv_client();
@@ -876,10 +880,17 @@ async fn mirror_under_writes(source_kine: &Kine, from: MirrorFrom<'_>, into: Mir
             })
         })
         .collect();
-    let dir = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
+    let tmp = tempfile::Builder::new().prefix("kcpshard-mirror-").tempdir().unwrap();
+    // A job directory deeper than a socket address holds (107 bytes): the job's kines listen on
+    // paths relative to it.
+    let dir = tmp
+        .path()
+        .join("a-job-directory-deep-enough-that-no-absolute-socket-path-in-it-fits");
+    std::fs::create_dir(&dir).unwrap();
+    assert!(dir.join("mirror-source-kine.sock").as_os_str().len() > 107);
     let started = Instant::now();
-    let job = mirror_job(from, &into, dir.path());
-    let progress = dir.path().join("progress.json");
+    let job = mirror_job(from, &into, dir.as_path());
+    let progress = dir.as_path().join("progress.json");
     let following = poll(Duration::from_secs(60), Duration::from_millis(50), || {
         MirrorProgress::load(&progress)
             .unwrap()
@@ -900,7 +911,7 @@ async fn mirror_under_writes(source_kine: &Kine, from: MirrorFrom<'_>, into: Mir
     }
     let last = kcpshard::store::etcd_keys::revision(&source).await.unwrap();
     let named_at = Instant::now();
-    std::fs::write(dir.path().join("until"), "").unwrap();
+    std::fs::write(dir.as_path().join("until"), "").unwrap();
     let out = tokio::task::spawn_blocking(move || job.wait_with_output())
         .await
         .unwrap()
@@ -933,6 +944,11 @@ async fn mirror_under_writes(source_kine: &Kine, from: MirrorFrom<'_>, into: Mir
     let (from, into) = (all(source.clone()).await, all(target.clone()).await);
     let content = |v: &Vec<(Vec<u8>, Vec<u8>, i64)>| v.iter().map(|k| (k.0.clone(), k.1.clone())).collect::<Vec<_>>();
     assert_eq!(content(&from), content(&into), "the target differs from the source");
+    assert_eq!(
+        done.verified_keys,
+        Some(from.len() as u64),
+        "the mirror did not check every key it ended with: {done:?}"
+    );
     assert!(from.len() < 3000 + 200 * writers, "no key was deleted: {}", from.len());
     let lowest = into.iter().map(|k| k.2).min().unwrap();
     assert!(

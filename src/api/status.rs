@@ -323,6 +323,10 @@ pub struct MigrationStatus {
     /// Keys copied at one revision of the old store, before the following began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copied_keys: Option<u64>,
+    /// Keys of the old store at its last revision that the mirror checked, before the switch
+    /// ended, to be in the new store as of their last change (a difference fails the move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_keys: Option<u64>,
     /// Revisions of the old store not yet applied to the new, as the mirror last said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag: Option<i64>,

@@ -161,7 +161,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             kine_binary,
             from,
         } => {
-            let dir = std::env::current_dir()?;
             // Kept until the job ends: the source's kine, when the job runs one.
             let (source, _source_kine) = match from.from_store {
                 Some(spec) => {
@@ -170,7 +169,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                         anyhow::bail!("--from-store names a KinePostgres store, not {}", spec.describe());
                     };
                     let server = crate::store::PostgresServer::from_spec(settings)?;
-                    let kine = mirror::source_kine(&server, &kine_binary, &dir).await?;
+                    let kine = mirror::source_kine(&server, &kine_binary).await?;
                     (kine.client.clone(), Some(kine))
                 }
                 None => {
@@ -180,7 +179,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             };
             let to: crate::api::StoreSpec = serde_json::from_str(&to_store)?;
             let target = mirror::MirrorTarget::from_spec(&to, to_store_dir.as_deref())?;
-            let (target_kine, raised) = mirror::prepare(&target, &kine_binary, &dir, &source).await?;
+            let (target_kine, raised) = mirror::prepare(&target, &kine_binary, &source).await?;
             let done = mirror::run(&source, &target_kine.client, &progress, &until, Some(raised)).await?;
             println!(
                 "mirrored {} keys at revision {} and {} changes after it, up to revision {}, into {} (revisions above {raised})",

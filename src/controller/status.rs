@@ -206,6 +206,7 @@ fn migration_status(seen: &MigrationObservation) -> MigrationStatus {
         started_at: micro_time(m.started_at),
         completed_at: m.completed_at.map(micro_time),
         copied_keys: mirror.map(|p| p.copied_keys),
+        verified_keys: mirror.and_then(|p| p.verified_keys),
         lag: mirror.filter(|_| m.switched_at.is_none()).map(|p| p.lag),
         write_pause,
         old_store: m.switched_at.map(|_| m.from.describe()),

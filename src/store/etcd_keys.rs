@@ -6,6 +6,7 @@
 //! `pkg/server/limited.go` `Txn`: a create is `mod == 0 -> put`, `create.go` `isCreate`; an update
 //! `mod == r -> put, else get`, `update.go` `isUpdate`; a delete `mod == r -> delete, else get`,
 //! `delete.go` `isDelete`), which etcd runs as they read.
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,6 +26,9 @@ pub const KCP_PREFIX: &str = "/registry/";
 /// The key kine keeps for health checks under kcp's prefix (kine `pkg/server/types.go`
 /// `HealthKey`), which every kine makes for itself: never copied, never cleared.
 const KINE_HEALTH_KEY: &[u8] = b"/registry/health";
+
+/// Keys, each with the revision of the store that last changed it (its mod revision).
+pub type KeyRevisions = BTreeMap<Vec<u8>, i64>;
 
 /// Keys read per Range.
 const PAGE: i64 = 500;
@@ -105,41 +109,71 @@ pub async fn clear(client: &Client, prefix: &str) -> Result<u64, StoreError> {
 
 /// Copies every key under `prefix` from `source` into `target`, as the keys were at one revision
 /// of `source` (read in pages at that revision while it takes writes), creating each in `target`
-/// (where none of them may exist). Returns that revision and how many keys were copied.
-pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64, u64), StoreError> {
-    let end = prefix_end(prefix.as_bytes());
-    let mut from = prefix.as_bytes().to_vec();
+/// (where none of them may exist). Returns that revision and the keys copied, each with its mod
+/// revision in `source`.
+pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64, KeyRevisions), StoreError> {
     // The revision first, then every page at it: a kine's unpinned list can answer with a
     // revision its rows are older than.
     let revision = revision(source).await?;
-    let mut copied = 0;
-    loop {
-        let options = GetOptions::new()
-            .with_range(end.clone())
-            .with_limit(PAGE)
-            .with_revision(revision);
-        let page = source
-            .kv_client()
-            .get(from.clone(), Some(options))
-            .await
-            .map_err(|e| failed(format!("cannot read the keys under {prefix}"), e))?;
-        let keys = kcp_keys(page.kvs());
+    let mut copied = KeyRevisions::new();
+    let mut pages = std::pin::pin!(pages_at(source, prefix, revision, false));
+    while let Some(page) = pages.try_next().await? {
+        let keys = kcp_keys(&page);
         let wanted = keys.len() as u64;
-        let created = write_each(target, keys, create).await?;
-        if created != wanted {
+        if write_each(target, keys, create).await? != wanted {
             return Err(StoreError::Invalid(format!(
                 "the store being written already holds some of the keys under {prefix}: clear it first"
             )));
         }
-        copied += created;
-        match page.kvs().last() {
-            Some(last) if page.more() => {
-                from = last.key().to_vec();
-                from.push(0);
-            }
-            _ => return Ok((revision, copied)),
-        }
+        copied.extend(kcp_keys(&page).iter().map(|kv| (kv.key().to_vec(), kv.mod_revision())));
     }
+    Ok((revision, copied))
+}
+
+/// Every key under `prefix` as it was at `revision` of `client`'s store, with its mod revision.
+pub async fn key_revisions(client: &Client, prefix: &str, revision: i64) -> Result<KeyRevisions, StoreError> {
+    pages_at(client, prefix, revision, true)
+        .try_fold(KeyRevisions::new(), |mut keys, page| async move {
+            keys.extend(kcp_keys(&page).iter().map(|kv| (kv.key().to_vec(), kv.mod_revision())));
+            Ok(keys)
+        })
+        .await
+}
+
+/// The keys under `prefix` at `revision`, a page at a time (values left out if `keys_only`).
+fn pages_at<'a>(
+    client: &'a Client,
+    prefix: &'a str,
+    revision: i64,
+    keys_only: bool,
+) -> impl futures::Stream<Item = Result<Vec<KeyValue>, StoreError>> + 'a {
+    let end = prefix_end(prefix.as_bytes());
+    futures::stream::try_unfold(Some(prefix.as_bytes().to_vec()), move |from| {
+        let end = end.clone();
+        async move {
+            let Some(from) = from else { return Ok(None) };
+            let mut options = GetOptions::new()
+                .with_range(end)
+                .with_limit(PAGE)
+                .with_revision(revision);
+            if keys_only {
+                options = options.with_keys_only();
+            }
+            let mut page = client
+                .kv_client()
+                .get(from, Some(options))
+                .await
+                .map_err(|e| failed(format!("cannot read the keys under {prefix} at revision {revision}"), e))?;
+            let more = page.more();
+            let kvs = page.take_kvs();
+            let next = kvs.last().filter(|_| more).map(|last| {
+                let mut next = last.key().to_vec();
+                next.push(0);
+                next
+            });
+            Ok(Some((kvs, next)))
+        }
+    })
 }
 
 /// The current revision of `client`'s store. A range that finds a key: kine answers one that

@@ -175,7 +175,7 @@ async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path, etcd: &Pa
         let target = etcd_keys::connect(&cluster.endpoints, Some(cluster)).await?;
         etcd_keys::clear(&target, KCP_PREFIX).await?;
         let (_, copied) = etcd_keys::copy(&snapshot, &target, KCP_PREFIX).await?;
-        Ok(copied)
+        Ok(copied.len() as u64)
     }
     .await;
     let _ = etcd.kill().await;

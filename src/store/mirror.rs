@@ -3,7 +3,10 @@
 //! from a watch that starts right after that revision. The job `kcpshard job store-mirror` runs it
 //! for a move of the data (controller/migration.rs); it writes how far it is to a progress file
 //! that `serve` reads, and ends once `serve` has made its until file (the old store takes no more
-//! writes) and every change up to the old store's revision at that moment is applied.
+//! writes) and every change up to the old store's revision at that moment is applied. Before it
+//! says so it checks its work: every key the old store holds at that revision, read again, must be
+//! one the mirror wrote as of the same change, and no key it wrote may be gone from the old store
+//! ([`differences`]); else the job fails and the old store keeps the data.
 //!
 //! How far it is comes from the watch itself: after the changes it sent, a progress response
 //! (etcd's `WatchProgressRequest`, which kine answers too: kine `pkg/server/watch.go` `Progress`,
@@ -18,11 +21,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use etcd_client::{Client, WatchOptions};
+use etcd_client::{Client, EventType, WatchOptions};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
-use super::etcd_keys::{self, KCP_PREFIX, failed};
+use super::etcd_keys::{self, KCP_PREFIX, KeyRevisions, failed};
 use crate::api::{StoreSpec, StoreType};
 
 /// How often the progress file is written and the watch asked for its progress.
@@ -58,6 +61,10 @@ pub struct MirrorProgress {
     /// The source's revision when `serve` said it takes no more writes: the mirror ends there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_revision: Option<i64>,
+    /// Keys of the source at the revision the mirror ended at, each found written by the mirror
+    /// as the source last changed it (checked before the phase is Done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_keys: Option<u64>,
     pub updated_at: DateTime<Utc>,
 }
 
@@ -109,13 +116,15 @@ pub async fn run(
         source_revision: 0,
         raised_above,
         end_revision: None,
+        verified_keys: None,
         updated_at: Utc::now(),
     };
     state.save(progress)?;
-    let (revision, copied) = etcd_keys::copy(source, target, KCP_PREFIX).await?;
+    // Each key written, with the source's revision of the change written: what is checked at the end.
+    let (revision, mut mirrored) = etcd_keys::copy(source, target, KCP_PREFIX).await?;
     state.phase = MirrorPhase::Following;
     state.copy_revision = Some(revision);
-    state.copied_keys = copied;
+    state.copied_keys = mirrored.len() as u64;
     state.applied_revision = revision;
     state.source_revision = revision;
     state.save(progress)?;
@@ -159,6 +168,11 @@ pub async fn run(
                 for event in response.events() {
                     if etcd_keys::apply(target, event).await? {
                         state.applied_changes += 1;
+                        let kv = event.kv().expect("an applied change names its key");
+                        match event.event_type() {
+                            EventType::Put => mirrored.insert(kv.key().to_vec(), kv.mod_revision()),
+                            EventType::Delete => mirrored.remove(kv.key()),
+                        };
                     }
                     if let Some(kv) = event.kv() {
                         state.applied_revision = kv.mod_revision();
@@ -180,6 +194,18 @@ pub async fn run(
                     state.end_revision = Some(end);
                 }
                 if state.end_revision.is_some_and(|end| state.applied_revision >= end) {
+                    let source_keys = etcd_keys::key_revisions(source, KCP_PREFIX, state.applied_revision).await?;
+                    let differing = differences(&source_keys, &mirrored);
+                    if !differing.is_empty() {
+                        return Err(StoreError::Invalid(format!(
+                            "the new store does not have every change of the old one up to revision {}: {} of its keys differ ({}{}). The old store keeps the data; the job's log says what the mirror did",
+                            state.applied_revision,
+                            differing.len(),
+                            differing.iter().take(3).cloned().collect::<Vec<_>>().join("; "),
+                            if differing.len() > 3 { "; ..." } else { "" },
+                        )));
+                    }
+                    state.verified_keys = Some(source_keys.len() as u64);
                     state.phase = MirrorPhase::Done;
                     state.save(progress)?;
                     return Ok(state);
@@ -191,6 +217,28 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Where the keys the mirror wrote differ from the `source`'s, each key with the revision of its
+/// last change: a key the source holds and the mirror wrote at another of its changes or never
+/// wrote, or one the mirror wrote and the source no longer holds.
+pub fn differences(source: &KeyRevisions, mirrored: &KeyRevisions) -> Vec<String> {
+    let name = |key: &[u8]| String::from_utf8_lossy(key).into_owned();
+    let mut differing: Vec<String> = source
+        .iter()
+        .filter_map(|(key, revision)| match mirrored.get(key) {
+            Some(written) if written == revision => None,
+            Some(written) => Some(format!("{}: changed at {revision}, written as of {written}", name(key))),
+            None => Some(format!("{}: changed at {revision}, never written", name(key))),
+        })
+        .collect();
+    differing.extend(
+        mirrored
+            .iter()
+            .filter(|(key, _)| !source.contains_key(*key))
+            .map(|(key, written)| format!("{}: deleted, still there as of {written}", name(key))),
+    );
+    differing
 }
 
 /// How far above the old store's revision the new store's revisions start: more than the old
@@ -284,12 +332,11 @@ impl MirrorTarget {
 pub async fn prepare(
     target: &MirrorTarget,
     kine_binary: &Path,
-    dir: &Path,
     source: &Client,
 ) -> Result<(PrivateKine, i64), StoreError> {
     target.ready().await?;
     let (endpoint, env) = (target.endpoint(), target.env());
-    let schema_maker = PrivateKine::start(kine_binary, &endpoint, &env, dir, TARGET_KINE).await?;
+    let schema_maker = PrivateKine::start(kine_binary, &endpoint, &env, TARGET_KINE).await?;
     if etcd_keys::holds_keys(&schema_maker.client, KCP_PREFIX).await? {
         return Err(StoreError::Invalid(format!(
             "{} already holds keys under {KCP_PREFIX} (another shard's, an earlier store's, or an earlier move's copy that did not finish): {}",
@@ -301,28 +348,26 @@ pub async fn prepare(
     let above = etcd_keys::revision(source).await? + RAISE_MARGIN;
     target.raise(above).await?;
     Ok((
-        PrivateKine::start(kine_binary, &endpoint, &env, dir, TARGET_KINE).await?,
+        PrivateKine::start(kine_binary, &endpoint, &env, TARGET_KINE).await?,
         above,
     ))
 }
 
 /// A kine of the job's own on a KinePostgres store the data moves out of: the slots' own kines
 /// stop with them during the switch, while the mirror reads on to the last change.
-pub async fn source_kine(
-    server: &super::PostgresServer,
-    kine_binary: &Path,
-    dir: &Path,
-) -> Result<PrivateKine, StoreError> {
+pub async fn source_kine(server: &super::PostgresServer, kine_binary: &Path) -> Result<PrivateKine, StoreError> {
     let endpoint = server.kine_endpoint("kcpshard-store-mirror-source");
-    PrivateKine::start(kine_binary, &endpoint, &server.env(), dir, SOURCE_KINE).await
+    PrivateKine::start(kine_binary, &endpoint, &server.env(), SOURCE_KINE).await
 }
 
 /// The names of the job's kines' sockets and logs in its directory.
 const TARGET_KINE: &str = "mirror-target-kine";
 const SOURCE_KINE: &str = "mirror-source-kine";
 
-/// A kine the job runs for itself, on a unix socket in its directory: SIGKILLed with the job
-/// however the job ends (PR_SET_PDEATHSIG, and on drop).
+/// A kine the job runs for itself, in the job's directory (its working directory: its socket and
+/// log there): SIGKILLed with the job however the job ends (PR_SET_PDEATHSIG, and on drop). The
+/// socket is named relative to that directory: a socket's path holds at most 107 bytes (unix(7)
+/// `sun_path`), and a state dir's path can be longer.
 pub struct PrivateKine {
     child: tokio::process::Child,
     pub client: Client,
@@ -333,10 +378,10 @@ impl PrivateKine {
         binary: &Path,
         endpoint: &str,
         env: &[(String, String)],
-        dir: &Path,
         name: &str,
     ) -> Result<PrivateKine, StoreError> {
-        let socket = std::path::absolute(dir.join(format!("{name}.sock"))).map_err(StoreError::io(dir))?;
+        let dir = Path::new(".");
+        let socket = PathBuf::from(format!("{name}.sock"));
         crate::fsutil::remove_if_there(&socket).map_err(StoreError::io(&socket))?;
         let address = super::kine_address::KineAddress::Unix(socket);
         let log = dir.join(format!("{name}.log"));
@@ -361,5 +406,35 @@ impl PrivateKine {
         {
             let _ = self.child.kill().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(entries: &[(&str, i64)]) -> KeyRevisions {
+        entries.iter().map(|(k, r)| (k.as_bytes().to_vec(), *r)).collect()
+    }
+
+    #[test]
+    fn a_mirror_that_wrote_every_last_change_differs_nowhere() {
+        let source = keys(&[("/registry/a", 3), ("/registry/b", 7)]);
+        assert!(differences(&source, &source.clone()).is_empty());
+    }
+
+    #[test]
+    fn every_change_the_mirror_missed_is_named() {
+        let source = keys(&[("/registry/a", 3), ("/registry/b", 7), ("/registry/c", 9)]);
+        // b's last change not written, c never written, d deleted in the source and still written.
+        let mirrored = keys(&[("/registry/a", 3), ("/registry/b", 5), ("/registry/d", 4)]);
+        assert_eq!(
+            differences(&source, &mirrored),
+            [
+                "/registry/b: changed at 7, written as of 5",
+                "/registry/c: changed at 9, never written",
+                "/registry/d: deleted, still there as of 4",
+            ]
+        );
     }
 }

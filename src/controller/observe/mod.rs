@@ -473,6 +473,7 @@ async fn observe_migration(
             phase: p.phase,
             copied_keys: p.copied_keys,
             lag: p.lag(),
+            verified_keys: p.verified_keys,
         }),
         old_store_running: false,
     };

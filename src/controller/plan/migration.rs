@@ -85,6 +85,8 @@ pub struct MirrorObservation {
     pub phase: crate::store::mirror::MirrorPhase,
     pub copied_keys: u64,
     pub lag: i64,
+    /// Keys of the old store found written as of its last change, once the mirror checked.
+    pub verified_keys: Option<u64>,
 }
 
 /// A move under way (or the latest one), as observed.

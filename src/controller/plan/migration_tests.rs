@@ -42,6 +42,7 @@ fn under_way(record: MigrationRecord, mirror: Option<(MirrorPhase, i64)>) -> Opt
             phase,
             copied_keys: 1200,
             lag,
+            verified_keys: None,
         }),
         old_store_running: true,
     })
