@@ -162,6 +162,8 @@ async fn a_snapshot_is_taken_on_request_and_on_schedule_while_the_shard_serves()
 async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs() {
     let (mut env, _front, poll) = start(2).await;
     let (name, pid) = env.until("dev", Duration::from_secs(20), "a leader", leader).await;
+    let last_roll = env.get("dev").await.unwrap()["status"]["lastRoll"].clone();
+    let rolls_before = roll_completes(&env).await;
     let poller = Poller::start_every(poll, Duration::from_millis(20));
     signal(pid, libc::SIGKILL);
     let killed = Instant::now();
@@ -186,7 +188,40 @@ async fn a_killed_leader_leaves_the_front_its_lease_goes_and_a_replacement_runs(
         describe_failures(&stats)
     );
     told(&env, &["SlotCrashed", "LeaseReleased"]).await;
+    replaced(&env, &name, "crashed: ", (&last_roll, rolls_before)).await;
     env.shutdown(&["dev"]).await;
+}
+
+/// The replacement of `slot` is done and said so, as a replacement (`cause` begins its cause), and
+/// the last roll is still `last_roll`, its event not repeated (`rolls_before` RollComplete events).
+async fn replaced(env: &Env, slot: &str, cause: &str, (last_roll, rolls_before): (&Value, usize)) {
+    let o = env
+        .until(
+            "dev",
+            Duration::from_secs(30),
+            "status.lastReplacement completed",
+            |o| {
+                let r = &o["status"]["lastReplacement"];
+                (r["replacedSlot"] == slot && r["completedAt"].is_string()).then(|| o.clone())
+            },
+        )
+        .await;
+    let replacement = &o["status"]["lastReplacement"];
+    assert!(
+        replacement["cause"].as_str().is_some_and(|c| c.starts_with(cause)),
+        "{replacement:#}"
+    );
+    assert_eq!(&o["status"]["lastRoll"], last_roll, "a replacement is no roll");
+    told(env, &["SlotReplaced"]).await;
+    assert_eq!(
+        roll_completes(env).await,
+        rolls_before,
+        "a RollComplete event for the replacement"
+    );
+}
+
+async fn roll_completes(env: &Env) -> usize {
+    reasons(env).await.iter().filter(|r| *r == "RollComplete").count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -195,6 +230,8 @@ async fn a_hung_slot_leaves_the_front_within_3s_and_is_killed_after_the_liveness
     let o = env.get("dev").await.unwrap();
     let victim = serving(&o)[0].clone();
     let pid = slot_pid(&o, &victim).unwrap();
+    let last_roll = o["status"]["lastRoll"].clone();
+    let rolls_before = roll_completes(&env).await;
     signal(pid, libc::SIGSTOP);
     let stopped = Instant::now();
     env.until("dev", Duration::from_secs(3), "the hung slot out of the front", |o| {
@@ -224,6 +261,7 @@ async fn a_hung_slot_leaves_the_front_within_3s_and_is_killed_after_the_liveness
         describe_failures(&stats)
     );
     told(&env, &["SlotUnresponsive", "SlotKilled"]).await;
+    replaced(&env, &victim, "killed: ", (&last_roll, rolls_before)).await;
     env.shutdown(&["dev"]).await;
 }
 

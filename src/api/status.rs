@@ -40,6 +40,10 @@ pub struct KcpShardStatus {
     /// When each step of the latest roll happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_roll: Option<RollStatus>,
+    /// When each step of the latest replacement of a slot that crashed or was killed happened:
+    /// which slot, why, and its new slot's start, readiness and place in the front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_replacement: Option<RollStatus>,
     /// The latest preflight: the new version run alone on a copy of the data before a roll to it
     /// (spec.rollout.preflight).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,6 +202,15 @@ pub struct RollStatus {
     /// Path of the store snapshot taken before the roll, if one was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// lastReplacement: the slot that crashed or was killed while it served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced_slot: Option<String>,
+    /// lastReplacement: why it went ("crashed: <what kcp last wrote>", "killed: ...").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// lastReplacement: when its records went and the replacement could start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gone_at: Option<MicroTime>,
 }
 
 /// The outcome of a preflight.

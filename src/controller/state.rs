@@ -30,7 +30,9 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, JobRecord, ProbeRecord, ProcessStop, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
+use super::plan::{
+    Blocked, GoneSlot, JobRecord, ProbeRecord, ProcessStop, RestoreRecord, RollRecord, SlotTemplate, StopRecord,
+};
 use crate::api::PreflightResult;
 use crate::fsutil;
 
@@ -329,6 +331,12 @@ pub struct ControllerState {
     pub blocked: Option<Blocked>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_roll: Option<CompletedRoll>,
+    /// The latest replacement of a slot that crashed or was killed (a roll record with `replaces`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_replacement: Option<CompletedRoll>,
+    /// A slot that served, crashed or was killed, and is not replaced yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gone: Option<GoneSlot>,
     /// The latest snapshot taken before a version change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotRecord>,

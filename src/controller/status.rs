@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use super::conditions::{self, k8s_time};
 use super::observe::World;
 use super::plan::{Desired, LeaseHolder, MigrationObservation, RestoreRecord, RollRecord, SlotObservation, Step};
+use super::state::{CompletedRoll, ControllerState};
 use crate::api::{
     FrontStatus, KcpShard, KcpShardStatus, MigrationStatus, PreflightStatus, RestoreStatus, RollStatus, SlotStatus,
     SnapshotStatus, StoreStatus,
@@ -41,11 +42,7 @@ pub fn build(
             restarted_at: seen.template.restarted_at.clone(),
         })
         .collect();
-    let last_roll = match (&world.state.roll, &world.state.last_roll) {
-        (Some(roll), _) => Some(roll_status(roll, None)),
-        (None, Some(done)) => Some(roll_status(&done.roll, Some(done.completed_at))),
-        (None, None) => None,
-    };
+    let (last_roll, last_replacement) = rolls(&world.state);
     KcpShardStatus {
         observed_generation: generation,
         phase: Some(conditions::phase(&verdicts, desired.deleting)),
@@ -71,6 +68,7 @@ pub fn build(
             message: observed.store_problem.clone(),
         }),
         last_roll,
+        last_replacement,
         preflight: world.state.preflight.as_ref().map(|p| PreflightStatus {
             version: p.template.version.clone(),
             result: p.result,
@@ -148,6 +146,20 @@ pub fn unreadable(
     status
 }
 
+/// status.lastRoll and status.lastReplacement: the record under way is a replacement's or a
+/// roll's, and shows in its own field; the other shows its latest completed one.
+fn rolls(state: &ControllerState) -> (Option<RollStatus>, Option<RollStatus>) {
+    let shown = |replacement: bool, last: &Option<CompletedRoll>| match (
+        state.roll.as_ref().filter(|r| r.replaces.is_some() == replacement),
+        last,
+    ) {
+        (Some(roll), _) => Some(roll_status(roll, None)),
+        (None, Some(done)) => Some(roll_status(&done.roll, Some(done.completed_at))),
+        (None, None) => None,
+    };
+    (shown(false, &state.last_roll), shown(true, &state.last_replacement))
+}
+
 fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollStatus {
     RollStatus {
         started_at: Some(micro_time(roll.started_at)),
@@ -162,6 +174,9 @@ fn roll_status(roll: &RollRecord, completed_at: Option<DateTime<Utc>>) -> RollSt
         from_version: roll.from_version.clone(),
         to_version: Some(roll.to_version.clone()),
         snapshot: roll.snapshot.clone(),
+        replaced_slot: roll.replaces.as_ref().map(|g| g.slot.clone()),
+        cause: roll.replaces.as_ref().map(|g| g.cause.clone()),
+        gone_at: roll.replaces.as_ref().map(|g| micro_time(g.gone_at)),
     }
 }
 
@@ -303,6 +318,55 @@ mod tests {
             t1 + chrono::Duration::seconds(2),
         );
         assert_eq!(again, status);
+    }
+
+    #[test]
+    fn a_replacement_under_way_or_done_shows_apart_from_the_last_roll() {
+        use chrono::TimeZone;
+        let t0 = Utc.timestamp_opt(1_800_000_000, 0).unwrap();
+        let roll = |to: &str| RollRecord {
+            to_version: to.into(),
+            started_at: t0,
+            ..Default::default()
+        };
+        let done = |roll: RollRecord| CompletedRoll {
+            roll,
+            completed_at: t0 + chrono::Duration::seconds(9),
+        };
+        let replacement = RollRecord {
+            replaces: Some(crate::controller::plan::GoneSlot {
+                slot: "a".into(),
+                cause: "crashed: signal: 9 (SIGKILL)".into(),
+                gone_at: t0,
+                template: crate::controller::plan::tests::template("v2"),
+            }),
+            ..roll("v2")
+        };
+        let mut state = ControllerState {
+            roll: Some(replacement.clone()),
+            last_roll: Some(done(roll("v2"))),
+            ..Default::default()
+        };
+        let (last_roll, last_replacement) = rolls(&state);
+        assert!(last_roll.unwrap().completed_at.is_some(), "the last roll, done");
+        let under_way = last_replacement.unwrap();
+        assert_eq!(
+            (under_way.replaced_slot.as_deref(), under_way.completed_at),
+            (Some("a"), None)
+        );
+        assert!(under_way.cause.unwrap().starts_with("crashed: "));
+
+        // Done, then a roll begins: each field shows its own.
+        state.last_replacement = Some(done(replacement));
+        state.roll = Some(roll("v3"));
+        let (last_roll, last_replacement) = rolls(&state);
+        let last_roll = last_roll.unwrap();
+        assert_eq!(
+            (last_roll.to_version.as_deref(), last_roll.completed_at),
+            (Some("v3"), None)
+        );
+        assert!(last_roll.replaced_slot.is_none());
+        assert!(last_replacement.unwrap().completed_at.is_some());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use super::Notes;
 use crate::controller::Note;
 use crate::controller::clients::Identity;
 use crate::controller::error::Error;
-use crate::controller::plan::ProbeRecord;
+use crate::controller::plan::{GoneSlot, ProbeRecord};
 use crate::controller::state::CompletedRoll;
 use crate::slot;
 
@@ -121,7 +121,14 @@ impl Actor<'_> {
             roll,
             completed_at: Utc::now(),
         };
-        let message = roll_summary(&completed, &self.world.observed.front.backends().join(", "));
+        let serving = self.world.observed.front.backends().join(", ");
+        if let Some(gone) = &completed.roll.replaces {
+            let message = replacement_summary(&completed, gone, &serving);
+            state.last_replacement = Some(completed);
+            self.dirs.save_state(&state)?;
+            return Ok(vec![Note::normal("SlotReplaced", message)]);
+        }
+        let message = roll_summary(&completed, &serving);
         state.last_roll = Some(completed);
         self.dirs.save_state(&state)?;
         // Counted once it is recorded: a failed save retries the step, and must not count twice.
@@ -130,6 +137,24 @@ impl Actor<'_> {
         }
         Ok(vec![Note::normal("RollComplete", message)])
     }
+}
+
+fn replacement_summary(done: &CompletedRoll, gone: &GoneSlot, serving: &str) -> String {
+    let r = &done.roll;
+    let since = |t: Option<chrono::DateTime<Utc>>| {
+        t.map(|t| format!("{:.2}s", (t - gone.gone_at).num_milliseconds() as f64 / 1000.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    format!(
+        "replaced slot {} ({}) with a slot of kcp {}, slots {serving} serve; after its records went: new slot started {}, ready {}, in the front {}, done {}",
+        gone.slot,
+        gone.cause,
+        r.to_version,
+        since(r.new_slot_started_at),
+        since(r.new_slot_ready_at),
+        since(r.front_switched_at),
+        since(Some(done.completed_at)),
+    )
 }
 
 fn roll_summary(done: &CompletedRoll, serving: &str) -> String {

@@ -10,7 +10,8 @@ use super::Notes;
 use crate::controller::Note;
 use crate::controller::error::Error;
 use crate::controller::plan::{
-    BlockCause, Blocked, KillCause, RestartCause, RestorePhase, RollRecord, SlotTemplate, StopCause, StopRecord,
+    BlockCause, Blocked, GoneSlot, KillCause, RestartCause, RestorePhase, RollRecord, SlotTemplate, StopCause,
+    StopRecord,
 };
 use crate::controller::state::{DataVersion, SlotRecord, StoreRecord};
 use crate::process::{PortReservation, ProcessSpec, UnitName};
@@ -128,6 +129,9 @@ impl Actor<'_> {
         let now = Utc::now();
         if begins_roll {
             let mut state = self.dirs.load_state()?;
+            // A slot that died while it served is replaced by the next slot of its template: not
+            // a roll, unless one of that template is under way.
+            let gone = state.gone.take().filter(|g| &g.template == template);
             // One roll per template: the slots a superseded template started are stopped by this one.
             if state
                 .roll
@@ -144,6 +148,7 @@ impl Actor<'_> {
                         .as_ref()
                         .filter(|s| &s.template == template)
                         .map(|s| s.path.clone()),
+                    replaces: gone,
                     ..Default::default()
                 });
             }
@@ -350,6 +355,28 @@ impl Actor<'_> {
                 }
             })?;
         }
+        let served = seen.is_some_and(|s| s.health.ever_ready);
+        let last_words = seen.and_then(|s| s.last_words.clone()).unwrap_or_default();
+        // A slot of the desired template that served and died: the next slot replaces it.
+        let gone_because = match slot.record.stop {
+            _ if old || !served => None,
+            None if crashed => Some(format!("crashed: {last_words}")),
+            // Unresponsive for livenessTimeout, or broken: the SlotKilled event said which.
+            Some(stop) if stop.killed && stop.cause == StopCause::Unresponsive => {
+                Some("killed: it had stopped serving (see its SlotKilled event)".to_string())
+            }
+            _ => None,
+        };
+        if let Some(cause) = gone_because {
+            let mut state = self.dirs.load_state()?;
+            state.gone = Some(GoneSlot {
+                slot: name.to_string(),
+                cause,
+                gone_at: Utc::now(),
+                template: slot.record.template.clone(),
+            });
+            self.dirs.save_state(&state)?;
+        }
         slot.dirs.forget()?;
         if !crashed {
             let stop = slot.record.stop;
@@ -365,8 +392,6 @@ impl Actor<'_> {
             };
             return Ok(vec![Note::normal("SlotStopped", format!("slot {name} {how}"))]);
         }
-        let served = seen.is_some_and(|s| s.health.ever_ready);
-        let last_words = seen.and_then(|s| s.last_words.clone()).unwrap_or_default();
         if !served && old && self.desired.interim.as_ref() == Some(&slot.record.template) {
             let mut state = self.dirs.load_state()?;
             state.interim_crashed_for = Some(self.desired.template.clone());

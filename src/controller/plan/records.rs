@@ -254,6 +254,22 @@ pub struct RollRecord {
     /// How many slots were found broken (`/readyz` ok, 404 for kcp's own APIs) and replaced.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub broken_slots: u32,
+    /// Set when this is no roll but the replacement of a slot that crashed or was killed while it
+    /// served: status.lastReplacement, not status.lastRoll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<GoneSlot>,
+}
+
+/// A slot that served and crashed or was killed (not one retired by a roll): the next slot
+/// started for its template replaces it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GoneSlot {
+    pub slot: String,
+    /// Why it went, in words: "crashed: <what kcp last wrote>", "killed: ...".
+    pub cause: String,
+    pub gone_at: DateTime<Utc>,
+    pub template: SlotTemplate,
 }
 
 fn is_zero(n: &u32) -> bool {
