@@ -9,7 +9,8 @@
 //! status and events tell the move. Afterwards the informer's cache equals a fresh list.
 //!
 //! Walked: KineSqlite -> managed PostgreSQL -> KineSqlite again (refused until the old state.db is
-//! moved aside), and Etcd -> managed PostgreSQL.
+//! moved aside), and Etcd -> managed PostgreSQL -> another etcd cluster (whose revision the
+//! mirror raises by writes first).
 //!
 //! A missing component fails, never skips.
 mod e2e;
@@ -125,17 +126,14 @@ async fn a_shard_moves_from_kine_sqlite_to_a_managed_postgres_and_back_while_it_
     let back = json!({ "type": "KineSqlite" });
     move_under_load(&env, shard, &front, &admin, &back, "KinePostgres", "to-sqlite").await;
     assert_objects_kept(&env, &admin, &kept).await;
-    assert!(
-        processes_with(&env.shard_dir(shard).join("store/postgres").display().to_string()).is_empty(),
-        "the old managed PostgreSQL still runs"
-    );
+    assert_managed_postgres_stopped(&env, shard);
     informer.check(&admin).await;
     env.shutdown(&[shard]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[allow(clippy::await_holding_lock)] // serial(): one real-kcp scenario at a time, for the whole test
-async fn a_shard_moves_from_etcd_to_a_managed_postgres_while_it_serves() {
+async fn a_shard_moves_from_etcd_to_a_managed_postgres_and_into_another_etcd_while_it_serves() {
     let _serial = serial();
     require_managed_postgres();
     let mut env = Env::start().await;
@@ -148,10 +146,27 @@ async fn a_shard_moves_from_etcd_to_a_managed_postgres_while_it_serves() {
     store["etcd"] = Value::Null;
     move_under_load(&env, shard, &front, &admin, &store, "Etcd", "from-etcd").await;
     assert_objects_kept(&env, &admin, &kept).await;
-    informer.check(&admin).await;
     // The etcd cluster is the user's: it still runs, with the shard's keys as they were.
     assert!(etcd.proc.is_running(), "the user's etcd was stopped");
+
+    // Into another etcd cluster, whose revision the mirror raises by writes first.
+    let other_dir = env.dir().join("other-etcd");
+    std::fs::create_dir(&other_dir).unwrap();
+    let other = support::Etcd::start(&other_dir);
+    let into_etcd = json!({ "type": "Etcd", "etcd": { "endpoints": [&other.endpoint] }, "kinePostgres": null });
+    move_under_load(&env, shard, &front, &admin, &into_etcd, "KinePostgres", "into-etcd").await;
+    assert_objects_kept(&env, &admin, &kept).await;
+    assert_managed_postgres_stopped(&env, shard);
+    informer.check(&admin).await;
     env.shutdown(&[shard]).await;
+}
+
+/// The managed PostgreSQL the data left is stopped (its cluster stays in the store directory).
+fn assert_managed_postgres_stopped(env: &Env, shard: &str) {
+    assert!(
+        processes_with(&env.shard_dir(shard).join("store/postgres").display().to_string()).is_empty(),
+        "the old managed PostgreSQL still runs"
+    );
 }
 
 /// What the test made before any move, as read then, by path.

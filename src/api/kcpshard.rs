@@ -262,16 +262,10 @@ pub struct StoreSpec {
 
 impl StoreSpec {
     /// Why kcpshard cannot move a shard's data from this store to `to` while it serves (None: it
-    /// can; controller/plan/migration.rs). The new store must be a kine store: its revisions are
-    /// raised above every revision the old store handed out, so that a client that resumes from
-    /// an old resourceVersion is told to list again (410 Gone); etcd's revisions cannot be raised.
-    /// A managed PostgreSQL keeps one cluster in the shard's store directory, so a move between
-    /// two managed ones stays on its server (another database).
+    /// can; controller/plan/migration.rs). A managed PostgreSQL keeps one cluster in the shard's
+    /// store directory, so a move between two managed ones stays on its server (another database).
     pub fn move_refused(&self, to: &StoreSpec) -> Option<String> {
         let why = match (self.type_, to.type_) {
-            (_, StoreType::Etcd) => {
-                "into an Etcd store: etcd's revisions cannot be raised above the old store's, so a client resuming a watch could miss changes. It moves the data into KineSqlite or KinePostgres"
-            }
             (StoreType::KinePostgres, StoreType::KinePostgres) => {
                 let (a, b) = (self.kine_postgres.as_ref()?, to.kine_postgres.as_ref()?);
                 let other_server = a.host != b.host || a.port != b.port;

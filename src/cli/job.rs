@@ -179,8 +179,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             };
             let to: crate::api::StoreSpec = serde_json::from_str(&to_store)?;
             let target = mirror::MirrorTarget::from_spec(&to, to_store_dir.as_deref())?;
-            let (target_kine, raised) = mirror::prepare(&target, &kine_binary, &source).await?;
-            let done = mirror::run(&source, &target_kine.client, &progress, &until, Some(raised)).await?;
+            let readied = mirror::prepare(&target, &kine_binary, &source).await?;
+            let raised = readied.raised_above;
+            let done = mirror::run(&source, &readied.client, &progress, &until, Some(raised)).await?;
             println!(
                 "mirrored {} keys at revision {} and {} changes after it, up to revision {}, into {} (revisions above {raised})",
                 done.copied_keys,

@@ -601,15 +601,19 @@ mod tests {
             (&moving.store, moving.since, &moving.refused),
             (&sqlite, Some(since), &None)
         );
-        // One it cannot move to: the data's store, and why.
-        let etcd: crate::api::StoreSpec =
-            serde_yaml::from_str("{type: Etcd, etcd: {endpoints: [\"https://127.0.0.1:2379\"]}}").unwrap();
-        let moved = StoreRecord::in_use(record.as_ref(), &etcd, &dirs);
-        assert_eq!(moved.store, sqlite, "the data's store, not the spec's");
+        // One it cannot move to (another managed PostgreSQL): the data's store, and why.
+        let in_postgres = StoreRecord {
+            store: postgres.clone(),
+            since,
+        };
+        let mut other_postgres = postgres.clone();
+        other_postgres.kine_postgres.as_mut().unwrap().port = 5433;
+        let moved = StoreRecord::in_use(Some(&in_postgres), &other_postgres, &dirs);
+        assert_eq!(moved.store, postgres, "the data's store, not the spec's");
         assert_eq!(moved.since, Some(since));
         let why = moved.refused.unwrap();
         assert!(
-            why.starts_with("spec.store.type names Etcd (https://127.0.0.1:2379) but the shard's data is in KineSqlite (since 2026-12-04T10:00:00Z"),
+            why.starts_with("spec.store.kinePostgres.port names KinePostgres (database kcp on the managed PostgreSQL at 127.0.0.1:5433) but the shard's data is in KinePostgres (database kcp on the managed PostgreSQL at 127.0.0.1:5432) (since 2026-12-04T10:00:00Z"),
             "{why}"
         );
         assert!(why.contains(&format!("move {} aside", dirs.store().display())), "{why}");

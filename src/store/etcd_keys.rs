@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity, KeyValue, TlsOptions,
-    Txn, TxnOp,
+    Certificate, Client, CompactionOptions, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    KeyValue, TlsOptions, Txn, TxnOp,
 };
 use futures::{StreamExt, TryStreamExt};
 
@@ -191,6 +191,44 @@ pub async fn revision(client: &Client) -> Result<i64, StoreError> {
         .map_err(|e| failed(format!("cannot read the revision of the keys under {KCP_PREFIX}"), e))?;
     Ok(response.header().map_or(0, |h| h.revision()))
 }
+
+/// Raises an etcd cluster's revision above `above`: etcd hands out one revision per write and
+/// has no way to skip ahead online (`etcdutl snapshot restore --bump-revision` only restores), so
+/// a key outside kcp's prefix is written until the revision is there, then deleted, and the
+/// history those writes left is compacted away. Returns the revision reached.
+pub async fn raise_revision(client: &Client, above: i64) -> Result<i64, StoreError> {
+    let mut reached = revision(client).await?;
+    while reached <= above {
+        let writes = (above - reached + 1).min(RAISE_ROUND);
+        reached = futures::stream::iter(0..writes)
+            .map(|_| async {
+                let put = client.kv_client().put(RAISE_KEY, "", None).await;
+                put.map(|r| r.header().map_or(0, |h| h.revision()))
+                    .map_err(|e| failed(format!("cannot raise the revision above {above}"), e))
+            })
+            .buffer_unordered(PARALLEL_WRITES)
+            .try_fold(reached, |highest, revision| async move { Ok(highest.max(revision)) })
+            .await?;
+        tracing::info!(reached, above, "raising the store's revision");
+    }
+    let deleted = client
+        .kv_client()
+        .delete(RAISE_KEY, None)
+        .await
+        .map_err(|e| failed(format!("cannot delete {RAISE_KEY}"), e))?;
+    let last = deleted.header().map_or(reached, |h| h.revision());
+    client
+        .kv_client()
+        .compact(last, Some(CompactionOptions::new().with_physical()))
+        .await
+        .map_err(|e| failed(format!("cannot compact the revisions up to {last}"), e))?;
+    Ok(last)
+}
+
+/// The key [`raise_revision`] writes: outside kcp's prefix, so kcp never sees it.
+const RAISE_KEY: &str = "/kcpshard/revision-raise";
+/// Writes per round of [`raise_revision`] (each round's progress is a log line).
+const RAISE_ROUND: i64 = 10_000;
 
 /// The keys of `page` that are kcp's (not kine's own health key).
 fn kcp_keys(page: &[KeyValue]) -> Vec<&KeyValue> {

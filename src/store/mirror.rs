@@ -12,11 +12,13 @@
 //! (etcd's `WatchProgressRequest`, which kine answers too: kine `pkg/server/watch.go` `Progress`,
 //! `ProgressAll`) carries a revision up to which every change has been sent.
 //!
-//! The new store is a kine store (over PostgreSQL or sqlite) that the job readies itself
-//! ([`prepare`]): a kine of its own makes kine's table, then, with none running, the revisions are
-//! raised far above the old store's (store/kine.rs `RAISE_REVISION_SQL`), so that a client that
-//! resumes from a resourceVersion of the old store is answered 410 Gone and lists again. An etcd
-//! cluster's revisions cannot be raised that way, so no move goes into one.
+//! The job readies the new store itself ([`prepare`]) so that a client that resumes from a
+//! resourceVersion of the old store is answered 410 Gone and lists again: its revisions start
+//! above every revision the old store hands out. A kine store (over PostgreSQL or sqlite): a kine
+//! of the job's own makes kine's table, then, with none running, the revisions are raised far
+//! above the old store's in one write (store/kine.rs `RAISE_REVISION_SQL`). An etcd cluster: its
+//! revision is raised by writes to a key outside kcp's, whose history is then compacted
+//! ([`etcd_keys::raise_revision`]). Either by only as much as the move needs ([`raised_above`]).
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -25,6 +27,7 @@ use etcd_client::{Client, EventType, WatchOptions};
 use serde::{Deserialize, Serialize};
 
 use super::StoreError;
+use super::etcd::EtcdCluster;
 use super::etcd_keys::{self, KCP_PREFIX, KeyRevisions, failed};
 use crate::api::{StoreSpec, StoreType};
 
@@ -188,7 +191,7 @@ pub async fn run(
                     let end = etcd_keys::revision(source).await?;
                     if let Some(raised) = raised_above.filter(|raised| end >= *raised) {
                         return Err(StoreError::Invalid(format!(
-                            "the source reached revision {end} during the move, above the {raised} the target's revisions start from: a client could resume from a revision of the source that the target handed out for another change. Move again: the target's revisions are raised further"
+                            "the source reached revision {end} during the move, above the {raised} the target's revisions start from: a client could resume from a revision of the source that the target handed out for another change. The old store wrote more during the move than ten minutes at the rate it wrote when the move began; clear the new store and move again at a quieter time"
                         )));
                     }
                     state.end_revision = Some(end);
@@ -241,16 +244,37 @@ pub fn differences(source: &KeyRevisions, mirrored: &KeyRevisions) -> Vec<String
     differing
 }
 
-/// How far above the old store's revision the new store's revisions start: more than the old
-/// store hands out during a move (checked when the mirror ends).
-pub const RAISE_MARGIN: i64 = 1_000_000_000;
+/// How far above the old store's revision the new store's revisions start: room for the old
+/// store's writes during the move (checked when the mirror ends), as many as it makes in
+/// [`MOVE_ROOM`] at the rate it writes when the move begins (sampled over [`RATE_SAMPLE`]), and at
+/// least [`MIN_RAISE_MARGIN`]. Not more: a kine store is raised in one write, but an etcd cluster
+/// one write per revision, and a later move into one starts from this store's revision.
+async fn raised_above(source: &Client) -> Result<i64, StoreError> {
+    let before = etcd_keys::revision(source).await?;
+    tokio::time::sleep(RATE_SAMPLE).await;
+    let now = etcd_keys::revision(source).await?;
+    let room = (now - before) * (MOVE_ROOM.as_millis() / RATE_SAMPLE.as_millis()) as i64;
+    Ok(now + room.max(MIN_RAISE_MARGIN))
+}
+
+const MOVE_ROOM: Duration = Duration::from_secs(600);
+const RATE_SAMPLE: Duration = Duration::from_secs(1);
+pub const MIN_RAISE_MARGIN: i64 = 10_000;
 
 /// How long a kine of the job's own may take to accept.
 const PRIVATE_KINE_START: Duration = Duration::from_secs(60);
 
-/// The kine store a mirror goes into.
+/// The store a mirror goes into.
 #[derive(Debug)]
 pub enum MirrorTarget {
+    Kine(KineTarget),
+    /// An etcd cluster kcpshard does not run.
+    Etcd(EtcdCluster),
+}
+
+/// A kine store a mirror goes into, written through a kine of the job's own.
+#[derive(Debug)]
+pub enum KineTarget {
     /// A database on a PostgreSQL server (made if missing).
     Postgres(super::PostgresServer),
     /// The directory of the shard's store, where a KineSqlite `state.db` is (or is made).
@@ -258,15 +282,16 @@ pub enum MirrorTarget {
 }
 
 impl MirrorTarget {
-    /// The target `spec` names: a KinePostgres store, or a KineSqlite one in `store_dir`.
+    /// The target `spec` names: a KinePostgres or Etcd store, or a KineSqlite one in `store_dir`.
     pub fn from_spec(spec: &StoreSpec, store_dir: Option<&Path>) -> Result<MirrorTarget, StoreError> {
-        match (spec.type_, &spec.kine_postgres, store_dir) {
-            (StoreType::KinePostgres, Some(settings), _) => {
-                Ok(MirrorTarget::Postgres(super::PostgresServer::from_spec(settings)?))
-            }
-            (StoreType::KineSqlite, _, Some(dir)) => Ok(MirrorTarget::Sqlite(dir.to_path_buf())),
+        match (spec.type_, &spec.kine_postgres, &spec.etcd, store_dir) {
+            (StoreType::KinePostgres, Some(settings), _, _) => Ok(MirrorTarget::Kine(KineTarget::Postgres(
+                super::PostgresServer::from_spec(settings)?,
+            ))),
+            (StoreType::KineSqlite, _, _, Some(dir)) => Ok(MirrorTarget::Kine(KineTarget::Sqlite(dir.to_path_buf()))),
+            (StoreType::Etcd, _, Some(etcd), _) => Ok(MirrorTarget::Etcd(EtcdCluster::from_spec(etcd))),
             _ => Err(StoreError::Invalid(format!(
-                "a mirror goes into a KinePostgres store, or a KineSqlite store given its directory; not {}",
+                "a mirror goes into a KinePostgres or Etcd store, or a KineSqlite store given its directory; not {}",
                 spec.describe()
             ))),
         }
@@ -274,83 +299,116 @@ impl MirrorTarget {
 
     pub fn describe(&self) -> String {
         match self {
-            MirrorTarget::Postgres(server) => server.describe(),
-            MirrorTarget::Sqlite(dir) => dir.join(super::kine::DB_FILE).display().to_string(),
-        }
-    }
-
-    /// The `--endpoint` of the job's own kine on it: never the one of the shard's kine on the
-    /// same database, which kcpshard finds by that argument (store/kine.rs).
-    fn endpoint(&self) -> String {
-        match self {
-            MirrorTarget::Postgres(server) => server.kine_endpoint("kcpshard-store-mirror"),
-            // go-sqlite3 ignores a parameter it does not know.
-            MirrorTarget::Sqlite(dir) => format!("{}&_kcpshard=store-mirror", super::kine::sqlite_endpoint(dir)),
-        }
-    }
-
-    fn env(&self) -> Vec<(String, String)> {
-        match self {
-            MirrorTarget::Postgres(server) => server.env(),
-            MirrorTarget::Sqlite(_) => Vec::new(),
+            MirrorTarget::Kine(KineTarget::Postgres(server)) => server.describe(),
+            MirrorTarget::Kine(KineTarget::Sqlite(dir)) => dir.join(super::kine::DB_FILE).display().to_string(),
+            MirrorTarget::Etcd(cluster) => format!("the etcd cluster at {}", cluster.endpoints.join(", ")),
         }
     }
 
     /// What to do with a target that holds keys.
     fn how_to_clear(&self) -> String {
         match self {
-            MirrorTarget::Postgres(_) => "drop it (DROP DATABASE) or name another in spec.store".to_string(),
-            MirrorTarget::Sqlite(dir) => format!(
+            MirrorTarget::Kine(KineTarget::Postgres(_)) => {
+                "drop it (DROP DATABASE) or name another in spec.store".to_string()
+            }
+            MirrorTarget::Kine(KineTarget::Sqlite(dir)) => format!(
                 "move {} (with its -wal and -shm files) aside",
                 dir.join(super::kine::DB_FILE).display()
             ),
+            MirrorTarget::Etcd(_) => {
+                format!("delete them (etcdctl del --prefix {KCP_PREFIX}) or name another cluster in spec.store")
+            }
+        }
+    }
+
+    /// Refuses a target that holds kcp's keys, saying how to clear it.
+    async fn refuse_held_keys(&self, client: &Client) -> Result<(), StoreError> {
+        if !etcd_keys::holds_keys(client, KCP_PREFIX).await? {
+            return Ok(());
+        }
+        Err(StoreError::Invalid(format!(
+            "{} already holds keys under {KCP_PREFIX} (another shard's, an earlier store's, or an earlier move's copy that did not finish): {}",
+            self.describe(),
+            self.how_to_clear()
+        )))
+    }
+}
+
+impl KineTarget {
+    /// The `--endpoint` of the job's own kine on it: never the one of the shard's kine on the
+    /// same database, which kcpshard finds by that argument (store/kine.rs).
+    fn endpoint(&self) -> String {
+        match self {
+            KineTarget::Postgres(server) => server.kine_endpoint("kcpshard-store-mirror"),
+            // go-sqlite3 ignores a parameter it does not know.
+            KineTarget::Sqlite(dir) => format!("{}&_kcpshard=store-mirror", super::kine::sqlite_endpoint(dir)),
+        }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        match self {
+            KineTarget::Postgres(server) => server.env(),
+            KineTarget::Sqlite(_) => Vec::new(),
         }
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
         match self {
-            MirrorTarget::Postgres(server) => server.ensure_database().await.map(|_| ()),
-            MirrorTarget::Sqlite(dir) => crate::fsutil::create_private_dir(dir).map_err(StoreError::io(dir)),
+            KineTarget::Postgres(server) => server.ensure_database().await.map(|_| ()),
+            KineTarget::Sqlite(dir) => crate::fsutil::create_private_dir(dir).map_err(StoreError::io(dir)),
         }
     }
 
     async fn raise(&self, above: i64) -> Result<(), StoreError> {
         match self {
-            MirrorTarget::Postgres(server) => server.raise_kine_revision(above).await,
-            MirrorTarget::Sqlite(dir) => {
-                super::kine::raise_sqlite_revision(&dir.join(super::kine::DB_FILE), above).await
-            }
+            KineTarget::Postgres(server) => server.raise_kine_revision(above).await,
+            KineTarget::Sqlite(dir) => super::kine::raise_sqlite_revision(&dir.join(super::kine::DB_FILE), above).await,
         }
     }
 }
 
-/// Readies the kine store `target` a move goes to, for a mirror from `source`: a kine of the
-/// job's own makes kine's table (a database is made if missing), the target is refused if it
-/// holds kcp's keys, then, with that kine stopped, the revisions are raised [`RAISE_MARGIN`]
-/// above the source's. Returns a kine of the job's own on the raised store, and the revision
-/// raised above.
-pub async fn prepare(
-    target: &MirrorTarget,
-    kine_binary: &Path,
-    source: &Client,
-) -> Result<(PrivateKine, i64), StoreError> {
-    target.ready().await?;
-    let (endpoint, env) = (target.endpoint(), target.env());
+/// The store a mirror writes into, readied by [`prepare`].
+pub struct Readied {
+    pub client: Client,
+    /// Its revisions start above this one.
+    pub raised_above: i64,
+    /// The job's own kine the client writes through (a kine store), kept until the job ends.
+    _kine: Option<PrivateKine>,
+}
+
+/// Readies the store `target` a move goes to, for a mirror from `source`: refused if it holds
+/// kcp's keys, its revisions raised above the source's ([`raised_above`]). A kine store's table is
+/// made by a kine of the job's own (a database is made if missing), then, with that kine stopped,
+/// its revisions are raised, and the mirror writes through another kine of the job's own; an etcd
+/// cluster is written directly, once its revision is raised ([`etcd_keys::raise_revision`]).
+pub async fn prepare(target: &MirrorTarget, kine_binary: &Path, source: &Client) -> Result<Readied, StoreError> {
+    let kine_target = match target {
+        MirrorTarget::Etcd(cluster) => {
+            let client = etcd_keys::connect(&cluster.endpoints, Some(cluster)).await?;
+            target.refuse_held_keys(&client).await?;
+            let raised_above = raised_above(source).await?;
+            etcd_keys::raise_revision(&client, raised_above).await?;
+            return Ok(Readied {
+                client,
+                raised_above,
+                _kine: None,
+            });
+        }
+        MirrorTarget::Kine(kine_target) => kine_target,
+    };
+    kine_target.ready().await?;
+    let (endpoint, env) = (kine_target.endpoint(), kine_target.env());
     let schema_maker = PrivateKine::start(kine_binary, &endpoint, &env, TARGET_KINE).await?;
-    if etcd_keys::holds_keys(&schema_maker.client, KCP_PREFIX).await? {
-        return Err(StoreError::Invalid(format!(
-            "{} already holds keys under {KCP_PREFIX} (another shard's, an earlier store's, or an earlier move's copy that did not finish): {}",
-            target.describe(),
-            target.how_to_clear()
-        )));
-    }
+    target.refuse_held_keys(&schema_maker.client).await?;
     schema_maker.stop().await;
-    let above = etcd_keys::revision(source).await? + RAISE_MARGIN;
-    target.raise(above).await?;
-    Ok((
-        PrivateKine::start(kine_binary, &endpoint, &env, TARGET_KINE).await?,
-        above,
-    ))
+    let raised_above = raised_above(source).await?;
+    kine_target.raise(raised_above).await?;
+    let kine = PrivateKine::start(kine_binary, &endpoint, &env, TARGET_KINE).await?;
+    Ok(Readied {
+        client: kine.client.clone(),
+        raised_above,
+        _kine: Some(kine),
+    })
 }
 
 /// A kine of the job's own on a KinePostgres store the data moves out of: the slots' own kines

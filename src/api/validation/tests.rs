@@ -126,8 +126,6 @@ fn holding_data(mut obj: KcpShard) -> KcpShard {
 #[test]
 fn a_store_that_holds_the_data_is_swapped_only_for_one_kcpshard_can_move_it_into() {
     let old = holding_data(dev());
-    // KineSqlite -> KinePostgres is a move of the data (controller/plan/migration.rs).
-    assert_eq!(validate_update(&old, &postgres()), vec![]);
     let mut etcd = dev();
     etcd.spec.store.type_ = StoreType::Etcd;
     etcd.spec.store.etcd = Some(crate::api::EtcdStore {
@@ -136,16 +134,26 @@ fn a_store_that_holds_the_data_is_swapped_only_for_one_kcpshard_can_move_it_into
         cert_file: None,
         key_file: None,
     });
-    let causes = validate_update(&old, &etcd);
-    assert_eq!(fields(&causes), ["spec.store.type"]);
+    // KineSqlite -> KinePostgres or Etcd is a move of the data (controller/plan/migration.rs).
+    assert_eq!(validate_update(&old, &postgres()), vec![]);
+    assert_eq!(validate_update(&old, &etcd), vec![]);
+    // One managed PostgreSQL to another: both would keep their cluster in the store directory.
+    let managed = |port: u16| {
+        let mut obj = postgres();
+        let settings = obj.spec.store.kine_postgres.as_mut().unwrap();
+        (settings.managed, settings.port) = (true, port);
+        obj
+    };
+    let causes = validate_update(&holding_data(managed(5432)), &managed(5433));
+    assert_eq!(fields(&causes), ["spec.store.kinePostgres.port"]);
     assert_eq!(causes[0].reason, "FieldValueForbidden");
     let message = &causes[0].message;
     for needed in [
-        "is in KineSqlite (since 2026-12-04T10:00:00Z)",
-        "cannot move a shard's data into an Etcd store",
+        "managed PostgreSQL at 127.0.0.1:5432) (since 2026-12-04T10:00:00Z)",
+        "cannot move a shard's data from one managed PostgreSQL to another",
         "would serve an empty kcp",
         "Put spec.store back",
-        "shards/dev/store) aside",
+        "shards/pg/store) aside",
     ] {
         assert!(message.contains(needed), "{needed:?} not in {message}");
     }
@@ -219,14 +227,15 @@ fn etcd_members_are_a_set() {
         });
         obj
     };
-    let old = holding_data(etcd(&["https://a:2379", "https://b:2379"]));
+    let old = etcd(&["https://a:2379", "https://b:2379"]).spec.store;
+    // The same cluster in another order is no move; another cluster is one.
     assert_eq!(
-        validate_update(&old, &etcd(&["https://b:2379", "https://a:2379"])),
-        vec![]
+        old.moved_at(&etcd(&["https://b:2379", "https://a:2379"]).spec.store),
+        None
     );
     assert_eq!(
-        fields(&validate_update(&old, &etcd(&["https://c:2379"]))),
-        ["spec.store.etcd.endpoints"]
+        old.moved_at(&etcd(&["https://c:2379"]).spec.store),
+        Some("spec.store.etcd.endpoints")
     );
 }
 

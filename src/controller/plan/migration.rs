@@ -126,6 +126,19 @@ pub(super) fn migration(desired: &Desired, observed: &Observed) -> Option<Step> 
             cause: MigrationFailure::SpecChanged,
         });
     }
+    // Before the switch the old store serves: with no slot of it running (they died, or the shard
+    // was created again on the same data) one starts there first, and the move waits until the
+    // roll that starts it (a replacement, a first start) has ended.
+    if !record.switching() {
+        if !observed.slots.iter().any(|s| s.running && !s.on_other_store) {
+            return Some(Step::StartSlot {
+                name: free_name(observed)?,
+            });
+        }
+        if let Some(step) = super::roll_progress(desired, observed) {
+            return Some(step);
+        }
+    }
     let mirror_job = observed
         .job
         .as_ref()

@@ -81,6 +81,39 @@ fn a_store_change_on_a_steady_shard_begins_a_move_and_none_begins_while_a_roll_o
 }
 
 #[test]
+fn a_move_under_way_with_no_slot_on_the_old_store_starts_one_there_first() {
+    let (d, _) = wanting_postgres();
+    // Slot a died (its records went): only the warm slot on the new store runs, out of the front.
+    let mut o = observed(&[], vec![warm("b", true)]);
+    o.migration = under_way(
+        MigrationRecord {
+            warm_slot: Some("b".into()),
+            ..record()
+        },
+        Some((MirrorPhase::Following, 0)),
+    );
+    o.job = mirroring();
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+    // The target unreachable and no slot at all (the shard created again on the same data).
+    o.slots.clear();
+    o.job = None;
+    o.migration.as_mut().unwrap().target_up = false;
+    assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+    // Its roll (a first start) ends before the move goes on: the probe says a leader runs.
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.migration = under_way(record(), None);
+    o.migration.as_mut().unwrap().target_up = false;
+    o.roll = Some(RollRecord {
+        to_version: "v1".into(),
+        started_at: at(0),
+        ..Default::default()
+    });
+    assert_eq!(plan(&d, &o), Step::Probe);
+    o.roll = None;
+    assert_eq!(plan(&d, &o), Step::EnsureTargetStore);
+}
+
+#[test]
 fn a_refused_move_or_one_that_failed_for_the_same_store_does_not_begin() {
     let (mut d, mut o) = wanting_postgres();
     d.store_move.as_mut().unwrap().refused = Some("no".into());
