@@ -14,7 +14,8 @@
 #     caddy               caddy (Debian)                                           -> bin/caddy
 #     bench               haproxy, nginx, wrk, time (Debian; fronts compared and load in tests and benchmarks)
 #     systemd             debootstrap and systemd-nspawn (Debian; the systemd tests boot a Debian root file system)
-# Always: protoc (Debian protobuf-compiler), which building kcpshard needs (its etcd client).
+# Always: protoc and its well-known types (Debian protobuf-compiler, libprotobuf-dev), which building
+# kcpshard needs (its etcd client).
 # Installing a Debian package starts its system service (postgresql, caddy, nginx, haproxy); the
 # tests do not use those services, only the binaries.
 # Idempotent: when everything asked for is present it does no work and prints only its versions.
@@ -107,6 +108,9 @@ missing_pkgs=()
 need_pkg() { have "$1" || missing_pkgs+=("${2:-$1}"); }
 # kcpshard's own build: its etcd client (etcd-client) compiles etcd's protobuf definitions.
 need_pkg protoc protobuf-compiler
+# ...and the well-known types they import (google/protobuf/descriptor.proto), which Debian ships
+# apart, in libprotobuf-dev (only a recommendation of protobuf-compiler's, and apt here installs none).
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing_pkgs+=(libprotobuf-dev)
 if wants postgres; then
   pg_bindir >/dev/null || missing_pkgs+=(postgresql)
   need_pkg psql postgresql-client
