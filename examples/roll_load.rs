@@ -816,7 +816,7 @@ fn timeline_csv(timeline: &[Outcome]) -> String {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let server = format!("https://{}", args.front);
     let config = config_for_context(&args.kubeconfig, &args.context, &server).await?;
 

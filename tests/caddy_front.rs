@@ -79,7 +79,7 @@ fn material(dir: &Path) -> Material {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ fn tls_acceptor(pki: &Pki) -> anyhow::Result<TlsAcceptor> {
         .context("the serving certificate does not parse")?;
     let key =
         PrivateKeyDer::from_pem_slice(pki.serving_key_pem.as_bytes()).context("the serving key does not parse")?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()

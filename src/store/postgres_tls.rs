@@ -44,7 +44,7 @@ pub fn connector(
     mode: SslMode,
     ca_file: Option<&Path>,
 ) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let check = Check::for_mode(mode, ca_file);
     let chain = match check {
         Check::Nothing => None,

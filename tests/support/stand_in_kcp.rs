@@ -230,7 +230,7 @@ async fn main() {
         });
     }
 
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let certs: Vec<CertificateDer> = CertificateDer::pem_slice_iter(chain.as_bytes())
         .collect::<Result<_, _>>()
         .unwrap();
