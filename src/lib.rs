@@ -2,6 +2,7 @@
 //! to a new version or a restart without a failed request.
 //!
 //! How the pieces fit:
+//! - [`adopt`] reads a kcp that runs now from its root directory: what taking it over would take.
 //! - [`api`] holds the `KcpShard` type (`kcpshard.io/v1alpha1`), its CRD and the checks its schema
 //!   cannot express.
 //! - [`apiserver`] serves a small, real Kubernetes API from files under the state dir, so that the
@@ -12,6 +13,7 @@
 //!   `serve --manifests DIR`.
 //! - [`readiness`] is what serve's `/readyz` says, and the probe endpoint of a serve without a
 //!   local API (`serve --kubeconfig`).
+pub mod adopt;
 pub mod api;
 pub mod apiserver;
 pub mod cli;

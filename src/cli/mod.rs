@@ -4,6 +4,7 @@
 //!
 //! Each subcommand lives in its own file; [`connect`] finds the API from a kubeconfig and turns
 //! transport and server errors into messages that say what to do.
+mod adopt;
 mod apply;
 mod caddy_config;
 mod connect;
@@ -60,6 +61,8 @@ enum Command {
     Credentials(credentials::Args),
     /// Run the TCP front (started and adopted by `serve`; see docs/front.md), or print a caddy front's config.
     Front(Box<front::Args>),
+    /// Report what taking over a kcp that runs now, from its root directory, would take (--dry-run).
+    Adopt(adopt::Args),
     /// Run one of serve's jobs (serve starts them; not for use by hand).
     #[command(hide = true)]
     Job(job::Args),
@@ -97,6 +100,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Credentials(args) => credentials::run(args).await,
         Command::Snapshot(args) => snapshot::run(args).await,
         Command::Front(args) => front::run(*args).await,
+        Command::Adopt(args) => adopt::run(args).await,
         Command::Job(args) => job::run(args).await,
     }
 }

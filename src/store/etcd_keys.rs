@@ -278,6 +278,16 @@ pub async fn apply(target: &Client, event: &etcd_client::Event) -> Result<bool, 
     Ok(true)
 }
 
+/// How many keys `client`'s store holds under `prefix`, and its revision then.
+pub async fn count(client: &Client, prefix: &str) -> Result<(i64, i64), StoreError> {
+    let response = client
+        .kv_client()
+        .get(prefix, Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .map_err(|e| failed(format!("cannot count the keys under {prefix}"), e))?;
+    Ok((response.count(), response.header().map_or(0, |h| h.revision())))
+}
+
 /// Whether `client` holds a key under `prefix` (other than kine's health key).
 pub async fn holds_keys(client: &Client, prefix: &str) -> Result<bool, StoreError> {
     let page = client

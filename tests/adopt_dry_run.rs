@@ -1,0 +1,221 @@
+//! `kcpshard adopt ROOT_DIR --dry-run` on a real kcp that serves from its own root directory with
+//! its embedded etcd, started as a user runs it (docs/operations.md, "Adopt a running kcp"): the
+//! report names the process, its release, its store with a key count read through the embedded
+//! etcd's own client certificates (ECDSA P-521), the key material, the admin contexts and the fate
+//! of each flag; it refuses another release, a store it cannot read and a root directory nothing
+//! serves from, with what to do; and it leaves the root directory as it was.
+//!
+//! Needs `bin/kcp-<version>` of the newer pinned release and `bin/kubectl`
+//! (`hack/install-deps.sh`); without them the test fails, it never skips.
+mod support;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use support::ports::test_port;
+use support::{Proc, kcp_bin, kcp_newer, kcp_older, poll, require, run};
+
+fn dry_run(root: &Path, extra: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
+    cmd.arg("adopt")
+        .arg(root)
+        .args(["--name", "adopted", "--dry-run"])
+        .args(extra);
+    run(cmd, Duration::from_secs(60))
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Every file of the root directory outside the embedded etcd's data (which etcd writes as it
+/// serves), with its bytes.
+fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.ends_with("etcd-server/member") {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let name = path.strip_prefix(root).unwrap().display().to_string();
+                files.insert(name, fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// The key count the report gives for kcp's prefix.
+fn keys_in(report: &str) -> i64 {
+    let before = report.split(" keys under /registry/").next().unwrap();
+    before
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("no key count in:\n{report}"))
+}
+
+#[test]
+fn a_dry_run_reports_a_running_kcp_and_refuses_what_it_cannot_adopt_without_changing_it() {
+    let version = kcp_newer();
+    let kubectl = require("kubectl");
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("kcp root");
+    let (port, etcd_port, peer_port) = (test_port(), test_port(), test_port());
+    let mut cmd = Command::new(kcp_bin(&version));
+    cmd.arg("start")
+        .arg(format!("--root-directory={}", root.display()))
+        .args(["--bind-address", "127.0.0.1"])
+        .arg(format!("--secure-port={port}"))
+        .arg(format!("--embedded-etcd-client-port={etcd_port}"))
+        .arg(format!("--embedded-etcd-peer-port={peer_port}"))
+        .arg("--v=2");
+    let mut kcp = Proc::spawn("kcp", cmd, &tmp.path().join("kcp.log"));
+    let kubeconfig = root.join("admin.kubeconfig");
+    let kubectl_ok = |args: &[&str]| {
+        let mut cmd = Command::new(&kubectl);
+        cmd.arg("--kubeconfig").arg(&kubeconfig).args(args);
+        let out = run(cmd, Duration::from_secs(30));
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    poll(Duration::from_secs(120), Duration::from_millis(500), || {
+        kubectl_ok(&["get", "--raw", "/readyz"]).filter(|body| body.trim() == "ok")
+    })
+    .unwrap_or_else(|| kcp.fail("kcp did not get ready within 120s"));
+
+    // The report, on a kcp that serves.
+    let before = files_of(&root);
+    let out = dry_run(&root, &[]);
+    let report = text(&out);
+    assert!(out.status.success(), "{report}");
+    let canonical = root.canonicalize().unwrap();
+    for expected in [
+        format!("kcp on {}", canonical.display()),
+        format!(
+            "pid {} (uid {}), kcp {version}",
+            kcp.pid(),
+            fs::metadata("/proc/self").unwrap().uid()
+        ),
+        format!("serving https://127.0.0.1:{port}"),
+        format!("its embedded etcd (https://localhost:{etcd_port}"),
+        "apiserver.crt".to_string(),
+        "sa.key".to_string(),
+        "base (kcp-admin)".to_string(),
+        "system:admin (shard-admin)".to_string(),
+        "--v=2  kept".to_string(),
+        "--bind-address=127.0.0.1  taken over".to_string(),
+        format!("--embedded-etcd-client-port={etcd_port}  dropped"),
+        format!("adoptable into a shard of kcp {version}"),
+    ] {
+        assert!(
+            report.contains(&expected),
+            "{expected:?} is not in the report:\n{report}"
+        );
+    }
+
+    // The key count is the store's: one more object, one more key.
+    let keys = keys_in(&report);
+    assert!(keys > 100, "a kcp that served has its bootstrap objects: {report}");
+    kubectl_ok(&[
+        "create",
+        "configmap",
+        "adopt-probe",
+        "--namespace=default",
+        "--from-literal=a=b",
+    ])
+    .unwrap_or_else(|| kcp.fail("cannot create a ConfigMap"));
+    let after = keys_in(&text(&dry_run(&root, &[])));
+    assert_eq!(after, keys + 1, "the ConfigMap's key is counted");
+
+    // Another release than the one running: refused, with the way to get there.
+    let out = dry_run(&root, &["--version", &kcp_older()]);
+    assert!(!out.status.success());
+    let expected = format!(
+        "kcp {version} runs on {}, and the shard is to run {}: adopt it at the release it runs (--version {version}), then roll",
+        canonical.display(),
+        kcp_older()
+    );
+    assert!(text(&out).contains(&expected), "{}", text(&out));
+
+    // A store it cannot read: refused, naming the store and the cause.
+    let key = root.join("etcd-server/secrets/client/key.pem");
+    let aside = tmp.path().join("key.pem");
+    fs::rename(&key, &aside).unwrap();
+    let out = dry_run(&root, &[]);
+    fs::rename(&aside, &key).unwrap();
+    assert!(!out.status.success());
+    let expected = format!("cannot read kcp's store, its embedded etcd (https://localhost:{etcd_port}");
+    assert!(
+        text(&out).contains(&expected) && text(&out).contains("client/key.pem"),
+        "{}",
+        text(&out)
+    );
+
+    assert_eq!(
+        files_of(&root),
+        before,
+        "a dry run writes nothing into the root directory"
+    );
+
+    // Nothing serves from it any more: refused, saying to start it.
+    kcp.stop();
+    let out = dry_run(&root, &[]);
+    assert!(!out.status.success());
+    let expected = format!("no kcp runs with the root directory {}", canonical.display());
+    assert!(text(&out).contains(&expected), "{}", text(&out));
+}
+
+#[test]
+fn a_directory_that_is_no_kcp_root_or_that_no_kcp_serves_from_is_refused_with_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let out = dry_run(&empty, &[]);
+    assert!(!out.status.success());
+    let expected = format!(
+        "{} is not a kcp root directory: it has no admin.kubeconfig or apiserver.crt (kcp writes it at its first start); name the directory kcp runs with (its --root-directory)",
+        empty.canonicalize().unwrap().display()
+    );
+    assert!(text(&out).contains(&expected), "{}", text(&out));
+
+    let stopped = tmp.path().join("stopped");
+    fs::create_dir(&stopped).unwrap();
+    for file in [
+        "admin.kubeconfig",
+        "apiserver.crt",
+        "apiserver.key",
+        "sa.key",
+        ".admin-token-store",
+    ] {
+        fs::write(stopped.join(file), "").unwrap();
+    }
+    let out = dry_run(&stopped, &[]);
+    assert!(!out.status.success());
+    let expected = format!(
+        "no kcp runs with the root directory {dir}: start it as it ran before (kcp start --root-directory={dir} ...)",
+        dir = stopped.canonicalize().unwrap().display()
+    );
+    assert!(text(&out).contains(&expected), "{}", text(&out));
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
+    cmd.arg("adopt").arg(&stopped).args(["--name", "adopted"]);
+    let out = run(cmd, Duration::from_secs(60));
+    assert!(!out.status.success());
+    assert!(text(&out).contains("--dry-run"), "{}", text(&out));
+}
