@@ -9,15 +9,14 @@
 //! (`hack/install-deps.sh`); without them the test fails, it never skips.
 mod support;
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use support::ports::test_port;
-use support::{Proc, kcp_bin, kcp_newer, kcp_older, poll, require, run};
+use support::embedded_kcp::EmbeddedKcp;
+use support::{files_under, kcp_newer, kcp_older, run};
 
 fn dry_run(root: &Path, extra: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
@@ -36,28 +35,6 @@ fn text(output: &Output) -> String {
     )
 }
 
-/// Every file of the root directory outside the embedded etcd's data (which etcd writes as it
-/// serves), with its bytes.
-fn files_of(root: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut files = BTreeMap::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.ends_with("etcd-server/member") {
-                continue;
-            }
-            if path.is_dir() {
-                dirs.push(path);
-            } else {
-                let name = path.strip_prefix(root).unwrap().display().to_string();
-                files.insert(name, fs::read(&path).unwrap());
-            }
-        }
-    }
-    files
-}
-
 /// The key count the report gives for kcp's prefix.
 fn keys_in(report: &str) -> i64 {
     let before = report.split(" keys under /registry/").next().unwrap();
@@ -72,35 +49,13 @@ fn keys_in(report: &str) -> i64 {
 #[test]
 fn a_dry_run_reports_a_running_kcp_and_refuses_what_it_cannot_adopt_without_changing_it() {
     let version = kcp_newer();
-    let kubectl = require("kubectl");
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("kcp root");
-    let (port, etcd_port, peer_port) = (test_port(), test_port(), test_port());
-    let mut cmd = Command::new(kcp_bin(&version));
-    cmd.arg("start")
-        .arg(format!("--root-directory={}", root.display()))
-        .args(["--bind-address", "127.0.0.1"])
-        .arg(format!("--secure-port={port}"))
-        .arg(format!("--embedded-etcd-client-port={etcd_port}"))
-        .arg(format!("--embedded-etcd-peer-port={peer_port}"))
-        .arg("--v=2");
-    let mut kcp = Proc::spawn("kcp", cmd, &tmp.path().join("kcp.log"));
-    let kubeconfig = root.join("admin.kubeconfig");
-    let kubectl_ok = |args: &[&str]| {
-        let mut cmd = Command::new(&kubectl);
-        cmd.arg("--kubeconfig").arg(&kubeconfig).args(args);
-        let out = run(cmd, Duration::from_secs(30));
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    poll(Duration::from_secs(120), Duration::from_millis(500), || {
-        kubectl_ok(&["get", "--raw", "/readyz"]).filter(|body| body.trim() == "ok")
-    })
-    .unwrap_or_else(|| kcp.fail("kcp did not get ready within 120s"));
+    let mut kcp = EmbeddedKcp::start(&version, &root, &["--v=2"]);
+    let (port, etcd_port) = (kcp.port, kcp.etcd_port);
 
     // The report, on a kcp that serves.
-    let before = files_of(&root);
+    let before = files_under(&root, &["etcd-server/member"]);
     let out = dry_run(&root, &[]);
     let report = text(&out);
     assert!(out.status.success(), "{report}");
@@ -109,7 +64,7 @@ fn a_dry_run_reports_a_running_kcp_and_refuses_what_it_cannot_adopt_without_chan
         format!("kcp on {}", canonical.display()),
         format!(
             "pid {} (uid {}), kcp {version}",
-            kcp.pid(),
+            kcp.proc.pid(),
             fs::metadata("/proc/self").unwrap().uid()
         ),
         format!("serving https://127.0.0.1:{port}"),
@@ -132,14 +87,14 @@ fn a_dry_run_reports_a_running_kcp_and_refuses_what_it_cannot_adopt_without_chan
     // The key count is the store's: one more object, one more key.
     let keys = keys_in(&report);
     assert!(keys > 100, "a kcp that served has its bootstrap objects: {report}");
-    kubectl_ok(&[
+    kcp.kubectl(&[
         "create",
         "configmap",
         "adopt-probe",
         "--namespace=default",
         "--from-literal=a=b",
     ])
-    .unwrap_or_else(|| kcp.fail("cannot create a ConfigMap"));
+    .unwrap_or_else(|| kcp.proc.fail("cannot create a ConfigMap"));
     let after = keys_in(&text(&dry_run(&root, &[])));
     assert_eq!(after, keys + 1, "the ConfigMap's key is counted");
 
@@ -168,13 +123,13 @@ fn a_dry_run_reports_a_running_kcp_and_refuses_what_it_cannot_adopt_without_chan
     );
 
     assert_eq!(
-        files_of(&root),
+        files_under(&root, &["etcd-server/member"]),
         before,
         "a dry run writes nothing into the root directory"
     );
 
     // Nothing serves from it any more: refused, saying to start it.
-    kcp.stop();
+    kcp.proc.stop();
     let out = dry_run(&root, &[]);
     assert!(!out.status.success());
     let expected = format!("no kcp runs with the root directory {}", canonical.display());

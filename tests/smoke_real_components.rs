@@ -938,15 +938,7 @@ async fn mirror_under_writes(source_kine: &Kine, from: MirrorFrom<'_>, into: Mir
         writes += writer.await.unwrap();
     }
     let last = kcpshard::store::etcd_keys::revision(&source).await.unwrap();
-    let named_at = Instant::now();
-    std::fs::write(dir.as_path().join("until"), "").unwrap();
-    let out = tokio::task::spawn_blocking(move || job.wait_with_output())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let done = MirrorProgress::load(&progress).unwrap().unwrap();
-    assert_eq!(done.phase, MirrorPhase::Done);
+    let (done, stdout, took) = support::finish_mirror(job, &dir.join("until"), &progress).await;
     assert!(done.applied_revision >= last, "{done:?} ends below {last}");
     assert!(
         done.applied_changes > 0,
@@ -955,8 +947,8 @@ async fn mirror_under_writes(source_kine: &Kine, from: MirrorFrom<'_>, into: Mir
     println!(
         "MEASURE {writes} write rounds; {} changes applied after the copy; done {:.2}s after the until file ({})",
         done.applied_changes,
-        named_at.elapsed().as_secs_f64(),
-        String::from_utf8_lossy(&out.stdout).trim()
+        took.as_secs_f64(),
+        stdout
     );
 
     let (target_url, _target_kine) = into.reader();

@@ -89,6 +89,13 @@ struct MirrorSource {
     from_cert: Option<PathBuf>,
     #[arg(long)]
     from_key: Option<PathBuf>,
+    /// The source is a kcp's embedded etcd, whose data is in this directory: once the until file
+    /// exists (kcp has exited, its etcd with it), the last changes are read from a copy of it.
+    #[arg(long, requires = "etcd_binary", conflicts_with = "from_store")]
+    from_data_dir: Option<PathBuf>,
+    /// The etcd that opens that copy.
+    #[arg(long)]
+    etcd_binary: Option<PathBuf>,
 }
 
 /// An etcd cluster, as spec.store.etcd says it.
@@ -173,7 +180,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     (kine.client.clone(), Some(kine))
                 }
                 None => {
-                    let from = cluster(from.from, from.from_cacert, from.from_cert, from.from_key);
+                    let from = cluster(
+                        from.from.clone(),
+                        from.from_cacert.clone(),
+                        from.from_cert.clone(),
+                        from.from_key.clone(),
+                    );
                     (etcd_keys::connect(&from.endpoints, Some(&from)).await?, None)
                 }
             };
@@ -181,7 +193,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let target = mirror::MirrorTarget::from_spec(&to, to_store_dir.as_deref())?;
             let readied = mirror::prepare(&target, &kine_binary, &source).await?;
             let raised = readied.raised_above;
-            let done = mirror::run(&source, &readied.client, &progress, &until, Some(raised)).await?;
+            let after_exit = from
+                .from_data_dir
+                .zip(from.etcd_binary)
+                .map(|(data_dir, etcd)| mirror::AfterExit {
+                    data_dir,
+                    etcd,
+                    scratch: PathBuf::from(mirror::COPY_SCRATCH),
+                });
+            let done = mirror::run(
+                &source,
+                &readied.client,
+                &progress,
+                &until,
+                Some(raised),
+                after_exit.as_ref(),
+            )
+            .await?;
             println!(
                 "mirrored {} keys at revision {} and {} changes after it, up to revision {}, into {} (revisions above {raised})",
                 done.copied_keys,

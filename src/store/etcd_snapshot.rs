@@ -131,7 +131,7 @@ pub async fn restore(
 ) -> Result<u64, StoreError> {
     remove_dir_if_there(scratch)?;
     crate::fsutil::create_private_dir(scratch).map_err(StoreError::io(scratch))?;
-    let data = scratch.join("data");
+    // etcdutl runs in `scratch` too: the data directory is relative to it, where the etcd finds it.
     let opened = run_to_end(
         &tools.etcdutl,
         &[
@@ -139,39 +139,24 @@ pub async fn restore(
             "restore".as_ref(),
             snapshot.as_os_str(),
             "--data-dir".as_ref(),
-            data.as_os_str(),
+            private::ETCD_DATA.as_ref(),
         ],
         scratch,
     )
     .await;
     let restored = match opened {
-        Ok(()) => copy_back(cluster, scratch, &data, &tools.etcd).await,
+        Ok(()) => copy_back(cluster, scratch, &tools.etcd).await,
         Err(e) => Err(e),
     };
     remove_dir_if_there(scratch)?;
     restored
 }
 
-/// Starts a private etcd on the restored `data` and copies its keys into the cluster.
-async fn copy_back(cluster: &EtcdCluster, scratch: &Path, data: &Path, etcd: &Path) -> Result<u64, StoreError> {
-    // etcd takes a unix socket as `unix://<name>:<port>`, made in its working directory.
-    let socket = "client:0";
-    let log = scratch.join("etcd.log");
-    let args = [
-        "--data-dir".to_string(),
-        data.display().to_string(),
-        "--listen-client-urls".to_string(),
-        format!("unix://{socket}"),
-        "--advertise-client-urls".to_string(),
-        format!("unix://{socket}"),
-        "--listen-peer-urls".to_string(),
-        "unix://peer:0".to_string(),
-    ];
-    let mut etcd = private::spawn(etcd, &args, &[], scratch, &log)?;
-    let endpoint = format!("unix://{}", scratch.join(socket).display());
+/// Starts a private etcd on the snapshot restored in `scratch` and copies its keys into the cluster.
+async fn copy_back(cluster: &EtcdCluster, scratch: &Path, etcd: &Path) -> Result<u64, StoreError> {
+    let what = "the etcd that opens the snapshot";
+    let (mut etcd, snapshot) = private::etcd(etcd, scratch, what, PRIVATE_ETCD_START).await?;
     let copied = async {
-        let what = "the etcd that opens the snapshot";
-        let snapshot = private::answering(what, &endpoint, &mut etcd, &log, PRIVATE_ETCD_START).await?;
         let target = etcd_keys::connect(&cluster.endpoints, Some(cluster)).await?;
         etcd_keys::clear(&target, KCP_PREFIX).await?;
         let (_, copied) = etcd_keys::copy(&snapshot, &target, KCP_PREFIX).await?;

@@ -94,16 +94,37 @@ impl MirrorProgress {
     }
 }
 
+/// Where a mirror reads the source's last changes once the source has stopped with its process:
+/// a kcp's embedded etcd, which lives and dies with its kcp. A copy of its data directory, taken
+/// once the process has exited (serve makes the until file then), opened by an etcd of the job's
+/// own in `scratch`: the same revisions, so the mirror goes on from the last one it applied.
+#[derive(Debug, Clone)]
+pub struct AfterExit {
+    /// The embedded etcd's data directory (`<kcp root>/etcd-server`), only ever read.
+    pub data_dir: PathBuf,
+    pub etcd: PathBuf,
+    /// Where the copy and its etcd go (relative: the job's directory).
+    pub scratch: PathBuf,
+}
+
+/// Where a job opens the copy, in its directory.
+pub const COPY_SCRATCH: &str = "embedded-etcd-copy";
+/// How long the etcd on the copy may take to answer.
+const COPY_ETCD_START: Duration = Duration::from_secs(30);
+
 /// Mirrors kcp's keys from `source` into `target` (which must hold none), writing how far it is
 /// into `progress`, until `until_file` exists and every change up to the source's revision at
 /// that moment is applied. `raised_above`: the target's revisions start above it, so the source
-/// must end below it.
+/// must end below it. With `after_exit`, the source is an embedded etcd: the mirror follows it
+/// until it stops (following it again if its watch breaks while it runs), and once `until_file`
+/// exists reads the last changes from a copy of its data ([`AfterExit`]).
 pub async fn run(
     source: &Client,
     target: &Client,
     progress: &Path,
     until_file: &Path,
     raised_above: Option<i64>,
+    after_exit: Option<&AfterExit>,
 ) -> Result<MirrorProgress, StoreError> {
     if etcd_keys::holds_keys(target, KCP_PREFIX).await? {
         return Err(StoreError::Invalid(format!(
@@ -132,93 +153,208 @@ pub async fn run(
     state.source_revision = revision;
     state.save(progress)?;
 
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_start_revision(revision + 1)
-        .with_progress_notify();
-    let (mut requests, mut responses) = source
-        .watch_client()
-        .watch(KCP_PREFIX, Some(options))
-        .await
-        .map_err(|e| failed(format!("cannot watch the keys under {KCP_PREFIX}"), e))?
-        .split();
-    let mut tick = tokio::time::interval(PROGRESS_EVERY);
-    let mut saved = state.clone();
+    let mirror = Mirror {
+        target,
+        progress,
+        until_file,
+        raised_above,
+    };
+    let Some(after_exit) = after_exit else {
+        return match mirror.follow(source, &mut state, &mut mirrored, true).await? {
+            Followed::Done => Ok(state),
+            Followed::SourceGone(e) => Err(e),
+        };
+    };
     loop {
-        tokio::select! {
-            message = responses.message() => {
-                let broke = |e| failed(format!("the watch of {KCP_PREFIX} from revision {} broke", revision + 1), e);
-                let Some(response) = message.map_err(broke)? else {
-                    return Err(StoreError::Invalid(format!("the source ended the watch of {KCP_PREFIX}")));
-                };
-                if response.canceled() {
-                    return Err(StoreError::Invalid(format!(
-                        "the source canceled the watch of {KCP_PREFIX} from revision {} (compacted at {}): {}",
-                        revision + 1,
-                        response.compact_revision(),
-                        response.cancel_reason()
-                    )));
-                }
-                let heard = response.header().map_or(0, |h| h.revision());
-                state.source_revision = state.source_revision.max(heard);
-                if response.events().is_empty() {
-                    // A progress response: every change up to its revision was sent before it.
-                    if !response.created() {
-                        state.applied_revision = state.applied_revision.max(heard);
-                    }
-                    continue;
-                }
-                for event in response.events() {
-                    if etcd_keys::apply(target, event).await? {
-                        state.applied_changes += 1;
-                        let kv = event.kv().expect("an applied change names its key");
-                        match event.event_type() {
-                            EventType::Put => mirrored.insert(kv.key().to_vec(), kv.mod_revision()),
-                            EventType::Delete => mirrored.remove(kv.key()),
-                        };
-                    }
-                    if let Some(kv) = event.kv() {
-                        state.applied_revision = kv.mod_revision();
-                    }
-                }
+        match mirror.follow(source, &mut state, &mut mirrored, false).await? {
+            Followed::Done => return Ok(state),
+            Followed::SourceGone(e) if !until_file.exists() => {
+                tracing::info!(
+                    "the source stopped answering while its process may still run ({e}); following it again"
+                );
+                tokio::time::sleep(PROGRESS_EVERY).await;
             }
-            _ = tick.tick() => {
-                requests
-                    .request_progress()
-                    .await
-                    .map_err(|e| failed(format!("cannot ask the watch of {KCP_PREFIX} for its progress"), e))?;
-                if state.end_revision.is_none() && until_file.exists() {
-                    let end = etcd_keys::revision(source).await?;
-                    if let Some(raised) = raised_above.filter(|raised| end >= *raised) {
+            Followed::SourceGone(_) => break,
+        }
+    }
+    let (mut etcd, copy) = open_copy(after_exit).await?;
+    tracing::info!(
+        "following the rest from a copy of {} after revision {}",
+        after_exit.data_dir.display(),
+        state.applied_revision
+    );
+    let followed = mirror.follow(&copy, &mut state, &mut mirrored, true).await;
+    let _ = etcd.kill().await;
+    match followed? {
+        Followed::Done => Ok(state),
+        Followed::SourceGone(e) => Err(e),
+    }
+}
+
+/// A copy of the stopped embedded etcd's data, opened by an etcd of the job's own.
+async fn open_copy(after_exit: &AfterExit) -> Result<(tokio::process::Child, Client), StoreError> {
+    let scratch = &after_exit.scratch;
+    super::snapshot::remove_dir_if_there(scratch)?;
+    crate::fsutil::create_private_dir(scratch).map_err(StoreError::io(scratch))?;
+    let data = scratch.join(super::private::ETCD_DATA);
+    copy_tree(&after_exit.data_dir.join("member"), &data.join("member"))?;
+    let what = format!("the etcd on a copy of {}", after_exit.data_dir.display());
+    super::private::etcd(&after_exit.etcd, scratch, &what, COPY_ETCD_START).await
+}
+
+/// Copies the directory `from` and everything in it to `to` (directories 0700).
+fn copy_tree(from: &Path, to: &Path) -> Result<(), StoreError> {
+    crate::fsutil::create_private_dir(to).map_err(StoreError::io(to))?;
+    for entry in std::fs::read_dir(from).map_err(StoreError::io(from))? {
+        let entry = entry.map_err(StoreError::io(from))?;
+        let (path, into) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_type().map_err(StoreError::io(&path))?.is_dir() {
+            copy_tree(&path, &into)?;
+        } else {
+            std::fs::copy(&path, &into).map_err(StoreError::io(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// How a stretch of following a source ended.
+enum Followed {
+    /// Every change up to the end revision is applied and checked.
+    Done,
+    /// The source's watch broke, or (when the mirror does not end on it) the until file appeared.
+    SourceGone(StoreError),
+}
+
+/// What every stretch of a mirror shares.
+struct Mirror<'a> {
+    target: &'a Client,
+    progress: &'a Path,
+    until_file: &'a Path,
+    raised_above: Option<i64>,
+}
+
+impl Mirror<'_> {
+    /// Applies every change `source` makes after `state.applied_revision`. `ends_here`: once the
+    /// until file exists, the mirror ends at the source's revision then; else that file only ends
+    /// this stretch.
+    async fn follow(
+        &self,
+        source: &Client,
+        state: &mut MirrorProgress,
+        mirrored: &mut KeyRevisions,
+        ends_here: bool,
+    ) -> Result<Followed, StoreError> {
+        let from = state.applied_revision + 1;
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(from)
+            .with_progress_notify();
+        let (mut requests, mut responses) = match source.watch_client().watch(KCP_PREFIX, Some(options)).await {
+            Ok(watch) => watch.split(),
+            Err(e) => {
+                let e = failed(format!("cannot watch the keys under {KCP_PREFIX}"), e);
+                return Ok(Followed::SourceGone(e));
+            }
+        };
+        let mut tick = tokio::time::interval(PROGRESS_EVERY);
+        let mut saved = state.clone();
+        loop {
+            tokio::select! {
+                message = responses.message() => {
+                    let response = match message {
+                        Ok(Some(response)) => response,
+                        Ok(None) => {
+                            let e = StoreError::Invalid(format!("the source ended the watch of {KCP_PREFIX}"));
+                            return Ok(Followed::SourceGone(e));
+                        }
+                        Err(e) => {
+                            let e = failed(format!("the watch of {KCP_PREFIX} from revision {from} broke"), e);
+                            return Ok(Followed::SourceGone(e));
+                        }
+                    };
+                    if response.canceled() {
                         return Err(StoreError::Invalid(format!(
-                            "the source reached revision {end} during the move, above the {raised} the target's revisions start from: a client could resume from a revision of the source that the target handed out for another change. The old store wrote more during the move than ten minutes at the rate it wrote when the move began; clear the new store and move again at a quieter time"
+                            "the source canceled the watch of {KCP_PREFIX} from revision {from} (compacted at {}): {}",
+                            response.compact_revision(),
+                            response.cancel_reason()
                         )));
                     }
-                    state.end_revision = Some(end);
-                }
-                if state.end_revision.is_some_and(|end| state.applied_revision >= end) {
-                    let source_keys = etcd_keys::key_revisions(source, KCP_PREFIX, state.applied_revision).await?;
-                    let differing = differences(&source_keys, &mirrored);
-                    if !differing.is_empty() {
-                        return Err(StoreError::Invalid(format!(
-                            "the new store does not have every change of the old one up to revision {}: {} of its keys differ ({}{}). The old store keeps the data; the job's log says what the mirror did",
-                            state.applied_revision,
-                            differing.len(),
-                            differing.iter().take(3).cloned().collect::<Vec<_>>().join("; "),
-                            if differing.len() > 3 { "; ..." } else { "" },
-                        )));
+                    let heard = response.header().map_or(0, |h| h.revision());
+                    state.source_revision = state.source_revision.max(heard);
+                    if response.events().is_empty() {
+                        // A progress response: every change up to its revision was sent before it.
+                        if !response.created() {
+                            state.applied_revision = state.applied_revision.max(heard);
+                        }
+                        continue;
                     }
-                    state.verified_keys = Some(source_keys.len() as u64);
-                    state.phase = MirrorPhase::Done;
-                    state.save(progress)?;
-                    return Ok(state);
+                    for event in response.events() {
+                        if etcd_keys::apply(self.target, event).await? {
+                            state.applied_changes += 1;
+                            let kv = event.kv().expect("an applied change names its key");
+                            match event.event_type() {
+                                EventType::Put => mirrored.insert(kv.key().to_vec(), kv.mod_revision()),
+                                EventType::Delete => mirrored.remove(kv.key()),
+                            };
+                        }
+                        if let Some(kv) = event.kv() {
+                            state.applied_revision = kv.mod_revision();
+                        }
+                    }
                 }
-                if state != saved {
-                    state.save(progress)?;
-                    saved = state.clone();
+                _ = tick.tick() => {
+                    if let Err(e) = requests.request_progress().await {
+                        let e = failed(format!("cannot ask the watch of {KCP_PREFIX} for its progress"), e);
+                        return Ok(Followed::SourceGone(e));
+                    }
+                    if state.end_revision.is_none() && self.until_file.exists() {
+                        if !ends_here {
+                            let e = StoreError::Invalid("the source's process has exited".into());
+                            return Ok(Followed::SourceGone(e));
+                        }
+                        let end = etcd_keys::revision(source).await?;
+                        if let Some(raised) = self.raised_above.filter(|raised| end >= *raised) {
+                            return Err(StoreError::Invalid(format!(
+                                "the source reached revision {end} during the move, above the {raised} the target's revisions start from: a client could resume from a revision of the source that the target handed out for another change. The old store wrote more during the move than ten minutes at the rate it wrote when the move began; clear the new store and move again at a quieter time"
+                            )));
+                        }
+                        state.end_revision = Some(end);
+                    }
+                    if state.end_revision.is_some_and(|end| state.applied_revision >= end) {
+                        self.verify(source, state, mirrored).await?;
+                        return Ok(Followed::Done);
+                    }
+                    if *state != saved {
+                        state.save(self.progress)?;
+                        saved = state.clone();
+                    }
                 }
             }
         }
+    }
+
+    /// Checks that every key of `source` as of the applied revision is as the mirror wrote it,
+    /// then says the mirror is done.
+    async fn verify(
+        &self,
+        source: &Client,
+        state: &mut MirrorProgress,
+        mirrored: &KeyRevisions,
+    ) -> Result<(), StoreError> {
+        let source_keys = etcd_keys::key_revisions(source, KCP_PREFIX, state.applied_revision).await?;
+        let differing = differences(&source_keys, mirrored);
+        if !differing.is_empty() {
+            return Err(StoreError::Invalid(format!(
+                "the new store does not have every change of the old one up to revision {}: {} of its keys differ ({}{}). The old store keeps the data; the job's log says what the mirror did",
+                state.applied_revision,
+                differing.len(),
+                differing.iter().take(3).cloned().collect::<Vec<_>>().join("; "),
+                if differing.len() > 3 { "; ..." } else { "" },
+            )));
+        }
+        state.verified_keys = Some(source_keys.len() as u64);
+        state.phase = MirrorPhase::Done;
+        state.save(self.progress)
     }
 }
 

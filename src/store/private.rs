@@ -76,3 +76,42 @@ pub async fn answering(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The data directory of [`etcd`], in its directory.
+pub const ETCD_DATA: &str = "data";
+
+/// An etcd of the job's own on the data directory [`ETCD_DATA`] in `dir` (its log there), serving
+/// only on a unix socket there, and a client of it once it answers (within `within`). `what` names
+/// it in errors. The data may be a copy of a member's from elsewhere: etcd restarts it as that
+/// member, alone, and commits every entry its log holds (`--force-new-cluster` would drop those
+/// its last saved commit index does not cover: the last writes before the member stopped).
+pub async fn etcd(
+    etcd: &Path,
+    dir: &Path,
+    what: &str,
+    within: Duration,
+) -> Result<(tokio::process::Child, Client), StoreError> {
+    // etcd takes a unix socket as `unix://<name>:<port>`, made in its working directory.
+    let socket = "client:0";
+    let log = dir.join("etcd.log");
+    let args = [
+        // Relative, like every path of the etcd: it runs in `dir`.
+        "--data-dir".to_string(),
+        ETCD_DATA.to_string(),
+        "--listen-client-urls".to_string(),
+        format!("unix://{socket}"),
+        "--advertise-client-urls".to_string(),
+        format!("unix://{socket}"),
+        "--listen-peer-urls".to_string(),
+        "unix://peer:0".to_string(),
+    ];
+    let mut child = spawn(etcd, &args, &[], dir, &log)?;
+    let endpoint = format!("unix://{}", dir.join(socket).display());
+    match answering(what, &endpoint, &mut child, &log, within).await {
+        Ok(client) => Ok((child, client)),
+        Err(e) => {
+            let _ = child.kill().await;
+            Err(e)
+        }
+    }
+}

@@ -29,6 +29,7 @@ use kcpshard::store::kine::KineAddress;
 
 pub use tempfile::TempDir;
 
+pub mod embedded_kcp;
 pub mod ports;
 pub use ports::test_port;
 
@@ -996,4 +997,47 @@ impl Kcp {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
     }
+}
+
+/// Makes the until file of a `kcpshard job store-mirror` and waits for the job to end: its progress,
+/// which must say Done, its stdout, and how long it took after the until file.
+pub async fn finish_mirror(
+    job: Child,
+    until: &Path,
+    progress: &Path,
+) -> (kcpshard::store::mirror::MirrorProgress, String, Duration) {
+    use kcpshard::store::mirror::{MirrorPhase, MirrorProgress};
+    let named_at = Instant::now();
+    fs::write(until, "").unwrap();
+    let out = tokio::task::spawn_blocking(move || job.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let done = MirrorProgress::load(progress).unwrap().unwrap();
+    assert_eq!(done.phase, MirrorPhase::Done, "{done:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (done, stdout, named_at.elapsed())
+}
+
+/// Every file under `dir` but those under the directories named `skip` (relative to `dir`), with
+/// its bytes: what a test compares to show that nothing was written there.
+pub fn files_under(dir: &Path, skip: &[&str]) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(next) = dirs.pop() {
+        for entry in fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.strip_prefix(dir).unwrap().display().to_string();
+            if skip.contains(&name.as_str()) {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.insert(name, fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
 }
