@@ -244,8 +244,12 @@ pub fn switched(actor: &Actor<'_>, state: &mut ControllerState) -> Result<Notes,
     let pause = migration
         .switch_started_at
         .map_or(0.0, |at| (now - at).num_milliseconds() as f64 / 1000.0);
-    let checked = crate::store::mirror::MirrorProgress::load(&progress_file(actor.dirs))?
-        .and_then(|p| p.verified_keys)
+    let checked = actor
+        .world
+        .observed
+        .migration
+        .as_ref()
+        .and_then(|m| m.mirror.as_ref()?.verified_keys)
         .map_or_else(String::new, |keys| format!(" (each of its {keys} keys checked)"));
     let message = format!(
         "{} has every change of {}{checked}: slot {} takes new connections ({pause:.1}s since the front began to hold them)",

@@ -119,13 +119,13 @@ pub async fn copy(source: &Client, target: &Client, prefix: &str) -> Result<(i64
     let mut pages = std::pin::pin!(pages_at(source, prefix, revision, false));
     while let Some(page) = pages.try_next().await? {
         let keys = kcp_keys(&page);
-        let wanted = keys.len() as u64;
-        if write_each(target, keys, create).await? != wanted {
+        let revisions: Vec<_> = keys.iter().map(|kv| (kv.key().to_vec(), kv.mod_revision())).collect();
+        if write_each(target, keys, create).await? != revisions.len() as u64 {
             return Err(StoreError::Invalid(format!(
                 "the store being written already holds some of the keys under {prefix}: clear it first"
             )));
         }
-        copied.extend(kcp_keys(&page).iter().map(|kv| (kv.key().to_vec(), kv.mod_revision())));
+        copied.extend(revisions);
     }
     Ok((revision, copied))
 }

@@ -15,10 +15,13 @@
 //! The job readies the new store itself ([`prepare`]) so that a client that resumes from a
 //! resourceVersion of the old store is answered 410 Gone and lists again: its revisions start
 //! above every revision the old store hands out. A kine store (over PostgreSQL or sqlite): a kine
-//! of the job's own makes kine's table, then, with none running, the revisions are raised far
-//! above the old store's in one write (store/kine.rs `RAISE_REVISION_SQL`). An etcd cluster: its
+//! of the job's own makes kine's table, then, with none running, the revisions are raised above
+//! the old store's in one write (store/kine.rs `RAISE_REVISION_SQL`). An etcd cluster: its
 //! revision is raised by writes to a key outside kcp's, whose history is then compacted
 //! ([`etcd_keys::raise_revision`]). Either by only as much as the move needs ([`raised_above`]).
+//!
+//! A kcp's embedded etcd stops with its kcp: the mirror follows it while it runs, and reads the
+//! changes after the last one it applied from a copy of its data once kcp has exited ([`AfterExit`]).
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -395,7 +398,7 @@ async fn raised_above(source: &Client) -> Result<i64, StoreError> {
 
 const MOVE_ROOM: Duration = Duration::from_secs(600);
 const RATE_SAMPLE: Duration = Duration::from_secs(1);
-pub const MIN_RAISE_MARGIN: i64 = 10_000;
+const MIN_RAISE_MARGIN: i64 = 10_000;
 
 /// How long a kine of the job's own may take to accept.
 const PRIVATE_KINE_START: Duration = Duration::from_secs(60);
