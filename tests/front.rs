@@ -240,6 +240,61 @@ impl Client {
 }
 
 /// A loopback address for the front or a backend to bind later ([`ports`]).
+/// Dials `address` over and over from a task of its own, keeping the first line each connection
+/// is greeted with; a dial refused or not greeted within [`IO_TIMEOUT`] counts as failed.
+struct Dialler {
+    stop: Arc<AtomicBool>,
+    answers: Arc<Mutex<Vec<String>>>,
+    failed: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Dialler {
+    fn start(address: SocketAddr) -> Dialler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let task = {
+            let (stop, answers, failed) = (stop.clone(), answers.clone(), failed.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let answered = async {
+                        let mut c = BufReader::new(TcpStream::connect(address).await.ok()?);
+                        let mut line = String::new();
+                        c.read_line(&mut line).await.ok()?;
+                        Some(line.trim_end().to_string())
+                    };
+                    match tokio::time::timeout(IO_TIMEOUT, answered).await {
+                        Ok(Some(line)) => answers.lock().unwrap().push(line),
+                        _ => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        };
+        Dialler {
+            stop,
+            answers,
+            failed,
+            task,
+        }
+    }
+
+    /// How many dials were answered so far.
+    fn answered(&self) -> usize {
+        self.answers.lock().unwrap().len()
+    }
+
+    /// Stops dialling: every answer in order, and how many dials failed.
+    async fn stop(self) -> (Vec<String>, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        let answers = std::mem::take(&mut *self.answers.lock().unwrap());
+        (answers, self.failed.load(Ordering::Relaxed))
+    }
+}
+
 fn test_address() -> SocketAddr {
     (std::net::Ipv4Addr::LOCALHOST, ports::test_port()).into()
 }
@@ -682,25 +737,7 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     assert_eq!(pinned.line().await, "hello from a");
 
     // Dial continuously through the upgrade; every dial must be answered by the backend.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let poller = {
-        let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let answered = async {
-                    let mut c = BufReader::new(TcpStream::connect(old.listen).await.ok()?);
-                    let mut line = String::new();
-                    c.read_line(&mut line).await.ok()?;
-                    (line == "hello from a\n").then_some(())
-                };
-                match tokio::time::timeout(IO_TIMEOUT, answered).await {
-                    Ok(Some(())) => ok.fetch_add(1, Ordering::Relaxed),
-                    _ => failed.fetch_add(1, Ordering::Relaxed),
-                };
-            }
-        })
-    };
+    let dialler = Dialler::start(old.listen);
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let upgraded = front::upgrade(launch(bin(), &f.dir)).await.unwrap();
@@ -711,15 +748,10 @@ async fn an_upgrade_hands_the_listening_socket_over_without_refusing_a_connectio
     assert_eq!(new.backends, vec![a.backend("a")]);
     assert_eq!(recorded_pid(&f.dir), Some(new.pid));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    poller.await.unwrap();
-    assert_eq!(
-        failed.load(Ordering::Relaxed),
-        0,
-        "{} dials answered",
-        ok.load(Ordering::Relaxed)
-    );
-    assert!(ok.load(Ordering::Relaxed) > 10);
+    let (answers, failed) = dialler.stop().await;
+    let unanswered = failed + answers.iter().filter(|a| *a != "hello from a").count();
+    assert_eq!(unanswered, 0, "{} dials answered", answers.len());
+    assert!(answers.len() > 10);
 
     // The old front drains: its open connection works until the client closes it, then it exits.
     assert!(running(old.pid));
@@ -982,4 +1014,74 @@ async fn a_front_started_without_waiting_answers_later_and_one_that_cannot_liste
     let again = front::start_front(launch(bin(), &f.dir), taken).await.unwrap();
     f.track(again.pid);
     assert_ne!(again.pid, failing.pid, "started again once the error was told");
+}
+
+/// `kcpshard front --take-listener-of PID` takes the socket another program listens on (here
+/// another front, whose backend greets "old"): while that program runs both accept, and once it
+/// stops every connection is the new front's, with no dial refused in between. This is how a
+/// front can take the address clients dial from a kcp it replaces (process/listener.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_takes_over_the_socket_another_program_listens_on_without_refusing_a_connection() {
+    let other = Fixture::new();
+    let old_backend = EchoBackend::start("old").await;
+    let (other_client, old) = other.start().await;
+    other_client.serve(&[old_backend.backend("old")]).await.unwrap();
+
+    // Dial continuously; every dial must be answered, by the old program or the new front.
+    let dialler = Dialler::start(old.listen);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let f = Fixture::new();
+    let new_backend = EchoBackend::start("new").await;
+    std::fs::create_dir_all(f._tmp.path()).unwrap();
+    let log = std::fs::File::create(f._tmp.path().join("front.log")).unwrap();
+    let mut front = std::process::Command::new(bin())
+        .args(["front", "--listen", &old.listen.to_string(), "--dir"])
+        .arg(&f.dir)
+        .args(["--take-listener-of", &old.pid.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    f.track(front.id());
+    let mut client = None;
+    eventually(
+        "the new front answers on its control socket",
+        Duration::from_secs(10),
+        async || {
+            client = FrontClient::connect(&f.dir).await.ok();
+            client.is_some()
+        },
+    )
+    .await;
+    let client = client.unwrap();
+    client.serve(&[new_backend.backend("new")]).await.unwrap();
+    assert_eq!(client.status().await.unwrap().listen, old.listen);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The old program stops (SIGTERM: it closes its socket and drains); the socket lives on.
+    // SAFETY: plain kill(2), no memory involved.
+    unsafe { libc::kill(old.pid as i32, libc::SIGTERM) };
+    eventually("the old front exits", Duration::from_secs(10), async || {
+        !running(old.pid)
+    })
+    .await;
+    let answered_before_exit = dialler.answered();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (answers, failed) = dialler.stop().await;
+    let _ = front.kill();
+    let _ = front.wait();
+
+    assert_eq!(failed, 0, "{} dials answered", answers.len());
+    assert!(
+        answers.iter().any(|a| a == "hello from old"),
+        "the old program answered before"
+    );
+    let after_exit = &answers[answered_before_exit..];
+    assert!(!after_exit.is_empty(), "no dial after the old program exited");
+    assert!(
+        after_exit.iter().all(|a| a == "hello from new"),
+        "after the old program exited: {after_exit:?}"
+    );
 }

@@ -28,6 +28,11 @@ pub struct Args {
     /// Take the listening socket over from the front answering on this control socket (upgrade).
     #[arg(long)]
     inherit_from: Option<PathBuf>,
+    /// Take over the socket this process listens on at --listen, instead of binding it: the
+    /// process keeps serving what it accepts, and once it closes the socket (it stops), every
+    /// connection is the front's, none refused in between. Needs the right to ptrace it.
+    #[arg(long, value_name = "PID", conflicts_with = "inherit_from")]
+    take_listener_of: Option<u32>,
     /// Threads forwarding connections; 1 runs everything on one thread (no cross-thread wake-ups).
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -51,6 +56,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics_listen: args.metrics_listen,
         drain_timeout: args.drain_timeout,
         inherit_from: args.inherit_from,
+        take_listener_of: args.take_listener_of,
     };
     // The front gets a runtime of its own, sized by --threads; the command's runtime just waits.
     let threads = args.threads.max(1);

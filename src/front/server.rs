@@ -55,6 +55,9 @@ pub struct FrontConfig {
     pub drain_timeout: Duration,
     /// Take the listening socket over from the front answering on this control socket.
     pub inherit_from: Option<PathBuf>,
+    /// Take the socket this process listens on at `listen` (any program: e.g. the kcp it
+    /// replaces), with no connection refused in between (process/listener.rs).
+    pub take_listener_of: Option<u32>,
 }
 
 /// The state every task of the front shares.
@@ -168,9 +171,10 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
                 });
             }
             let backends = load_backends(&config.dir);
-            let listener = match fdstore::inherited_listener() {
-                Some(inherited) => adopt_listener(inherited)?,
-                None => bind(&config)?,
+            let listener = match (fdstore::inherited_listener(), config.take_listener_of) {
+                (Some(inherited), _) => adopt_listener(inherited)?,
+                (None, Some(pid)) => take_listener_of(pid, config.listen)?,
+                (None, None) => bind(&config)?,
             };
             (listener, Router::new(backends), None)
         }
@@ -323,12 +327,22 @@ fn load_backends(dir: &Path) -> Vec<Backend> {
     }
 }
 
-/// The listening socket systemd handed over, made ready for tokio.
+/// A listening socket handed over (by systemd) or taken over, made ready for tokio.
 fn adopt_listener(listener: std::net::TcpListener) -> Result<TcpListener, FrontError> {
     listener
         .set_nonblocking(true)
         .and_then(|()| TcpListener::from_std(listener))
-        .map_err(|e| FrontError::io("cannot use the listening socket systemd handed over", e))
+        .map_err(|e| FrontError::io("cannot use the listening socket handed over", e))
+}
+
+/// The socket process `pid` listens on at `address`, taken over and made ready for tokio.
+fn take_listener_of(pid: u32, address: SocketAddr) -> Result<TcpListener, FrontError> {
+    let taken = crate::process::listener::take_listener(pid, address).map_err(|e| FrontError::CannotListen {
+        address,
+        message: e.to_string(),
+    })?;
+    info!(pid, %address, "took over the listening socket of another process");
+    adopt_listener(taken)
 }
 
 fn bind(config: &FrontConfig) -> Result<TcpListener, FrontError> {

@@ -76,7 +76,7 @@ impl<K: Send + 'static> ExitNotices<K> {
     }
 }
 
-fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+pub(super) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     let pid = i32::try_from(pid)
         .ok()
         .and_then(rustix::process::Pid::from_raw)

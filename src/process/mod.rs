@@ -26,6 +26,7 @@
 //!   `READY=1` must never reach `serve`'s unit.
 pub mod detached;
 pub mod exits;
+pub mod listener;
 mod port;
 pub mod procfs;
 mod spec;

@@ -146,21 +146,27 @@ pub fn describe(pid: u32) -> String {
 /// The process that holds the listening socket on TCP `port`, when this user may see it (its
 /// descriptors are readable: our own processes, or all of them as root).
 pub fn listener_pid(port: u16) -> Option<u32> {
-    let inodes: Vec<u64> = ["/proc/net/tcp", "/proc/net/tcp6"]
+    pids().into_iter().find(|pid| listening_fd(*pid, port).is_some())
+}
+
+/// The descriptor of process `pid` that is a listening socket on TCP `port` (IPv4 or IPv6).
+pub fn listening_fd(pid: u32, port: u16) -> Option<i32> {
+    let wanted: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|table| fs::read_to_string(table).ok())
         .flat_map(|text| listening_inodes(&text, port))
+        .map(|inode| format!("socket:[{inode}]"))
         .collect();
-    if inodes.is_empty() {
+    if wanted.is_empty() {
         return None;
     }
-    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
-    pids().into_iter().find(|pid| {
-        fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
-            fds.flatten()
-                .filter_map(|fd| fs::read_link(fd.path()).ok())
-                .any(|target| wanted.iter().any(|w| target.as_os_str() == w.as_str()))
-        })
+    fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten().find_map(|fd| {
+        let target = fs::read_link(fd.path()).ok()?;
+        wanted
+            .iter()
+            .any(|w| target.as_os_str() == w.as_str())
+            .then(|| fd.file_name().to_str()?.parse().ok())
+            .flatten()
     })
 }
 
@@ -186,6 +192,11 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         assert!(super::tcp_listening(port));
         assert_eq!(super::listener_pid(port), Some(std::process::id()));
+        use std::os::fd::AsRawFd;
+        assert_eq!(
+            super::listening_fd(std::process::id(), port),
+            Some(listener.as_raw_fd())
+        );
         drop(listener);
         assert!(!super::tcp_listening(port));
     }
