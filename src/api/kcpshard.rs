@@ -5,6 +5,9 @@
 //! Every field carries a doc comment: it becomes the field's `description` in the CRD, which is what
 //! `kubectl explain ks.spec.store` prints. Defaults live here too (`#[serde(default)]`), so the
 //! schema carries them and the API server fills them in as a real kube-apiserver would.
+//!
+//! Longer than 600 lines on purpose: these types are the CRD's schema and their doc comments its
+//! field descriptions; split across files, one resource's schema would be read in pieces.
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -24,6 +24,9 @@
 //!
 //! Everything else the controller needs after a crash is observed (processes, ports, `/readyz`,
 //! the front's backend). Every file is written atomically before the step that depends on it.
+//!
+//! Longer than 600 lines on purpose: one file per record would scatter the layout above, which
+//! readers and the records' loaders need in one place.
 use std::io;
 use std::path::{Path, PathBuf};
 

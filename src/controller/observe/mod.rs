@@ -4,6 +4,9 @@
 //! store (its shard-wide part, every running slot's own kine, a read from each kine kcpshard runs),
 //! who holds the controllers' Lease, the probe workspace, a preflight's kcp, and the controller's
 //! own record of the roll. What needs repair (a slot running without a record) is reported for the plan to act on.
+//!
+//! Longer than 600 lines on purpose: one look, in the order it reads things; the parts that stand
+//! alone (the front, the store, health) are modules of their own.
 mod front;
 
 use std::collections::BTreeMap;

@@ -6,6 +6,9 @@
 //! exits on the copy. The data keeps the version that last started on it, as data-version.json
 //! does, and the preflight's invariant is checked against it. A version change dumps the store
 //! first, as a job that runs while everything else goes on.
+//!
+//! Longer than 600 lines on purpose: the model has to take every step as act does, and one step's
+//! model next to the others is what keeps it honest.
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
