@@ -97,6 +97,6 @@ async fn a_front_takes_a_kcps_address_and_no_dial_is_refused_across_kcps_exit() 
         exited_after.as_secs_f64()
     );
     assert_eq!(refused, 0, "{accepted} dials accepted");
-    assert!(accepted > 100, "{accepted} dials");
+    assert!(accepted > 20, "{accepted} dials");
     assert_eq!(greeting, "front\n", "after kcp's exit the front answers");
 }

@@ -1,11 +1,12 @@
 //! `kcpshard adopt ROOT_DIR --dry-run` on a real kcp that serves from its own root directory with
 //! its embedded etcd, started as a user runs it (docs/operations.md, "Adopt a running kcp"): the
 //! report names the process, its release, its store with a key count read through the embedded
-//! etcd's own client certificates (ECDSA P-521), the key material, the admin contexts and the fate
-//! of each flag; it refuses another release, a store it cannot read and a root directory nothing
-//! serves from, with what to do; and it leaves the root directory as it was.
+//! etcd's own client certificates (ECDSA P-521) and equal to etcdctl's count at the same revision,
+//! the key material, the admin contexts and the fate of each flag; it refuses another release, a
+//! store it cannot read and a root directory nothing serves from, with what to do; and it leaves
+//! the root directory as it was.
 //!
-//! Needs `bin/kcp-<version>` of the newer pinned release and `bin/kubectl`
+//! Needs `bin/kcp-<version>` of the newer pinned release, `bin/kubectl` and `bin/etcdctl`
 //! (`hack/install-deps.sh`); without them the test fails, it never skips.
 mod support;
 
@@ -16,7 +17,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use support::embedded_kcp::EmbeddedKcp;
-use support::{files_under, kcp_newer, kcp_older, run};
+use support::{files_under, kcp_newer, kcp_older, require, run};
 
 fn dry_run(root: &Path, extra: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kcpshard"));
@@ -35,15 +36,39 @@ fn text(output: &Output) -> String {
     )
 }
 
-/// The key count the report gives for kcp's prefix.
-fn keys_in(report: &str) -> i64 {
-    let before = report.split(" keys under /registry/").next().unwrap();
-    before
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("no key count in:\n{report}"))
+/// The key count and the revision the report gives for kcp's prefix.
+fn keys_in(report: &str) -> (i64, i64) {
+    let parse = || {
+        let (before, after) = report.split_once(" keys under /registry/ at revision ")?;
+        let count = before.rsplit(' ').next()?.parse().ok()?;
+        let revision = after.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()?;
+        Some((count, revision))
+    };
+    parse().unwrap_or_else(|| panic!("no key count in:\n{report}"))
+}
+
+/// How many keys kcp's embedded etcd held under /registry/ at `revision`, as etcdctl counts them.
+fn etcdctl_count(root: &Path, etcd_port: u16, revision: i64) -> i64 {
+    let secrets = root.join("etcd-server/secrets");
+    let mut cmd = Command::new(require("etcdctl"));
+    cmd.arg(format!("--endpoints=https://localhost:{etcd_port}"))
+        .arg(format!("--cacert={}", secrets.join("ca/cert.pem").display()))
+        .arg(format!("--cert={}", secrets.join("client/cert.pem").display()))
+        .arg(format!("--key={}", secrets.join("client/key.pem").display()))
+        .args(["get", "/registry/", "--prefix", "--count-only", "--write-out=fields"])
+        .arg(format!("--rev={revision}"));
+    let out = run(cmd, Duration::from_secs(30));
+    let fields = String::from_utf8_lossy(&out.stdout).into_owned();
+    let count = fields
+        .lines()
+        .find_map(|l| l.strip_prefix("\"Count\" : "))
+        .and_then(|n| n.trim().parse().ok());
+    count.unwrap_or_else(|| {
+        panic!(
+            "etcdctl gave no count: {fields}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 #[test]
@@ -84,9 +109,11 @@ fn a_dry_run_reports_a_running_kcp_and_refuses_what_it_cannot_adopt_without_chan
         );
     }
 
-    // The key count is the store's: one more object, one more key.
-    let keys = keys_in(&report);
+    // The key count is the store's, as etcd's own client counts it at the same revision; and a new
+    // object is counted.
+    let (keys, revision) = keys_in(&report);
     assert!(keys > 100, "a kcp that served has its bootstrap objects: {report}");
+    assert_eq!(etcdctl_count(&root, etcd_port, revision), keys);
     kcp.kubectl(&[
         "create",
         "configmap",
@@ -95,8 +122,12 @@ fn a_dry_run_reports_a_running_kcp_and_refuses_what_it_cannot_adopt_without_chan
         "--from-literal=a=b",
     ])
     .unwrap_or_else(|| kcp.proc.fail("cannot create a ConfigMap"));
-    let after = keys_in(&text(&dry_run(&root, &[])));
-    assert_eq!(after, keys + 1, "the ConfigMap's key is counted");
+    let (after, at) = keys_in(&text(&dry_run(&root, &[])));
+    assert_eq!(etcdctl_count(&root, etcd_port, at), after);
+    assert!(
+        after > keys,
+        "the ConfigMap's key is counted: {keys} keys before, {after} after"
+    );
 
     // Another release than the one running: refused, with the way to get there.
     let out = dry_run(&root, &["--version", &kcp_older()]);
