@@ -183,6 +183,9 @@ async fn an_exited_child_is_reaped_and_not_running() {
         .await
         .unwrap();
     wait_for("the exit", Duration::from_secs(5), || !rt.is_running(&rec));
+    // A look that finds the child a zombie (it exited after that look's reap) says it does not
+    // run; the next look reaps it.
+    assert!(!rt.is_running(&rec));
     assert!(procfs::stat(rec.pid).is_none(), "no zombie");
     assert_eq!(rt.exit_status(&rec).await.and_then(|s| s.code()), Some(3));
     let t = rt.terminate(&rec, Duration::from_secs(1)).await.unwrap();
