@@ -62,7 +62,10 @@ pub async fn inspect(root_dir: &Path) -> Result<Found, AdoptError> {
             missing: missing.join(", "),
         });
     }
-    let kubeconfig = &material[4].1;
+    let (_, kubeconfig) = material
+        .iter()
+        .find(|(name, _)| *name == "admin.kubeconfig")
+        .expect("admin.kubeconfig is one of the material's files");
     let contexts = contexts(kubeconfig).map_err(|problem| AdoptError::Unreadable {
         dir: root_dir.clone(),
         problem,

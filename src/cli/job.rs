@@ -168,8 +168,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             kine_binary,
             from,
         } => {
+            let MirrorSource {
+                from,
+                from_store,
+                from_cacert,
+                from_cert,
+                from_key,
+                from_data_dir,
+                etcd_binary,
+            } = from;
             // Kept until the job ends: the source's kine, when the job runs one.
-            let (source, _source_kine) = match from.from_store {
+            let (source, _source_kine) = match from_store {
                 Some(spec) => {
                     let spec: crate::api::StoreSpec = serde_json::from_str(&spec)?;
                     let Some(settings) = spec.kine_postgres.as_ref() else {
@@ -180,12 +189,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     (kine.client.clone(), Some(kine))
                 }
                 None => {
-                    let from = cluster(
-                        from.from.clone(),
-                        from.from_cacert.clone(),
-                        from.from_cert.clone(),
-                        from.from_key.clone(),
-                    );
+                    let from = cluster(from, from_cacert, from_cert, from_key);
                     (etcd_keys::connect(&from.endpoints, Some(&from)).await?, None)
                 }
             };
@@ -193,9 +197,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let target = mirror::MirrorTarget::from_spec(&to, to_store_dir.as_deref())?;
             let readied = mirror::prepare(&target, &kine_binary, &source).await?;
             let raised = readied.raised_above;
-            let after_exit = from
-                .from_data_dir
-                .zip(from.etcd_binary)
+            let after_exit = from_data_dir
+                .zip(etcd_binary)
                 .map(|(data_dir, etcd)| mirror::AfterExit {
                     data_dir,
                     etcd,

@@ -169,13 +169,17 @@ pub async fn run(
             Followed::SourceGone(e) => Err(e),
         };
     };
+    let mut retried = false;
     loop {
         match mirror.follow(source, &mut state, &mut mirrored, false).await? {
             Followed::Done => return Ok(state),
             Followed::SourceGone(e) if !until_file.exists() => {
-                tracing::info!(
-                    "the source stopped answering while its process may still run ({e}); following it again"
-                );
+                // Said once: it retries every PROGRESS_EVERY until the until file says it exited.
+                if !std::mem::replace(&mut retried, true) {
+                    tracing::info!(
+                        "the source stopped answering while its process may still run ({e}); following it again until it is told the process exited"
+                    );
+                }
                 tokio::time::sleep(PROGRESS_EVERY).await;
             }
             Followed::SourceGone(_) => break,
