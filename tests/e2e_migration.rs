@@ -31,8 +31,6 @@ use serde_json::{Value, json};
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const MOVE_TIMEOUT: Duration = Duration::from_secs(300);
 const CONFIGMAPS: &str = "/clusters/root/api/v1/namespaces/default/configmaps";
-/// The workspace with an APIBinding, a ConfigMap and a Secret made before any move.
-const KEPT: &str = "before-move";
 
 fn sha256(path: &std::path::Path) -> String {
     let out = std::process::Command::new("sha256sum").arg(path).output().unwrap();
@@ -41,13 +39,6 @@ fn sha256(path: &std::path::Path) -> String {
         .next()
         .unwrap_or_default()
         .to_string()
-}
-
-/// Clients with client-go's patience: its TLS handshake may take 10 s (a new connection in the
-/// switch waits in the front until the new store's slot takes it).
-fn patient(mut config: Config) -> Config {
-    config.connect_timeout = Some(Duration::from_secs(10));
-    config
 }
 
 fn managed_postgres(env: &Env, port: u16) -> Value {
@@ -167,77 +158,6 @@ fn assert_managed_postgres_stopped(env: &Env, shard: &str) {
         processes_with(&env.shard_dir(shard).join("store/postgres").display().to_string()).is_empty(),
         "the old managed PostgreSQL still runs"
     );
-}
-
-/// What the test made before any move, as read then, by path.
-type Kept = BTreeMap<String, Value>;
-
-/// Workspace [`KEPT`] with an APIBinding to an APIExport in root, a ConfigMap and a Secret in it.
-async fn make_objects(env: &Env, admin: &Config) -> Kept {
-    create_workspace_ready(admin, KEPT, Duration::from_secs(120))
-        .await
-        .unwrap_or_else(|e| env.fail(&e));
-    bind_an_export(admin, KEPT, Duration::from_secs(120))
-        .await
-        .unwrap_or_else(|e| env.fail(&e));
-    let namespace = format!("/clusters/root:{KEPT}/api/v1/namespaces/default");
-    let objects = [
-        (
-            format!("{namespace}/configmaps"),
-            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "kept", "labels": { "e2e": "kept" } },
-                    "data": { "settings.yaml": "replicas: 3\nregion: eu\n" } }),
-        ),
-        (
-            format!("{namespace}/secrets"),
-            json!({ "apiVersion": "v1", "kind": "Secret", "metadata": { "name": "kept" },
-                    "type": "Opaque", "stringData": { "token": "s3cr3t-before-the-move" } }),
-        ),
-    ];
-    for (path, body) in &objects {
-        let (status, answer) = once(admin, http::Method::POST, path, Some(body)).await.unwrap();
-        assert_eq!(status, 201, "POST {path}: {answer}");
-    }
-    let mut kept = Kept::new();
-    for path in [
-        format!("{namespace}/configmaps/kept"),
-        format!("{namespace}/secrets/kept"),
-        "/clusters/root/apis/apis.kcp.io/v1alpha2/apiexports/e2e-widgets".to_string(),
-        format!("/clusters/root:{KEPT}/apis/apis.kcp.io/v1alpha2/apibindings/e2e-widgets"),
-        format!("{WORKSPACES}/{KEPT}"),
-    ] {
-        kept.insert(path.clone(), read(admin, &path).await);
-    }
-    kept
-}
-
-/// `path` as the API serves it now, without what a move may change: its resourceVersion, and the
-/// status controllers keep writing (a binding's and a workspace's conditions carry times).
-async fn read(admin: &Config, path: &str) -> Value {
-    let (status, body) = once(admin, http::Method::GET, path, None).await.unwrap();
-    assert_eq!(status, 200, "GET {path}: {body}");
-    let mut object: Value = serde_json::from_str(&body).unwrap();
-    let meta = object["metadata"].as_object_mut().unwrap();
-    meta.remove("resourceVersion");
-    meta.remove("managedFields");
-    if let Some(status) = object.get_mut("status").and_then(Value::as_object_mut) {
-        status.remove("conditions");
-    }
-    object
-}
-
-/// Every object made before is there, with the same uid, content and (where it has one) phase.
-async fn assert_objects_kept(env: &Env, admin: &Config, kept: &Kept) {
-    for (path, before) in kept {
-        let now = read(admin, path).await;
-        if &now != before {
-            env.fail(&format!(
-                "{path} changed in the move:\nbefore {before:#}\nafter  {now:#}"
-            ));
-        }
-    }
-    export_served(admin, KEPT, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| env.fail(&e));
 }
 
 /// Patches spec.store to `store` on a serving shard and waits for the move to complete, with a

@@ -70,11 +70,14 @@ pub async fn inspect(root_dir: &Path) -> Result<Found, AdoptError> {
         dir: root_dir.clone(),
         problem,
     })?;
-    let static_tokens = match flags::value(&flags, "token-auth-file") {
-        Some(file) => token_lines(&cwd.join(file)).map_err(|source| AdoptError::Io {
-            dir: cwd.join(file),
-            source,
-        })?,
+    let token_file = flags::value(&flags, "token-auth-file").map(|file| cwd.join(file));
+    let static_tokens = match &token_file {
+        Some(file) => token_lines(file)
+            .map_err(|source| AdoptError::Io {
+                dir: file.clone(),
+                source,
+            })?
+            .len(),
         None => 0,
     };
     let exe = procfs::exe(pid).unwrap_or_else(|| PathBuf::from(&argv[0]));
@@ -105,6 +108,7 @@ pub async fn inspect(root_dir: &Path) -> Result<Found, AdoptError> {
         store_size: StoreSize { keys, revision },
         material,
         contexts,
+        token_file,
         static_tokens,
     })
 }
@@ -232,11 +236,13 @@ fn contexts(kubeconfig: &Path) -> Result<Vec<(String, String)>, String> {
 
 /// The tokens of a static token file (kcp's `--token-auth-file`: one `token,user,uid,...` line
 /// each; blank lines and `#` comments are not tokens).
-fn token_lines(file: &Path) -> std::io::Result<usize> {
+/// The tokens of a static token file (`--token-auth-file`: `token,user,uid,"group,..."` lines).
+pub fn token_lines(file: &Path) -> std::io::Result<Vec<String>> {
     Ok(std::fs::read_to_string(file)?
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
-        .count())
+        .map(str::to_string)
+        .collect())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ pub mod report;
 
 use std::path::PathBuf;
 
-pub use inspect::inspect;
+pub use inspect::{inspect, token_lines};
 
 use crate::store::etcd::EtcdCluster;
 use flags::Flag;
@@ -38,7 +38,9 @@ pub struct Found {
     pub material: Vec<(&'static str, PathBuf)>,
     /// The contexts of the old admin kubeconfig, each with its user.
     pub contexts: Vec<(String, String)>,
-    /// Lines of the static token file the old process accepted (`--token-auth-file`).
+    /// The static token file the old process accepted (`--token-auth-file`), absolute.
+    pub token_file: Option<PathBuf>,
+    /// Its lines.
     pub static_tokens: usize,
 }
 
@@ -206,6 +208,7 @@ pub(crate) mod tests {
             },
             material: vec![("sa.key", PathBuf::from("/r/sa.key"))],
             contexts: vec![("root".into(), "kcp-admin".into())],
+            token_file: None,
             static_tokens: 0,
         }
     }

@@ -121,6 +121,26 @@ pub struct KcpShardSpec {
     /// each version change, spec.rollout, and on request, `kcpshard snapshot create`).
     #[serde(default)]
     pub backup: BackupSpec,
+    /// A kcp that runs now on this host, outside kcpshard, for the shard to take over (docs/
+    /// operations.md, "Adopt a running kcp"): its key material and tokens become the shard's, its
+    /// data moves into spec.store while it serves, and at the switch it is stopped and the shard's
+    /// slots serve in its place. Its root directory is only read. Only on a new shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopt: Option<AdoptSpec>,
+}
+
+/// The kcp a new shard takes over.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptSpec {
+    /// The root directory the kcp runs with (its --root-directory), absolute.
+    #[schemars(length(min = 1))]
+    pub root_directory: String,
+    /// The admin API (host:port) of a caddy in front of the kcp. Before the switch, kcpshard sends
+    /// to the front what caddy sent to the kcp (every reverse_proxy upstream that dials the kcp's
+    /// address), in one config change. Unset: clients dial the kcp or the front themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caddy_admin_address: Option<String>,
 }
 
 /// Scheduled snapshots of the store (docs/operations.md, "Snapshots").

@@ -59,6 +59,9 @@ pub struct KcpShardStatus {
     /// The latest move of the data to another store (a change of spec.store), under way or done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationStatus>,
+    /// The take-over of a kcp that ran outside kcpshard (spec.adopt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<AdoptionStatus>,
     /// The latest observations of the shard's state. Ready is True when the front forwards to a
     /// slot that answers /readyz.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -352,6 +355,24 @@ pub struct MigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub old_store: Option<String>,
     /// Why it failed, and what was left where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The take-over of a running kcp (spec.adopt; docs/operations.md, "Adopt a running kcp").
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdoptionStatus {
+    /// Serving (its material is the shard's, it serves behind the front while its data moves:
+    /// status.migration), Switched (it was stopped, the shard's slots serve), Complete, or Failed
+    /// (message says why; the old kcp serves on untouched).
+    pub phase: String,
+    /// The kcp taken over: its release, process, address and store.
+    pub from: String,
+    pub started_at: MicroTime,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<MicroTime>,
+    /// Why it failed, and what to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

@@ -318,6 +318,7 @@ fn progress_reason(step: &Step) -> &'static str {
         | Step::ForgetMigration
         | Step::Wait(Wait::Job { job: "store-mirror" }) => "Migrating",
         Step::FailMigration { .. } => "MigrationFailed",
+        Step::AdoptKcp | Step::HoldControllersLease | Step::RedirectProxy | Step::CompleteAdoption => "Adopting",
         Step::Wait(Wait::Job { .. }) | Step::FinishJob | Step::CancelJob => "RunningJob",
         Step::BeginRestore(_) | Step::RestoreSnapshot | Step::CompleteRestore => "Restoring",
         Step::RefuseRestore { .. } => "RestoreRefused",
@@ -388,6 +389,15 @@ fn progress_message(step: &Step) -> String {
         Step::CompleteMigration => "the move of the data is complete".into(),
         Step::FailMigration { .. } => "stopping the move of the data; the old store serves on".into(),
         Step::ForgetMigration => "spec.store names the data's store again: the failed move is forgotten".into(),
+        Step::AdoptKcp => "taking over the kcp spec.adopt names: its key material, tokens, process and store".into(),
+        Step::HoldControllersLease => {
+            "making the controllers Lease say that the adopted kcp leads, so that a slot on the new store follows it"
+                .into()
+        }
+        Step::RedirectProxy => {
+            "making the caddy in front of the adopted kcp send to the front what it sent to the kcp".into()
+        }
+        Step::CompleteAdoption => "the adopted kcp's data is in spec.store and the shard's slots serve it".into(),
         Step::CancelJob => "stopping a job nothing needs any more".into(),
         Step::StartPreflight => "starting a preflight: the new version alone on a copy of the data".into(),
         Step::CopyPreflight => "copying the data for the preflight (a job)".into(),

@@ -186,8 +186,11 @@ fn picked<'r>(record: &'r IdentityRecord, observed: &Observed) -> Option<&'r Ide
 }
 
 /// Writes the `--token-auth-file` of a slot that is to accept the identities `ids`, from the
-/// shard's record, and the lines `also` (a sharded kcp's: controller/sharding.rs).
+/// shard's record, the lines `also` (a sharded kcp's: controller/sharding.rs), and the tokens an
+/// adopted kcp accepted (controller/adoption.rs).
 pub fn write_token_file(dirs: &ShardDirs, ids: &[String], also: &str, path: &Path) -> Result<(), super::Error> {
+    let adopted = fsutil::read_optional(&dirs.shared().join(super::adoption::ADOPTED_TOKENS))?.unwrap_or_default();
+    let also = format!("{also}{}", String::from_utf8_lossy(&adopted));
     let record = state::read_json::<IdentityRecord>(&dirs.identities())?.unwrap_or_default();
     let identities = ids
         .iter()
@@ -202,7 +205,7 @@ pub fn write_token_file(dirs: &ShardDirs, ids: &[String], also: &str, path: &Pat
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    identity::write_token_file(path, &identities, also)?;
+    identity::write_token_file(path, &identities, &also)?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The desired state of a shard, from its spec: the template its slots run, and whether a version
 //! change is refused.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::*;
 
@@ -58,6 +58,7 @@ pub fn desired(shard: &KcpShard, working_dir: &Path) -> Result<Desired, Error> {
         // From the data's record, once the template is whole: `interim`, in `step`.
         interim: None,
         rotation_request: shard.annotations().get(ROTATE_CREDENTIALS_ANNOTATION).cloned(),
+        adopt: spec.adopt.as_ref().map(|a| PathBuf::from(&a.root_directory)),
     })
 }
 

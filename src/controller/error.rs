@@ -81,6 +81,12 @@ pub enum Error {
     /// A step of a move of the data found no move under way (it ended meanwhile).
     #[error("no move of the data to another store is under way; the next look starts over")]
     NoMigration,
+    /// An adoption step found no adoption under way (spec.adopt went, or it ended meanwhile).
+    #[error("no adoption of a kcp is under way; the next look starts over")]
+    NoAdoption,
+    /// Only kcpshard's own (Tcp) front can take over an address another process listens on.
+    #[error("spec.front.type is Caddy: only a Tcp front can take over the address the adopted kcp listens on")]
+    FrontNotTcp,
     /// A restore step found the request annotation gone (removed meanwhile).
     #[error("the {annotation} annotation is gone; the restore is not started")]
     NoRestoreRequest { annotation: &'static str },
@@ -121,7 +127,9 @@ impl Error {
             | Error::NoPreflight
             | Error::StillRunning { .. }
             | Error::NoRestoreRequest { .. }
-            | Error::NoMigration => "state",
+            | Error::NoMigration
+            | Error::NoAdoption
+            | Error::FrontNotTcp => "state",
             Error::Api { .. } => "api",
         }
     }

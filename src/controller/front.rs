@@ -87,6 +87,28 @@ impl Front {
         }
     }
 
+    /// What starts kcpshard's front, and its address; None for a caddy.
+    fn launch(&self) -> Option<(FrontLaunch<'_>, SocketAddr)> {
+        match self {
+            Front::Tcp {
+                binary,
+                dir,
+                listen,
+                shard,
+                runtime,
+            } => Some((
+                FrontLaunch {
+                    runtime,
+                    shard,
+                    binary,
+                    dir,
+                },
+                *listen,
+            )),
+            Front::Caddy { .. } => None,
+        }
+    }
+
     /// Err with why, when it does not run (or caddy's admin API does not answer).
     pub async fn observe(&self) -> Result<FrontSeen, String> {
         match self {
@@ -141,22 +163,11 @@ impl Front {
     /// answers and has the handler. Returns what happened, for an event.
     pub async fn start(&self) -> Result<String, Error> {
         match self {
-            Front::Tcp {
-                binary,
-                dir,
-                listen,
-                shard,
-                runtime,
-            } => {
-                let launch = FrontLaunch {
-                    runtime,
-                    shard,
-                    binary,
-                    dir,
-                };
+            Front::Tcp { shard, runtime, .. } => {
+                let (launch, listen) = self.launch().expect("a Tcp front has a launch");
                 // A front that systemd restarts holds the address in its unit's descriptor store.
                 if runtime.unit_active(&UnitName::front(shard)).await {
-                    return match front::ensure_running(launch, *listen).await {
+                    return match front::ensure_running(launch, listen).await {
                         Ok(client) => Ok(format!(
                             "the front's unit restarted it on {listen} (pid {})",
                             client.status().await?.pid
@@ -166,8 +177,8 @@ impl Front {
                         Err(e) => Err(e.into()),
                     };
                 }
-                address_free(*listen)?;
-                let started = front::start_front(launch, *listen).await?;
+                address_free(listen)?;
+                let started = front::start_front(launch, listen).await?;
                 Ok(format!(
                     "started the front on {listen} (pid {}); it serves once it answers on its control socket",
                     started.pid
@@ -183,26 +194,26 @@ impl Front {
         }
     }
 
+    /// Starts kcpshard's front on the socket process `pid` listens on at the spec's address (an
+    /// adopted kcp's, at the switch: plan/adoption.rs) and returns: looks see it starting until
+    /// it answers. It starts with no slot to send to: new connections wait in it.
+    pub async fn start_taking(&self, pid: u32) -> Result<String, Error> {
+        let (launch, listen) = self.launch().ok_or(Error::FrontNotTcp)?;
+        let started = front::start_front_taking(launch, listen, pid).await?;
+        Ok(format!(
+            "started the front (pid {}) on the socket kcp pid {pid} listens on at {listen}: no connection to it is refused while kcp stops",
+            started.pid
+        ))
+    }
+
     /// Starts a successor of this binary that takes kcpshard's front's listening socket over
     /// (docs/front.md, Upgrades) and returns: looks see the upgrade under way until it answers.
     /// When the last successor to this binary failed, says so instead (it is not tried again).
     pub async fn upgrade(&self) -> Result<Note, Error> {
-        let Front::Tcp {
-            binary,
-            dir,
-            listen,
-            shard,
-            runtime,
-        } = self
-        else {
+        let Some((launch, listen)) = self.launch() else {
             return Ok(Note::normal("FrontUpgrading", "caddy is not kcpshard's to upgrade"));
         };
-        let launch = FrontLaunch {
-            runtime,
-            shard,
-            binary,
-            dir,
-        };
+        let binary = launch.binary;
         Ok(match front::start_upgrade(launch).await? {
             UpgradeStart::Started { serving, successor } => Note::normal(
                 "FrontUpgrading",

@@ -123,6 +123,18 @@ pub async fn start_mirror(actor: &Actor<'_>) -> Result<Notes, Error> {
         Some(cluster) => args.extend(cluster.job_args("from-")?),
         None => args.extend(["--from-store".to_string(), spec_arg(&record.from)]),
     }
+    // An adopted kcp's embedded etcd exits with it: its last changes are read from its data.
+    if let Some(data_dir) = actor.world.state.adoption.as_ref().and_then(|a| a.data_dir.as_ref()) {
+        args.extend([
+            "--from-data-dir".to_string(),
+            data_dir.display().to_string(),
+            "--etcd-binary".to_string(),
+            crate::store::etcd_snapshot::EtcdTools::find()?
+                .etcd
+                .display()
+                .to_string(),
+        ]);
+    }
     args.extend(["--to-store".to_string(), spec_arg(&record.to)]);
     if record.to.type_ == StoreType::KineSqlite {
         args.extend([
@@ -257,8 +269,11 @@ pub fn switched(actor: &Actor<'_>, state: &mut ControllerState) -> Result<Notes,
         migration.from.describe(),
         migration.warm_slot.as_deref().unwrap_or("?"),
     );
+    let adopted = super::adoption::switched(state);
     actor.dirs.save_state(state)?;
-    Ok(vec![Note::normal("MigrationSwitched", message)])
+    Ok(std::iter::once(Note::normal("MigrationSwitched", message))
+        .chain(adopted)
+        .collect())
 }
 
 /// What kcpshard runs of the store the data left that the new store does not also use (a managed

@@ -7,6 +7,7 @@
 //! A finalizer makes deletion a step of its own: the slots, the store's processes and the front
 //! stop; the data stays under the state dir.
 pub mod act;
+pub mod adoption;
 pub mod assignment;
 pub mod clients;
 pub mod conditions;

@@ -372,6 +372,9 @@ pub struct ControllerState {
     /// The move of the data to another store under way, or the latest one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<crate::controller::plan::MigrationRecord>,
+    /// The take-over of a kcp that ran outside kcpshard (spec.adopt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<crate::controller::plan::AdoptionRecord>,
 }
 
 /// The kcp version that last served a shard's data, written before a slot of another version

@@ -4,11 +4,13 @@ use serde_json::{Value, json};
 
 use super::conditions::{self, k8s_time};
 use super::observe::World;
-use super::plan::{Desired, LeaseHolder, MigrationObservation, RestoreRecord, RollRecord, SlotObservation, Step};
+use super::plan::{
+    AdoptionRecord, Desired, LeaseHolder, MigrationObservation, RestoreRecord, RollRecord, SlotObservation, Step,
+};
 use super::state::{CompletedRoll, ControllerState};
 use crate::api::{
-    FrontStatus, KcpShard, KcpShardStatus, MigrationStatus, PreflightStatus, RestoreStatus, RollStatus, SlotStatus,
-    SnapshotStatus, StoreStatus,
+    AdoptionStatus, FrontStatus, KcpShard, KcpShardStatus, MigrationStatus, PreflightStatus, RestoreStatus, RollStatus,
+    SlotStatus, SnapshotStatus, StoreStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
@@ -87,6 +89,11 @@ pub fn build(
         }),
         last_restore: world.state.restore.as_ref().map(restore_status),
         migration: world.observed.migration.as_ref().map(migration_status),
+        adoption: world
+            .observed
+            .adoption
+            .as_ref()
+            .map(|a| adoption_status(a, world.observed.migration.as_ref())),
         conditions: conditions::merge(previous, &verdicts, generation, observed.now),
     }
 }
@@ -226,6 +233,36 @@ fn migration_status(seen: &MigrationObservation) -> MigrationStatus {
         write_pause,
         old_store: m.switched_at.map(|_| m.from.describe()),
         message: m.failure.clone(),
+    }
+}
+
+fn adoption_status(adoption: &AdoptionRecord, migration: Option<&MigrationObservation>) -> AdoptionStatus {
+    let move_failure = migration
+        .map(|m| &m.record)
+        .filter(|m| m.started_at >= adoption.started_at)
+        .and_then(|m| m.failure.as_ref());
+    let (phase, message) = match (&adoption.refused, move_failure) {
+        (Some(refused), _) => ("Failed", Some(refused.clone())),
+        (None, Some(failure)) if adoption.switched_at.is_none() => (
+            "Failed",
+            Some(format!(
+                "the move of its data failed, and the old kcp serves on behind the front ({failure})"
+            )),
+        ),
+        _ if adoption.completed_at.is_some() => ("Complete", None),
+        _ if adoption.switched_at.is_some() => ("Switched", None),
+        _ => ("Serving", None),
+    };
+    AdoptionStatus {
+        phase: phase.into(),
+        from: if adoption.from.is_empty() {
+            adoption.root_directory.display().to_string()
+        } else {
+            adoption.from.clone()
+        },
+        started_at: micro_time(adoption.started_at),
+        completed_at: adoption.completed_at.map(micro_time),
+        message,
     }
 }
 

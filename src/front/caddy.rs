@@ -212,6 +212,28 @@ impl CaddyAdmin {
         Ok(Switch::Switched { from: before })
     }
 
+    /// Sends to `to` what caddy's reverse_proxy handlers, in every server of its http app, send to
+    /// `from` (each upstream whose `dial` is `from`), in one change: one reload. With `dry_run`
+    /// it changes nothing. Returns how many upstreams dial (dialled) `from`.
+    pub async fn redirect(&self, from: &str, to: &str, dry_run: bool) -> Result<usize, CaddyError> {
+        const SERVERS: &str = "/config/apps/http/servers";
+        let (status, body) = self.call(Method::GET, SERVERS, None).await?;
+        if !status.is_success() {
+            return Err(self.refusal("", &format!("GET {SERVERS}"), status, &body));
+        }
+        let mut servers: Value =
+            serde_json::from_slice(&body).map_err(|e| self.protocol(&format!("GET {SERVERS}"), e.to_string()))?;
+        let moved = redirect_upstreams(&mut servers, from, to);
+        if moved == 0 || dry_run {
+            return Ok(moved);
+        }
+        let (status, answer) = self.call(Method::PATCH, SERVERS, Some(servers.to_string())).await?;
+        if !status.is_success() {
+            return Err(self.refusal("", &format!("PATCH {SERVERS}"), status, &answer));
+        }
+        Ok(moved)
+    }
+
     async fn call(&self, method: Method, path: &str, body: Option<String>) -> Result<(StatusCode, Bytes), CaddyError> {
         let what = format!("{method} {path}");
         match tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(method, path, body)).await {
@@ -309,6 +331,33 @@ impl CaddyAdmin {
             what: what.to_string(),
             detail,
         }
+    }
+}
+
+/// Sets `dial` to `to` in every reverse_proxy upstream under `config` that dials `from`; how many.
+fn redirect_upstreams(config: &mut Value, from: &str, to: &str) -> usize {
+    match config {
+        Value::Object(object) => {
+            let mut moved = 0;
+            if object.get("handler").and_then(Value::as_str) == Some("reverse_proxy")
+                && let Some(Value::Array(upstreams)) = object.get_mut("upstreams")
+            {
+                for upstream in upstreams.iter_mut() {
+                    if upstream.get("dial").and_then(Value::as_str) == Some(from) {
+                        upstream["dial"] = json!(to);
+                        moved += 1;
+                    }
+                }
+            }
+            moved
+                + object
+                    .iter_mut()
+                    .filter(|(key, _)| key.as_str() != "upstreams")
+                    .map(|(_, value)| redirect_upstreams(value, from, to))
+                    .sum::<usize>()
+        }
+        Value::Array(items) => items.iter_mut().map(|v| redirect_upstreams(v, from, to)).sum(),
+        _ => 0,
     }
 }
 
@@ -500,6 +549,28 @@ mod tests {
         let rendered = render_config(&config).unwrap();
         // PATCH replaces an existing value only: the key must be there for the first switch.
         assert_eq!(proxy(&rendered)["upstreams"], json!([]));
+    }
+
+    #[test]
+    fn a_redirect_moves_every_reverse_proxy_upstream_that_dials_the_old_address_and_nothing_else() {
+        let mut servers = json!({ "kcp": { "routes": [
+            { "handle": [{ "handler": "reverse_proxy", "upstreams": [{ "dial": "127.0.0.1:6443" }, { "dial": "10.0.0.2:6443" }] }] },
+            { "handle": [{ "handler": "subroute", "routes": [{ "handle": [
+                { "handler": "reverse_proxy", "upstreams": [{ "dial": "127.0.0.1:6443" }] }] }] }] },
+            { "handle": [{ "handler": "static_response", "upstreams": [{ "dial": "127.0.0.1:6443" }] }] },
+        ] } });
+        assert_eq!(redirect_upstreams(&mut servers, "127.0.0.1:6443", "127.0.0.1:7443"), 2);
+        let routes = &servers["kcp"]["routes"];
+        assert_eq!(routes[0]["handle"][0]["upstreams"][0]["dial"], "127.0.0.1:7443");
+        assert_eq!(routes[0]["handle"][0]["upstreams"][1]["dial"], "10.0.0.2:6443");
+        assert_eq!(
+            routes[1]["handle"][0]["routes"][0]["handle"][0]["upstreams"][0]["dial"],
+            "127.0.0.1:7443"
+        );
+        assert_eq!(
+            routes[2]["handle"][0]["upstreams"][0]["dial"], "127.0.0.1:6443",
+            "not a proxy"
+        );
     }
 
     #[test]

@@ -223,7 +223,7 @@ pub async fn start_upgrade(launch: FrontLaunch<'_>) -> Result<UpgradeStart, Fron
     }
     let old = Runtime::observe(status.pid)
         .ok_or_else(|| FrontError::Handover(format!("the front (pid {}) exited", status.pid)))?;
-    let successor = spawn(launch, status.listen, Some(&old)).await?;
+    let successor = spawn(launch, status.listen, Some(&old), None).await?;
     Ok(UpgradeStart::Started {
         serving: status.pid,
         successor: successor.pid,
@@ -360,7 +360,7 @@ async fn start(
     listen: SocketAddr,
     successor_of: Option<&ProcessRecord>,
 ) -> Result<FrontClient, FrontError> {
-    let record = spawn(launch, listen, successor_of).await?;
+    let record = spawn(launch, listen, successor_of, None).await?;
     wait_answering(launch, &record, successor_of.is_some()).await
 }
 
@@ -374,7 +374,23 @@ pub async fn start_front(launch: FrontLaunch<'_>, listen: SocketAddr) -> Result<
         let _ = std::fs::remove_file(launch.dir.join(ERROR_FILE));
         return Err(error.into_error());
     }
-    spawn(launch, listen, None).await
+    spawn(launch, listen, None, None).await
+}
+
+/// As [`start_front`], on the very socket process `pid` listens on at `listen` (taken over here,
+/// in serve, and handed to the front as its stdin): no connection to the address is refused while
+/// `pid` closes its own copy and exits (docs/front.md, "Taking the address from another program").
+pub async fn start_front_taking(
+    launch: FrontLaunch<'_>,
+    listen: SocketAddr,
+    pid: u32,
+) -> Result<ProcessRecord, FrontError> {
+    prepare_dir(launch.dir)?;
+    let taken = crate::process::listener::take_listener(pid, listen).map_err(|e| FrontError::CannotListen {
+        address: listen,
+        message: e.to_string(),
+    })?;
+    spawn(launch, listen, None, Some(taken)).await
 }
 
 /// The front recorded in `dir` runs and started less than [`START_TIMEOUT`] ago: it may not answer
@@ -388,11 +404,13 @@ pub fn start_error(dir: &Path) -> Option<FrontError> {
     read_start_error(dir).map(StartError::into_error)
 }
 
-/// Spawns the front process of [`start`] and records its pid; does not wait for it.
+/// Spawns the front process of [`start`] and records its pid; does not wait for it. `taken`: the
+/// listening socket it serves on, taken from another process.
 async fn spawn(
     launch: FrontLaunch<'_>,
     listen: SocketAddr,
     successor_of: Option<&ProcessRecord>,
+    taken: Option<std::net::TcpListener>,
 ) -> Result<ProcessRecord, FrontError> {
     let FrontLaunch {
         runtime,
@@ -408,8 +426,9 @@ async fn spawn(
     let unit = UnitName::front(shard);
     // The unit's stdin is the listening socket; a detached front binds its own (with the
     // capabilities serve has, which it inherits).
-    let listener = match (successor_of, runtime.kind()) {
-        (None, RuntimeKind::Systemd) => Some(bind(listen)?),
+    let listener = match (taken, successor_of, runtime.kind()) {
+        (Some(taken), _, _) => Some(taken),
+        (None, None, RuntimeKind::Systemd) => Some(bind(listen)?),
         _ => None,
     };
     let listen = match &listener {

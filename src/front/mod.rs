@@ -36,8 +36,8 @@ pub use client::FrontClient;
 pub use error::FrontError;
 pub use lifecycle::{
     FrontLaunch, PROCESS_FILE, START_TIMEOUT, STOP_TIMEOUT, UPGRADE_FAILED_FILE, UpgradeStart, ensure_running,
-    recorded_pid, recorded_process, runs_other_binary, start_error, start_front, start_upgrade, starting, stop,
-    upgrade, upgrading,
+    recorded_pid, recorded_process, runs_other_binary, start_error, start_front, start_front_taking, start_upgrade,
+    starting, stop, upgrade, upgrading,
 };
 pub use protocol::{
     BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,

@@ -192,6 +192,34 @@ pub async fn release_controllers_lease(client: &kube::Client) -> Result<bool, Sl
     }
 }
 
+/// Creates Lease `kube-system/kcp-controllers` in `system:admin`, held by `holder` for `seconds`
+/// from now, unless there is one. A kcp started with `--enable-leader-election` that finds it
+/// valid follows (client-go's elector waits `leaseDurationSeconds` of the record it observed).
+/// Ok(true): created; Ok(false): a Lease was there (a kcp leads with it).
+pub async fn hold_controllers_lease(client: &kube::Client, holder: &str, seconds: u32) -> Result<bool, SlotError> {
+    let (leases, name) = CONTROLLERS_LEASE_PATH
+        .rsplit_once('/')
+        .expect("the Lease's path ends in its name");
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    let lease = serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": { "name": name, "namespace": "kube-system" },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": seconds,
+            "acquireTime": now,
+            "renewTime": now,
+        },
+    });
+    let (status, body) = call(client, Method::POST, leases, Some(&lease)).await?;
+    match status {
+        s if s.is_success() => Ok(true),
+        StatusCode::CONFLICT => Ok(false),
+        s => Err(unexpected("POST", leases, s, &body)),
+    }
+}
+
 /// The holder of the controllers lease (`hostname_<uuid>` of the leading kcp), if any.
 pub async fn controllers_lease_holder(client: &kube::Client) -> Result<Option<String>, SlotError> {
     let (status, body) = call(client, Method::GET, CONTROLLERS_LEASE_PATH, None).await?;

@@ -153,11 +153,16 @@ impl FrontKubeconfig<'_> {
 /// The shard admin's token from a kcp `admin.kubeconfig` (the shard's `shared/` copy), if it has
 /// one.
 pub fn shard_admin_token(kubeconfig_yaml: &[u8]) -> Option<String> {
+    user_token(kubeconfig_yaml, super::access::SHARD_ADMIN_USER)
+}
+
+/// The token of `user` in a kubeconfig, if it has one.
+pub fn user_token(kubeconfig_yaml: &[u8], user: &str) -> Option<String> {
     let config: serde_yaml::Value = serde_yaml::from_slice(kubeconfig_yaml).ok()?;
     config["users"]
         .as_sequence()?
         .iter()
-        .find(|u| u["name"].as_str() == Some(super::access::SHARD_ADMIN_USER))?["user"]["token"]
+        .find(|u| u["name"].as_str() == Some(user))?["user"]["token"]
         .as_str()
         .filter(|t| !t.is_empty())
         .map(str::to_string)

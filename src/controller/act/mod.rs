@@ -114,6 +114,10 @@ impl Actor<'_> {
             Step::CompleteMigration => super::migration::complete(self),
             Step::FailMigration { cause } => super::migration::fail(self, cause),
             Step::ForgetMigration => super::migration::forget(self),
+            Step::AdoptKcp => super::adoption::adopt(self).await,
+            Step::HoldControllersLease => super::adoption::hold_lease(self).await,
+            Step::RedirectProxy => super::adoption::redirect_proxy(self).await,
+            Step::CompleteAdoption => super::adoption::complete(self),
         }
     }
 

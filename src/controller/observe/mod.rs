@@ -425,6 +425,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         killed_and_gone,
         front_check,
         migration,
+        adoption: state.adoption.clone(),
         identities: Default::default(),
         sharded_trust_stale: match &shard.spec.shard {
             Some(sharded) if sharded.is_root() => {

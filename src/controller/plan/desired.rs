@@ -107,6 +107,8 @@ pub struct Desired {
     /// The `kcpshard.io/rotateCredentialsAt` annotation: a value the identities were not issued
     /// for asks for a new admin identity.
     pub rotation_request: Option<String>,
+    /// spec.adopt.rootDirectory: a kcp to take over.
+    pub adopt: Option<std::path::PathBuf>,
 }
 
 /// A restore asked for (the `kcpshard.io/restoreSnapshot` annotation), judged against the spec

@@ -261,6 +261,7 @@ fn begin(desired: &Desired, observed: &Observed) -> Option<Step> {
         return None;
     }
     let busy = observed.roll.is_some()
+        || adoption_waits(observed)
         || observed.preflight.as_ref().is_some_and(|p| p.leftovers)
         || observed.restore.as_ref().is_some_and(RestoreRecord::under_way)
         || observed.job.as_ref().is_some_and(JobObservation::running);

@@ -25,7 +25,13 @@
 //!   steady; its slot on the new store never joins the front, nor carries a Lease release, before
 //!   the switch; its switch is the one time an old slot is sent SIGTERM with no slot in the front:
 //!   the front holds new connections meanwhile;
+//! - an adopted kcp (plan/adoption.rs) is a slot that serves on its own store until the move's
+//!   switch; no slot of kcpshard's starts on that store, and the move begins only once the
+//!   controllers Lease says the old kcp leads;
 //! - nothing waits: a step sends a signal or a request and returns; its effect is observed later.
+mod adoption;
+#[cfg(test)]
+mod adoption_tests;
 mod cleanup;
 mod desired;
 mod identities;
@@ -48,6 +54,7 @@ pub(crate) mod tests;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+pub use adoption::*;
 pub use desired::*;
 pub use identities::*;
 pub use job::*;
@@ -122,6 +129,9 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
     if observed.sharded_trust_stale {
         return Step::WriteTrust;
     }
+    if let Some(step) = adoption(desired, observed) {
+        return step;
+    }
     if let Some(request) = &desired.restore {
         return take_restore_request(request, observed);
     }
@@ -135,7 +145,7 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
     if observed.store_unresponsive {
         return Step::KillStore;
     }
-    if !observed.store_up {
+    if !observed.store_up && !store_gone_with_old_kcp(observed) {
         return towards_store(observed);
     }
     // The front moves (spec.front.listen changed): the old one is asked to stop, which closes its
@@ -413,7 +423,7 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
     {
         return Some(not_ready_yet(desired, observed, starting));
     }
-    if current.len() >= desired.slots {
+    if current.len() >= desired.slots || old_kcp_serves(observed) {
         return None;
     }
     if let Some(blocked) = &observed.blocked

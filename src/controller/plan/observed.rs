@@ -305,6 +305,8 @@ pub struct Observed {
     pub front_check: Option<FrontCheckObservation>,
     /// The move of the data to another store under way, or the latest one.
     pub migration: Option<MigrationObservation>,
+    /// The take-over of a kcp that ran outside kcpshard (spec.adopt), as recorded.
+    pub adoption: Option<AdoptionRecord>,
     /// The processes killed after their stop's grace (KillStopping) that have exited since.
     pub killed_and_gone: Vec<ProcessStop>,
     /// The shard's admin identities and whether the kubeconfig through the front is current.

@@ -139,6 +139,8 @@ pub enum BlockCause {
     PreflightSchemaChanged { version: String, changes: Vec<String> },
     /// A non-root shard's root shard is missing, not a root, or not Ready.
     RootShardNotReady { message: String },
+    /// spec.adopt names a kcp kcpshard cannot take over (src/adopt): why, and what to do.
+    AdoptionRefused { message: String },
 }
 
 impl BlockCause {
@@ -153,6 +155,7 @@ impl BlockCause {
             BlockCause::PreflightFailed { .. } => "PreflightFailed",
             BlockCause::PreflightSchemaChanged { .. } => "PreflightSchemaChanged",
             BlockCause::RootShardNotReady { .. } => "RootShardNotReady",
+            BlockCause::AdoptionRefused { .. } => "AdoptionFailed",
         }
     }
 
@@ -183,7 +186,9 @@ impl BlockCause {
                 "slot {slot} exited before it was ready{}; the old slots keep serving. Fix spec.version or spec.kcp to retry",
                 detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
             ),
-            BlockCause::VersionRefused { message } | BlockCause::RootShardNotReady { message } => message.clone(),
+            BlockCause::VersionRefused { message }
+            | BlockCause::RootShardNotReady { message }
+            | BlockCause::AdoptionRefused { message } => message.clone(),
             BlockCause::PreflightFailed { version, detail } => format!(
                 "the preflight of kcp {version} on a copy of the data failed: {detail}; the old slots keep serving, no slot of {version} was started. Fix spec.version or spec.kcp to try again (the preflight reruns for a changed spec), or set spec.rollout.preflight to false to roll without it"
             ),

@@ -194,6 +194,17 @@ pub enum Step {
     FailMigration {
         cause: MigrationFailure,
     },
+    /// spec.adopt names a kcp not taken over yet: inspect it; take over its key material, tokens,
+    /// process (as a slot) and store, or record why it cannot be.
+    AdoptKcp,
+    /// The adopted kcp serves as a slot: make the controllers Lease say it leads (unless it leads
+    /// with one already), so that a slot on the new store follows until the switch.
+    HoldControllersLease,
+    /// A caddy in front of the adopted kcp (spec.adopt.caddyAdminAddress) sends to the front what
+    /// it sent to the kcp, before the move begins.
+    RedirectProxy,
+    /// The move of the adopted kcp's data is complete.
+    CompleteAdoption,
     /// spec.store names the data's store again after a move failed: the failed move's record
     /// goes, so that a move to that store later is tried afresh.
     ForgetMigration,
@@ -356,6 +367,10 @@ impl Step {
             Step::CompleteMigration => "CompleteMigration",
             Step::FailMigration { .. } => "FailMigration",
             Step::ForgetMigration => "ForgetMigration",
+            Step::AdoptKcp => "AdoptKcp",
+            Step::HoldControllersLease => "HoldControllersLease",
+            Step::RedirectProxy => "RedirectProxy",
+            Step::CompleteAdoption => "CompleteAdoption",
             Step::Blocked { .. } => "Blocked",
             Step::Wait(_) => "Wait",
             Step::Idle => "Idle",

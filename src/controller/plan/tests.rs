@@ -48,6 +48,7 @@ pub(crate) fn desired(version: &str) -> Desired {
         backup_interval: None,
         interim: None,
         rotation_request: None,
+        adopt: None,
     }
 }
 
@@ -114,6 +115,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         killed_and_gone: vec![],
         front_check: None,
         migration: None,
+        adoption: None,
         // The shard's admin identity is made and the kubeconfig is current: the identity steps
         // (plan/identities.rs) have nothing to do.
         identities: IdentitiesObservation {
