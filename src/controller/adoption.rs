@@ -53,6 +53,7 @@ pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
             .as_ref()
             .and_then(|a| a.caddy_admin_address.clone()),
         proxy_moved_at: None,
+        takes_address: false,
         switched_at: None,
         completed_at: None,
         refused: None,
@@ -63,6 +64,7 @@ pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
             take_over(actor, &found, name)?;
             record.from = describe(&found);
             record.address = address(&found);
+            record.takes_address = takes_address(actor, &record.address);
             record.slot = Some(name.to_string());
             record.data_dir = match &found.store {
                 OldStore::Embedded { directory, .. } => Some(directory.clone()),
@@ -140,6 +142,45 @@ async fn inspect(actor: &Actor<'_>, root: &Path, version: &str) -> Result<Found,
         }
     }
     Ok(found)
+}
+
+/// Whether the shard's Tcp front is to listen where the old kcp does (`address`): the same port,
+/// on the same address or on every one.
+fn takes_address(actor: &Actor<'_>, address: &str) -> bool {
+    let front = &actor.shard.spec.front;
+    let (Ok(listen), Some(port)) = (
+        front.listen.parse::<std::net::SocketAddr>(),
+        address.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()),
+    ) else {
+        return false;
+    };
+    front.type_ == crate::api::FrontType::Tcp && listen.port() == port
+}
+
+/// Starts the front on the adopted kcp's own listening socket, at the switch (BeginSwitch), when
+/// it is to take the kcp's address. Returns what happened, or None when it is not.
+pub async fn take_address(actor: &Actor<'_>) -> Result<Option<Note>, Error> {
+    let Some(adoption) = actor
+        .world
+        .state
+        .adoption
+        .as_ref()
+        .filter(|a| a.before_switch() && a.takes_address)
+    else {
+        return Ok(None);
+    };
+    let name = adoption.slot.as_deref().ok_or(Error::NoAdoption)?;
+    let process = actor
+        .world
+        .slot(name)
+        .and_then(|s| s.process.as_ref())
+        .ok_or_else(|| Error::NoSuchSlot(name.to_string()))?;
+    let started = actor
+        .ctx
+        .front(actor.shard, actor.dirs)?
+        .start_taking(process.pid)
+        .await?;
+    Ok(Some(Note::normal("FrontStarted", started)))
 }
 
 /// `host:port` where clients reach the old kcp.

@@ -203,6 +203,9 @@ pub async fn start_warm_slot(actor: &Actor<'_>, name: &str) -> Result<Notes, Err
 /// BeginSwitch: recorded, then the front holds new connections (an empty serving set); the old
 /// slots' connections stay until each slot stops.
 pub async fn begin_switch(actor: &Actor<'_>) -> Result<Notes, Error> {
+    // An adopted kcp whose address the front takes: the front starts now, on kcp's own socket,
+    // with nothing to send to yet (if it cannot, the switch does not begin: kcp serves on).
+    let took = super::adoption::take_address(actor).await?;
     let record = update(actor, |m| m.switch_started_at = Some(Utc::now()))?;
     let left = actor
         .world
@@ -212,14 +215,16 @@ pub async fn begin_switch(actor: &Actor<'_>) -> Result<Notes, Error> {
         .iter()
         .map(|name| (name.clone(), LeaveCause::Replaced))
         .collect();
-    actor
-        .set_front(&FrontChange {
-            backends: vec![],
-            joined: vec![],
-            left,
-        })
-        .await?;
-    Ok(vec![Note::normal(
+    if took.is_none() {
+        actor
+            .set_front(&FrontChange {
+                backends: vec![],
+                joined: vec![],
+                left,
+            })
+            .await?;
+    }
+    Ok(took.into_iter().chain([Note::normal(
         "MigrationSwitching",
         format!(
             "slot {} on {} is ready: the front holds new connections while the slots on {} stop and their last changes are applied",
@@ -228,6 +233,7 @@ pub async fn begin_switch(actor: &Actor<'_>) -> Result<Notes, Error> {
             record.from.describe()
         ),
     )])
+    .collect())
 }
 
 /// EndMirror: the old store takes no more writes (every slot on it has exited).

@@ -6,7 +6,8 @@
 //! switch stops the old kcp and a slot on spec.store serves in its place. Before the move begins,
 //! the controllers Lease is held for the old kcp (HoldControllersLease): kcp runs its controllers
 //! without leader election by default, and a slot on the new store must not lead them while the
-//! old kcp still does.
+//! old kcp still does. When the front is to listen where the old kcp does, it starts at the
+//! switch, on the old kcp's own listening socket; until then clients reach the old kcp directly.
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
@@ -48,6 +49,10 @@ pub struct AdoptionRecord {
     /// When that caddy was made to send to the front what it sent to the old kcp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_moved_at: Option<DateTime<Utc>>,
+    /// The front listens where the old kcp does (spec.front.listen is its address): it starts
+    /// only at the switch, on the very socket the old kcp listens on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub takes_address: bool,
     /// When the move's switch ended: the old kcp had exited, the new store had its last change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub switched_at: Option<DateTime<Utc>>,
@@ -136,4 +141,18 @@ pub(super) fn store_gone_with_old_kcp(observed: &Observed) -> bool {
             .migration
             .as_ref()
             .is_some_and(|m| m.record.under_way() && m.record.switching())
+}
+
+/// The front is to take the old kcp's address, and the switch has not begun: it does not run yet
+/// (the old kcp listens there), and the old kcp serves without it.
+pub(super) fn front_waits_for_switch(observed: &Observed) -> bool {
+    let takes = observed
+        .adoption
+        .as_ref()
+        .is_some_and(|a| a.before_switch() && a.takes_address);
+    takes
+        && !observed
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.record.under_way() && m.record.switch_started_at.is_some())
 }

@@ -36,6 +36,7 @@ fn record() -> AdoptionRecord {
         address: "127.0.0.1:6443".into(),
         caddy_admin_address: None,
         proxy_moved_at: None,
+        takes_address: false,
         switched_at: None,
         completed_at: None,
         refused: None,
@@ -54,6 +55,20 @@ fn taken_over() -> (Desired, Observed) {
     o.adoption = Some(record());
     o.lease = LeaseHolder::Unmatched;
     (d, o)
+}
+
+/// The move of the adopted kcp's data in its switch: slot b on the new store, the front holding.
+fn switching(mirror: Option<MirrorObservation>) -> Option<MigrationObservation> {
+    let mut record = MigrationRecord::begun(embedded_etcd(), sqlite(), at(2));
+    record.warm_slot = Some("b".into());
+    record.switch_started_at = Some(at(9));
+    Some(MigrationObservation {
+        record,
+        target_up: true,
+        target_starting: false,
+        mirror,
+        old_store_running: false,
+    })
 }
 
 #[test]
@@ -182,21 +197,12 @@ fn the_adoption_completes_with_the_move_of_its_data_and_then_nothing_more_is_don
 fn in_the_switch_the_old_kcps_embedded_etcd_stops_with_it_and_that_is_no_store_outage() {
     let (d, mut o) = taken_over();
     o.adoption.as_mut().unwrap().lease_held_at = Some(at(5));
-    let mut migration = MigrationRecord::begun(embedded_etcd(), sqlite(), at(2));
-    migration.warm_slot = Some("b".into());
-    migration.switch_started_at = Some(at(9));
-    o.migration = Some(MigrationObservation {
-        record: migration,
-        target_up: true,
-        target_starting: false,
-        mirror: Some(MirrorObservation {
-            phase: MirrorPhase::Following,
-            copied_keys: 10,
-            lag: 0,
-            verified_keys: None,
-        }),
-        old_store_running: false,
-    });
+    o.migration = switching(Some(MirrorObservation {
+        phase: MirrorPhase::Following,
+        copied_keys: 10,
+        lag: 0,
+        verified_keys: None,
+    }));
     o.job = job(JobKind::Mirror, JobState::Running);
     o.front = FrontObservation::serving(&[]);
     o.slots[0].stop = Some(StopRecord {
@@ -232,4 +238,22 @@ fn a_caddy_in_front_of_the_old_kcp_is_sent_to_the_front_once_the_front_serves_it
     assert_eq!(plan(&d, &o), Step::RedirectProxy);
     o.adoption.as_mut().unwrap().proxy_moved_at = Some(at(6));
     assert_eq!(plan(&d, &o), Step::BeginMigration);
+}
+
+#[test]
+fn a_front_that_takes_the_old_kcps_address_starts_only_at_the_switch() {
+    let (d, mut o) = taken_over();
+    o.adoption.as_mut().unwrap().takes_address = true;
+    o.front = FrontObservation::Down;
+    assert_eq!(
+        plan(&d, &o),
+        Step::HoldControllersLease,
+        "not EnsureFront: kcp listens there"
+    );
+    o.adoption.as_mut().unwrap().lease_held_at = Some(at(5));
+    assert_eq!(plan(&d, &o), Step::BeginMigration, "steady without a front");
+    // The switch began (BeginSwitch started the front on kcp's socket): it is waited for.
+    o.migration = switching(None);
+    o.front = FrontObservation::Starting;
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Front));
 }

@@ -265,11 +265,8 @@ fn begin(desired: &Desired, observed: &Observed) -> Option<Step> {
         || observed.preflight.as_ref().is_some_and(|p| p.leftovers)
         || observed.restore.as_ref().is_some_and(RestoreRecord::under_way)
         || observed.job.as_ref().is_some_and(JobObservation::running);
-    let steady = observed
-        .slots
-        .iter()
-        .all(|s| s.can_stay() && observed.front.forwards_to(&s.name))
-        && !observed.slots.is_empty();
+    let in_front = |s: &SlotObservation| observed.front.forwards_to(&s.name) || front_waits_for_switch(observed);
+    let steady = observed.slots.iter().all(|s| s.can_stay() && in_front(s)) && !observed.slots.is_empty();
     (!busy && steady).then_some(Step::BeginMigration)
 }
 

@@ -152,6 +152,7 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
     // listening socket at once and drains its open connections; the new one starts once it is
     // gone. Meanwhile a slot that dies or hangs is still acted on.
     // A front that starts is waited for the same way, until it answers on its control socket.
+    let front_waits = front_waits_for_switch(observed);
     let front_stopping = observed.stopping.iter().any(|s| s.what == Stopping::Front);
     let meanwhile = |wait: Wait| {
         gone_slots(desired, observed)
@@ -159,6 +160,8 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
             .unwrap_or(Step::Wait(wait))
     };
     match observed.front {
+        // An adopted kcp listens where the front is to: the front starts at the switch.
+        _ if front_waits => {}
         FrontObservation::Down | FrontObservation::Starting | FrontObservation::Unresponsive
             if observed.front_ours && front_stopping =>
         {
@@ -173,7 +176,7 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
         _ => {}
     }
     let wanted = wanted_front(desired, observed);
-    if !same_set(&wanted, observed.front.backends()) {
+    if !front_waits && !same_set(&wanted, observed.front.backends()) {
         // A caddy serves the shard's certificate, which the first slot makes: slots may start before
         // it runs; only a change of its upstreams waits for it.
         if observed.front == FrontObservation::Down {
