@@ -2,13 +2,15 @@
 //! with spec.adopt (docs/operations.md, "Adopt a running kcp"), in the two shapes users run it:
 //! - with its embedded etcd behind caddy, adopted onto a managed PostgreSQL (caddy's upstream
 //!   moved to the front) and then rolled to a newer release;
-//! - on a kine over sqlite of its own, clients dialling kcp's address, adopted onto KineSqlite with
+//! - on a kine over sqlite of its own, clients dialling kcp's address, adopted by `kcpshard adopt`
+//!   (which writes the KcpShard and follows it) onto KineSqlite with
 //!   the front taking that address over at the switch.
 //!
-//! Before: a workspace with an APIBinding to an APIExport in root, a ConfigMap and a Secret, a
-//! ServiceAccount with a legacy token Secret and a bound token. During: a `/readyz` poller every
-//! 20 ms with the old shard-admin token where clients dial (and a ServiceAccount reading
-//! ConfigMaps through caddy). Afterwards: every object is there with the same content, every
+//! Before: a workspace with a nested one and an APIBinding to an APIExport in root, a ConfigMap
+//! and a Secret, a ServiceAccount with a legacy token Secret and a bound token. During, every 20 ms
+//! with the old shard-admin token where clients dial: through caddy a `/readyz` poller (and a
+//! ServiceAccount reading ConfigMaps); at kcp's address a client reading ConfigMaps on a
+//! kept-alive connection. Afterwards: every object is there with the same content, every
 //! context of the old admin.kubeconfig and both ServiceAccount tokens work, a wrong token is 401,
 //! the old kcp is gone and its root directory as it was; events tell the adoption.
 //!
@@ -186,42 +188,87 @@ async fn a_kcp_on_kine_that_clients_dial_directly_is_adopted_and_the_front_takes
     let material_before = material_of(&root);
     let old_pid = kcp.proc.pid();
 
-    // Clients dial kcp's own address all along; after the switch the front answers there.
-    let poller = Poller::start_every(
+    // Clients dial kcp's own address all along, reading ConfigMaps as the shard admin; after the
+    // switch the front answers there. They keep connections alive as client-go does, and ask
+    // again on a new connection when kcp closed the kept-alive one as it stopped (Go's transport
+    // does that for a GET), which is no failure.
+    let poller = Poller::kept_alive_get(
         patient(config_for(&old_kubeconfig, "shard-base", &old_url).await),
+        "/clusters/root/api/v1/namespaces/default/configmaps",
         Duration::from_millis(20),
     );
-    let shard = "bare";
-    let front = format!("127.0.0.1:{}", kcp.port);
+    // A KcpShard of another release is refused, saying what to do, and touches nothing.
     env.apply_spec(
-        shard,
+        "refused",
         json!({
-            "version": kcp_newer(),
+            "version": kcp_older(),
             "store": { "type": "KineSqlite" },
-            "front": { "type": "Tcp", "listen": front },
+            "front": { "type": "Tcp", "listen": format!("127.0.0.1:{}", test_port()) },
             "adopt": { "rootDirectory": root.display().to_string() },
         }),
     )
     .await;
-    let started = Instant::now();
-    let object = env
-        .until(shard, ADOPT_TIMEOUT, "the adoption to complete", |o| {
-            (o["status"]["adoption"]["phase"] == "Complete").then(|| o.clone())
+    let refused = env
+        .until("refused", Duration::from_secs(60), "the adoption to be refused", |o| {
+            condition(o, "Degraded")
+                .filter(|c| c["reason"] == "AdoptionFailed")
+                .map(|c| c["message"].as_str().unwrap_or_default().to_string())
         })
         .await;
+    assert!(
+        refused.contains(&format!("adopt it at the release it runs (--version {})", kcp_newer())),
+        "{refused}"
+    );
+    let object = env.get("refused").await.unwrap();
+    assert_eq!(
+        object["status"]["adoption"]["phase"], "Failed",
+        "{:#}",
+        object["status"]
+    );
+    assert!(
+        serving(&object).is_empty() && slot_pids(&object).is_empty(),
+        "{:#}",
+        object["status"]
+    );
+    assert!(env.delete_and_wait("refused", Duration::from_secs(60)).await);
+    assert!(kcp.proc.is_running(), "a refused adoption stopped the kcp");
+
+    let shard = "bare";
+    let front = format!("127.0.0.1:{}", kcp.port);
+    // As a user who writes no YAML: `kcpshard adopt` writes the KcpShard and follows it.
+    let started = Instant::now();
+    let said = env
+        .cli_ok(&[
+            "adopt",
+            root.to_str().unwrap(),
+            "--name",
+            shard,
+            "--store",
+            "KineSqlite",
+            "--front",
+            &front,
+            "--timeout",
+            "300",
+        ])
+        .await;
+    assert!(said.contains(&format!("kcpshard \"{shard}\" adopted")), "{said}");
+    let object = env.get(shard).await.unwrap();
+    assert_eq!(object["spec"]["version"], kcp_newer(), "the version of the running kcp");
+    assert_eq!(object["status"]["adoption"]["phase"], "Complete");
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stats = poller.finish().await;
     let status = &object["status"];
     let reasons = event_reasons(&env, shard).await;
     env.log(&format!(
-        "MEASURE bare adoption: {:.1}s, status.adoption {}, status.migration {}; polls {} failed {} (refused {}) slowest {:?}; events {reasons:?}",
+        "MEASURE bare adoption: {:.1}s, status.adoption {}, status.migration {}; polls {} failed {} (refused {}) asked again on a new connection {} slowest {:?}; events {reasons:?}",
         took.as_secs_f64(),
         status["adoption"],
         status["migration"],
         stats.polls,
         stats.failures.len(),
         stats.refused(),
+        stats.retried,
         stats.slowest,
     ));
     for reason in [
@@ -258,6 +305,21 @@ async fn a_kcp_on_kine_that_clients_dial_directly_is_adopted_and_the_front_takes
     create_workspace_ready(&admin, "after-adoption", Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| env.fail(&e));
+
+    // The way back: the shard gone, the old kcp started again as it ran serves the data it had
+    // up to the switch (what was written after it is in the shard's store only).
+    assert!(
+        env.delete_and_wait(shard, Duration::from_secs(120)).await,
+        "the shard was not deleted"
+    );
+    let again = EmbeddedKcp::start(&kcp_newer(), &root, &[&etcd_servers]);
+    let workspaces = again.kubectl(&["get", "workspaces"]).unwrap_or_default();
+    assert!(
+        workspaces.contains(KEPT),
+        "the old kcp started again lacks {KEPT}: {workspaces}"
+    );
+    assert!(!workspaces.contains("after-adoption"), "{workspaces}");
+    drop(again);
     kine.stop();
     env.shutdown(&[shard]).await;
 }
@@ -393,6 +455,15 @@ async fn a_kcp_behind_caddy_is_adopted_onto_postgres_and_rolled_with_no_request_
         .is_some(),
         "the old kcp still runs"
     );
+    // From its exit on, nothing writes into its root directory, its etcd's data included.
+    let root_after_exit = support::files_under(&root, &[]);
+    // The mirror checked every key of the old store, as of its last change, in the new one.
+    let verified = object["status"]["migration"]["verifiedKeys"].as_u64().unwrap_or(0);
+    assert!(
+        verified > 100,
+        "the mirror checked {verified} keys: {:#}",
+        object["status"]
+    );
     let upstreams = kcpshard::front::caddy::CaddyAdmin::new(caddy.admin.as_str())
         .redirect(&front, &front, true)
         .await
@@ -444,6 +515,10 @@ async fn a_kcp_behind_caddy_is_adopted_onto_postgres_and_rolled_with_no_request_
     assert!(
         material_of(&root) == material_before,
         "the old kcp's root directory changed"
+    );
+    assert!(
+        support::files_under(&root, &[]) == root_after_exit,
+        "the old kcp's root directory changed after it exited"
     );
     caddy.proc.stop();
     env.shutdown(&[shard]).await;

@@ -35,7 +35,7 @@ pub async fn inspect(root_dir: &Path) -> Result<Found, AdoptError> {
         });
     }
     let (pid, argv, cwd) = serving_process(&root_dir)?;
-    let flags = flags::parse(&argv);
+    let flags = absolute_paths(flags::parse(&argv), &cwd);
     let path_of = |flag: &str, default: &str| match flags::value(&flags, flag) {
         Some(value) => cwd.join(value),
         None => root_dir.join(default),
@@ -111,6 +111,24 @@ pub async fn inspect(root_dir: &Path) -> Result<Found, AdoptError> {
         token_file,
         static_tokens,
     })
+}
+
+/// `flags` with each value that names a file or directory relative to kcp's working directory
+/// `cwd` made absolute: the slots that keep a flag (e.g. `--audit-policy-file`) run elsewhere.
+fn absolute_paths(flags: Vec<Flag>, cwd: &Path) -> Vec<Flag> {
+    flags
+        .into_iter()
+        .map(|mut flag| {
+            if let Some(value) = &flag.value
+                && !value.is_empty()
+                && !value.starts_with('/')
+                && cwd.join(value).exists()
+            {
+                flag.value = Some(cwd.join(value).display().to_string());
+            }
+            flag
+        })
+        .collect()
 }
 
 /// The one `kcp start` process whose root directory is `root_dir`: its pid, argv and working
@@ -248,6 +266,21 @@ pub fn token_lines(file: &Path) -> std::io::Result<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flag_that_names_a_file_relative_to_kcps_working_directory_is_made_absolute() {
+        let cwd = tempfile::tempdir().unwrap();
+        std::fs::write(cwd.path().join("audit.yaml"), "").unwrap();
+        let flags = absolute_paths(
+            flags("kcp start --audit-policy-file=audit.yaml --secure-port=6443"),
+            cwd.path(),
+        );
+        assert_eq!(
+            flags::value(&flags, "audit-policy-file"),
+            Some(cwd.path().join("audit.yaml").to_str().unwrap())
+        );
+        assert_eq!(flags::value(&flags, "secure-port"), Some("6443"), "not a file there");
+    }
 
     fn flags(args: &str) -> Vec<Flag> {
         flags::parse(&args.split_whitespace().map(str::to_string).collect::<Vec<_>>())

@@ -62,6 +62,7 @@ pub fn validate(obj: &KcpShard) -> Vec<FieldCause> {
     check_store(obj, &mut causes);
     check_front(obj, &mut causes);
     check_shard(obj, &mut causes);
+    check_adopt(obj, &mut causes);
 
     let readiness = check_duration(
         &mut causes,
@@ -190,6 +191,39 @@ fn check_kcp(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
                 message: format!("Forbidden: {flag} is set by kcpshard: {hint}"),
             });
         }
+    }
+}
+
+/// spec.adopt: an absolute root directory, a caddy admin address as `host:port`, and a lone kcp
+/// (kcpshard adopts a kcp that is its own root shard). Whether a kcp runs there is the
+/// controller's to say (AdoptionFailed), on the host that runs the shard.
+fn check_adopt(obj: &KcpShard, causes: &mut Vec<FieldCause>) {
+    let Some(adopt) = &obj.spec.adopt else {
+        return;
+    };
+    if !adopt.root_directory.starts_with('/') {
+        causes.push(invalid(
+            "spec.adopt.rootDirectory",
+            &adopt.root_directory,
+            "write the absolute path of the directory the kcp runs with (its --root-directory)",
+        ));
+    }
+    if let Some(address) = &adopt.caddy_admin_address
+        && address
+            .rsplit_once(':')
+            .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+    {
+        causes.push(invalid(
+            "spec.adopt.caddyAdminAddress",
+            address,
+            "write caddy's admin address as host:port, e.g. 127.0.0.1:2019",
+        ));
+    }
+    if obj.spec.shard.is_some() {
+        causes.push(forbidden(
+            "spec.adopt",
+            "kcpshard adopts a kcp of one shard: remove spec.shard, or adopt into a KcpShard without it",
+        ));
     }
 }
 

@@ -1214,9 +1214,20 @@ async fn get_like_client_go(config: &Config, path: &str, retried_after: &mut u64
 /// Creates workspace `name` in root (as whoever `config` is) and waits for phase Ready; returns
 /// the time from the create to Ready, or Err with the last phase seen.
 pub async fn create_workspace_ready(config: &Config, name: &str, timeout: Duration) -> Result<Duration, String> {
+    create_workspace_ready_in(config, "root", name, timeout).await
+}
+
+/// [`create_workspace_ready`] in the workspace `parent` (e.g. `root:team`): a nested workspace.
+pub async fn create_workspace_ready_in(
+    config: &Config,
+    parent: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Duration, String> {
+    let workspaces = format!("/clusters/{parent}/apis/tenancy.kcp.io/v1alpha1/workspaces");
     let body = json!({ "apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": { "name": name } });
     let started = Instant::now();
-    match once(config, http::Method::POST, WORKSPACES, Some(&body)).await {
+    match once(config, http::Method::POST, &workspaces, Some(&body)).await {
         Ok((201 | 200, _)) => {}
         Ok((status, body)) => return Err(format!("create workspace {name}: {status} {body}")),
         Err(e) => return Err(format!("create workspace {name}: {e}")),
@@ -1224,7 +1235,7 @@ pub async fn create_workspace_ready(config: &Config, name: &str, timeout: Durati
     let client = Client::try_from(config.clone()).map_err(|e| e.to_string())?;
     let mut phase = String::new();
     while started.elapsed() < timeout {
-        if let Ok((200, body)) = request(&client, http::Method::GET, &format!("{WORKSPACES}/{name}"), None).await {
+        if let Ok((200, body)) = request(&client, http::Method::GET, &format!("{workspaces}/{name}"), None).await {
             let ws: Value = serde_json::from_str(&body).unwrap_or_default();
             phase = ws["status"]["phase"].as_str().unwrap_or_default().to_string();
             if phase == "Ready" {
@@ -1408,8 +1419,8 @@ enum Poll {
     Get(String),
     /// `GET path` on a new connection, asked again when the answer says when (as client-go does).
     GetLikeClientGo(String),
-    /// `/readyz` on one client's kept-alive connection.
-    KeptAlive,
+    /// `GET path` on one client's kept-alive connection (`/readyz`: answered `ok`).
+    KeptAlive(String),
 }
 
 /// Polls through the front: each poll on a new connection (as `curl` does), `/readyz` every 50 ms
@@ -1454,7 +1465,13 @@ impl Poller {
     /// as Go's net/http transport does for an idempotent request on a reused connection; such
     /// retries are counted apart, only the last outcome is the poll's.
     pub fn kept_alive(config: Config, every: Duration) -> Poller {
-        Poller::run(config, Poll::KeptAlive, every, 1)
+        Poller::run(config, Poll::KeptAlive("/readyz".into()), every, 1)
+    }
+
+    /// As [`Poller::kept_alive`], `GET path` answered 200: an API request, which a kcp that is
+    /// stopping still answers (its `/readyz` then says it is not ready, by design).
+    pub fn kept_alive_get(config: Config, path: &str, every: Duration) -> Poller {
+        Poller::run(config, Poll::KeptAlive(path.to_string()), every, 1)
     }
 
     fn run(config: Config, poll: Poll, every: Duration, clients: usize) -> Poller {
@@ -1486,13 +1503,13 @@ impl Poller {
                     Poll::Readyz => readyz_ok(&config).await,
                     Poll::Get(path) => get_ok(&config, path).await,
                     Poll::GetLikeClientGo(path) => get_like_client_go(&config, path, &mut stats.retried_after).await,
-                    Poll::KeptAlive => {
-                        let mut outcome = readyz_on(&kept).await;
+                    Poll::KeptAlive(path) => {
+                        let mut outcome = get_on(&kept, path).await;
                         let mut retries = 0;
                         while outcome.as_ref().is_err_and(|e| connection_lost(e)) && retries < POOL_RETRIES {
                             stats.retried += 1;
                             retries += 1;
-                            outcome = readyz_on(&kept).await;
+                            outcome = get_on(&kept, path).await;
                         }
                         outcome
                     }
@@ -1531,10 +1548,11 @@ impl Poller {
     }
 }
 
-/// `/readyz` answered 200 `ok` on `client` (its pool: a kept-alive connection if it has one).
-async fn readyz_on(client: &Client) -> Result<(), String> {
-    match request(client, http::Method::GET, "/readyz", None).await {
-        Ok((200, body)) if body.trim() == "ok" => Ok(()),
+/// `GET path` answered 200 (`/readyz`: `ok`) on `client` (its pool: a kept-alive connection if
+/// it has one).
+async fn get_on(client: &Client, path: &str) -> Result<(), String> {
+    match request(client, http::Method::GET, path, None).await {
+        Ok((200, body)) if path != "/readyz" || body.trim() == "ok" => Ok(()),
         Ok((status, body)) => Err(format!("{status}: {}", body.trim())),
         Err(e) => Err(e),
     }
@@ -1738,13 +1756,19 @@ pub async fn check_preflight_before_roll(env: &Env, shard: &str, version: &str, 
 
 /// The workspace with an APIBinding, a ConfigMap and a Secret that [`make_objects`] makes.
 pub const KEPT: &str = "before-move";
+/// The workspace [`make_objects`] makes inside [`KEPT`].
+pub const NESTED: &str = "inner";
 
 /// What a test made before a move or an adoption, as read then, by path.
 pub type Kept = BTreeMap<String, Value>;
 
-/// Workspace [`KEPT`] with an APIBinding to an APIExport in root, a ConfigMap and a Secret in it.
+/// Workspace [`KEPT`] with a workspace [`NESTED`] in it, an APIBinding to an APIExport in root, a
+/// ConfigMap and a Secret.
 pub async fn make_objects(env: &Env, admin: &Config) -> Kept {
     create_workspace_ready(admin, KEPT, Duration::from_secs(120))
+        .await
+        .unwrap_or_else(|e| env.fail(&e));
+    create_workspace_ready_in(admin, &format!("root:{KEPT}"), NESTED, Duration::from_secs(120))
         .await
         .unwrap_or_else(|e| env.fail(&e));
     bind_an_export(admin, KEPT, Duration::from_secs(120))
@@ -1774,6 +1798,7 @@ pub async fn make_objects(env: &Env, admin: &Config) -> Kept {
         "/clusters/root/apis/apis.kcp.io/v1alpha2/apiexports/e2e-widgets".to_string(),
         format!("/clusters/root:{KEPT}/apis/apis.kcp.io/v1alpha2/apibindings/e2e-widgets"),
         format!("{WORKSPACES}/{KEPT}"),
+        format!("/clusters/root:{KEPT}/apis/tenancy.kcp.io/v1alpha1/workspaces/{NESTED}"),
     ] {
         kept.insert(path.clone(), read(admin, &path).await);
     }

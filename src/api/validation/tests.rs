@@ -437,3 +437,24 @@ fn every_flag_kcpshard_owns_is_refused_at_admission() {
         );
     }
 }
+
+#[test]
+fn an_adoption_names_an_absolute_root_directory_a_caddy_host_and_port_and_no_sharding() {
+    let adopting = |root: &str, caddy: Option<&str>| {
+        let mut obj = dev();
+        obj.spec.adopt = Some(AdoptSpec {
+            root_directory: root.into(),
+            caddy_admin_address: caddy.map(str::to_string),
+        });
+        obj
+    };
+    assert_eq!(validate(&adopting("/var/lib/kcp", Some("127.0.0.1:2019"))), vec![]);
+    assert_eq!(fields(&validate(&adopting(".kcp", None))), ["spec.adopt.rootDirectory"]);
+    assert_eq!(
+        fields(&validate(&adopting("/var/lib/kcp", Some("localhost")))),
+        ["spec.adopt.caddyAdminAddress"]
+    );
+    let mut sharded = adopting("/var/lib/kcp", None);
+    sharded.spec.shard = Some(spec("root", None, Some("https://127.0.0.1:6443"), None));
+    assert_eq!(fields(&validate(&sharded)), ["spec.adopt"]);
+}
