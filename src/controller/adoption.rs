@@ -33,32 +33,52 @@ const LEASE_SECONDS: u32 = 24 * 60 * 60;
 const KCP_ADMIN: &str = "kcp-admin";
 const KCP_ADMIN_GROUP: &str = "system:kcp:admin";
 
-/// AdoptKcp: inspects the kcp spec.adopt names and takes it over, or records why it cannot.
+/// AdoptKcp: inspects the kcp spec.adopt names and takes it over, or records why it cannot. A
+/// kcp taken over that exited before the switch is taken over again (its new process, the
+/// adoption's record otherwise kept: the Lease it holds and its caddy's upstream stay as they are).
 pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
-    let root = actor.desired.adopt.clone().ok_or(Error::NoAdoption)?;
-    let version = actor.desired.template.version.clone();
-    let mut record = AdoptionRecord {
-        root_directory: root.clone(),
-        version: version.clone(),
-        started_at: Utc::now(),
-        from: String::new(),
-        slot: None,
-        data_dir: None,
-        lease_held_at: None,
-        address: String::new(),
-        caddy_admin_address: actor
-            .shard
-            .spec
-            .adopt
-            .as_ref()
-            .and_then(|a| a.caddy_admin_address.clone()),
-        proxy_moved_at: None,
-        takes_address: false,
-        switched_at: None,
-        completed_at: None,
-        refused: None,
+    let now = Utc::now();
+    let resumed = actor
+        .world
+        .state
+        .adoption
+        .clone()
+        .filter(|a| a.slot.is_some() && a.completed_at.is_none());
+    let root = match &resumed {
+        Some(previous) => previous.root_directory.clone(),
+        None => actor.desired.adopt.clone().ok_or(Error::NoAdoption)?,
     };
-    match inspect(actor, &root, &version).await {
+    let version = actor.desired.template.version.clone();
+    let mut record = match resumed.clone() {
+        Some(previous) => AdoptionRecord {
+            inspected_at: now,
+            refused: None,
+            ..previous
+        },
+        None => AdoptionRecord {
+            root_directory: root.clone(),
+            version: version.clone(),
+            started_at: now,
+            inspected_at: now,
+            from: String::new(),
+            slot: None,
+            data_dir: None,
+            lease_held_at: None,
+            address: String::new(),
+            caddy_admin_address: actor
+                .shard
+                .spec
+                .adopt
+                .as_ref()
+                .and_then(|a| a.caddy_admin_address.clone()),
+            proxy_moved_at: None,
+            takes_address: false,
+            switched_at: None,
+            completed_at: None,
+            refused: None,
+        },
+    };
+    match inspect(actor, &root, &version, resumed.is_some()).await {
         Ok(found) => {
             let name = SLOT_NAMES[0];
             take_over(actor, &found, name)?;
@@ -71,18 +91,30 @@ pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
                 OldStore::Servers(_) => None,
             };
             save(actor.dirs, record.clone())?;
-            Ok(vec![Note::normal(
-                "AdoptionStarted",
+            let message = if resumed.is_some() {
+                format!(
+                    "took over {} again, which exited before the switch: it serves as slot {name}, and the move of its data goes on",
+                    record.from
+                )
+            } else {
                 format!(
                     "took over {}: its certificate, keys and tokens are the shard's, and it serves behind the front as slot {name} while its data ({} keys) moves to {}. At the switch it is stopped; {} is left as it was (starting kcp from it again is the way back)",
                     record.from,
                     found.store_size.keys,
                     actor.shard.spec.store.describe(),
                     root.display(),
-                ),
-            )])
+                )
+            };
+            Ok(vec![Note::normal("AdoptionStarted", message)])
         }
         Err(refused) => {
+            let refused = match resumed {
+                Some(_) => format!(
+                    "the adopted {} exited before the switch, and cannot be taken over again: {refused}. Start it again as it ran; nothing else serves its data until then",
+                    record.from
+                ),
+                None => refused,
+            };
             record.refused = Some(refused.clone());
             save(actor.dirs, record)?;
             Ok(vec![Note::warning("AdoptionFailed", refused)])
@@ -91,8 +123,8 @@ pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
 }
 
 /// The kcp at `root`, if it can be taken over into this shard; else why not, saying what to do.
-async fn inspect(actor: &Actor<'_>, root: &Path, version: &str) -> Result<Found, String> {
-    if let Some(since) = actor.world.store.since {
+async fn inspect(actor: &Actor<'_>, root: &Path, version: &str, resumed: bool) -> Result<Found, String> {
+    if let Some(since) = actor.world.store.since.filter(|_| !resumed) {
         return Err(format!(
             "spec.adopt takes a kcp over into a new shard, and this shard's data has been in {} since {since}: create another KcpShard for {}",
             actor.world.store.store.describe(),

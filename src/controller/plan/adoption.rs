@@ -27,6 +27,9 @@ pub struct AdoptionRecord {
     /// spec.version then.
     pub version: String,
     pub started_at: DateTime<Utc>,
+    /// When the kcp was last inspected (a refusal is retried [`ADOPT_RETRY`] after it).
+    #[serde(default = "Utc::now")]
+    pub inspected_at: DateTime<Utc>,
     /// The kcp taken over (release, pid, address, store), as status.adoption.from says it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub from: String,
@@ -58,7 +61,8 @@ pub struct AdoptionRecord {
     pub switched_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<DateTime<Utc>>,
-    /// Why the kcp was not taken over (nothing of it was touched).
+    /// Why the kcp was not taken over (nothing of it was touched), or, with `slot` set, why it
+    /// cannot be taken over again after it exited before the switch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
 }
@@ -81,11 +85,16 @@ pub(super) fn adoption(desired: &Desired, observed: &Observed) -> Option<Step> {
         return desired.adopt.is_some().then_some(Step::AdoptKcp);
     };
     if let Some(refused) = &record.refused {
-        let wanted = desired.adopt.as_ref()?;
-        // Tried again once the spec says something else (another directory, another version), or
-        // a while later (the kcp started since, its caddy was fixed).
-        let changed = *wanted != record.root_directory || desired.template.version != record.version;
-        if changed || elapsed(observed.now, record.started_at) >= ADOPT_RETRY {
+        // Tried again a while later (the kcp started since, its caddy was fixed); a kcp never
+        // taken over also once the spec says something else (another directory, another
+        // version). One taken over that exited before the switch is tried again whatever the
+        // spec says now.
+        let again = match (&record.slot, &desired.adopt) {
+            (None, None) => return None,
+            (None, Some(wanted)) => *wanted != record.root_directory || desired.template.version != record.version,
+            (Some(_), _) => false,
+        };
+        if again || elapsed(observed.now, record.inspected_at) >= ADOPT_RETRY {
             return Some(Step::AdoptKcp);
         }
         // Nothing starts: a first slot on spec.store would serve an empty kcp.
@@ -106,6 +115,15 @@ pub(super) fn adoption(desired: &Desired, observed: &Observed) -> Option<Step> {
     if !record.before_switch() {
         return None;
     }
+    // The kcp exited before the switch (it crashed, or someone stopped it): its slot is not
+    // replaced (nothing else can serve its store), it is taken over again once it runs again.
+    let switching = observed
+        .migration
+        .as_ref()
+        .is_some_and(|m| m.record.under_way() && m.record.switch_started_at.is_some());
+    if !switching && observed.slot(slot).is_none_or(|s| !s.running) {
+        return Some(Step::AdoptKcp);
+    }
     let serves = observed.slot(slot).is_some_and(|s| s.running && s.health.ready);
     if record.lease_held_at.is_none() {
         return serves.then_some(Step::HoldControllersLease);
@@ -123,8 +141,8 @@ pub(super) fn adoption_waits(observed: &Observed) -> bool {
     })
 }
 
-/// While the old kcp serves on its own store, no slot of kcpshard's starts there: it stops at the
-/// switch, and its store (an embedded etcd) with it.
+/// While the old kcp serves on its own store, no slot of kcpshard's starts there (it stops at the
+/// switch, and its store, an embedded etcd, with it), and the old kcp is never restarted.
 pub(super) fn old_kcp_serves(observed: &Observed) -> bool {
     observed.adoption.as_ref().is_some_and(AdoptionRecord::before_switch)
 }

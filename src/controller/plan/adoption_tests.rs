@@ -29,6 +29,7 @@ fn record() -> AdoptionRecord {
         root_directory: PathBuf::from(ROOT),
         version: "v1".into(),
         started_at: at(1),
+        inspected_at: at(1),
         from: "kcp v1 (pid 42) at https://127.0.0.1:6443 on its embedded etcd".into(),
         slot: Some("a".into()),
         data_dir: Some(PathBuf::from(ROOT).join("etcd-server")),
@@ -122,7 +123,11 @@ fn the_adopted_kcp_serves_then_the_lease_is_held_then_the_move_begins() {
     // Just taken over: the front gains it once it answered /readyz.
     o.front = FrontObservation::serving(&[]);
     o.slots[0].health = Health::default();
-    assert_eq!(plan(&d, &o), Step::Wait(Wait::Ready { slot: "a".into() }));
+    assert_eq!(
+        plan(&d, &o),
+        Step::Idle,
+        "its health looks see it ready (it is not a slot that starts)"
+    );
     // Once it answers, the Lease is held through it (the move waits for that), and the front
     // gains it.
     o.slots[0].health = Health::serving(at(9));
@@ -218,8 +223,10 @@ fn in_the_switch_the_old_kcps_embedded_etcd_stops_with_it_and_that_is_no_store_o
     assert_eq!(plan(&d, &o), Step::Wait(Wait::Exit { slot: "a".into() }));
     o.slots[0].running = false;
     assert_eq!(plan(&d, &o), Step::EndMirror);
-    // Not in a switch: the store being down is an outage.
+    // Not in a switch, with the kcp running: the store being down is an outage.
     o.migration.as_mut().unwrap().record.switch_started_at = None;
+    o.slots[0].running = true;
+    o.slots[0].stop = None;
     assert_eq!(plan(&d, &o), Step::EnsureStore);
 }
 
@@ -256,4 +263,41 @@ fn a_front_that_takes_the_old_kcps_address_starts_only_at_the_switch() {
     o.migration = switching(None);
     o.front = FrontObservation::Starting;
     assert_eq!(plan(&d, &o), Step::Wait(Wait::Front));
+}
+
+#[test]
+fn the_adopted_kcp_is_never_restarted_nor_killed_and_one_that_exited_before_the_switch_is_taken_over_again() {
+    let (d, mut o) = taken_over();
+    o.adoption.as_mut().unwrap().lease_held_at = Some(at(5));
+    // Not ready for longer than readinessTimeout: no RestartSlot (it cannot be started again).
+    o.front = FrontObservation::serving(&[]);
+    o.slots[0].health = Health::default();
+    o.now = at(1000);
+    assert_eq!(plan(&d, &o), Step::Idle);
+    // Unresponsive for longer than livenessTimeout: no KillSlot.
+    o.front = FrontObservation::serving(&["a"]);
+    o.slots[0].health = Health {
+        ever_ready: true,
+        failures: 5,
+        last_alive_at: Some(at(1)),
+        ..Health::default()
+    };
+    assert!(!matches!(plan(&d, &o), Step::KillSlot { .. }), "{:?}", plan(&d, &o));
+    // It exited: taken over again, not replaced.
+    o.slots[0].running = false;
+    assert_eq!(plan(&d, &o), Step::AdoptKcp);
+    // In the switch its exit is the point: the move goes on.
+    o.migration = switching(None);
+    assert_ne!(plan(&d, &o), Step::AdoptKcp);
+    // It could not be taken over again (it does not run): blocked, and tried again 30 s later,
+    // even with spec.adopt removed meanwhile.
+    o.migration = None;
+    o.adoption.as_mut().unwrap().refused = Some("the adopted kcp exited before the switch".into());
+    o.adoption.as_mut().unwrap().inspected_at = at(990);
+    assert!(matches!(plan(&d, &o), Step::Blocked { .. }));
+    let mut without = d.clone();
+    without.adopt = None;
+    assert!(matches!(plan(&without, &o), Step::Blocked { .. }));
+    o.now = at(1020);
+    assert_eq!(plan(&without, &o), Step::AdoptKcp);
 }

@@ -309,6 +309,12 @@ fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
 /// for livenessTimeout (not even its store-free ping: wedged, not waiting for its store).
 fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
     let now = observed.now;
+    // An adopted kcp is stopped at the switch only: nothing could serve in its place before.
+    let adopted = observed
+        .adoption
+        .as_ref()
+        .filter(|a| a.before_switch())
+        .and_then(|a| a.slot.as_deref());
     observed.slots.iter().filter(|s| s.running).find_map(|s| {
         let cause = match s.stop {
             Some(stop) if stop.killed => return None,
@@ -316,6 +322,7 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
                 seconds: desired.drain_timeout.as_secs(),
             },
             Some(_) => return None,
+            None if adopted == Some(s.name.as_str()) => return None,
             None if s.health.ever_ready && s.health.broken() => KillCause::Broken,
             None if s.health.ever_ready
                 && s.health.failures > 0
@@ -415,6 +422,9 @@ fn retirements(desired: &Desired, observed: &Observed, wanted: &[String]) -> Opt
 /// Fewer than N slots of the desired template: wait for the one starting, or start one (after the
 /// checks a new template must pass).
 fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
+    if old_kcp_serves(observed) {
+        return None;
+    }
     let current: Vec<&SlotObservation> = observed
         .slots
         .iter()
@@ -426,7 +436,7 @@ fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
     {
         return Some(not_ready_yet(desired, observed, starting));
     }
-    if current.len() >= desired.slots || old_kcp_serves(observed) {
+    if current.len() >= desired.slots {
         return None;
     }
     if let Some(blocked) = &observed.blocked
