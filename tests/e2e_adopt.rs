@@ -189,9 +189,10 @@ async fn a_kcp_on_kine_that_clients_dial_directly_is_adopted_and_the_front_takes
     let old_pid = kcp.proc.pid();
 
     // Clients dial kcp's own address all along, reading ConfigMaps as the shard admin; after the
-    // switch the front answers there. They keep connections alive as client-go does, and ask
-    // again on a new connection when kcp closed the kept-alive one as it stopped (Go's transport
-    // does that for a GET), which is no failure.
+    // switch the front answers there. They keep connections alive and ask again as client-go
+    // does, which is no failure: on a new connection when kcp closed the kept-alive one as it
+    // stopped (Go's transport, for a GET), and a second later when kcp answered a request that
+    // reached it after SIGTERM with 503 "apiserver is shutting down" and Retry-After: 1.
     let poller = Poller::kept_alive_get(
         patient(config_for(&old_kubeconfig, "shard-base", &old_url).await),
         "/clusters/root/api/v1/namespaces/default/configmaps",
@@ -261,7 +262,7 @@ async fn a_kcp_on_kine_that_clients_dial_directly_is_adopted_and_the_front_takes
     let status = &object["status"];
     let reasons = event_reasons(&env, shard).await;
     env.log(&format!(
-        "MEASURE bare adoption: {:.1}s, status.adoption {}, status.migration {}; polls {} failed {} (refused {}) asked again on a new connection {} slowest {:?}; events {reasons:?}",
+        "MEASURE bare adoption: {:.1}s, status.adoption {}, status.migration {}; polls {} failed {} (refused {}) asked again on a new connection {} asked again after Retry-After {} slowest {:?}; events {reasons:?}",
         took.as_secs_f64(),
         status["adoption"],
         status["migration"],
@@ -269,6 +270,7 @@ async fn a_kcp_on_kine_that_clients_dial_directly_is_adopted_and_the_front_takes
         stats.failures.len(),
         stats.refused(),
         stats.retried,
+        stats.retried_after,
         stats.slowest,
     ));
     for reason in [

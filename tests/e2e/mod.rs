@@ -1462,8 +1462,11 @@ impl Poller {
     /// client-go does. When the kept-alive connection turns out closed or reset before any answer
     /// (the front closes one to a slot that left its serving set at its next request; a killed
     /// slot's close races the next request), the poll is asked again at once on a new connection,
-    /// as Go's net/http transport does for an idempotent request on a reused connection; such
-    /// retries are counted apart, only the last outcome is the poll's.
+    /// as Go's net/http transport does for an idempotent request on a reused connection; an answer
+    /// that says when to ask again (kcp's 503 "apiserver is shutting down" with `Retry-After: 1`
+    /// to a request that reached it after SIGTERM) is asked again then, as client-go does. Such
+    /// retries are counted apart (`retried`, `retried_after`), only the last outcome is the
+    /// poll's.
     pub fn kept_alive(config: Config, every: Duration) -> Poller {
         Poller::run(config, Poll::KeptAlive("/readyz".into()), every, 1)
     }
@@ -1504,14 +1507,25 @@ impl Poller {
                     Poll::Get(path) => get_ok(&config, path).await,
                     Poll::GetLikeClientGo(path) => get_like_client_go(&config, path, &mut stats.retried_after).await,
                     Poll::KeptAlive(path) => {
-                        let mut outcome = get_on(&kept, path).await;
-                        let mut retries = 0;
-                        while outcome.as_ref().is_err_and(|e| connection_lost(e)) && retries < POOL_RETRIES {
-                            stats.retried += 1;
-                            retries += 1;
-                            outcome = get_on(&kept, path).await;
+                        let mut answer = exchange(&kept, http::Method::GET, path, None).await;
+                        let (mut lost, mut told) = (0, 0);
+                        loop {
+                            match &answer {
+                                Err(e) if connection_lost(e) && lost < POOL_RETRIES => {
+                                    lost += 1;
+                                    stats.retried += 1;
+                                }
+                                Ok(a) if (a.status == 429 || a.status >= 500) && told < CLIENT_GO_RETRIES => {
+                                    let Some(seconds) = a.retry_after else { break };
+                                    told += 1;
+                                    stats.retried_after += 1;
+                                    tokio::time::sleep(Duration::from_secs(seconds)).await;
+                                }
+                                _ => break,
+                            }
+                            answer = exchange(&kept, http::Method::GET, path, None).await;
                         }
-                        outcome
+                        kept_answer_ok(path, answer)
                     }
                 };
                 let took = started.elapsed();
@@ -1548,12 +1562,11 @@ impl Poller {
     }
 }
 
-/// `GET path` answered 200 (`/readyz`: `ok`) on `client` (its pool: a kept-alive connection if
-/// it has one).
-async fn get_on(client: &Client, path: &str) -> Result<(), String> {
-    match request(client, http::Method::GET, path, None).await {
-        Ok((200, body)) if path != "/readyz" || body.trim() == "ok" => Ok(()),
-        Ok((status, body)) => Err(format!("{status}: {}", body.trim())),
+/// `GET path` answered 200 (`/readyz`: `ok`).
+fn kept_answer_ok(path: &str, answer: Result<Answer, String>) -> Result<(), String> {
+    match answer {
+        Ok(a) if a.status == 200 && (path != "/readyz" || a.body.trim() == "ok") => Ok(()),
+        Ok(a) => Err(format!("{}: {}", a.status, a.body.trim())),
         Err(e) => Err(e),
     }
 }
