@@ -467,7 +467,7 @@ async fn a_kcp_behind_caddy_is_adopted_onto_postgres_and_rolled_with_no_request_
         object["status"]
     );
     let upstreams = kcpshard::front::caddy::CaddyAdmin::new(caddy.admin.as_str())
-        .redirect(&front, &front, true)
+        .dialling(&front)
         .await
         .unwrap();
     assert_eq!(upstreams, 1, "caddy does not send to the front");

@@ -163,7 +163,7 @@ async fn inspect(actor: &Actor<'_>, root: &Path, version: &str, resumed: bool) -
     {
         let old = address(&found);
         let upstreams = CaddyAdmin::new(caddy.as_str())
-            .redirect(&old, &old, true)
+            .dialling(&old)
             .await
             .map_err(|e| format!("spec.adopt.caddyAdminAddress: {e}"))?;
         if upstreams == 0 {
@@ -233,10 +233,14 @@ fn describe(found: &Found) -> String {
 fn take_over(actor: &Actor<'_>, found: &Found, name: &str) -> Result<(), Error> {
     let shared = actor.dirs.shared();
     fsutil::create_private_dir(&shared)?;
+    let mut kubeconfig = Vec::new();
     for (file, path) in &found.material {
-        fsutil::write_atomically(&shared.join(file), &std::fs::read(path)?)?;
+        let bytes = std::fs::read(path)?;
+        fsutil::write_atomically(&shared.join(file), &bytes)?;
+        if *file == material::ADMIN_KUBECONFIG {
+            kubeconfig = bytes;
+        }
     }
-    let kubeconfig = std::fs::read(shared.join(material::ADMIN_KUBECONFIG))?;
     let mut tokens = String::new();
     if let Some(token) = identity::user_token(&kubeconfig, KCP_ADMIN) {
         tokens.push_str(&format!("{token},{KCP_ADMIN},{KCP_ADMIN},\"{KCP_ADMIN_GROUP}\"\n"));
@@ -351,7 +355,7 @@ pub async fn redirect_proxy(actor: &Actor<'_>) -> Result<Notes, Error> {
     let record = actor.world.state.adoption.as_ref().ok_or(Error::NoAdoption)?;
     let caddy = record.caddy_admin_address.as_deref().ok_or(Error::NoAdoption)?;
     let front = actor.shard.spec.front.listen.clone();
-    let moved = CaddyAdmin::new(caddy).redirect(&record.address, &front, false).await?;
+    let moved = CaddyAdmin::new(caddy).redirect(&record.address, &front).await?;
     update(actor.dirs, |a| a.proxy_moved_at = Some(Utc::now()))?;
     Ok(vec![Note::normal(
         "AdoptionProxyMoved",

@@ -117,11 +117,7 @@ pub(super) fn adoption(desired: &Desired, observed: &Observed) -> Option<Step> {
     }
     // The kcp exited before the switch (it crashed, or someone stopped it): its slot is not
     // replaced (nothing else can serve its store), it is taken over again once it runs again.
-    let switching = observed
-        .migration
-        .as_ref()
-        .is_some_and(|m| m.record.under_way() && m.record.switch_started_at.is_some());
-    if !switching && observed.slot(slot).is_none_or(|s| !s.running) {
+    if !switch_begun(observed) && observed.slot(slot).is_none_or(|s| !s.running) {
         return Some(Step::AdoptKcp);
     }
     let serves = observed.slot(slot).is_some_and(|s| s.running && s.health.ready);
@@ -154,11 +150,7 @@ pub(super) fn store_gone_with_old_kcp(observed: &Observed) -> bool {
         .adoption
         .as_ref()
         .is_some_and(|a| a.before_switch() && a.data_dir.is_some());
-    embedded
-        && observed
-            .migration
-            .as_ref()
-            .is_some_and(|m| m.record.under_way() && m.record.switching())
+    embedded && switch_begun(observed)
 }
 
 /// The front is to take the old kcp's address, and the switch has not begun: it does not run yet
@@ -168,9 +160,13 @@ pub(super) fn front_waits_for_switch(observed: &Observed) -> bool {
         .adoption
         .as_ref()
         .is_some_and(|a| a.before_switch() && a.takes_address);
-    takes
-        && !observed
-            .migration
-            .as_ref()
-            .is_some_and(|m| m.record.under_way() && m.record.switch_started_at.is_some())
+    takes && !switch_begun(observed)
+}
+
+/// The move of the adopted kcp's data has begun its switch (which stops the adopted kcp).
+fn switch_begun(observed: &Observed) -> bool {
+    observed
+        .migration
+        .as_ref()
+        .is_some_and(|m| m.record.under_way() && m.record.switch_started_at.is_some())
 }
