@@ -559,12 +559,7 @@ async fn a_slots_own_kine_slow_to_accept_is_waited_for_outside_any_step() {
     env.log(&format!("SlotStoreStarting: {note}"));
     assert!(note.contains("once it accepts"), "{note}");
     rolled_to_b(&env).await;
-    // CREATE DATABASE (EnsureStore, at the shard's start) may take longer under load.
-    let slow_steps: Vec<_> = e2e::slow_steps(&env, "dev", "0.5")
-        .await
-        .into_iter()
-        .filter(|(step, ..)| !e2e::REQUESTS_TO_POSTGRES.contains(&step.as_str()))
-        .collect();
+    let slow_steps = e2e::slow_steps(&env, "dev", "0.5").await;
     assert!(
         slow_steps.is_empty(),
         "steps over 0.5 s while slot b's kine took 2 s to accept: {slow_steps:?}"

@@ -1,14 +1,14 @@
 //! The steps of an adoption (plan/adoption.rs): each records what it decides in controller.json and
 //! returns. What reads the old kcp is src/adopt; what moves its data is the move of
 //! controller/migration.rs.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use chrono::Utc;
 
 use super::Note;
 use super::act::{Actor, Notes};
 use super::error::Error;
-use super::plan::{AdoptionRecord, SLOT_NAMES};
+use super::plan::{AdoptionRecord, SLOT_NAMES, Step};
 use super::state::{DataVersion, ShardDirs, SlotRecord, StoreRecord};
 use crate::adopt::{Found, OldStore};
 use crate::api::{EtcdStore, StoreSpec, StoreType};
@@ -78,7 +78,29 @@ pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
             refused: None,
         },
     };
-    match inspect(actor, &root, &version, resumed.is_some()).await {
+    let inspected = match refused_at_once(actor, &root, resumed.is_some()) {
+        Some(refused) => Err(refused),
+        None => {
+            let inspection = inspect(
+                root.clone(),
+                version.clone(),
+                actor.shard.spec.kcp.extra_args.clone(),
+                actor
+                    .shard
+                    .spec
+                    .adopt
+                    .as_ref()
+                    .and_then(|a| a.caddy_admin_address.clone()),
+            );
+            let about = root.display().to_string();
+            let asked = actor.ask(Step::AdoptKcp.name(), &about, async move { Ok(inspection.await) });
+            match asked.await? {
+                Some(inspected) => inspected,
+                None => return Ok(vec![]),
+            }
+        }
+    };
+    match inspected {
         Ok(found) => {
             let name = SLOT_NAMES[0];
             take_over(actor, &found, name)?;
@@ -122,23 +144,35 @@ pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
     }
 }
 
-/// The kcp at `root`, if it can be taken over into this shard; else why not, saying what to do.
-async fn inspect(actor: &Actor<'_>, root: &Path, version: &str, resumed: bool) -> Result<Found, String> {
-    if let Some(since) = actor.world.store.since.filter(|_| !resumed) {
-        return Err(format!(
-            "spec.adopt takes a kcp over into a new shard, and this shard's data has been in {} since {since}: create another KcpShard for {}",
-            actor.world.store.store.describe(),
-            root.display()
-        ));
-    }
-    let found = crate::adopt::inspect(root).await.map_err(|e| e.to_string())?;
-    let refusals: Vec<String> = found.refusals(version).iter().map(ToString::to_string).collect();
+/// Why the kcp at `root` cannot be taken over into this shard, whatever it runs: the shard is not
+/// new (and this is not an adoption that goes on).
+fn refused_at_once(actor: &Actor<'_>, root: &Path, resumed: bool) -> Option<String> {
+    let since = actor.world.store.since.filter(|_| !resumed)?;
+    Some(format!(
+        "spec.adopt takes a kcp over into a new shard, and this shard's data has been in {} since {since}: create another KcpShard for {}",
+        actor.world.store.store.describe(),
+        root.display()
+    ))
+}
+
+/// The kcp at `root`, if it can be taken over into a shard of kcp `version` whose slots run with
+/// `extra_args`, behind the caddy at `caddy` if one is named; else why not, saying what to do.
+/// A request (it runs `kcp --version`, asks caddy), which the controller makes beside its
+/// reconcile.
+async fn inspect(
+    root: PathBuf,
+    version: String,
+    extra_args: Vec<String>,
+    caddy: Option<String>,
+) -> Result<Found, String> {
+    let found = crate::adopt::inspect(&root).await.map_err(|e| e.to_string())?;
+    let refusals: Vec<String> = found.refusals(&version).iter().map(ToString::to_string).collect();
     if !refusals.is_empty() {
         return Err(refusals.join("; "));
     }
     let missing: Vec<String> = crate::adopt::flags::kept(&found.flags)
         .into_iter()
-        .filter(|flag| !actor.shard.spec.kcp.extra_args.contains(flag))
+        .filter(|flag| !extra_args.contains(flag))
         .collect();
     if !missing.is_empty() {
         return Err(format!(
@@ -154,13 +188,7 @@ async fn inspect(actor: &Actor<'_>, root: &Path, version: &str, resumed: bool) -
             found.process.pid, found.process.url
         ));
     }
-    if let Some(caddy) = actor
-        .shard
-        .spec
-        .adopt
-        .as_ref()
-        .and_then(|a| a.caddy_admin_address.as_ref())
-    {
+    if let Some(caddy) = caddy {
         let old = address(&found);
         let upstreams = CaddyAdmin::new(caddy.as_str())
             .dialling(&old)
@@ -337,8 +365,12 @@ pub async fn hold_lease(actor: &Actor<'_>) -> Result<Notes, Error> {
         .world
         .slot(name)
         .ok_or_else(|| Error::NoSuchSlot(name.to_string()))?;
-    let client = access::shard_admin_client(&slot.dirs.admin_kubeconfig(), &access::slot_url(slot.record.port)).await?;
-    let created = access::hold_controllers_lease(&client, LEASE_HOLDER, LEASE_SECONDS).await?;
+    let url = access::slot_url(slot.record.port);
+    let client = access::shard_admin_client(&slot.dirs.admin_kubeconfig(), &url).await?;
+    let hold = async move { Ok(access::hold_controllers_lease(&client, LEASE_HOLDER, LEASE_SECONDS).await?) };
+    let Some(created) = actor.ask(Step::HoldControllersLease.name(), &url, hold).await? else {
+        return Ok(vec![]);
+    };
     update(actor.dirs, |a| a.lease_held_at = Some(Utc::now()))?;
     let message = if created {
         format!(
@@ -355,7 +387,13 @@ pub async fn redirect_proxy(actor: &Actor<'_>) -> Result<Notes, Error> {
     let record = actor.world.state.adoption.as_ref().ok_or(Error::NoAdoption)?;
     let caddy = record.caddy_admin_address.as_deref().ok_or(Error::NoAdoption)?;
     let front = actor.shard.spec.front.listen.clone();
-    let moved = CaddyAdmin::new(caddy).redirect(&record.address, &front).await?;
+    let redirect = {
+        let (caddy, from, to) = (caddy.to_string(), record.address.clone(), front.clone());
+        async move { Ok(CaddyAdmin::new(caddy.as_str()).redirect(&from, &to).await?) }
+    };
+    let Some(moved) = actor.ask(Step::RedirectProxy.name(), caddy, redirect).await? else {
+        return Ok(vec![]);
+    };
     update(actor.dirs, |a| a.proxy_moved_at = Some(Utc::now()))?;
     Ok(vec![Note::normal(
         "AdoptionProxyMoved",

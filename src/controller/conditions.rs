@@ -280,6 +280,7 @@ fn healthy() -> Verdict {
 
 fn progress_reason(step: &Step) -> &'static str {
     match step {
+        Step::Wait(Wait::Answer(step)) => progress_reason(step),
         Step::AdoptSlot { .. } => "SlotAdopting",
         Step::IssueIdentity | Step::UpdateIdentities | Step::WriteKubeconfig | Step::WriteTrust => "KeepingCredentials",
         Step::EnsureStore | Step::Wait(Wait::Store) => "StoreStarting",
@@ -364,6 +365,7 @@ fn progress_reason(step: &Step) -> &'static str {
 
 fn progress_message(step: &Step) -> String {
     match step {
+        Step::Wait(Wait::Answer(step)) => progress_message(step),
         Step::AdoptSlot { name } => format!("recording slot {name}, which runs without a record"),
         Step::IssueIdentity => "issuing an admin identity for the shard".into(),
         Step::UpdateIdentities => "updating the shard's admin identities".into(),

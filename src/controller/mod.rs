@@ -26,6 +26,7 @@ pub mod observe;
 pub mod plan;
 pub mod preflight;
 mod report;
+pub mod requests;
 pub mod restore;
 pub mod sharding;
 pub mod state;
@@ -99,6 +100,8 @@ pub enum Wake {
     Exit,
     /// A health check saw a change (a slot got ready, stopped answering, stopped listening).
     Health,
+    /// A request a step made (to kcp, to PostgreSQL) was answered.
+    Answer,
 }
 
 /// What every reconcile shares.
@@ -118,6 +121,8 @@ pub struct Context {
     /// a change.
     pub exits: Arc<ExitNotices<(ObjectRef<KcpShard>, Wake)>>,
     pub health: health::HealthChecks,
+    /// Requests steps made that are not answered yet, or whose answers no step took up yet.
+    pub requests: requests::Requests,
     /// Each slot process's leader-election identity, once its log has shown it.
     identities: Mutex<HashMap<(u32, u64), String>>,
     /// Reconciles that failed in a row, per shard, for the retry's backoff.
@@ -154,6 +159,7 @@ impl Context {
             metrics,
             health: health::HealthChecks::new(exits.clone()),
             exits,
+            requests: Default::default(),
             identities: Default::default(),
             failures: Default::default(),
             heartbeat,
@@ -241,6 +247,7 @@ async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Er
     let (action, done) = stepped?;
     if done {
         // Nothing of the shard runs any more: let the object go.
+        ctx.requests.forget(&name);
         let index = ours.expect("checked above");
         let patch = json!([{"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
                            {"op": "remove", "path": format!("/metadata/finalizers/{index}")}]);
@@ -418,7 +425,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         }
         (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
         (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
-        (Step::Wait(Wait::Probe | Wait::Preflight), _) => Action::requeue(WHILE_PROBING),
+        (Step::Wait(Wait::Probe | Wait::Preflight | Wait::Answer(_)), _) => Action::requeue(WHILE_PROBING),
         (Step::Wait(Wait::Store | Wait::Front | Wait::FrontUpgrade), _) => Action::requeue(WHILE_STARTING),
         (Step::Wait(_), _) => Action::requeue(WHILE_WAITING),
         _ => Action::requeue(NEXT_STEP),

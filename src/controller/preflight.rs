@@ -28,7 +28,7 @@ use super::act::{Actor, Notes};
 use super::clients::Identity;
 use super::health::LOOK_TIMEOUT;
 use super::plan::{
-    JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord, Stopping,
+    JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord, Step, Stopping,
 };
 use super::state::{ControllerState, PreflightRecord, ShardDirs};
 use super::{Context, Error, Note, Wake};
@@ -129,7 +129,10 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
         }
         Err(e) => return Err(e),
     };
-    let original = schemas::read(&client).await?;
+    let read = async move { Ok(schemas::read(&client).await?) };
+    let Some(original) = actor.ask(Step::StartPreflight.name(), &through, read).await? else {
+        return Ok(vec![]);
+    };
     let dirs = actor.dirs.preflight();
     crate::fsutil::create_private_dir(dirs.dir())?;
     super::state::write_json(&dirs.original(), &original)?;
@@ -167,14 +170,22 @@ pub async fn copy(actor: &Actor<'_>) -> Result<Notes, Error> {
         .map(|s| s.path.clone())
         .or_else(|| record.dump.clone())
         .map(PathBuf::from);
-    let run = actor
-        .store()?
-        .copy_run(
-            &place(actor, Some(&record)),
-            dump.as_deref(),
-            &actor.ctx.kcpshard_binary,
-        )
-        .await;
+    let store = actor.store()?;
+    let place = place(actor, Some(&record));
+    if dump.is_some()
+        && let Some(recreate) = store.recreate_scratch(&place)
+    {
+        let about = place.scratch_database.clone().unwrap_or_default();
+        match actor
+            .ask(Step::CopyPreflight.name(), &about, async move { Ok(recreate.await?) })
+            .await
+        {
+            Ok(Some(())) => {}
+            Ok(None) => return Ok(vec![]),
+            Err(e) => return fail_with(actor, format!("its copy of the data could not be started: {e}")),
+        }
+    }
+    let run = store.copy_run(&place, dump.as_deref(), &actor.ctx.kcpshard_binary);
     let template = Box::new(template.clone());
     match run {
         Ok(CopyRun::Dump { run, dump }) => {
@@ -268,10 +279,15 @@ pub async fn probe(actor: &Actor<'_>) -> Result<Notes, Error> {
     let dirs = actor.dirs.preflight();
     let url = slot::slot_url(record.port);
     let shard_admin = slot::shard_admin_client(&dirs.admin_kubeconfig(), &url).await?;
-    // The copied Lease names a slot that leads the real data: on the copy nobody renews it.
-    slot::release_controllers_lease(&shard_admin).await?;
     let admin = slot::admin_client(&actor.dirs.front_kubeconfig(), &url).await?;
-    let workspace = slot::access::create_probe_workspace(&admin).await?;
+    let release_and_create = async move {
+        // The copied Lease names a slot that leads the real data: on the copy nobody renews it.
+        slot::release_controllers_lease(&shard_admin).await?;
+        Ok(slot::access::create_probe_workspace(&admin).await?)
+    };
+    let Some(workspace) = actor.ask(Step::PreflightProbe.name(), &url, release_and_create).await? else {
+        return Ok(vec![]);
+    };
     let now = Utc::now();
     save(actor.dirs, |r| {
         r.ready_at.get_or_insert(now);
@@ -287,8 +303,12 @@ pub async fn probe(actor: &Actor<'_>) -> Result<Notes, Error> {
 pub async fn compare(actor: &Actor<'_>) -> Result<Notes, Error> {
     let record = current(actor.dirs)?;
     let dirs = actor.dirs.preflight();
-    let client = slot::shard_admin_client(&dirs.admin_kubeconfig(), &slot::slot_url(record.port)).await?;
-    let after = schemas::read(&client).await?;
+    let url = slot::slot_url(record.port);
+    let client = slot::shard_admin_client(&dirs.admin_kubeconfig(), &url).await?;
+    let read = async move { Ok(schemas::read(&client).await?) };
+    let Some(after) = actor.ask(Step::ComparePreflight.name(), &url, read).await? else {
+        return Ok(vec![]);
+    };
     let before: Schemas = super::state::read_json(&dirs.original())?.unwrap_or_default();
     let changes = schemas::changes(&before, &after);
     let now = Utc::now();
@@ -445,7 +465,17 @@ pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
     ] {
         actor.ctx.runtime.forget_unit(&unit).await;
     }
-    store.remove_copy(&place).await?;
+    if let Some(drop) = store.drop_scratch(&place) {
+        let about = place.scratch_database.clone().unwrap_or_default();
+        if actor
+            .ask(Step::RemovePreflight.name(), &about, async move { Ok(drop.await?) })
+            .await?
+            .is_none()
+        {
+            return Ok(vec![]);
+        }
+    }
+    store.remove_copy(&place)?;
     crate::fsutil::remove_if_there(&actor.dirs.preflight().process())?;
     let mut state = actor.dirs.load_state()?;
     if record.result.is_none() {

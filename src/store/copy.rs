@@ -90,16 +90,39 @@ impl StoreBackend {
         })
     }
 
-    /// The next process that copies the data into `place`, as a job. `dump` is a pg_dump of the
-    /// data taken for this version change, if there is one (KinePostgres); without one, a dump
-    /// into `place.dir` comes first. The scratch database is made anew before a restore into it.
-    /// `kcpshard` is this binary, whose `kcpshard job sqlite-copy` copies a sqlite database.
-    pub async fn copy_run(
+    /// The request that makes `place`'s scratch database anew (KinePostgres), before a restore
+    /// into it ([`StoreBackend::copy_run`] with a dump); None for a store that has none.
+    pub fn recreate_scratch(
         &self,
         place: &CopyPlace,
-        dump: Option<&Path>,
-        kcpshard: &Path,
-    ) -> Result<CopyRun, StoreError> {
+    ) -> Option<impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static> {
+        self.scratch(place)
+            .map(|(server, database)| async move { server.recreate_database(&database).await })
+    }
+
+    /// The request that drops `place`'s scratch database (KinePostgres), once its kine is gone;
+    /// None for a store that has none.
+    pub fn drop_scratch(
+        &self,
+        place: &CopyPlace,
+    ) -> Option<impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static> {
+        self.scratch(place)
+            .map(|(server, database)| async move { server.drop_database(&database).await })
+    }
+
+    fn scratch(&self, place: &CopyPlace) -> Option<(PostgresServer, String)> {
+        match (self, &place.scratch_database) {
+            (StoreBackend::KinePostgres { server, .. }, Some(database)) => Some((server.clone(), database.clone())),
+            _ => None,
+        }
+    }
+
+    /// The next process that copies the data into `place`, as a job. `dump` is a pg_dump of the
+    /// data taken for this version change, if there is one (KinePostgres); without one, a dump
+    /// into `place.dir` comes first. A restore goes into the scratch database, which
+    /// [`StoreBackend::recreate_scratch`] made anew first. `kcpshard` is this binary, whose
+    /// `kcpshard job sqlite-copy` copies a sqlite database.
+    pub fn copy_run(&self, place: &CopyPlace, dump: Option<&Path>, kcpshard: &Path) -> Result<CopyRun, StoreError> {
         crate::fsutil::create_private_dir(&place.dir).map_err(StoreError::io(&place.dir))?;
         match self {
             StoreBackend::KineSqlite { kine } => {
@@ -128,7 +151,6 @@ impl StoreBackend {
                 let database = place.scratch_database.as_deref().ok_or_else(|| {
                     StoreError::Invalid("a preflight copy on PostgreSQL needs a scratch database".into())
                 })?;
-                server.recreate_database(database).await?;
                 let scratch = PostgresServer {
                     database: database.to_string(),
                     ..server.clone()
@@ -165,15 +187,13 @@ impl StoreBackend {
         }
     }
 
-    /// Once the copy's kine is gone ([`StoreBackend::copy_processes`]): removes its record, drops
-    /// the scratch database and removes `place.dir`; idempotent.
-    pub async fn remove_copy(&self, place: &CopyPlace) -> Result<(), StoreError> {
+    /// Once the copy's kine is gone ([`StoreBackend::copy_processes`]) and its scratch database
+    /// dropped ([`StoreBackend::drop_scratch`]): removes the kine's record and `place.dir`;
+    /// idempotent.
+    pub fn remove_copy(&self, place: &CopyPlace) -> Result<(), StoreError> {
         if let Some(spec) = self.copy_kine(place)? {
             let record = spec.record_path();
             crate::fsutil::remove_if_there(&record).map_err(StoreError::io(record))?;
-        }
-        if let (StoreBackend::KinePostgres { server, .. }, Some(database)) = (self, &place.scratch_database) {
-            server.drop_database(database).await?;
         }
         match std::fs::remove_dir_all(&place.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(StoreError::io(&place.dir)(e)),

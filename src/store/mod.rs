@@ -181,43 +181,58 @@ impl StoreBackend {
     /// Starts the shard-wide part, or adopts it, and returns what is up, for an event. A
     /// KineSqlite store's kine and a managed PostgreSQL are started and not waited for
     /// ([`StoreBackend::starting`]); the database is made once PostgreSQL accepts.
-    pub async fn ensure(&self, runtime: &Runtime) -> Result<String, StoreError> {
+    /// Starts what kcpshard runs of the store that does not run (the kine over sqlite, a managed
+    /// PostgreSQL): what it started or found, or None when the store is to be reached over the
+    /// network next ([`StoreBackend::reach`]).
+    pub async fn ensure(&self, runtime: &Runtime) -> Result<Option<String>, StoreError> {
         match self {
-            StoreBackend::KineSqlite { kine } => Ok(match kine::start_kine(runtime, kine).await? {
+            StoreBackend::KineSqlite { kine } => Ok(Some(match kine::start_kine(runtime, kine).await? {
                 kine::KineStart::Accepting(kine) => format!("kine accepts connections at {}", kine.endpoint()),
                 kine::KineStart::Starting(kine) => format!(
                     "kine started at {} (pid {}); slots start once it accepts",
                     kine.endpoint(),
                     kine.record.pid
                 ),
+            })),
+            StoreBackend::KinePostgres {
+                server,
+                managed: Some(managed),
+                ..
+            } => Ok(match managed.ensure(runtime, server).await? {
+                managed::Postmaster::MakingCluster { pid } => Some(format!(
+                    "making the managed PostgreSQL's cluster (initdb, pid {pid}); PostgreSQL starts once it is made"
+                )),
+                managed::Postmaster::Starting { pid } => Some(format!(
+                    "the managed PostgreSQL started (pid {pid}); its database is made and slots start once it accepts"
+                )),
+                managed::Postmaster::Ready => None,
             }),
-            StoreBackend::KinePostgres { server, managed, .. } => {
-                if let Some(managed) = managed {
-                    match managed.ensure(runtime, server).await? {
-                        managed::Postmaster::MakingCluster { pid } => {
-                            return Ok(format!(
-                                "making the managed PostgreSQL's cluster (initdb, pid {pid}); PostgreSQL starts once it is made"
-                            ));
-                        }
-                        managed::Postmaster::Starting { pid } => {
-                            return Ok(format!(
-                                "the managed PostgreSQL started (pid {pid}); its database is made and slots start once it accepts"
-                            ));
-                        }
-                        managed::Postmaster::Ready => {}
-                    }
+            StoreBackend::KinePostgres { managed: None, .. } | StoreBackend::Etcd(_) => Ok(None),
+        }
+    }
+
+    /// Reaches a store over the network once [`StoreBackend::ensure`] found all of it running:
+    /// makes the shard's database where it is missing (KinePostgres) and checks that the store
+    /// answers. A request, which the controller makes beside its reconcile.
+    pub fn reach(&self) -> impl std::future::Future<Output = Result<String, StoreError>> + Send + 'static {
+        let store = self.clone();
+        async move {
+            match &store {
+                // Its kine is a process: ensure() says how it runs, nothing is reached over a network.
+                StoreBackend::KineSqlite { .. } => Ok(format!("kine runs over {}", store.describe_server())),
+                StoreBackend::KinePostgres { server, .. } => {
+                    let created = server.ensure_database().await?;
+                    server.check().await?;
+                    Ok(format!(
+                        "PostgreSQL accepts connections at {}{}",
+                        server.describe(),
+                        if created { " (database created)" } else { "" }
+                    ))
                 }
-                let created = server.ensure_database().await?;
-                server.check().await?;
-                Ok(format!(
-                    "PostgreSQL accepts connections at {}{}",
-                    server.describe(),
-                    if created { " (database created)" } else { "" }
-                ))
-            }
-            StoreBackend::Etcd(cluster) => {
-                cluster.check().await.map_err(StoreError::Invalid)?;
-                Ok(format!("etcd accepts connections at {}", cluster.etcd_servers()))
+                StoreBackend::Etcd(cluster) => {
+                    cluster.check().await.map_err(StoreError::Invalid)?;
+                    Ok(format!("etcd accepts connections at {}", cluster.etcd_servers()))
+                }
             }
         }
     }

@@ -137,6 +137,45 @@ impl Actor<'_> {
         self.world.slot(name).ok_or_else(|| Error::NoSuchSlot(name.to_string()))
     }
 
+    /// Makes `request`, step `step`'s request about `about` (the slot or database it goes to),
+    /// beside the reconcile: its answer, or None while it runs (the step then returns; the answer
+    /// wakes the shard, and the step planned again takes it up). See controller/requests.rs.
+    pub(crate) fn ask<'r, T, F>(
+        &'r self,
+        step: &'static str,
+        about: &str,
+        request: F,
+    ) -> impl std::future::Future<Output = Result<Option<T>, Error>> + Send + use<'r, T, F>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let woken = (
+            kube::runtime::reflector::ObjectRef::from_obj(self.shard),
+            super::Wake::Answer,
+        );
+        let exits = self.ctx.exits.clone();
+        let wake = move || exits.wake(woken);
+        self.ctx
+            .requests
+            .ask(&kube::ResourceExt::name_any(self.shard), step, about, wake, request)
+    }
+
+    /// Starts what kcpshard runs of `store` and, once all of it runs, reaches it over the network
+    /// as step `step`'s request: what it found or started, or None while the request runs.
+    pub(crate) async fn ensure_store_of(
+        &self,
+        store: &StoreBackend,
+        step: &'static str,
+    ) -> Result<Option<String>, Error> {
+        if let Some(started) = store.ensure(&self.ctx.runtime).await? {
+            return Ok(Some(started));
+        }
+        let reach = store.reach();
+        self.ask(step, &store.describe_server(), async move { Ok(reach.await?) })
+            .await
+    }
+
     fn update_roll(&self, change: impl FnOnce(&mut RollRecord)) -> Result<(), Error> {
         let mut state = self.dirs.load_state()?;
         if let Some(roll) = state.roll.as_mut() {

@@ -8,14 +8,20 @@ use super::Notes;
 use crate::controller::Note;
 use crate::controller::clients::Identity;
 use crate::controller::error::Error;
-use crate::controller::plan::{GoneSlot, ProbeRecord};
+use crate::controller::plan::{GoneSlot, ProbeRecord, Step};
 use crate::controller::state::CompletedRoll;
 use crate::slot;
 
 impl Actor<'_> {
     pub(super) async fn release_lease(&self, holder: Option<&str>) -> Result<Notes, Error> {
         let (through, client) = self.world.serving_client(self.ctx, Identity::ShardAdmin).await?;
-        let deleted = slot::access::release_controllers_lease(&client).await?;
+        let release = async move { Ok(slot::access::release_controllers_lease(&client).await?) };
+        let Some(deleted) = self
+            .ask(Step::ReleaseLease { holder: None }.name(), &through, release)
+            .await?
+        else {
+            return Ok(vec![]);
+        };
         // The holder stopped listening (or exited): from then on no slot could lead until now.
         let stopped_listening = holder
             .and_then(|h| self.world.observed.slot(h))
@@ -56,9 +62,15 @@ impl Actor<'_> {
             })?;
             return Ok(vec![]);
         }
-        let (_, client) = self.world.serving_client(self.ctx, Identity::Admin).await?;
+        let (through, client) = self.world.serving_client(self.ctx, Identity::Admin).await?;
         let stale = self.world.state.roll.as_ref().and_then(|r| r.probe.clone());
-        let workspace = slot::access::create_probe_workspace(&client).await?;
+        let create = {
+            let client = client.clone();
+            async move { Ok(slot::access::create_probe_workspace(&client).await?) }
+        };
+        let Some(workspace) = self.ask(Step::Probe.name(), &through, create).await? else {
+            return Ok(vec![]);
+        };
         self.update_roll(|roll| {
             roll.probe = Some(ProbeRecord {
                 workspace,
@@ -66,7 +78,7 @@ impl Actor<'_> {
             })
         })?;
         if let Some(stale) = stale {
-            let _ = slot::access::delete_workspace(&client, &stale.workspace).await;
+            delete_probe_workspace(client, stale.workspace.clone());
             return Ok(vec![Note::warning(
                 "ProbeSlow",
                 format!(
@@ -94,10 +106,8 @@ impl Actor<'_> {
                 ),
             )]);
         }
-        if let Ok((_, client)) = self.world.serving_client(self.ctx, Identity::Admin).await
-            && let Err(e) = slot::access::delete_workspace(&client, &probe.workspace).await
-        {
-            tracing::warn!(workspace = %probe.workspace, error = %e, "could not delete the probe workspace");
+        if let Ok((_, client)) = self.world.serving_client(self.ctx, Identity::Admin).await {
+            delete_probe_workspace(client, probe.workspace.clone());
         }
         Ok(vec![Note::normal(
             "ProbeSucceeded",
@@ -177,4 +187,14 @@ fn roll_summary(done: &CompletedRoll, serving: &str) -> String {
         since(r.old_slot_exited_at),
         since(Some(done.completed_at)),
     )
+}
+
+/// Deletes a probe workspace nothing waits for, beside the reconcile: a failure is only logged
+/// (it stays as an empty workspace).
+fn delete_probe_workspace(client: kube::Client, workspace: String) {
+    tokio::spawn(async move {
+        if let Err(e) = slot::access::delete_workspace(&client, &workspace).await {
+            tracing::warn!(%workspace, error = %e, "could not delete the probe workspace");
+        }
+    });
 }

@@ -7,6 +7,7 @@ use super::Actor;
 use super::Notes;
 use crate::controller::Note;
 use crate::controller::error::Error;
+use crate::controller::plan::Step;
 use crate::store::SlotStoreStart;
 
 impl Actor<'_> {
@@ -29,12 +30,14 @@ impl Actor<'_> {
         let store = self.store()?;
         let runs = self.world.observed.slots.iter().any(|s| s.running);
         // The shard-wide part went away under running slots (a kine killed, PostgreSQL restarted):
-        // an outage the user should hear about, not a start.
-        let outage = match store.check(&self.ctx.runtime).await {
-            Err(problem) if runs => Some(problem),
+        // an outage the user should hear about, not a start (as this look found it).
+        let outage = match &self.world.observed.store_problem {
+            Some(problem) if runs => Some(problem.clone()),
             _ => None,
         };
-        let started = store.ensure(&self.ctx.runtime).await?;
+        let Some(started) = self.ensure_store_of(&store, Step::EnsureStore.name()).await? else {
+            return Ok(vec![]);
+        };
         let mut notes = vec![match outage {
             Some(problem) => Note::warning(
                 "StoreRestarted",

@@ -106,6 +106,7 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Step {
         {
             Step::Wait(Wait::Store)
         }
+        step if observed.answer_awaited == Some(step.name()) => Step::Wait(Wait::Answer(Box::new(step))),
         step => step,
     }
 }

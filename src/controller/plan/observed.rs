@@ -243,6 +243,9 @@ pub struct Observed {
     /// Slots whose own kine (KinePostgres) was started and does not accept yet, within its ready
     /// timeout: a slot about to start waits for it.
     pub slot_stores_starting: BTreeSet<String>,
+    /// The step whose request (to kcp, to PostgreSQL) is under way, unanswered: planned again, it
+    /// waits for the answer instead of asking again.
+    pub answer_awaited: Option<&'static str>,
     /// Why the store is not up (PostgreSQL's own error, a kine that is down), for StoreReady.
     pub store_problem: Option<String>,
     /// A kine kcpshard runs runs but does not answer reads: it is replaced.

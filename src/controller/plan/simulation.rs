@@ -5,7 +5,9 @@
 //! v1 passes it, v2 changes kcp's schemas (it rolls once schema changes are allowed), v3's kcp
 //! exits on the copy. The data keeps the version that last started on it, as data-version.json
 //! does, and the preflight's invariant is checked against it. A version change dumps the store
-//! first, as a job that runs while everything else goes on.
+//! first, as a job that runs while everything else goes on. In some histories kcp answers the
+//! requests of steps slowly: the step returns without its answer and takes it up when planned
+//! again (controller/requests.rs).
 //!
 //! Longer than 600 lines on purpose: the model has to take every step as act does, and one step's
 //! model next to the others is what keeps it honest.
@@ -17,6 +19,14 @@ use super::tests::{at, desired, template};
 use super::*;
 
 const TICK: Duration = Duration::from_millis(100);
+/// The steps that make a request to kcp (controller/requests.rs).
+const ASKING: [&str; 5] = [
+    "Probe",
+    "ReleaseLease",
+    "StartPreflight",
+    "PreflightProbe",
+    "ComparePreflight",
+];
 
 #[derive(Debug, Clone)]
 enum Fault {
@@ -78,6 +88,10 @@ struct Model {
     preflight_exits_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Each slot's own kine (as on KinePostgres), by slot name: when it, started, accepts.
     slot_kines: BTreeMap<String, chrono::DateTime<chrono::Utc>>,
+    /// How long kcp takes to answer a step's request (none: within the step).
+    answer_after: Option<chrono::Duration>,
+    /// The request under way or answered: its step, and when it is answered.
+    asked: Option<(&'static str, chrono::DateTime<chrono::Utc>)>,
 }
 
 impl Model {
@@ -104,6 +118,8 @@ impl Model {
             copy_accepts_at: None,
             preflight_exits_at: None,
             slot_kines: BTreeMap::new(),
+            answer_after: None,
+            asked: None,
         }
     }
 
@@ -114,6 +130,7 @@ impl Model {
     /// What observe would see now.
     fn observe(&mut self) {
         let now = self.now();
+        self.observed.answer_awaited = self.asked.filter(|(_, at)| now < *at).map(|(step, _)| step);
         for m in &mut self.slots {
             let s = &mut m.seen;
             if let Some(exits) = m.exits_at
@@ -668,6 +685,19 @@ impl Model {
         // At most N+1 slots ever run.
         let running = self.observed.slots.iter().filter(|s| s.running).count();
         prop_assert!(running <= self.desired.slots.max(3) + 1, "{running} slots run");
+        if let Some(after) = self.answer_after
+            && ASKING.contains(&step.name())
+        {
+            match self.asked {
+                // Its answer came: the step takes it up.
+                Some((asked, at)) if asked == step.name() && self.now() >= at => self.asked = None,
+                // Asked now (another request is dropped): the step returns without an answer.
+                _ => {
+                    self.asked = Some((step.name(), self.now() + after));
+                    return Ok(step);
+                }
+            }
+        }
         self.apply(&step)?;
         Ok(step)
     }
@@ -679,8 +709,10 @@ proptest! {
     #[test]
     fn the_plan_keeps_its_invariants_through_any_faults_and_converges_once_they_stop(
         faults in prop::collection::vec((0u32..40, fault()), 0..12),
+        slow_answers in any::<bool>(),
     ) {
         let mut model = Model::new();
+        model.answer_after = slow_answers.then(|| chrono::Duration::milliseconds(300));
         for (ticks, fault) in &faults {
             for _ in 0..*ticks {
                 model.tick()?;

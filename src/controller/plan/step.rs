@@ -46,7 +46,7 @@ pub enum RestartCause {
 }
 
 /// What is waited for, when nothing can be done now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Wait {
     /// The store's kine, started, to accept connections.
     Store,
@@ -68,6 +68,9 @@ pub enum Wait {
     Job { job: &'static str },
     /// Processes asked to stop to exit.
     Stopping { what: Stopping },
+    /// The answer to a request the step made (to kcp, to PostgreSQL): the step takes it up once
+    /// it comes (controller/requests.rs).
+    Answer(Box<Step>),
 }
 
 /// Why a preflight failed.

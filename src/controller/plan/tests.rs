@@ -87,6 +87,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_processes_up: true,
         store_starting: false,
         slot_stores_starting: BTreeSet::new(),
+        answer_awaited: None,
         snapshot_for: None,
         last_backup_at: None,
         snapshot_request_answered: None,
@@ -255,6 +256,37 @@ fn a_slot_whose_own_kine_starts_waits_for_it_and_starts_once_it_accepts() {
     o.store_starting = true;
     o.slot_stores_starting.insert("a".into());
     assert_eq!(plan(&d, &o), Step::Wait(Wait::Store));
+}
+
+#[test]
+fn a_step_whose_request_is_unanswered_waits_for_it_while_a_slot_that_dies_is_acted_on() {
+    let d = desired("v1");
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    o.roll = Some(RollRecord {
+        from_version: None,
+        ..roll()
+    });
+    assert_eq!(plan(&d, &o), Step::Probe);
+    // Probe asked kcp for a workspace and returned before the answer: planned again, it waits.
+    o.answer_awaited = Some("Probe");
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Answer(Box::new(Step::Probe))));
+    // The answer came: Probe takes it up (controller/requests.rs), without asking again.
+    o.answer_awaited = None;
+    assert_eq!(plan(&d, &o), Step::Probe);
+    // A request of another step does not hold this one back.
+    o.answer_awaited = Some("ReleaseLease");
+    assert_eq!(plan(&d, &o), Step::Probe);
+    // A slot that dies meanwhile is acted on at once, whatever was asked.
+    let mut d = desired("v1");
+    d.slots = 2;
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    o.roll = Some(roll());
+    o.lease = LeaseHolder::Free;
+    o.answer_awaited = Some("Probe");
+    assert_eq!(plan(&d, &o), Step::Wait(Wait::Answer(Box::new(Step::Probe))));
+    o.slots[0].running = false;
+    o.slots[0].listening = false;
+    assert_eq!(plan(&d, &o), set_front(&["b"], &[], &[("a", LeaveCause::Exited)]));
 }
 
 #[test]
