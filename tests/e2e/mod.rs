@@ -1201,10 +1201,15 @@ pub async fn create_workspace_ready_in(
     let workspaces = format!("/clusters/{parent}/apis/tenancy.kcp.io/v1alpha1/workspaces");
     let body = json!({ "apiVersion": "tenancy.kcp.io/v1alpha1", "kind": "Workspace", "metadata": { "name": name } });
     let started = Instant::now();
-    match once(config, http::Method::POST, &workspaces, Some(&body)).await {
-        Ok((201 | 200, _)) => {}
-        Ok((status, body)) => return Err(format!("create workspace {name}: {status} {body}")),
-        Err(e) => return Err(format!("create workspace {name}: {e}")),
+    loop {
+        match once(config, http::Method::POST, &workspaces, Some(&body)).await {
+            Ok((201 | 200, _)) => break,
+            // A parent that just got Ready may not be resolved by its path yet (kcp indexes
+            // workspaces by path from its informers): "404 page not found" for a moment.
+            Ok((404, _)) if started.elapsed() < timeout => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok((status, body)) => return Err(format!("create workspace {name}: {status} {body}")),
+            Err(e) => return Err(format!("create workspace {name}: {e}")),
+        }
     }
     let client = Client::try_from(config.clone()).map_err(|e| e.to_string())?;
     let mut phase = String::new();
