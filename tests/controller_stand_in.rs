@@ -400,28 +400,30 @@ async fn rolled_to_b(env: &Env) {
 }
 
 /// SIGTERM while a step is in progress: serve waits its grace for the step, then aborts it and
-/// waits until it is gone, and only then lets go of the state dir. The step here is a restart
-/// roll's Probe, whose POST of a workspace the kcps hang on (a stand-in knob) while a flag file
-/// exists. serve exits within 5 s, says it cut the step, and logs no line of a step after it let
-/// go of the state dir. The next serve finishes the roll.
+/// waits until it is gone, and only then lets go of the state dir. The step here is EnsureFront of
+/// a caddy front whose admin API accepts connections and never answers (the check of caddy's
+/// admin API is part of the step, bounded at 15 s). serve exits within 5 s, says it cut the step,
+/// and logs no line of a step after it let go of the state dir. The next serve brings the shard up
+/// once its spec names a front that answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go() {
-    let flags = tempfile::tempdir().unwrap();
-    let hang = flags.path().join("hang");
+    // Bound and never accepted from: the kernel completes the connections, nobody answers.
+    let silent_admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut env = Env::start().await;
     let front = format!("127.0.0.1:{}", test_port());
     let mut shard = spec(&front, 1);
-    shard["kcp"]["extraArgs"] = json!([format!("--stand-in-hang-posts-while={}", hang.display())]);
+    shard["front"] = json!({ "type": "Caddy", "listen": front, "caddy": {
+        "adminAddress": silent_admin.local_addr().unwrap().to_string(), "upstreamId": "kcp-proxy" } });
     env.apply_spec("dev", shard).await;
-    settled(&env, "dev", 1, Duration::from_secs(60)).await;
-    std::fs::write(&hang, "").unwrap();
-    env.request_restart("dev").await;
-    let seen = hang.with_extension("seen");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !seen.exists() {
-        assert!(Instant::now() < deadline, "the restart roll never probed its new slot");
+    while !std::fs::read_to_string(env.serve_log())
+        .unwrap_or_default()
+        .contains("planned step=EnsureFront")
+    {
+        assert!(Instant::now() < deadline, "serve never asked the silent caddy");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let pid = env.serve_pid().unwrap();
     let asked = Instant::now();
     signal(pid, libc::SIGTERM);
@@ -448,10 +450,65 @@ async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go(
         "a step ran after serve let go of the state dir: {late:?}"
     );
 
-    std::fs::remove_file(&hang).unwrap();
     env.stop_serve();
     env.start_serve().await;
-    rolled_to_b(&env).await;
+    env.patch("dev", json!({ "spec": { "front": { "type": "Tcp", "caddy": null } } }))
+        .await;
+    settled(&env, "dev", 1, Duration::from_secs(60)).await;
+    env.shutdown(&["dev"]).await;
+}
+
+/// A kcp that does not answer the probe's POST of a workspace (a stand-in knob, while a flag file
+/// exists) holds no step: Probe returns and the roll waits for the answer (status says Probing),
+/// a slot SIGKILLed meanwhile is acted on within 0.5 s, and once kcp answers the roll completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_kcp_does_not_answer_holds_back_no_step() {
+    let flags = tempfile::tempdir().unwrap();
+    let hang = flags.path().join("hang");
+    let mut env = Env::start().await;
+    let front = format!("127.0.0.1:{}", test_port());
+    let mut shard = spec(&front, 2);
+    shard["kcp"]["extraArgs"] = json!([format!("--stand-in-hang-posts-while={}", hang.display())]);
+    env.apply_spec("dev", shard).await;
+    settled(&env, "dev", 2, Duration::from_secs(60)).await;
+    std::fs::write(&hang, "").unwrap();
+    env.request_restart("dev").await;
+    let seen = hang.with_extension("seen");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen.exists() {
+        assert!(Instant::now() < deadline, "the restart roll never probed its new slot");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.until(
+        "dev",
+        Duration::from_secs(5),
+        "Probing while kcp does not answer",
+        |o| {
+            condition(o, "Progressing")
+                .filter(|c| c["reason"] == "Probing")
+                .map(|_| ())
+        },
+    )
+    .await;
+    let o = env.get("dev").await.unwrap();
+    let victim = serving(&o).into_iter().next().expect("a serving slot");
+    signal(slot_pid(&o, &victim).unwrap(), libc::SIGKILL);
+    let killed = Instant::now();
+    while !reasons(&env).await.iter().any(|r| r == "SlotCrashed") {
+        assert!(
+            killed.elapsed() < Duration::from_millis(500),
+            "slot {victim}, SIGKILLed while the probe waits for kcp, is not acted on 0.5 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    env.log(&format!(
+        "slot {victim} SIGKILLed while the probe's POST hangs: SlotCrashed after {:.3?}",
+        killed.elapsed()
+    ));
+    let slow = e2e::slow_steps(&env, "dev", "0.5").await;
+    assert!(slow.is_empty(), "steps over 0.5 s while kcp did not answer: {slow:?}");
+    std::fs::remove_file(&hang).unwrap();
+    settled(&env, "dev", 2, Duration::from_secs(60)).await;
     env.shutdown(&["dev"]).await;
 }
 

@@ -97,6 +97,14 @@ pub enum Error {
         name: String,
         cause: kube::Error,
     },
+    /// A step's request (to kcp, PostgreSQL, etcd, caddy) was not answered in time
+    /// (controller/requests.rs).
+    #[error("{step} asked {about} and got no answer within {seconds} s; it asks again at its next try")]
+    Unanswered {
+        step: &'static str,
+        about: String,
+        seconds: u64,
+    },
     /// A job (a dump, a restore of the store) failed: how, and what happens next.
     #[error("the {job} failed: {message}; {next}")]
     JobFailed {
@@ -131,6 +139,7 @@ impl Error {
             | Error::NoAdoption
             | Error::FrontNotTcp => "state",
             Error::Api { .. } => "api",
+            Error::Unanswered { .. } => "unanswered",
         }
     }
 }

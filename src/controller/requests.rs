@@ -7,7 +7,8 @@
 //! its answer wakes the controller, and the step planned again takes it up without asking again.
 //! A shard has at most one request under way: asking another (a step of another kind, or the same
 //! of something else) drops the earlier one. An answer nobody took up within [`ANSWER_KEPT`] is
-//! asked again, and a serve that restarts asks again what it had asked.
+//! asked again, and a serve that restarts asks again what it had asked. A request not answered
+//! within [`ANSWER_WITHIN`] fails the step.
 use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
@@ -25,6 +26,9 @@ use super::error::Error;
 pub const QUICK_ANSWER: Duration = Duration::from_millis(50);
 /// An answer older than this is stale (kcp's schemas may have changed since): asked again.
 pub const ANSWER_KEPT: Duration = Duration::from_secs(10);
+/// A request not answered within this fails the step (which asks again at its next try): a kcp
+/// that hangs is told in status, not waited for until the client's own timeout.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
 
 type Answer = Result<Box<dyn Any + Send>, Error>;
 
@@ -73,8 +77,17 @@ impl Requests {
         T: Send + 'static,
         F: Future<Output = Result<T, Error>> + Send + 'static,
     {
-        let request: BoxFuture<'static, Answer> =
-            Box::pin(async move { request.await.map(|value| Box::new(value) as Box<dyn Any + Send>) });
+        let unanswered = Error::Unanswered {
+            step,
+            about: about.to_string(),
+            seconds: ANSWER_WITHIN.as_secs(),
+        };
+        let request: BoxFuture<'static, Answer> = Box::pin(async move {
+            match tokio::time::timeout(ANSWER_WITHIN, request).await {
+                Ok(answer) => answer.map(|value| Box::new(value) as Box<dyn Any + Send>),
+                Err(_) => Err(unanswered),
+            }
+        });
         let (shard, about) = (shard.to_string(), about.to_string());
         async move {
             let answer = self.ask_boxed(&shard, step, &about, Box::new(wake), request).await;
@@ -265,6 +278,19 @@ mod tests {
         assert_eq!(f.requests.waiting("other"), Some("Probe"));
         f.requests.forget("other");
         assert_eq!(f.requests.waiting("other"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_not_answered_in_time_fails_the_step() {
+        let f = Fixture::default();
+        assert_eq!(f.probe("dev", "a", Duration::from_secs(3600), 1).await, None);
+        tokio::time::sleep(ANSWER_WITHIN).await;
+        assert_eq!(f.woken(), 1, "the timeout did not wake the shard");
+        let failed = f.requests.ask("dev", "Probe", "a", || {}, async { Ok(2u32) }).await;
+        assert!(
+            matches!(&failed, Err(e @ Error::Unanswered { step: "Probe", .. }) if e.to_string().contains("30 s")),
+            "{failed:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
