@@ -8,7 +8,7 @@ use chrono::Utc;
 use super::Note;
 use super::act::{Actor, Notes};
 use super::error::Error;
-use super::plan::{AdoptionRecord, SLOT_NAMES, Step};
+use super::plan::{AdoptionRecord, SLOT_NAMES};
 use super::state::{DataVersion, ShardDirs, SlotRecord, StoreRecord};
 use crate::adopt::{Found, OldStore};
 use crate::api::{EtcdStore, StoreSpec, StoreType};
@@ -93,7 +93,7 @@ pub async fn adopt(actor: &Actor<'_>) -> Result<Notes, Error> {
                     .and_then(|a| a.caddy_admin_address.clone()),
             );
             let about = root.display().to_string();
-            let asked = actor.ask(Step::AdoptKcp.name(), &about, async move { Ok(inspection.await) });
+            let asked = actor.ask(&about, async move { Ok(inspection.await) });
             match asked.await? {
                 Some(inspected) => inspected,
                 None => return Ok(vec![]),
@@ -368,7 +368,7 @@ pub async fn hold_lease(actor: &Actor<'_>) -> Result<Notes, Error> {
     let url = access::slot_url(slot.record.port);
     let client = access::shard_admin_client(&slot.dirs.admin_kubeconfig(), &url).await?;
     let hold = async move { Ok(access::hold_controllers_lease(&client, LEASE_HOLDER, LEASE_SECONDS).await?) };
-    let Some(created) = actor.ask(Step::HoldControllersLease.name(), &url, hold).await? else {
+    let Some(created) = actor.ask(&url, hold).await? else {
         return Ok(vec![]);
     };
     update(actor.dirs, |a| a.lease_held_at = Some(Utc::now()))?;
@@ -391,7 +391,7 @@ pub async fn redirect_proxy(actor: &Actor<'_>) -> Result<Notes, Error> {
         let (caddy, from, to) = (caddy.to_string(), record.address.clone(), front.clone());
         async move { Ok(CaddyAdmin::new(caddy.as_str()).redirect(&from, &to).await?) }
     };
-    let Some(moved) = actor.ask(Step::RedirectProxy.name(), caddy, redirect).await? else {
+    let Some(moved) = actor.ask(caddy, redirect).await? else {
         return Ok(vec![]);
     };
     update(actor.dirs, |a| a.proxy_moved_at = Some(Utc::now()))?;

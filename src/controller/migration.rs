@@ -9,7 +9,7 @@ use super::Note;
 use super::act::slots::SlotStart;
 use super::act::{Actor, Notes};
 use super::error::Error;
-use super::plan::{FrontChange, JobKind, LeaveCause, MigrationFailure, MigrationRecord, Step, Stopping};
+use super::plan::{FrontChange, JobKind, LeaveCause, MigrationFailure, MigrationRecord, Stopping};
 use super::state::{ControllerState, ShardDirs, StoreRecord};
 use crate::api::{FrontType, KcpShard, StoreSpec, StoreType};
 use crate::process::ProcessRecord;
@@ -94,7 +94,7 @@ fn target(actor: &Actor<'_>, record: &MigrationRecord) -> Result<StoreBackend, E
 pub async fn ensure_target_store(actor: &Actor<'_>) -> Result<Notes, Error> {
     let record = record(&actor.world.state)?.clone();
     let target = target(actor, &record)?;
-    let Some(started) = actor.ensure_store_of(&target, Step::EnsureTargetStore.name()).await? else {
+    let Some(started) = actor.ensure_store_of(&target).await? else {
         return Ok(vec![]);
     };
     Ok(vec![Note::normal(

@@ -316,6 +316,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         dirs: &dirs,
         desired: &desired,
         world: &world,
+        step: &next,
     };
     let acting = tokio::time::Instant::now();
     let span = tracing::info_span!("step", step = next.name(), slot = next.slot());

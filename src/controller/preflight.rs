@@ -28,7 +28,7 @@ use super::act::{Actor, Notes};
 use super::clients::Identity;
 use super::health::LOOK_TIMEOUT;
 use super::plan::{
-    JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord, Step, Stopping,
+    JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord, Stopping,
 };
 use super::state::{ControllerState, PreflightRecord, ShardDirs};
 use super::{Context, Error, Note, Wake};
@@ -130,7 +130,7 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
         Err(e) => return Err(e),
     };
     let read = async move { Ok(schemas::read(&client).await?) };
-    let Some(original) = actor.ask(Step::StartPreflight.name(), &through, read).await? else {
+    let Some(original) = actor.ask(&through, read).await? else {
         return Ok(vec![]);
     };
     let dirs = actor.dirs.preflight();
@@ -176,10 +176,7 @@ pub async fn copy(actor: &Actor<'_>) -> Result<Notes, Error> {
         && let Some(recreate) = store.recreate_scratch(&place)
     {
         let about = place.scratch_database.clone().unwrap_or_default();
-        match actor
-            .ask(Step::CopyPreflight.name(), &about, async move { Ok(recreate.await?) })
-            .await
-        {
+        match actor.ask(&about, async move { Ok(recreate.await?) }).await {
             Ok(Some(())) => {}
             Ok(None) => return Ok(vec![]),
             Err(e) => return fail_with(actor, format!("its copy of the data could not be started: {e}")),
@@ -285,7 +282,7 @@ pub async fn probe(actor: &Actor<'_>) -> Result<Notes, Error> {
         slot::release_controllers_lease(&shard_admin).await?;
         Ok(slot::access::create_probe_workspace(&admin).await?)
     };
-    let Some(workspace) = actor.ask(Step::PreflightProbe.name(), &url, release_and_create).await? else {
+    let Some(workspace) = actor.ask(&url, release_and_create).await? else {
         return Ok(vec![]);
     };
     let now = Utc::now();
@@ -306,7 +303,7 @@ pub async fn compare(actor: &Actor<'_>) -> Result<Notes, Error> {
     let url = slot::slot_url(record.port);
     let client = slot::shard_admin_client(&dirs.admin_kubeconfig(), &url).await?;
     let read = async move { Ok(schemas::read(&client).await?) };
-    let Some(after) = actor.ask(Step::ComparePreflight.name(), &url, read).await? else {
+    let Some(after) = actor.ask(&url, read).await? else {
         return Ok(vec![]);
     };
     let before: Schemas = super::state::read_json(&dirs.original())?.unwrap_or_default();
@@ -467,11 +464,7 @@ pub async fn remove(actor: &Actor<'_>) -> Result<Notes, Error> {
     }
     if let Some(drop) = store.drop_scratch(&place) {
         let about = place.scratch_database.clone().unwrap_or_default();
-        if actor
-            .ask(Step::RemovePreflight.name(), &about, async move { Ok(drop.await?) })
-            .await?
-            .is_none()
-        {
+        if actor.ask(&about, async move { Ok(drop.await?) }).await?.is_none() {
             return Ok(vec![]);
         }
     }

@@ -20,6 +20,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::error::Error;
+use super::plan::Step;
 
 /// How long a step waits for an answer before it returns and leaves the request running: most
 /// answers of an idle kcp or PostgreSQL come within it, and take no second look.
@@ -34,7 +35,8 @@ type Answer = Result<Box<dyn Any + Send>, Error>;
 
 /// What a step asked, under way or answered.
 struct Asked {
-    step: &'static str,
+    /// The step as planned when it asked: planned again first once the answer is in.
+    step: Step,
     /// What the request is about (the slot or database it goes to): the same step about something
     /// else asks anew.
     about: String,
@@ -67,7 +69,7 @@ impl Requests {
     pub fn ask<'r, T, F, W>(
         &'r self,
         shard: &str,
-        step: &'static str,
+        step: &Step,
         about: &str,
         wake: W,
         request: F,
@@ -77,8 +79,9 @@ impl Requests {
         T: Send + 'static,
         F: Future<Output = Result<T, Error>> + Send + 'static,
     {
+        let step = step.clone();
         let unanswered = Error::Unanswered {
-            step,
+            step: step.name(),
             about: about.to_string(),
             seconds: ANSWER_WITHIN.as_secs(),
         };
@@ -90,7 +93,7 @@ impl Requests {
         });
         let (shard, about) = (shard.to_string(), about.to_string());
         async move {
-            let answer = self.ask_boxed(&shard, step, &about, Box::new(wake), request).await;
+            let answer = self.ask_boxed(&shard, &step, &about, Box::new(wake), request).await;
             answer
                 .map(|answer| answer.map(|value| *value.downcast::<T>().expect("a step asks for the type it takes up")))
         }
@@ -99,7 +102,7 @@ impl Requests {
     async fn ask_boxed(
         &self,
         shard: &str,
-        step: &'static str,
+        step: &Step,
         about: &str,
         wake: Box<dyn FnOnce() + Send>,
         request: BoxFuture<'static, Answer>,
@@ -137,14 +140,14 @@ impl Requests {
         answered.parked = true;
         drop(answered);
         tracing::debug!(
-            step,
+            step = step.name(),
             about,
             "no answer yet: the step returns, its answer wakes the shard"
         );
         self.put(
             shard,
             Asked {
-                step,
+                step: step.clone(),
                 about: about.to_string(),
                 shared,
                 task: task.abort_handle(),
@@ -157,7 +160,18 @@ impl Requests {
     pub fn waiting(&self, shard: &str) -> Option<&'static str> {
         let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
         let asked = asked.get(shard)?;
-        (lock(&asked.shared).answer.is_none() && !asked.task.is_finished()).then_some(asked.step)
+        (lock(&asked.shared).answer.is_none() && !asked.task.is_finished()).then_some(asked.step.name())
+    }
+
+    /// The step whose request for `shard` was answered and not taken up yet (within
+    /// [`ANSWER_KEPT`]): the plan takes it first, since its request may have changed what the
+    /// plan sees (a deleted Lease), and the step would then not be planned again to record it.
+    pub fn answered(&self, shard: &str) -> Option<Step> {
+        let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let asked = asked.get(shard)?;
+        let shared = lock(&asked.shared);
+        let (at, _) = shared.answer.as_ref()?;
+        (at.elapsed() < ANSWER_KEPT).then(|| asked.step.clone())
     }
 
     /// Drops `shard`'s request, under way or answered (the shard is gone).
@@ -168,9 +182,9 @@ impl Requests {
     }
 
     /// Takes `shard`'s request out if it is `step`'s about `about`; drops (and stops) any other.
-    fn take_same(&self, shard: &str, step: &'static str, about: &str) -> Option<Asked> {
+    fn take_same(&self, shard: &str, step: &Step, about: &str) -> Option<Asked> {
         let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner()).remove(shard)?;
-        if asked.step == step && asked.about == about {
+        if asked.step.name() == step.name() && asked.about == about {
             return Some(asked);
         }
         asked.task.abort();
@@ -219,7 +233,10 @@ mod tests {
                 tokio::time::sleep(delay).await;
                 Ok(value)
             };
-            self.requests.ask(shard, "Probe", about, wake, request).await.unwrap()
+            self.requests
+                .ask(shard, &Step::Probe, about, wake, request)
+                .await
+                .unwrap()
         }
 
         fn woken(&self) -> usize {
@@ -254,7 +271,13 @@ mod tests {
         tokio::time::sleep(SLOW).await;
         assert_eq!(f.woken(), 1, "the answer did not wake the shard");
         assert_eq!(f.requests.waiting("dev"), None);
+        assert_eq!(
+            f.requests.answered("dev"),
+            Some(Step::Probe),
+            "the plan does not see the answer"
+        );
         assert_eq!(f.probe("dev", "a", Duration::ZERO, 9).await, Some(7));
+        assert_eq!(f.requests.answered("dev"), None, "an answer taken up is still offered");
         assert_eq!(f.asked(), 1, "the request was made more than once");
     }
 
@@ -267,6 +290,7 @@ mod tests {
         tokio::time::sleep(SLOW).await;
         assert_eq!(f.woken(), 1, "the dropped request still woke the shard");
         tokio::time::sleep(ANSWER_KEPT).await;
+        assert_eq!(f.requests.answered("dev"), None, "a stale answer is still offered");
         assert_eq!(
             f.probe("dev", "b", Duration::ZERO, 3).await,
             Some(3),
@@ -286,7 +310,10 @@ mod tests {
         assert_eq!(f.probe("dev", "a", Duration::from_secs(3600), 1).await, None);
         tokio::time::sleep(ANSWER_WITHIN).await;
         assert_eq!(f.woken(), 1, "the timeout did not wake the shard");
-        let failed = f.requests.ask("dev", "Probe", "a", || {}, async { Ok(2u32) }).await;
+        let failed = f
+            .requests
+            .ask("dev", &Step::Probe, "a", || {}, async { Ok(2u32) })
+            .await;
         assert!(
             matches!(&failed, Err(e @ Error::Unanswered { step: "Probe", .. }) if e.to_string().contains("30 s")),
             "{failed:?}"
@@ -302,15 +329,15 @@ mod tests {
         };
         assert!(
             requests
-                .ask("dev", "Probe", "a", || {}, failing)
+                .ask("dev", &Step::Probe, "a", || {}, failing)
                 .await
                 .unwrap()
                 .is_none()
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let failed = requests.ask("dev", "Probe", "a", || {}, async { Ok(1u32) }).await;
+        let failed = requests.ask("dev", &Step::Probe, "a", || {}, async { Ok(1u32) }).await;
         assert!(matches!(failed, Err(Error::NoAdoption)), "{failed:?}");
-        let retried = requests.ask("dev", "Probe", "a", || {}, async { Ok(2u32) }).await;
+        let retried = requests.ask("dev", &Step::Probe, "a", || {}, async { Ok(2u32) }).await;
         assert_eq!(retried.unwrap(), Some(2));
     }
 }

@@ -28,6 +28,8 @@ pub struct Actor<'a> {
     pub dirs: &'a ShardDirs,
     pub desired: &'a Desired,
     pub world: &'a World,
+    /// The step being taken (its requests are known by it).
+    pub step: &'a Step,
 }
 
 impl Actor<'_> {
@@ -142,7 +144,6 @@ impl Actor<'_> {
     /// wakes the shard, and the step planned again takes it up). See controller/requests.rs.
     pub(crate) fn ask<'r, T, F>(
         &'r self,
-        step: &'static str,
         about: &str,
         request: F,
     ) -> impl std::future::Future<Output = Result<Option<T>, Error>> + Send + use<'r, T, F>
@@ -156,23 +157,23 @@ impl Actor<'_> {
         );
         let exits = self.ctx.exits.clone();
         let wake = move || exits.wake(woken);
-        self.ctx
-            .requests
-            .ask(&kube::ResourceExt::name_any(self.shard), step, about, wake, request)
+        self.ctx.requests.ask(
+            &kube::ResourceExt::name_any(self.shard),
+            self.step,
+            about,
+            wake,
+            request,
+        )
     }
 
     /// Starts what kcpshard runs of `store` and, once all of it runs, reaches it over the network
     /// as step `step`'s request: what it found or started, or None while the request runs.
-    pub(crate) async fn ensure_store_of(
-        &self,
-        store: &StoreBackend,
-        step: &'static str,
-    ) -> Result<Option<String>, Error> {
+    pub(crate) async fn ensure_store_of(&self, store: &StoreBackend) -> Result<Option<String>, Error> {
         if let Some(started) = store.ensure(&self.ctx.runtime).await? {
             return Ok(Some(started));
         }
         let reach = store.reach();
-        self.ask(step, &store.describe_server(), async move { Ok(reach.await?) })
+        self.ask(&store.describe_server(), async move { Ok(reach.await?) })
             .await
     }
 

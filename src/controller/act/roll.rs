@@ -8,7 +8,7 @@ use super::Notes;
 use crate::controller::Note;
 use crate::controller::clients::Identity;
 use crate::controller::error::Error;
-use crate::controller::plan::{GoneSlot, ProbeRecord, Step};
+use crate::controller::plan::{GoneSlot, ProbeRecord};
 use crate::controller::state::CompletedRoll;
 use crate::slot;
 
@@ -16,10 +16,7 @@ impl Actor<'_> {
     pub(super) async fn release_lease(&self, holder: Option<&str>) -> Result<Notes, Error> {
         let (through, client) = self.world.serving_client(self.ctx, Identity::ShardAdmin).await?;
         let release = async move { Ok(slot::access::release_controllers_lease(&client).await?) };
-        let Some(deleted) = self
-            .ask(Step::ReleaseLease { holder: None }.name(), &through, release)
-            .await?
-        else {
+        let Some(deleted) = self.ask(&through, release).await? else {
             return Ok(vec![]);
         };
         // The holder stopped listening (or exited): from then on no slot could lead until now.
@@ -68,7 +65,7 @@ impl Actor<'_> {
             let client = client.clone();
             async move { Ok(slot::access::create_probe_workspace(&client).await?) }
         };
-        let Some(workspace) = self.ask(Step::Probe.name(), &through, create).await? else {
+        let Some(workspace) = self.ask(&through, create).await? else {
             return Ok(vec![]);
         };
         self.update_roll(|roll| {

@@ -7,7 +7,6 @@ use super::Actor;
 use super::Notes;
 use crate::controller::Note;
 use crate::controller::error::Error;
-use crate::controller::plan::Step;
 use crate::store::SlotStoreStart;
 
 impl Actor<'_> {
@@ -35,7 +34,7 @@ impl Actor<'_> {
             Some(problem) if runs => Some(problem.clone()),
             _ => None,
         };
-        let Some(started) = self.ensure_store_of(&store, Step::EnsureStore.name()).await? else {
+        let Some(started) = self.ensure_store_of(&store).await? else {
             return Ok(vec![]);
         };
         let mut notes = vec![match outage {

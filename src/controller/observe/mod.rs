@@ -392,6 +392,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_starting: store_starting.is_some(),
         slot_stores_starting: slot_stores_starting.into_keys().collect(),
         answer_awaited: ctx.requests.waiting(&shard.name_any()),
+        answered: ctx.requests.answered(&shard.name_any()),
         store_problem: store_status.as_ref().err().cloned(),
         store_unresponsive: !unresponsive_kines.is_empty(),
         store_processes_up: store.as_ref().is_ok_and(|s| s.processes_running(&ctx.runtime)),

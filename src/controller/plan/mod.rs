@@ -118,6 +118,11 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
     if let Some(name) = observed.unrecorded.first() {
         return Step::AdoptSlot { name: name.clone() };
     }
+    // A request's answer is taken up before anything else: the request may have changed what is
+    // observed (ReleaseLease's deleted Lease), and its step would then not be planned again.
+    if let Some(step) = &observed.answered {
+        return step.clone();
+    }
     if observed.job.as_ref().is_some_and(|j| !j.running()) {
         return Step::FinishJob;
     }

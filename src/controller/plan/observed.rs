@@ -246,6 +246,8 @@ pub struct Observed {
     /// The step whose request (to kcp, to PostgreSQL) is under way, unanswered: planned again, it
     /// waits for the answer instead of asking again.
     pub answer_awaited: Option<&'static str>,
+    /// The step whose request was answered and not taken up yet: planned first.
+    pub answered: Option<Step>,
     /// Why the store is not up (PostgreSQL's own error, a kine that is down), for StoreReady.
     pub store_problem: Option<String>,
     /// A kine kcpshard runs runs but does not answer reads: it is replaced.

@@ -91,7 +91,7 @@ struct Model {
     /// How long kcp takes to answer a step's request (none: within the step).
     answer_after: Option<chrono::Duration>,
     /// The request under way or answered: its step, and when it is answered.
-    asked: Option<(&'static str, chrono::DateTime<chrono::Utc>)>,
+    asked: Option<(Step, chrono::DateTime<chrono::Utc>)>,
 }
 
 impl Model {
@@ -130,7 +130,16 @@ impl Model {
     /// What observe would see now.
     fn observe(&mut self) {
         let now = self.now();
-        self.observed.answer_awaited = self.asked.filter(|(_, at)| now < *at).map(|(step, _)| step);
+        self.observed.answer_awaited = self
+            .asked
+            .as_ref()
+            .filter(|(_, at)| now < *at)
+            .map(|(step, _)| step.name());
+        self.observed.answered = self
+            .asked
+            .as_ref()
+            .filter(|(_, at)| now >= *at)
+            .map(|(step, _)| step.clone());
         for m in &mut self.slots {
             let s = &mut m.seen;
             if let Some(exits) = m.exits_at
@@ -688,12 +697,12 @@ impl Model {
         if let Some(after) = self.answer_after
             && ASKING.contains(&step.name())
         {
-            match self.asked {
+            match &self.asked {
                 // Its answer came: the step takes it up.
-                Some((asked, at)) if asked == step.name() && self.now() >= at => self.asked = None,
+                Some((asked, at)) if asked.name() == step.name() && self.now() >= *at => self.asked = None,
                 // Asked now (another request is dropped): the step returns without an answer.
                 _ => {
-                    self.asked = Some((step.name(), self.now() + after));
+                    self.asked = Some((step.clone(), self.now() + after));
                     return Ok(step);
                 }
             }

@@ -88,6 +88,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_starting: false,
         slot_stores_starting: BTreeSet::new(),
         answer_awaited: None,
+        answered: None,
         snapshot_for: None,
         last_backup_at: None,
         snapshot_request_answered: None,
@@ -273,6 +274,11 @@ fn a_step_whose_request_is_unanswered_waits_for_it_while_a_slot_that_dies_is_act
     // The answer came: Probe takes it up (controller/requests.rs), without asking again.
     o.answer_awaited = None;
     assert_eq!(plan(&d, &o), Step::Probe);
+    // An answered request is taken up first, even when its own effect means the plan would not
+    // choose its step again (ReleaseLease deleted the Lease; its record is still to be written).
+    let mut released = o.clone();
+    released.answered = Some(Step::ReleaseLease { holder: None });
+    assert_eq!(plan(&d, &released), Step::ReleaseLease { holder: None });
     // A request of another step does not hold this one back.
     o.answer_awaited = Some("ReleaseLease");
     assert_eq!(plan(&d, &o), Step::Probe);
