@@ -339,6 +339,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
                 return report_unreadable(ctx, shard, &path, &e).await;
             }
             tracing::warn!(step = ?next, error = %e, "step failed");
+            ctx.requests.step_failed(&name, &next);
             (vec![Note::warning("StepFailed", e.to_string())], Some(e.to_string()))
         }
     };

@@ -174,6 +174,19 @@ impl Requests {
         (at.elapsed() < ANSWER_KEPT).then(|| asked.step.clone())
     }
 
+    /// `step` failed for `shard` without taking its request's answer up (it failed before it
+    /// asked: the slot it asks through is gone): the answer is dropped, so that the plan does
+    /// not take that step first again and again until the answer is stale.
+    pub fn step_failed(&self, shard: &str, step: &Step) {
+        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+        let answered = asked
+            .get(shard)
+            .is_some_and(|a| a.step == *step && lock(&a.shared).answer.is_some());
+        if answered {
+            asked.remove(shard);
+        }
+    }
+
     /// Drops `shard`'s request, under way or answered (the shard is gone).
     pub fn forget(&self, shard: &str) {
         if let Some(asked) = self.asked.lock().unwrap_or_else(|p| p.into_inner()).remove(shard) {
@@ -302,6 +315,25 @@ mod tests {
         assert_eq!(f.requests.waiting("other"), Some("Probe"));
         f.requests.forget("other");
         assert_eq!(f.requests.waiting("other"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_whose_step_failed_before_taking_it_up_is_not_offered_again() {
+        let f = Fixture::default();
+        assert_eq!(f.probe("dev", "a", SLOW, 7).await, None);
+        // Another step failing, or Probe failing while its request runs, keeps it.
+        f.requests.step_failed("dev", &Step::ReleaseLease { holder: None });
+        f.requests.step_failed("dev", &Step::Probe);
+        assert_eq!(f.requests.waiting("dev"), Some("Probe"));
+        tokio::time::sleep(SLOW).await;
+        f.requests.step_failed("dev", &Step::ReleaseLease { holder: None });
+        assert_eq!(f.requests.answered("dev"), Some(Step::Probe));
+        f.requests.step_failed("dev", &Step::Probe);
+        assert_eq!(
+            f.requests.answered("dev"),
+            None,
+            "the plan would take Probe first again"
+        );
     }
 
     #[tokio::test(start_paused = true)]
