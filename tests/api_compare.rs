@@ -12,6 +12,10 @@
 //! without eventTime.
 //!
 //! Run it alone under the real-kcp lock: `flock /tmp/kcpshard-realkcp.lock cargo test --test api_compare`.
+//!
+//! Longer than 600 lines on purpose: one kcp, one workspace, every case of the comparison in one
+//! test (kcp's start is most of its time). Each tests/*.rs file is a test binary of its own (40-60
+//! MB, linked again on every change of the crate): one concern, one file.
 mod common;
 mod support;
 

@@ -6,6 +6,10 @@
 //!
 //! caddy runs with HOME, XDG_CONFIG_HOME and XDG_DATA_HOME in a temp dir and its storage there too,
 //! so nothing reaches the user's home or the system trust store (docs/background.md section 9).
+//!
+//! Longer than 600 lines on purpose: one caddy and its stand-in backends, and every switch of its
+//! upstreams kcpshard makes. Each tests/*.rs file is a test binary of its own (40-60 MB, linked
+//! again on every change of the crate): one concern, one file.
 mod support;
 
 use std::collections::BTreeSet;

@@ -17,6 +17,10 @@
 //! - the old slot killed mid-preflight: an interim slot of the version that last served the data
 //!   serves until the preflight passed, and no slot of the new version starts before it; an
 //!   interim slot that crashes at start is not started again, and the preflight and roll go on.
+//!
+//! Longer than 600 lines on purpose: every rule of the loop against one stand-in, sharing its
+//! fixtures (spec, the stand-in's knobs, what settled means). Each tests/*.rs file is a test binary
+//! of its own (40-60 MB, linked again on every change of the crate): one concern, one file.
 mod e2e;
 mod support;
 

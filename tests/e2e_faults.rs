@@ -39,6 +39,10 @@
 //! `cargo test --test e2e_faults -- --nocapture --test-threads=1`.
 //!
 //! Components come from bin/ (hack/install-deps.sh); a missing one fails, never skips.
+//!
+//! Longer than 600 lines on purpose: one fault matrix on one shard, every fault followed by the
+//! same checks (poller, status, events, workspaces kept). Each tests/*.rs file is a test binary of
+//! its own (40-60 MB, linked again on every change of the crate): one concern, one file.
 mod e2e;
 mod support;
 

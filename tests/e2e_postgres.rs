@@ -28,6 +28,10 @@
 //!   kine connects with the endpoint kcpshard builds. No kcp.
 //!
 //! A missing component fails, never skips.
+//!
+//! Longer than 600 lines on purpose: one shard walked in order through the production store's
+//! steps, and the TLS modes beside it. Each tests/*.rs file is a test binary of its own (40-60 MB,
+//! linked again on every change of the crate): one concern, one file.
 mod e2e;
 mod support;
 

@@ -26,6 +26,10 @@
 //! versions come from hack/versions.env at run time. `KCPSHARD_E2E_BIN` may name a copy of the
 //! kcpshard binary. Timings (status.lastRoll) are printed for docs/benchmarks.md: run with
 //! `cargo test --test e2e_roll -- --nocapture --test-threads=1`.
+//!
+//! Longer than 600 lines on purpose: its two tests each walk one shard through a roll's scenarios
+//! in order, each step starting from what the one before left. Each tests/*.rs file is a test
+//! binary of its own (40-60 MB, linked again on every change of the crate): one concern, one file.
 mod e2e;
 mod support;
 

@@ -24,6 +24,10 @@
 //! About 3 minutes (and about 4 more the first time, to build the root file system). A missing
 //! component fails,
 //! never skips.
+//!
+//! Longer than 600 lines on purpose: one machine booted once, one shard, the steps in sequence.
+//! Each tests/*.rs file is a test binary of its own (40-60 MB, linked again on every change of the
+//! crate): one concern, one file.
 mod e2e;
 mod support;
 

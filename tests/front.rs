@@ -3,6 +3,10 @@
 //!
 //! Every front a test starts is SIGKILLed when its [`Fixture`] drops, pass or fail (fronts run in
 //! their own session by design, so nothing else would end them).
+//!
+//! Longer than 600 lines on purpose: the front's behaviours against one fixture of backends and
+//! clients. Each tests/*.rs file is a test binary of its own (40-60 MB, linked again on every
+//! change of the crate): one concern, one file.
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;

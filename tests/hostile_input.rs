@@ -13,6 +13,10 @@
 //! The shard the controller runs here names a kcp binary that does not exist: the controller
 //! starts kine and the front, then blocks with BinaryMissing, so no kcp is needed. The fuzz target
 //! over request decoding lives in fuzz/ (hack/fuzz.sh); docs/reliability.md has both.
+//!
+//! Longer than 600 lines on purpose: every path and method of the API, with and without the token,
+//! against one serve. Each tests/*.rs file is a test binary of its own (40-60 MB, linked again on
+//! every change of the crate): one concern, one file.
 mod common;
 mod e2e;
 mod support;

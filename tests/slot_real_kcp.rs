@@ -17,6 +17,10 @@
 //! Needs `bin/kcp-<version>` for both kcp versions pinned in hack/versions.env, `bin/kine` and
 //! PostgreSQL (`hack/install-deps.sh`); without them the test fails, it never skips. Every process
 //! it starts is SIGKILLed at the end, pass or fail.
+//!
+//! Longer than 600 lines on purpose: two real kcp slots on one kine, and what kcpshard relies on of
+//! them, set up once per test the same way. Each tests/*.rs file is a test binary of its own (40-60
+//! MB, linked again on every change of the crate): one concern, one file.
 mod support;
 
 use std::net::IpAddr;

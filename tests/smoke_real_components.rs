@@ -2,6 +2,10 @@
 //! kine pairs on one PostgreSQL database. They never skip: a missing component fails the test.
 //! Lines starting with `MEASURE` are the figures quoted in docs/components.md
 //! (`cargo test --test smoke_real_components -- --nocapture` shows them).
+//!
+//! Longer than 600 lines on purpose: one smoke test per real component's behaviour that kcpshard
+//! relies on, with the figures docs/components.md quotes. Each tests/*.rs file is a test binary of
+//! its own (40-60 MB, linked again on every change of the crate): one concern, one file.
 
 mod support;
 

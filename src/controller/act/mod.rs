@@ -139,7 +139,7 @@ impl Actor<'_> {
         self.world.slot(name).ok_or_else(|| Error::NoSuchSlot(name.to_string()))
     }
 
-    /// Makes `request`, step `step`'s request about `about` (the slot or database it goes to),
+    /// Makes `request`, this step's request about `about` (the slot or database it goes to),
     /// beside the reconcile: its answer, or None while it runs (the step then returns; the answer
     /// wakes the shard, and the step planned again takes it up). See controller/requests.rs.
     pub(crate) fn ask<'r, T, F>(
