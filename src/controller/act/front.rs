@@ -47,14 +47,22 @@ impl Actor<'_> {
     }
 
     /// Changes the front's serving set: records who joined and left first (a slot that left is
-    /// then let settle before SIGTERM), then applies it.
+    /// then let settle before SIGTERM), then asks the front to apply it.
+    ///
+    /// The change is a request (to the front's control socket, or caddy's admin API): a front
+    /// that answers late holds back no other step. Its answer is taken up by this step planned
+    /// again, as it was asked, and the records are written again as of then: a slot left the
+    /// front no earlier. A slot gone by then (it exited meanwhile) is passed over: the front's
+    /// next change lets it go.
     pub(crate) async fn set_front(&self, change: &FrontChange) -> Result<Notes, Error> {
         let now = Utc::now();
         for name in &change.joined {
-            self.slot(name)?.dirs.update(|r| {
-                r.served_at.get_or_insert(now);
-                r.left_front_at = None;
-            })?;
+            if let Some(slot) = self.world.slot(name) {
+                slot.dirs.update(|r| {
+                    r.served_at.get_or_insert(now);
+                    r.left_front_at = None;
+                })?;
+            }
         }
         for (name, _) in &change.left {
             if let Some(slot) = self.world.slot(name) {
@@ -82,15 +90,20 @@ impl Actor<'_> {
         let backends: Vec<Backend> = change
             .backends
             .iter()
-            .map(|name| {
-                self.slot(name).map(|s| Backend {
+            .filter_map(|name| {
+                self.world.slot(name).map(|s| Backend {
                     slot: name.clone(),
                     address: s.address(),
                 })
             })
-            .collect::<Result<_, _>>()?;
+            .collect();
         let front = self.ctx.front(self.shard, self.dirs)?;
-        front.serve(&backends).await?;
+        let ours = front.is_ours();
+        let about = format!("the serving set [{}]", change.backends.join(", "));
+        let serve = async move { front.serve(&backends).await };
+        if self.ask(&about, serve).await?.is_none() {
+            return Ok(renewed.into_iter().collect());
+        }
         if joined_new {
             self.update_roll(|roll| roll.front_switched_at = Some(Utc::now()))?;
         }
@@ -147,7 +160,7 @@ impl Actor<'_> {
                 }
             ),
         ));
-        if !front.is_ours() && !change.backends.is_empty() {
+        if !ours && !change.backends.is_empty() {
             // Caddy terminates TLS and may be misconfigured in ways its admin API does not show:
             // later looks ask it as a client would (FinishFrontCheck).
             let mut state = self.dirs.load_state()?;

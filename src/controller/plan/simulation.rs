@@ -19,9 +19,10 @@ use super::tests::{at, desired, template};
 use super::*;
 
 const TICK: Duration = Duration::from_millis(100);
-/// The steps that make a request to kcp (controller/requests.rs).
-const ASKING: [&str; 5] = [
+/// The steps that make a request to kcp or the front (controller/requests.rs).
+const ASKING: [&str; 6] = [
     "Probe",
+    "SetFront",
     "ReleaseLease",
     "StartPreflight",
     "PreflightProbe",
@@ -140,6 +141,10 @@ impl Model {
             .as_ref()
             .filter(|(_, at)| now >= *at)
             .map(|(step, _)| step.clone());
+        // The front made the change it was asked for when it answered.
+        if let Some(Step::SetFront(change)) = self.observed.answered.clone() {
+            self.switch_front(&change);
+        }
         for m in &mut self.slots {
             let s = &mut m.seen;
             if let Some(exits) = m.exits_at
@@ -559,23 +564,8 @@ impl Model {
                 self.launch(name, interim)?;
             }
             Step::SetFront(change) => {
-                for joined in &change.joined {
-                    let s = o.slot(joined).expect("joins a known slot");
-                    prop_assert!(s.can_join(), "{joined} joined the front without answering /readyz");
-                }
-                let front = change.backends.clone();
-                for m in &mut self.slots {
-                    if front.contains(&m.seen.name) {
-                        m.seen.left_front_at = None;
-                    } else if self.observed.front.forwards_to(&m.seen.name) {
-                        m.seen.left_front_at = Some(now);
-                    }
-                }
-                self.observed.front = FrontObservation::Up {
-                    backends: front,
-                    open: vec![],
-                    retiring: vec![],
-                };
+                self.check_front_change(change)?;
+                self.switch_front(change);
             }
             Step::TerminateSlot { name } => {
                 let s = o.slot(name).expect("a known slot");
@@ -657,6 +647,32 @@ impl Model {
         Ok(())
     }
 
+    /// The front only ever gains a slot that answers `/readyz`, as observed when the change is made.
+    fn check_front_change(&self, change: &FrontChange) -> Result<(), TestCaseError> {
+        for joined in &change.joined {
+            let s = self.observed.slot(joined).expect("joins a known slot");
+            prop_assert!(s.can_join(), "{joined} joined the front without answering /readyz");
+        }
+        Ok(())
+    }
+
+    /// The front serves `change.backends` from now on.
+    fn switch_front(&mut self, change: &FrontChange) {
+        let now = self.now();
+        for m in &mut self.slots {
+            if change.backends.contains(&m.seen.name) {
+                m.seen.left_front_at = None;
+            } else if self.observed.front.forwards_to(&m.seen.name) {
+                m.seen.left_front_at = Some(now);
+            }
+        }
+        self.observed.front = FrontObservation::Up {
+            backends: change.backends.clone(),
+            open: vec![],
+            retiring: vec![],
+        };
+    }
+
     /// Starts slot `name` of `template` on the data, as act's start_slot does.
     fn launch(&mut self, name: &str, template: SlotTemplate) -> Result<(), TestCaseError> {
         let now = self.now();
@@ -698,10 +714,19 @@ impl Model {
             && ASKING.contains(&step.name())
         {
             match &self.asked {
-                // Its answer came: the step takes it up.
-                Some((asked, at)) if asked.name() == step.name() && self.now() >= *at => self.asked = None,
+                // Its answer came: the step takes it up. A front's change was made when it was
+                // answered (observe), as it was asked: taking it up only records it.
+                Some((asked, at)) if asked.name() == step.name() && self.now() >= *at => {
+                    self.asked = None;
+                    if matches!(step, Step::SetFront(_)) {
+                        return Ok(step);
+                    }
+                }
                 // Asked now (another request is dropped): the step returns without an answer.
                 _ => {
+                    if let Step::SetFront(change) = &step {
+                        self.check_front_change(change)?;
+                    }
                     self.asked = Some((step.clone(), self.now() + after));
                     return Ok(step);
                 }
