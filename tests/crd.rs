@@ -18,6 +18,28 @@ fn checked_in_crd_matches_the_types() {
 }
 
 #[test]
+fn the_field_reference_is_what_the_crd_generates() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference.md");
+    let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        checked_in == kcpshard::api::reference_markdown(),
+        "docs/reference.md differs from what src/api/kcpshard.rs generates.\n\
+         Regenerate it with:\n    cargo run -- crd --reference > docs/reference.md\n\
+         and commit the result."
+    );
+    // Every field the schema has is in it, defaults and limits too.
+    for row in [
+        "| `spec.version` | string, matching `^v\\d+\\.\\d+\\.\\d+(-[0-9A-Za-z.-]+)?$`, required |",
+        "| `spec.slots` | integer, 1 to 3 | `1` |",
+        "| `spec.rollout.readinessTimeout` |",
+        "| `status.slots[].name` |",
+        "| `status.conditions[].reason` |",
+    ] {
+        assert!(checked_in.contains(row), "no row {row}");
+    }
+}
+
+#[test]
 fn crd_names_and_scope() {
     let crd = kcpshard::api::crd();
     assert_eq!(crd.metadata.name.as_deref(), Some("kcpshards.kcpshard.io"));

@@ -92,7 +92,7 @@ pub struct KcpShardSpec {
     pub kcp: KcpSettings,
     /// Where the shard's data lives. Every slot of the shard uses the same store.
     pub store: StoreSpec,
-    /// The address clients dial; it forwards each connection to the active slot.
+    /// The address clients dial; it forwards each connection to one of the serving slots.
     #[serde(default)]
     pub front: FrontSpec,
     /// How a roll to a new slot proceeds and which version changes it may make.
@@ -121,8 +121,8 @@ pub struct KcpShardSpec {
     /// each version change, spec.rollout, and on request, `kcpshard snapshot create`).
     #[serde(default)]
     pub backup: BackupSpec,
-    /// A kcp that runs now on this host, outside kcpshard, for the shard to take over (docs/
-    /// operations.md, "Adopt a running kcp"): its key material and tokens become the shard's, its
+    /// A kcp that runs now on this host, outside kcpshard, for the shard to take over
+    /// (docs/operations.md, "Adopt a running kcp"): its key material and tokens become the shard's, its
     /// data moves into spec.store while it serves, and at the switch it is stopped and the shard's
     /// slots serve in its place. Its root directory is only read. Only on a new shard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -489,7 +489,7 @@ pub struct EtcdStore {
     pub key_file: Option<String>,
 }
 
-/// The address clients dial. It forwards each TCP connection (TLS passes through) to the active slot.
+/// The address clients dial. It forwards each TCP connection (TLS passes through) to one of the serving slots.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", default)]
 pub struct FrontSpec {
@@ -534,7 +534,7 @@ impl FrontType {
     }
 }
 
-/// A caddy you run, whose reverse_proxy handler forwards to the active slot (`kcpshard front caddy-config`
+/// A caddy you run, whose reverse_proxy handler forwards to the serving slots (`kcpshard front caddy-config`
 /// prints the config to use). kcpshard only changes that handler's upstreams, through caddy's admin API.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

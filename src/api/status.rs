@@ -96,7 +96,7 @@ impl Phase {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SlotStatus {
-    /// The slot's name, e.g. blue or green; its root directory is named after it.
+    /// The slot's name, a to d; its directory under the shard's `slots/` is named after it.
     pub name: String,
     /// The kcp release the slot runs.
     pub version: String,
@@ -134,7 +134,7 @@ pub struct FrontStatus {
     /// The address the front listens on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
-    /// host:port the front forwards new connections to (the active slot's port).
+    /// The host:port of each slot the front forwards new connections to, comma-separated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
 }
@@ -153,9 +153,9 @@ pub struct StoreStatus {
     pub endpoints: Vec<String>,
     /// Whether the store accepted connections at the last observation.
     pub ready: bool,
-    /// Since when the shard's data is in this store: the first start of a slot on it. From then on
-    /// spec.store cannot name another store (kcpshard cannot move the data yet), and a KcpShard
-    /// created again under the same name runs on this store until its directory is moved aside.
+    /// Since when the shard's data is in this store: the first start of a slot on it, or the end of
+    /// a move into it (status.migration). A KcpShard created again under the same name runs on
+    /// this store until its directory is moved aside.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_since: Option<Time>,
     /// Why the store is not ready, or what it is doing.
@@ -258,6 +258,7 @@ pub struct PreflightStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub changes: Vec<String>,
+    /// When it began (its copy of the data was asked for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<MicroTime>,
     /// When the copy of the data it runs on was complete (the copy is a job of its own).
@@ -266,6 +267,7 @@ pub struct PreflightStatus {
     /// When its kcp started on the copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launched_at: Option<MicroTime>,
+    /// When its result was known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<MicroTime>,
     /// What happened: how long each check took, or why it failed (kcp's last error line and
@@ -333,7 +335,9 @@ pub struct MigrationStatus {
     pub from: String,
     /// The store the data moves to.
     pub to: String,
+    /// When the move began (spec.store was changed).
     pub started_at: MicroTime,
+    /// When it ended: Complete or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<MicroTime>,
     /// Keys copied at one revision of the old store, before the following began.
@@ -369,7 +373,9 @@ pub struct AdoptionStatus {
     pub phase: String,
     /// The kcp taken over: its release, process, address and store.
     pub from: String,
+    /// When the take-over began.
     pub started_at: MicroTime,
+    /// When it ended: Complete or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<MicroTime>,
     /// Why it failed, and what to do.

@@ -41,8 +41,9 @@ enum Command {
     /// Serve the KcpShard API over HTTPS from files in the state dir, and write its kubeconfig;
     /// or reconcile the KcpShards of a shared API (--kubeconfig). Runs the controller either way.
     Serve(Box<serve::Args>),
-    /// Print the KcpShard CustomResourceDefinition (the same bytes as crds/kcpshards.kcpshard.io.yaml).
-    Crd,
+    /// Print the KcpShard CustomResourceDefinition (the same bytes as crds/kcpshards.kcpshard.io.yaml),
+    /// or with --reference its field reference (docs/reference.md).
+    Crd(crd::Args),
     /// Create or update KcpShard objects from YAML or JSON files, like `kubectl apply -f`.
     Apply(apply::Args),
     /// List KcpShards, or show one, like `kubectl get kcpshards`.
@@ -90,7 +91,7 @@ pub fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => serve::run(*args).await,
-        Command::Crd => crd::run(),
+        Command::Crd(args) => crd::run(args),
         Command::Apply(args) => apply::run(args).await,
         Command::Get(args) => get::run(args).await,
         Command::Describe(args) => describe::run(args).await,
