@@ -66,3 +66,35 @@ impl ApiMetrics {
         text
     }
 }
+
+/// The series of a text exposition, as a query names them (a counter's with its `_total`): what
+/// the metrics references in docs/ must list (controller/metrics.rs, front/metrics.rs).
+#[cfg(test)]
+pub(crate) fn series_of(exposition: &str) -> std::collections::BTreeSet<String> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| {
+            let (name, kind) = l.split_once(' ')?;
+            Some(match kind {
+                "counter" => format!("{name}_total"),
+                _ => name.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The `kcpshard_*` series a doc names, in backquotes, on the lines `keep` picks.
+#[cfg(test)]
+pub(crate) fn series_in_doc(doc: &str, keep: impl Fn(&str) -> bool) -> std::collections::BTreeSet<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|l| keep(l))
+        .flat_map(|l| l.split('`').skip(1).step_by(2).map(str::to_string).collect::<Vec<_>>())
+        .filter_map(|quoted| {
+            let name = quoted.split('{').next()?;
+            name.starts_with("kcpshard_").then(|| name.to_string())
+        })
+        .collect()
+}

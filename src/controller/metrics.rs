@@ -83,7 +83,7 @@ impl ControllerMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "steps",
-            "Steps the controller took, by shard, step (Idle and the waits included) and result: ok, or what failed (io, store, process, kcp, spec, front, state, api)",
+            "Steps the controller took, by shard, step (Idle and the waits included) and result: ok, or what failed (io, store, job, process, kcp, no_serving_slot, spec, front, front_address, caddy, unanswered, state, api)",
             self.steps.clone(),
         );
         registry.register(
@@ -226,7 +226,23 @@ mod tests {
     }
 
     #[test]
-    fn steps_rolls_and_the_free_space_under_the_store_are_exposed_per_shard() {
+    fn the_metrics_table_of_operations_md_lists_every_series_serve_exposes_and_no_other() {
+        use crate::apiserver::metrics::{ApiMetrics, series_in_doc, series_of};
+        let api = ApiMetrics::default();
+        api.observe(&http::Method::GET, 200);
+        api.register("controller", |registry| busy().register(registry));
+        let exposed = series_of(&api.encode());
+        let documented = series_in_doc("docs/operations.md", |l| l.starts_with("| `kcpshard_"));
+        assert_eq!(
+            exposed, documented,
+            "serve's /metrics against docs/operations.md, Metrics"
+        );
+        assert!(exposed.contains("kcpshard_controller_steps_total"), "{exposed:?}");
+    }
+
+    /// Metrics of a shard that took steps (one failed), rolled once, saw a process exit and the
+    /// free space under its store: every series has a sample.
+    fn busy() -> ControllerMetrics {
         let metrics = ControllerMetrics::default();
         let ms = std::time::Duration::from_millis;
         metrics.step_taken("dev", &Step::Probe, ms(3), None);
@@ -260,6 +276,12 @@ mod tests {
                 completed_at: at(11_300),
             },
         );
+        metrics
+    }
+
+    #[test]
+    fn steps_rolls_and_the_free_space_under_the_store_are_exposed_per_shard() {
+        let metrics = busy();
         let text = exposition(&metrics);
         for line in [
             r#"kcpshard_controller_steps_total{shard="dev",step="Probe",result="ok"} 2"#,

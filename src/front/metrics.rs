@@ -85,6 +85,27 @@ mod tests {
     use crate::front::protocol::{Backend, SlotConnections};
 
     #[test]
+    fn front_md_lists_every_series_the_front_exposes_and_no_other() {
+        let status = FrontStatus {
+            pid: 1,
+            listen: "127.0.0.1:6443".parse().unwrap(),
+            backends: vec![Backend {
+                slot: "a".into(),
+                address: "127.0.0.1:7002".parse().unwrap(),
+            }],
+            connections: BTreeMap::from([("a".to_string(), SlotConnections::default())]),
+        };
+        let exposed = crate::apiserver::metrics::series_of(&render(&status));
+        let documented =
+            crate::apiserver::metrics::series_in_doc("docs/front.md", |l| l.starts_with("- `kcpshard_front_"));
+        assert_eq!(
+            exposed, documented,
+            "the front's /metrics against docs/front.md, Metrics"
+        );
+        assert_eq!(exposed.len(), 6, "{exposed:?}");
+    }
+
+    #[test]
     fn counts_per_slot_and_the_backend_are_exposed() {
         let status = FrontStatus {
             pid: 1,
