@@ -83,7 +83,7 @@ pub const LISTEN_PATTERN: &str = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Za-z.-]+):\d{1,5}$
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KcpShardSpec {
-    /// The kcp release tag the shard runs, e.g. v0.32.3. Changing it rolls the shard to a new slot
+    /// The kcp release tag the shard runs, e.g. v0.31.2. Changing it rolls the shard to a new slot
     /// running that release (see rollout for which changes are allowed).
     #[schemars(pattern(VERSION_PATTERN))]
     pub version: String,
