@@ -140,3 +140,124 @@ fn the_readme_tour_is_what_up_sh_prints() {
         "README.md's tour differs from what hack/up.sh prints: copy the script's output into the README"
     );
 }
+
+/// A heading's anchor as GitHub makes it: lower case, spaces to hyphens, punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The headings of a Markdown file (outside code blocks), without their `#`s.
+fn headings(text: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            found.push(line.trim_start_matches('#').trim().to_string());
+        }
+    }
+    found
+}
+
+/// The relative links of a Markdown text: `[text](target)` and `![alt](target)`, not URLs.
+fn relative_links(text: &str) -> Vec<String> {
+    // Not inside `code` (a pattern's `](`).
+    let prose: String = text.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+    prose
+        .split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target.to_string()))
+        .filter(|t| !t.contains("://") && !t.starts_with("mailto:") && !t.contains(' '))
+        .collect()
+}
+
+/// Every relative link of the README and docs/ reaches a file, and its `#anchor` a heading there;
+/// every page the code, tests and scripts name exists, and every section they cite by name
+/// (`docs/X.md, "Section"`) is a heading of that page.
+#[test]
+fn links_and_cited_sections_reach_what_they_name() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let anchors_of = |path: &Path| -> Option<Vec<String>> {
+        let text = std::fs::read_to_string(path).ok()?;
+        Some(headings(&text).iter().map(|h| anchor(h)).collect())
+    };
+    let mut pages = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap().flatten() {
+        if entry.path().extension().is_some_and(|e| e == "md") {
+            pages.push(entry.path());
+        }
+    }
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let dir = page.parent().unwrap();
+        for link in relative_links(&text) {
+            let (file, fragment) = link.split_once('#').unwrap_or((&link, ""));
+            let target = if file.is_empty() { page.clone() } else { dir.join(file) };
+            let name = page.strip_prefix(&root).unwrap().display().to_string();
+            if !target.exists() {
+                broken.push(format!("{name}: ({link}): no such file"));
+            } else if !fragment.is_empty() && target.extension().is_some_and(|e| e == "md") {
+                let anchors = anchors_of(&target).unwrap_or_default();
+                if !anchors.iter().any(|a| a == fragment) {
+                    broken.push(format!("{name}: ({link}): no such heading"));
+                }
+            }
+        }
+    }
+    let mut sources = Vec::new();
+    for dir in ["src", "tests", "hack", "manifests"] {
+        files(&root.join(dir), &mut sources);
+    }
+    // This file's comments show the form it reads.
+    let this_file = root.join(file!());
+    for source in sources.iter().filter(|p| **p != this_file) {
+        let text = std::fs::read_to_string(source).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for (_, rest) in line.match_indices("docs/").map(|(at, _)| ((), &line[at..])) {
+                let Some((page, after)) = rest.split_once(".md") else {
+                    continue;
+                };
+                let page = root.join(format!("{page}.md"));
+                let at = format!("{}:{}", source.strip_prefix(&root).unwrap().display(), n + 1);
+                if !page.exists() {
+                    broken.push(format!(
+                        "{at}: {} does not exist",
+                        page.strip_prefix(&root).unwrap().display()
+                    ));
+                    continue;
+                }
+                let quoted = after
+                    .strip_prefix(", ")
+                    .or_else(|| after.strip_prefix(' '))
+                    .map(|a| a.trim_start_matches('\\'))
+                    .and_then(|a| a.strip_prefix('"'))
+                    .and_then(|a| a.split_once('"'))
+                    .map(|(section, _)| section.trim_end_matches('\\'));
+                if let Some(section) = quoted {
+                    // A heading, or a paragraph's bold lead (`**A roll seen through ....**`).
+                    let text = std::fs::read_to_string(&page).unwrap();
+                    let leads = text.lines().filter_map(|l| l.strip_prefix("**")).map(str::to_string);
+                    let titles: Vec<String> = headings(&text).into_iter().chain(leads).collect();
+                    if !titles.iter().any(|t| t.replace('`', "").starts_with(section)) {
+                        broken.push(format!(
+                            "{at}: no section \"{section}\" in {}",
+                            page.strip_prefix(&root).unwrap().display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "links that lead nowhere:\n{}", broken.join("\n"));
+}

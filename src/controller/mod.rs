@@ -63,7 +63,7 @@ use state::ShardDirs;
 
 /// Requeue after a step that changed something: take the next one at once.
 const NEXT_STEP: Duration = Duration::from_millis(10);
-/// What a step may take: it starts something and returns (docs/architecture.md, "Steps").
+/// What a step may take: it starts something and returns (docs/architecture.md, "The steps").
 const STEP_BUDGET: Duration = Duration::from_millis(100);
 /// Requeue while the probe workspace gets Ready: how late the roll learns that a leader runs.
 const WHILE_PROBING: Duration = Duration::from_millis(100);
