@@ -216,8 +216,8 @@ if [ -e "$bin/kcp-$KCP_VERSION_NEWER" ]; then
 fi
 
 # ---------------------------------------------------------------- kcp-front-proxy (the newest pin)
-# A sharded kcp's front-proxy (docs/operations.md, "A sharded kcp with kcpshard"), from the same kcp
-# module as kcp-$KCP_VERSION_NEWER (hack/kcp/<version>/tools.go pins both cmd/kcp and
+# A sharded kcp's front-proxy (docs/how-to/sharded-kcp.md, "A sharded kcp with kcpshard"), from
+# the same kcp module as kcp-$KCP_VERSION_NEWER (hack/kcp/<version>/tools.go pins both cmd/kcp and
 # cmd/kcp-front-proxy), so it reuses that build's compiled packages.
 if wants kcp-front-proxy; then
   v=$KCP_VERSION_NEWER

@@ -1,5 +1,5 @@
 //! The address of a kcp that clients dial directly, taken over by kcpshard's front with no
-//! connection refused (docs/operations.md, "Adopt a running kcp"): a front started with
+//! connection refused (docs/how-to/adopt.md, "Adopt a running kcp"): a front started with
 //! `--take-listener-of <kcp's pid>` shares kcp's very listening socket, kcp stops (SIGTERM), and a
 //! client that dials all along is never refused; after kcp's exit every dial reaches the front's
 //! backend.

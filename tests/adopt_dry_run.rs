@@ -1,5 +1,5 @@
 //! `kcpshard adopt ROOT_DIR --dry-run` on a real kcp that serves from its own root directory with
-//! its embedded etcd, started as a user runs it (docs/operations.md, "Adopt a running kcp"): the
+//! its embedded etcd, started as a user runs it (docs/how-to/adopt.md, "Adopt a running kcp"): the
 //! report names the process, its release, its store with a key count read through the embedded
 //! etcd's own client certificates (ECDSA P-521) and equal to etcdctl's count at the same revision,
 //! the key material, the admin contexts and the fate of each flag; it refuses another release, a

@@ -1,4 +1,4 @@
-//! The store half of adopting a running kcp (docs/operations.md, "Adopt a running kcp"): `kcpshard
+//! The store half of adopting a running kcp (docs/how-to/adopt.md, "Adopt a running kcp"): `kcpshard
 //! job store-mirror` copies a real kcp's embedded etcd, through the client certificate kcp made for
 //! it, into a KineSqlite store while kcp serves and takes writes; follows it until kcp exits (and
 //! its etcd with it); then reads the last changes from a copy of the etcd's data directory, opened

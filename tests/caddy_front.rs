@@ -690,7 +690,7 @@ async fn a_request_in_flight_and_an_open_watch_finish_on_the_old_slot_across_a_s
 /// Why the rendered config has no `flush_interval: -1` (which an earlier caddy config used): with it, Debian's
 /// caddy 2.6 cancels every proxied request at each reload, so each switch fails the requests in
 /// flight and cuts the open watches short. If this starts failing, caddy no longer does that, and
-/// docs/operations.md (Fronts, Caddy)'s advice can be revisited.
+/// docs/how-to/fronts.md (Fronts, Caddy)'s advice can be revisited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_flush_interval_minus_one_caddy_2_6_cuts_what_is_in_flight_at_a_switch() {
     let (slow, lines, _) = in_flight_across_a_switch(|config| {
@@ -793,7 +793,7 @@ async fn an_unreachable_admin_api_says_how_to_start_caddy() {
         "{message}"
     );
     assert!(
-        message.contains("start caddy with the config from docs/operations.md"),
+        message.contains("start caddy with the config from docs/how-to/fronts.md"),
         "{message}"
     );
     assert!(message.contains("or fix spec.front.caddy.adminAddress"), "{message}");

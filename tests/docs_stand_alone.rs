@@ -181,9 +181,9 @@ fn relative_links(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every relative link of the README and docs/ reaches a file, and its `#anchor` a heading there;
-/// every page the code, tests and scripts name exists, and every section they cite by name
-/// (`docs/X.md, "Section"`) is a heading of that page.
+/// Every relative link of the README and docs/ (docs/how-to/ too) reaches a file, and its `#anchor`
+/// a heading there; every page the code, tests and scripts name exists, and every section they
+/// cite by name (`docs/X.md, "Section"`) is a heading of that page.
 #[test]
 fn links_and_cited_sections_reach_what_they_name() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -191,12 +191,15 @@ fn links_and_cited_sections_reach_what_they_name() {
         let text = std::fs::read_to_string(path).ok()?;
         Some(headings(&text).iter().map(|h| anchor(h)).collect())
     };
+    // docs/ and the directories under it (docs/how-to/).
+    let mut docs = Vec::new();
+    files(&root.join("docs"), &mut docs);
     let mut pages = vec![root.join("README.md")];
-    for entry in std::fs::read_dir(root.join("docs")).unwrap().flatten() {
-        if entry.path().extension().is_some_and(|e| e == "md") {
-            pages.push(entry.path());
-        }
-    }
+    pages.extend(docs.into_iter().filter(|p| p.extension().is_some_and(|e| e == "md")));
+    assert!(
+        pages.iter().any(|p| p.ends_with("docs/how-to/install.md")),
+        "the pages under docs/how-to/ are not read: is the walk right?"
+    );
     let mut broken = Vec::new();
     for page in &pages {
         let text = std::fs::read_to_string(page).unwrap();

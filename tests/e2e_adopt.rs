@@ -1,5 +1,5 @@
 //! End to end on real kcp: a kcp a user runs from its own root directory taken over by a KcpShard
-//! with spec.adopt (docs/operations.md, "Adopt a running kcp"), in the two shapes users run it:
+//! with spec.adopt (docs/how-to/adopt.md, "Adopt a running kcp"), in the two shapes users run it:
 //! - with its embedded etcd behind caddy, adopted onto a managed PostgreSQL (caddy's upstream
 //!   moved to the front) and then rolled to a newer release;
 //! - on a kine over sqlite of its own, clients dialling kcp's address, adopted by `kcpshard adopt`

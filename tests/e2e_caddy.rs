@@ -1,5 +1,5 @@
 //! End to end with Debian's caddy as the front (a roll with 0 failed `/readyz`
-//! polls at 50 ms through caddy), the way docs/operations.md tells a user to set it up:
+//! polls at 50 ms through caddy), the way docs/how-to/fronts.md tells a user to set it up:
 //! 1. apply a KcpShard with `front.type: Caddy`. Caddy is not running yet: it serves the shard's
 //!    certificate, which the first slot makes. The slot starts, and the shard says what to do
 //!    (start caddy with the config from `kcpshard front caddy-config`), naming where the

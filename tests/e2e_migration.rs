@@ -1,5 +1,5 @@
 //! End to end on real kcp: a shard's data moved to another store while it serves (docs/
-//! operations.md, "Move a shard to another store"), as a user does it: `spec.store` changed on a
+//! how-to/stores.md, "Move a shard to another store"), as a user does it: `spec.store` changed on a
 //! Ready shard with workspaces, an APIExport bound in a workspace, ConfigMaps and a Secret, while a
 //! `/readyz` poller goes through the front every 20 ms, a ConfigMap is written every 200 ms, and an
 //! informer (kube-rs's reflector, resuming its watch from the resourceVersion it holds) watches

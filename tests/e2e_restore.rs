@@ -11,7 +11,7 @@
 //!      the snapshot's version and the patch to make; nothing changes;
 //!   4. roll back to v0.30 (allowDowngrade): it completes, and what was made before and after the
 //!      snapshot is served, the binding Bound, its Widget there, a new Widget accepted
-//!      (docs/operations.md, "Roll back", records this);
+//!      (docs/how-to/upgrade.md, "Roll back", records this);
 //!   5. `kcpshard snapshot list` shows the snapshot; `kcpshard snapshot restore` restores it: a
 //!      Warning event and Ready=False `Restoring` while the shard is down, then Ready on v0.30
 //!      with `before-snapshot` there and `after-snapshot` gone, the Widget made after the

@@ -1,7 +1,7 @@
 //! A sharded kcp end to end on real kcp and kine, as a user sees it through kcp-front-proxy: a root
 //! shard and a second shard (two KcpShards of one `kcpshard serve`, two fronts, two KineSqlite
 //! stores), kcp-front-proxy beside them run from the files the root shard's state holds
-//! (docs/operations.md, "A sharded kcp with kcpshard"). Walked in order on one set-up:
+//! (docs/how-to/sharded-kcp.md, "A sharded kcp with kcpshard"). Walked in order on one set-up:
 //! 1. a shard whose rootShard does not exist, then names a shard that is not a root, and the
 //!    second shard while its root is not Ready yet: Blocked with RootShardNotReady saying which,
 //!    no slot started; the orphan is deleted;
@@ -12,7 +12,7 @@
 //!    second shard's own front, the first is not;
 //! 4. the root rolled, then the second shard, each under a 20 ms poller through the front-proxy on
 //!    each of the two workspaces, polling as client-go does (an answer with `Retry-After` is asked
-//!    again after it, see docs/operations.md, "A roll seen through kcp-front-proxy"): 0 failed;
+//!    again after it, see docs/how-to/sharded-kcp.md, "A roll seen through kcp-front-proxy"): 0 failed;
 //!    the second shard's roll proven by the controllers Lease its new slot holds (event
 //!    ProbeSucceeded).
 //!
@@ -32,7 +32,7 @@ const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 const POLL_EVERY: Duration = Duration::from_millis(20);
 const SHARD_LABEL: &str = "kcpshard.io/e2e-shard";
 
-/// kcp-front-proxy, run as docs/operations.md says, from the root shard's `sharded/` files.
+/// kcp-front-proxy, run as docs/how-to/sharded-kcp.md says, from the root shard's `sharded/` files.
 struct FrontProxy {
     child: Child,
 }

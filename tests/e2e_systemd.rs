@@ -1,5 +1,5 @@
 //! End to end under a real systemd (252, Debian bookworm, booted in systemd-nspawn: see
-//! tests/e2e/machine.rs): kcpshard installed as docs/operations.md says, with the shipped unit
+//! tests/e2e/machine.rs): kcpshard installed as docs/how-to/install.md says, with the shipped unit
 //! (manifests/systemd/kcpshard.service), serve running as user `kcpshard`, every process it starts
 //! a transient unit of that user's manager. One machine, one shard (manifests/dev.yaml), the steps
 //! in sequence, each under a `/readyz` poller through the front on a new connection every 20 ms:
@@ -57,7 +57,7 @@ systemctl daemon-reload
 systemctl start kcpshard-plain";
 const PLAIN_STATE: &str = "/var/lib/kcpshard-plain";
 
-/// The install of docs/operations.md ("Install as a service"), binaries already in /opt/kcpshard
+/// The install of docs/how-to/install.md ("Install as a service"), binaries already in /opt/kcpshard
 /// and the user made (by [`PLAIN_UNIT`]).
 const INSTALL: &str = "set -e
 loginctl enable-linger kcpshard

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Moves of a serving shard's data between stores under load through the front (docs/operations.md,
+# Moves of a serving shard's data between stores under load through the front (docs/how-to/stores.md,
 # "Move a shard to another store"). For each --workspaces value: starts a KineSqlite shard (one
 # slot), fills it with that many workspaces (0: as it comes up; hack/bench/common.sh,
 # fill_workspaces), starts examples/roll_load.rs (a /readyz poller every 20 ms, keep-alive and

@@ -27,8 +27,8 @@
 #                           [--preflight on|off] [--readiness-timeout DURATION]
 #   defaults: both, slots 1, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
 #   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
-#   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/operations.md, "A kcp that never gets
-#   ready"). `--slots 2,1` runs slots 2, then slots 1, on each store, side by side in one report.
+#   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/how-to/upgrade.md, "A new slot that never
+#   gets ready"). `--slots 2,1` runs slots 2, then slots 1, on each store, side by side in one report.
 #   --png DIR writes roll-<store>-slots<N>.png there (default: the state dir, gone unless KEEP=1).
 # Needs hack/install-deps.sh (kcp, kine, kubectl, PostgreSQL). Run alone: kcp is heavy, and other
 # real-kcp runs on the machine change the figures (e.g. `flock /tmp/kcpshard-realkcp.lock ...`).

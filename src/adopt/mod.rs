@@ -1,4 +1,4 @@
-//! Taking over a kcp that runs now, from its root directory (docs/operations.md, "Adopt a running
+//! Taking over a kcp that runs now, from its root directory (docs/how-to/adopt.md, "Adopt a running
 //! kcp"): what it has that an adoption takes, and what would make an adoption unsafe.
 //!
 //! - [`inspect`] reads a kcp root directory and the process that serves from it: its flags, its

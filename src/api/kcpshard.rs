@@ -122,9 +122,9 @@ pub struct KcpShardSpec {
     #[serde(default)]
     pub backup: BackupSpec,
     /// A kcp that runs now on this host, outside kcpshard, for the shard to take over
-    /// (docs/operations.md, "Adopt a running kcp"): its key material and tokens become the shard's, its
-    /// data moves into spec.store while it serves, and at the switch it is stopped and the shard's
-    /// slots serve in its place. Its root directory is only read. Only on a new shard.
+    /// (docs/how-to/adopt.md, "Adopt a running kcp"): its key material and tokens become the
+    /// shard's, its data moves into spec.store while it serves, and at the switch it is stopped and
+    /// the shard's slots serve in its place. Its root directory is only read. Only on a new shard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopt: Option<AdoptSpec>,
 }
@@ -143,7 +143,7 @@ pub struct AdoptSpec {
     pub caddy_admin_address: Option<String>,
 }
 
-/// Scheduled snapshots of the store (docs/operations.md, "Snapshots").
+/// Scheduled snapshots of the store (docs/how-to/snapshots.md, "Snapshots").
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupSpec {
@@ -183,7 +183,7 @@ impl BackupSpec {
 /// kcp's own name of the root shard (`--shard-name` defaults to it).
 pub const ROOT_SHARD_NAME: &str = "root";
 
-/// A shard of a sharded kcp (docs/operations.md, "A sharded kcp with kcpshard").
+/// A shard of a sharded kcp (docs/how-to/sharded-kcp.md, "A sharded kcp with kcpshard").
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ShardSpec {

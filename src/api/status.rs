@@ -321,7 +321,7 @@ pub struct RestoreStatus {
     pub completed_at: Option<MicroTime>,
 }
 
-/// A move of the shard's data to another store while it serves (docs/operations.md, "Move a shard
+/// A move of the shard's data to another store while it serves (docs/how-to/stores.md, "Move a shard
 /// to another store").
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -363,7 +363,7 @@ pub struct MigrationStatus {
     pub message: Option<String>,
 }
 
-/// The take-over of a running kcp (spec.adopt; docs/operations.md, "Adopt a running kcp").
+/// The take-over of a running kcp (spec.adopt; docs/how-to/adopt.md, "Adopt a running kcp").
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdoptionStatus {

@@ -142,7 +142,7 @@ pub fn validate_update(old: &KcpShard, new: &KcpShard) -> Vec<FieldCause> {
     vec![forbidden(
         field,
         format!(
-            "the data of KcpShard {name} is in {} (since {}), and {why}: a slot started on {} would serve an empty kcp. Put spec.store back as it was. To run the shard on the new store without its data, delete the KcpShard, move its store directory (<state dir>/shards/{name}/store) aside, and create it again (docs/operations.md, \"Move a shard to another store\")",
+            "the data of KcpShard {name} is in {} (since {}), and {why}: a slot started on {} would serve an empty kcp. Put spec.store back as it was. To run the shard on the new store without its data, delete the KcpShard, move its store directory (<state dir>/shards/{name}/store) aside, and create it again (docs/how-to/stores.md, \"Move a shard to another store\")",
             old.spec.store.describe(),
             since.0,
             new.spec.store.describe(),

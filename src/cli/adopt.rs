@@ -1,5 +1,5 @@
 //! `kcpshard adopt ROOT_DIR --name NAME [--store STORE] [--front ADDRESS]`: writes a KcpShard that
-//! takes over the kcp serving from ROOT_DIR (spec.adopt; docs/operations.md, "Adopt a running
+//! takes over the kcp serving from ROOT_DIR (spec.adopt; docs/how-to/adopt.md, "Adopt a running
 //! kcp") and follows it to its end, like `rollout status`. With `--dry-run` it only reports what
 //! an adoption would take (its key material, tokens, store and flags) and whether it can: it reads,
 //! writes nothing and signals no process. Either way it exits non-zero when the kcp cannot be

@@ -1,5 +1,5 @@
 //! `kcpshard front caddy-config`: prints the caddy JSON config kcpshard recommends for a shard whose
-//! front is a caddy you run (`spec.front.type: Caddy`; see docs/operations.md).
+//! front is a caddy you run (`spec.front.type: Caddy`; see docs/how-to/fronts.md).
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 

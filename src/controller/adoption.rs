@@ -25,7 +25,7 @@ pub const ADOPTED_TOKENS: &str = "adopted-token-auth-file";
 pub const LEASE_HOLDER: &str = "kcpshard-adoption";
 
 /// How long that Lease is valid: longer than any move of the data. The switch deletes it; after a
-/// failed adoption it stays in the old store until deleted (docs/operations.md).
+/// failed adoption it stays in the old store until deleted (docs/how-to/adopt.md).
 const LEASE_SECONDS: u32 = 24 * 60 * 60;
 
 /// kcp's own admin user (`kcp-admin` of `admin.kubeconfig`): a token kcp makes anew per process

@@ -203,7 +203,7 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
             Ok(vec![Note::normal(
                 "SnapshotTaken",
                 format!(
-                    "took a snapshot of the store: {path} ({size} bytes, {took:.1}s) before rolling to {}; docs/operations.md says how to restore it",
+                    "took a snapshot of the store: {path} ({size} bytes, {took:.1}s) before rolling to {}; docs/how-to/snapshots.md says how to restore it",
                     template.version
                 ),
             )])
@@ -226,7 +226,7 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
             Ok(vec![Note::normal(
                 "SnapshotTaken",
                 format!(
-                    "took a snapshot of the store: {path} ({bytes} bytes, {took:.1}s); `kcpshard snapshot restore` takes it back (docs/operations.md, \"Restore a snapshot\")"
+                    "took a snapshot of the store: {path} ({bytes} bytes, {took:.1}s); `kcpshard snapshot restore` takes it back (docs/how-to/snapshots.md, \"Restore a snapshot\")"
                 ),
             )])
         }

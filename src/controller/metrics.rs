@@ -226,16 +226,16 @@ mod tests {
     }
 
     #[test]
-    fn the_metrics_table_of_operations_md_lists_every_series_serve_exposes_and_no_other() {
+    fn the_metrics_table_of_monitoring_md_lists_every_series_serve_exposes_and_no_other() {
         use crate::apiserver::metrics::{ApiMetrics, series_in_doc, series_of};
         let api = ApiMetrics::default();
         api.observe(&http::Method::GET, 200);
         api.register("controller", |registry| busy().register(registry));
         let exposed = series_of(&api.encode());
-        let documented = series_in_doc("docs/operations.md", |l| l.starts_with("| `kcpshard_"));
+        let documented = series_in_doc("docs/how-to/monitoring.md", |l| l.starts_with("| `kcpshard_"));
         assert_eq!(
             exposed, documented,
-            "serve's /metrics against docs/operations.md, Metrics"
+            "serve's /metrics against docs/how-to/monitoring.md, Metrics"
         );
         assert!(exposed.contains("kcpshard_controller_steps_total"), "{exposed:?}");
     }

@@ -1,5 +1,5 @@
 //! The preflight: before the first slot of a new spec.version starts while another version serves,
-//! that version runs alone on a COPY of the data (docs/operations.md, "The preflight"; kcp's
+//! that version runs alone on a COPY of the data (docs/how-to/upgrade.md, "The preflight"; kcp's
 //! minor releases rewrite kcp's own schemas at start, docs/background.md section 6).
 //!
 //! Its steps, each short (plan.rs decides, this module acts and observes):

@@ -6,7 +6,7 @@
 //!
 //! A restore starts the kcp version that served the data in the snapshot (the `<from>` of its
 //! file name, `store/snapshot.rs`): newer kcp may have rewritten that data, older kcp cannot be
-//! trusted to read what a newer one wrote (docs/operations.md, "Roll back"). So spec.version must
+//! trusted to read what a newer one wrote (docs/how-to/upgrade.md, "Roll back"). So spec.version must
 //! be that version when the restore is asked for; the restore itself never changes the spec
 //! (which a GitOps checkout would change back).
 use std::path::{Path, PathBuf};

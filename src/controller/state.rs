@@ -395,7 +395,7 @@ pub struct DataVersion {
 
 /// The store a shard's data is in, written before the first slot starts on it (and again when
 /// the settings that reach it change). From then on the controller runs the shard on this store,
-/// whatever spec.store says: a slot on another store would serve an empty kcp (docs/operations.md,
+/// whatever spec.store says: a slot on another store would serve an empty kcp (docs/how-to/stores.md,
 /// "Move a shard to another store").
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -4,8 +4,8 @@
 //! handler's upstreams (and so checks that caddy answers and that the @id names a reverse_proxy
 //! handler), and [`CaddyAdmin::serve`] replaces them with the serving slots' addresses
 //! (`PATCH /id/<id>/upstreams`) and reads them back. [`render_config`] is the caddy JSON config
-//! kcpshard recommends (`kcpshard front caddy-config` prints it; docs/operations.md (Fronts, Caddy) says why
-//! each setting is there).
+//! kcpshard recommends (`kcpshard front caddy-config` prints it; docs/how-to/fronts.md (Fronts,
+//! Caddy) says why each setting is there).
 //!
 //! What Debian's caddy (2.6.2) does, as `tests/caddy_front.rs` measures:
 //! - Every change through the admin API reloads the whole config: every server, the admin
@@ -58,7 +58,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 pub enum CaddyError {
     #[error(
         "caddy's admin API at {admin} does not answer ({cause}): start caddy with the config from \
-         docs/operations.md (`kcpshard front caddy-config`), or fix spec.front.caddy.adminAddress"
+         docs/how-to/fronts.md (`kcpshard front caddy-config`), or fix spec.front.caddy.adminAddress"
     )]
     Unreachable { admin: String, cause: String },
 
@@ -406,9 +406,9 @@ pub struct CaddyConfig {
     pub storage_dir: PathBuf,
 }
 
-/// The caddy JSON config kcpshard recommends for one shard (docs/operations.md (Fronts, Caddy) explains each
-/// setting). Paths are written as given: pass absolute ones, caddy resolves relative paths against
-/// its own working directory.
+/// The caddy JSON config kcpshard recommends for one shard (docs/how-to/fronts.md (Fronts, Caddy)
+/// explains each setting). Paths are written as given: pass absolute ones, caddy resolves relative
+/// paths against its own working directory.
 pub fn render_config(config: &CaddyConfig) -> Result<Value, CaddyError> {
     check_id(&config.upstream_id)?;
     let path = |what: &'static str, path: &Path| {

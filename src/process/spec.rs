@@ -222,7 +222,7 @@ pub enum ProcessError {
     #[error("pid {pid} still runs {waited:?} after SIGKILL")]
     Unkillable { pid: u32, waited: Duration },
     #[error(
-        "cannot reach the systemd manager through the bus at {socket}: {message}; for a user other than root, turn lingering on (`loginctl enable-linger USER`) and install dbus-user-session (docs/operations.md, Install as a service), or pass --runtime process"
+        "cannot reach the systemd manager through the bus at {socket}: {message}; for a user other than root, turn lingering on (`loginctl enable-linger USER`) and install dbus-user-session (docs/how-to/install.md, Install as a service), or pass --runtime process"
     )]
     Manager { socket: PathBuf, message: String },
     #[error("systemd refused {what} of {unit}: {message}")]

@@ -1,6 +1,6 @@
 //! kcp's own schemas as one kcp serves them, and what changed between two such readings: what a
 //! preflight compares between the serving slots and the new version on a copy of the data
-//! (docs/operations.md, "The preflight").
+//! (docs/how-to/upgrade.md, "The preflight").
 //!
 //! Read as the shard admin, on a kcp's own port:
 //! - the CRDs of kcp's system CRD logical cluster (`system:system-crds`: the bootstrap CRDs kcp

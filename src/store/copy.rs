@@ -1,4 +1,4 @@
-//! Copies of a shard's data for a preflight (docs/operations.md, "The preflight"): the new
+//! Copies of a shard's data for a preflight (docs/how-to/upgrade.md, "The preflight"): the new
 //! version runs on a copy, never on the shard's own store.
 //!
 //! - KineSqlite: `VACUUM INTO` (sqlite's consistent copy of a live database, taken in one read

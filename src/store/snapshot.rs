@@ -9,7 +9,7 @@
 //! They go into `<shard>/snapshots/`, named `<stem>-<from>-to-<to>-<UTC time>.<extension>`:
 //! `<from>` is the kcp version that served the data in it, which is the version a restore starts
 //! again ([`SnapshotName`]). Only the newest `keep` stay. A restore (`kcpshard snapshot restore`,
-//! docs/operations.md) puts one back with every slot stopped: a dump with [`restore_run`] in one
+//! docs/how-to/snapshots.md) puts one back with every slot stopped: a dump with [`restore_run`] in one
 //! transaction, a sqlite copy over `state.db` with its kine stopped too, an etcd snapshot's keys
 //! through the cluster's API ([`super::etcd_snapshot`]). The first two leave the data as it was
 //! when they fail; a failed etcd restore is to be run again.

@@ -1,5 +1,5 @@
 //! A kcp as users run it before kcpshard: `kcp start` from its own root directory with its
-//! embedded etcd, on loopback ports of its own (docs/operations.md, "Adopt a running kcp").
+//! embedded etcd, on loopback ports of its own (docs/how-to/adopt.md, "Adopt a running kcp").
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -68,7 +68,7 @@ pub struct Args {
     /// GitOps: apply every KcpShard in the YAML files under DIR (a git checkout, say) at start and
     /// whenever they change, with server-side apply under the field manager `kcpshard-gitops`.
     /// A field removed from a file is removed from the object. Deleting a file does not delete its
-    /// objects (see --manifests-prune). See docs/operations.md.
+    /// objects (see --manifests-prune). See docs/how-to/gitops.md.
     #[arg(long, value_name = "DIR")]
     manifests: Option<PathBuf>,
     /// With --manifests: delete the KcpShards that kcpshard-gitops created and that no file in DIR
@@ -86,7 +86,7 @@ pub struct Args {
     runtime: Option<RuntimeKind>,
     /// Reconcile the KcpShards of a shared API (a Kubernetes cluster, a kcp workspace) instead of
     /// serving a local one: this kubeconfig's current context (or --context). The CRD and
-    /// manifests/rbac.yaml must be applied there first (docs/operations.md).
+    /// manifests/rbac.yaml must be applied there first (docs/how-to/shared-api.md).
     #[arg(long, value_name = "FILE", conflicts_with = "api_listen")]
     kubeconfig: Option<PathBuf>,
     /// With --kubeconfig: the context to use instead of the kubeconfig's current one.

@@ -1,4 +1,4 @@
-//! Taking over a kcp that ran outside kcpshard (spec.adopt; docs/operations.md, "Adopt a running
+//! Taking over a kcp that ran outside kcpshard (spec.adopt; docs/how-to/adopt.md, "Adopt a running
 //! kcp"). One step, AdoptKcp, reads the kcp and its root directory (src/adopt), makes its key
 //! material and tokens the shard's, and records its process as the shard's first slot and its
 //! store as the shard's store. From then on it is a slot like any other: the front serves it, and

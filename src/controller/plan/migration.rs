@@ -1,5 +1,5 @@
 //! A move of the shard's data to another store while it serves (spec.store changed; docs/
-//! operations.md "Move a shard to another store"). The old slots serve on while a job mirrors the
+//! how-to/stores.md "Move a shard to another store"). The old slots serve on while a job mirrors the
 //! store into the new one (a copy at one revision, then every later change: store/mirror.rs); a
 //! slot starts on the new store out of the front (it follows: the controllers Lease it reads is
 //! the one the serving leader renews, mirrored); then the switch: the front holds new connections,
