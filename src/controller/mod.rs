@@ -248,6 +248,7 @@ async fn reconcile(shard: Arc<KcpShard>, ctx: Arc<Context>) -> Result<Action, Er
     if done {
         // Nothing of the shard runs any more: let the object go.
         ctx.requests.forget(&name);
+        ctx.metrics.shard_gone(&name);
         let index = ours.expect("checked above");
         let patch = json!([{"op": "test", "path": format!("/metadata/finalizers/{index}"), "value": FINALIZER},
                            {"op": "remove", "path": format!("/metadata/finalizers/{index}")}]);
@@ -395,6 +396,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         ));
     }
     write_status(&api, &name, stored.as_ref(), &status).await?;
+    ctx.metrics.conditions_written(&name, &status.conditions);
     // A slot that stops answering while it is the only one behind the front takes no step until
     // livenessTimeout: the first status that says so is told as an event too.
     if let Some(hung) = status
