@@ -44,7 +44,8 @@ const HTTP_SERVERS: &str = "/config/apps/http/servers";
 const CERTIFICATE_TAG: &str = "kcpshard";
 /// How often caddy asks each upstream's `/readyz`, and how long it waits for the answer. A check
 /// that times out marks the upstream unhealthy like a failed one (caddy 2.6.2
-/// reverseproxy/healthchecks.go:108-122), and a kcp on a busy machine (a new slot starting beside
+/// reverseproxy/healthchecks.go:295-302), an unhealthy upstream gets no request
+/// (reverseproxy.go:373-376), and a kcp on a busy machine (a new slot starting beside
 /// it) can take over 1 s to answer while it serves: with one upstream, caddy then answers 503
 /// (docs/reliability.md). 5 s still takes a hung slot out within seconds.
 const HEALTH_INTERVAL: &str = "1s";
@@ -399,8 +400,8 @@ pub struct CaddyConfig {
     pub key_file: PathBuf,
     /// The CA caddy verifies the slots with (kcp's `apiserver.crt` holds its CA).
     pub ca_file: PathBuf,
-    /// The serving slots, if known; without them the upstreams start empty (caddy answers 502)
-    /// until the controller's first change.
+    /// The serving slots, if known; without them the upstreams start empty until the controller's
+    /// first change (caddy answers 503 "no upstreams available" once its try_duration has passed).
     pub upstreams: Vec<SocketAddr>,
     /// caddy's storage root (locks, and the local CA its pki app makes, never installed).
     pub storage_dir: PathBuf,

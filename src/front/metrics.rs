@@ -27,6 +27,7 @@ pub fn render(status: &FrontStatus) -> String {
     let open = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let total = Family::<SlotLabels, Counter>::default();
     let failed = Family::<SlotLabels, Counter>::default();
+    let replayed = Family::<SlotLabels, Counter>::default();
     let retired_pending = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let retired_unjudged = Family::<SlotLabels, Gauge<u64, AtomicU64>>::default();
     let backend = Family::<BackendLabels, Gauge>::default();
@@ -40,6 +41,11 @@ pub fn render(status: &FrontStatus) -> String {
         "connections_failed",
         "Client connections closed because their slot did not accept within the retry window",
         failed.clone(),
+    );
+    registry.register(
+        "connections_replayed",
+        "Client connections a slot did not answer (it failed or stayed silent) that went on to another slot",
+        replayed.clone(),
     );
     registry.register(
         "connections_retired_pending",
@@ -61,6 +67,7 @@ pub fn render(status: &FrontStatus) -> String {
         open.get_or_create(&labels).set(counts.open);
         total.get_or_create(&labels).inc_by(counts.total);
         failed.get_or_create(&labels).inc_by(counts.failed);
+        replayed.get_or_create(&labels).inc_by(counts.replayed);
         retired_pending.get_or_create(&labels).set(counts.retired_pending);
         retired_unjudged.get_or_create(&labels).set(counts.retired_unjudged);
     }
@@ -102,7 +109,7 @@ mod tests {
             exposed, documented,
             "the front's /metrics against docs/front.md, Metrics"
         );
-        assert_eq!(exposed.len(), 6, "{exposed:?}");
+        assert_eq!(exposed.len(), 7, "{exposed:?}");
     }
 
     #[test]
@@ -127,6 +134,7 @@ mod tests {
                         open: 1,
                         total: 7,
                         failed: 2,
+                        replayed: 5,
                         retired_pending: 1,
                         ..SlotConnections::default()
                     },
@@ -147,6 +155,7 @@ mod tests {
             "kcpshard_front_connections_open{slot=\"green\"} 3",
             "kcpshard_front_connections_total{slot=\"blue\"} 7",
             "kcpshard_front_connections_failed_total{slot=\"blue\"} 2",
+            "kcpshard_front_connections_replayed_total{slot=\"blue\"} 5",
             "kcpshard_front_connections_retired_pending{slot=\"blue\"} 1",
             "kcpshard_front_connections_retired_unjudged{slot=\"blue\"} 0",
             "kcpshard_front_backend{slot=\"green\",address=\"127.0.0.1:7002\"} 1",

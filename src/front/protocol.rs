@@ -40,9 +40,14 @@ pub struct SlotConnections {
     pub open: u64,
     /// Client connections ever given to the slot.
     pub total: u64,
-    /// Of those, the ones closed because the slot could not be reached within the retry window.
+    /// Of those, the ones closed because the slot could not be reached within the retry window, or
+    /// because it failed before answering and no other slot served to take them.
     #[serde(default)]
     pub failed: u64,
+    /// Connections the slot did not answer (it closed or reset them, or stayed silent for the
+    /// answer wait) that the front sent on to another serving slot, the client none the wiser.
+    #[serde(default)]
+    pub replayed: u64,
     /// Open kept-alive HTTP/1.1 connections to the slot while it is out of the serving set that
     /// may still carry a request to it: a request in flight, or a connection before its first.
     /// Once a connection's answer is out, the front closes it at its next request instead of

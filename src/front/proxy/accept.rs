@@ -1,4 +1,5 @@
-//! Accepting client connections, and the life of each one: connect to its slot, copy, log.
+//! Accepting client connections, and the life of each one: connect to its slot, open (replayed to
+//! another slot if the first does not answer), copy, log.
 //!
 //! Invariants:
 //! - TCP_NODELAY and TCP keepalive (idle 60 s, then 4 probes 15 s apart) are set once on the
@@ -15,7 +16,8 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use super::accounting::Tracked;
-use super::connect::{self, RETRY_STEP};
+use super::connect::RETRY_STEP;
+use super::opening::{self, Opened};
 use super::pump::{Ended, pump};
 use super::router::Router;
 
@@ -74,12 +76,20 @@ pub fn tune_listener(listener: &TcpListener) {
 /// One client connection, from accept to close.
 async fn forward(router: Arc<Router>, mut client: TcpStream, peer: SocketAddr) {
     let _tracked = Tracked::new(&router);
-    let Some((active, pin, mut upstream)) = connect::connect(&router, peer).await else {
+    let Some(Opened {
+        active,
+        pin,
+        mut upstream,
+        exchange,
+        client_ended,
+    }) = opening::open(&router, &mut client, peer).await
+    else {
         return;
     };
     let address = active.backend.address;
     let mut routes = router.routes();
-    match pump(&mut client, &mut upstream, &mut routes, address, pin.counters()).await {
+    let opened = (exchange, client_ended);
+    match pump(&mut client, &mut upstream, &mut routes, address, pin.counters(), opened).await {
         Ok(Ended::Both { up, down }) => debug!(%peer, slot = %active.backend.slot, up, down, "connection closed"),
         Ok(Ended::SlotClosing) => {
             debug!(%peer, slot = %active.backend.slot, "closing a connection to a slot that is shutting down")

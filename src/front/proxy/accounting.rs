@@ -1,7 +1,7 @@
 //! Per-slot and per-process connection counts, kept by guards whose lifetime is the connection's:
 //! a count can never be left behind by an early return or a panic.
 //!
-//! - [`SlotCounters`]: `open`, `total` and `failed` of one slot, as `status` and `/metrics` show
+//! - [`SlotCounters`]: `open`, `total`, `failed` and `replayed` of one slot, as `status` and `/metrics` show
 //!   them. [`Pinned`] adds one to `total` and `open` when a connection is given to the slot and
 //!   takes it off `open` when the connection ends. [`RetiredCount`] counts it in `retired_*` while
 //!   its slot is out of the serving set.
@@ -22,6 +22,7 @@ pub(super) struct SlotCounters {
     open: AtomicU64,
     total: AtomicU64,
     failed: AtomicU64,
+    replayed: AtomicU64,
     retired_pending: AtomicU64,
     retired_unjudged: AtomicU64,
 }
@@ -36,12 +37,18 @@ impl SlotCounters {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A connection this slot did not answer (it failed or stayed silent) that went to another.
+    pub fn count_replayed(&self) {
+        self.replayed.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self, address: SocketAddr) -> SlotConnections {
         SlotConnections {
             address: Some(address),
             open: self.open.load(Ordering::Relaxed),
             total: self.total.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
+            replayed: self.replayed.load(Ordering::Relaxed),
             retired_pending: self.retired_pending.load(Ordering::Relaxed),
             retired_unjudged: self.retired_unjudged.load(Ordering::Relaxed),
         }

@@ -5,6 +5,8 @@
 //!   connection runs as its own task.
 //! - [`connect`]: the backend is connected *before* a byte is read from the client, retrying a
 //!   refused connect every [`RETRY_STEP`] for up to [`RETRY_WINDOW`].
+//! - [`opening`]: until the slot's first byte, what the client sent is kept, and a slot that
+//!   fails or stays silent for [`opening::ANSWER_WAIT`] has the connection replayed to another serving slot.
 //! - [`pump`]: the copy both ways, half-closes propagated, no idle timeout; kept-alive HTTP/1.1
 //!   connections to a retired slot closed between requests.
 //! - [`accounting`]: per-slot and per-process counts, held by guards that live as long as the
@@ -14,6 +16,7 @@
 mod accept;
 mod accounting;
 mod connect;
+mod opening;
 mod pump;
 mod router;
 #[cfg(test)]

@@ -132,7 +132,8 @@ pub(super) enum Ended {
 
 /// Copies both ways until both directions have ended (or one fails), the connection's slot is
 /// closed, or the connection is a kept-alive HTTP/1.1 one to a retired slot and its client starts
-/// the next request. An EOF from one side becomes a `shutdown(SHUT_WR)` on the other, unless the
+/// the next request. It takes over from the connection's opening ([`super::opening`]): the TLS
+/// records followed so far, and whether the client has ended its side already. An EOF from one side becomes a `shutdown(SHUT_WR)` on the other, unless the
 /// other direction has ended already: the close that follows sends the FIN then.
 pub(super) async fn pump(
     client: &mut TcpStream,
@@ -140,12 +141,15 @@ pub(super) async fn pump(
     routes: &mut watch::Receiver<Routes>,
     address: SocketAddr,
     counters: &SlotCounters,
+    (mut exchange, client_ended): (keepalive::Exchange, bool),
 ) -> io::Result<Ended> {
     let (mut client_read, mut client_write) = client.split();
     let (mut upstream_read, mut upstream_write) = upstream.split();
-    let mut up = Half::default();
+    let mut up = Half {
+        ended: client_ended,
+        ..Half::default()
+    };
     let mut down = Half::default();
-    let mut exchange = keepalive::Exchange::default();
     let mut counted = RetiredCount::new(counters);
     let mut watching = true;
     // A change or close made before this connection subscribed.
@@ -277,7 +281,17 @@ mod tests {
         });
         let pump = tokio::spawn(async move {
             let counters = SlotCounters::default();
-            match pump(&mut client_near, &mut upstream_near, &mut watched, address, &counters).await? {
+            let opened = (keepalive::Exchange::default(), false);
+            match pump(
+                &mut client_near,
+                &mut upstream_near,
+                &mut watched,
+                address,
+                &counters,
+                opened,
+            )
+            .await?
+            {
                 Ended::Both { up, down } => Ok((up, down)),
                 other => panic!("the pump ended as {other:?}"),
             }

@@ -166,6 +166,17 @@ impl Router {
         }
     }
 
+    /// A serving backend none of `tried` names (the fewest open connections): where a connection
+    /// whose slot did not answer is replayed.
+    pub(super) fn pick_untried(&self, tried: &[SocketAddr]) -> Option<Arc<Active>> {
+        let serving = self.serving.borrow();
+        serving
+            .iter()
+            .filter(|active| !tried.contains(&active.backend.address))
+            .min_by_key(|active| active.counters.open())
+            .cloned()
+    }
+
     /// Waits for the serving set to have a member, up to `deadline`, and picks one.
     pub(super) async fn wait_for_backend(&self, deadline: Instant) -> Option<Arc<Active>> {
         let mut rx = self.serving.subscribe();

@@ -88,9 +88,14 @@ fn plain_answer(_: usize) -> Vec<Vec<u8>> {
 
 /// A front on a fresh port serving `slot` "a".
 async fn front_to(address: SocketAddr) -> (Arc<Router>, SocketAddr, watch::Sender<bool>) {
+    front_serving(vec![backend("a", address)]).await
+}
+
+/// A front on a fresh port serving `backends`.
+async fn front_serving(backends: Vec<Backend>) -> (Arc<Router>, SocketAddr, watch::Sender<bool>) {
     let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let front_address = front.local_addr().unwrap();
-    let router = Router::new(vec![backend("a", address)]);
+    let router = Router::new(backends);
     let (stop, stopped) = watch::channel(false);
     tokio::spawn(accept_loop(Arc::new(front), router.clone(), stopped));
     (router, front_address, stop)
@@ -149,18 +154,7 @@ async fn ends_within(stream: &mut TcpStream, bound: Duration) -> bool {
 #[tokio::test(start_paused = true)]
 async fn closing_a_slot_ends_its_open_connections_and_spares_the_others() {
     // Two backends that accept and hold their connections open, echoing nothing.
-    let hold = || async {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                held.push(stream);
-            }
-        });
-        address
-    };
-    let (old, new) = (hold().await, hold().await);
+    let (old, new) = (silent_slot().await, silent_slot().await);
     let (router, front_address, _stop) = front_to(old).await;
 
     let mut on_old = TcpStream::connect(front_address).await.unwrap();
@@ -424,4 +418,185 @@ async fn handshaken_slowly(front: SocketAddr) -> TcpStream {
     let mut first = vec![0u8; 5 + 100];
     stream.read_exact(&mut first).await.unwrap();
     stream
+}
+
+/// A slot that dies under its connections: it reads `before` bytes of what a client sends, then
+/// resets the connection without a byte of answer, as a killed kcp's kernel does to the
+/// connections its listener had accepted.
+async fn dying_slot(before: usize) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut got = 0;
+                while got < before {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => got += n,
+                    }
+                }
+                // SO_LINGER 0: the close is a RST.
+                stream.set_zero_linger().unwrap();
+            });
+        }
+    });
+    address
+}
+
+/// A slot that accepts and never answers, as a stopped (SIGSTOPped) kcp's kernel does.
+async fn silent_slot() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    address
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_that_dies_before_answering_has_its_new_connections_replayed_to_another() {
+    let dying = dying_slot(1).await;
+    let serving = slot(plain_answer, Duration::ZERO).await;
+    let (router, front, _stop) = front_serving(vec![backend("a", dying), backend("b", serving.address)]).await;
+    // Each is held open, so the dying slot (no open connection once its own are replayed) is
+    // always the one with the fewest: every connection goes to it first.
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let handshake = tokio::time::timeout(Duration::from_secs(30), handshaken(front, &[b"http/1.1"]));
+        let mut stream = handshake.await.expect("the handshake is answered by the other slot");
+        assert_eq!(ask(&mut stream, 5 + ANSWER).await, Asked::Answered);
+        held.push(stream);
+    }
+    let counts = router.connections();
+    assert_eq!(
+        (
+            counts["a"].total,
+            counts["a"].replayed,
+            counts["a"].failed,
+            counts["a"].open
+        ),
+        (6, 6, 0, 0),
+        "every connection the dying slot was given went on to the other, none failed"
+    );
+    assert_eq!((counts["b"].total, counts["b"].open, counts["b"].replayed), (6, 6, 0));
+    assert_eq!(
+        serving.requests.load(Ordering::SeqCst),
+        6 * 2,
+        "the first request and the one asked"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_slot_has_a_new_connection_replayed_after_the_answer_wait() {
+    use super::opening::ANSWER_WAIT;
+    let serving = slot(plain_answer, Duration::ZERO).await;
+    let (router, front, _stop) =
+        front_serving(vec![backend("a", silent_slot().await), backend("b", serving.address)]).await;
+    let started = tokio::time::Instant::now();
+    let mut stream = tokio::time::timeout(Duration::from_secs(30), handshaken(front, &[b"http/1.1"]))
+        .await
+        .expect("the handshake is answered by the other slot");
+    let waited = started.elapsed();
+    assert!(
+        waited >= ANSWER_WAIT && waited < ANSWER_WAIT + Duration::from_millis(100),
+        "answered through the other slot after {waited:?}"
+    );
+    assert_eq!(ask(&mut stream, 5 + ANSWER).await, Asked::Answered);
+    let counts = router.connections();
+    assert_eq!((counts["a"].replayed, counts["a"].open, counts["a"].failed), (1, 0, 0));
+    assert_eq!(counts["b"].open, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_no_other_slot_a_dead_slot_fails_the_connection_and_a_silent_one_is_waited_for() {
+    let (router, front, _stop) = front_to(dying_slot(1).await).await;
+    let mut stream = TcpStream::connect(front).await.unwrap();
+    stream.write_all(&client_hello(&[])).await.unwrap();
+    assert!(
+        ends_within(&mut stream, Duration::from_secs(5)).await,
+        "the client sees the close"
+    );
+    let counts = router.connections();
+    assert_eq!((counts["a"].failed, counts["a"].replayed), (1, 0));
+
+    let (router, front, _stop) = front_to(silent_slot().await).await;
+    let mut stream = TcpStream::connect(front).await.unwrap();
+    stream.write_all(&client_hello(&[])).await.unwrap();
+    assert!(
+        !ends_within(&mut stream, Duration::from_secs(60)).await,
+        "a slow slot is not a dead one: the connection waits on it"
+    );
+    let counts = router.connections();
+    assert_eq!((counts["a"].open, counts["a"].failed, counts["a"].replayed), (1, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_sent_more_than_is_kept_is_never_replayed() {
+    use super::opening::KEPT;
+    let dying = dying_slot(KEPT + 1).await;
+    let other = slot(plain_answer, Duration::ZERO).await;
+    let (router, front, _stop) = front_serving(vec![backend("b", other.address)]).await;
+    // "b" the busier slot, so that the next connection goes to "a".
+    let _on_b = TcpStream::connect(front).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    router.serve(vec![backend("a", dying), backend("b", other.address)]);
+    let mut stream = TcpStream::connect(front).await.unwrap();
+    let mut long = client_hello(&[]);
+    long.resize(KEPT + 1, b'x');
+    stream.write_all(&long).await.unwrap();
+    assert!(
+        ends_within(&mut stream, Duration::from_secs(5)).await,
+        "what the slot may have acted on is not sent again: the client sees its close"
+    );
+    let counts = router.connections();
+    assert_eq!((counts["a"].total, counts["a"].replayed), (1, 0));
+    assert_eq!(counts["b"].total, 1, "only the connection that made it busier");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replay_carries_the_clients_half_close() {
+    // Reads everything, then says what it read and closes.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut got = Vec::new();
+            stream.read_to_end(&mut got).await.unwrap();
+            stream.write_all(&got).await.unwrap();
+        }
+    });
+    let hello = client_hello(&[]);
+    let (router, front, _stop) =
+        front_serving(vec![backend("a", dying_slot(hello.len()).await), backend("b", echo)]).await;
+    let mut stream = TcpStream::connect(front).await.unwrap();
+    stream.write_all(&hello).await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, hello);
+    assert_eq!(router.connections()["a"].replayed, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_does_not_start_with_a_tls_handshake_is_never_replayed() {
+    let other = slot(plain_answer, Duration::ZERO).await;
+    let (router, front, _stop) =
+        front_serving(vec![backend("a", silent_slot().await), backend("b", other.address)]).await;
+    let mut stream = TcpStream::connect(front).await.unwrap();
+    stream.write_all(b"POST /pay HTTP/1.1\r\n\r\n").await.unwrap();
+    assert!(
+        !ends_within(&mut stream, Duration::from_secs(10)).await,
+        "a plain request a slow slot may still act on is never sent again: it waits for its slot"
+    );
+    let counts = router.connections();
+    assert_eq!((counts["a"].open, counts["a"].replayed), (1, 0));
+    assert_eq!(counts["b"].total, 0);
 }
