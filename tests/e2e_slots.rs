@@ -6,7 +6,8 @@
 //!      to both (its per-slot counts); a roll OLDER -> NEWER under a 20 ms `/readyz` poller on new
 //!      connections and one on a kept-alive connection: 0 failed;
 //!   2. SIGKILL of the slot that leads kcp's controllers, under both pollers: no poll sent after the
-//!      slot was gone fails (those in flight on it are counted and shown); a workspace created
+//!      slot was gone fails (those in flight on it are counted and shown), none in its TLS
+//!      handshake (the front replays those to the other slot); a workspace created
 //!      through the front right after the kill is Ready within 12 s when the warm standby leads
 //!      (30 s when the replacement wins kcp's election and leads cold); another slot leads; a
 //!      replacement runs and two slots serve again; events SlotCrashed and LeaseReleased;
@@ -14,7 +15,9 @@
 //!      FewerSlots naming it), no failed poll after that; killed after livenessTimeout (10 s,
 //!      SlotKilled) and replaced. Then `slots: 1` on the same shard and SIGSTOP of its slot:
 //!      Ready=False and Degraded=True SlotUnresponsive within 3 s; serving again within
-//!      livenessTimeout plus one kcp start-up;
+//!      livenessTimeout plus one kcp start-up. Before that, SIGSTOP of the leading slot: killed
+//!      before livenessTimeout (it missed kcp's renew deadline: SlotKilled), a workspace created
+//!      after the signal Ready, no poll on a new connection sent after the signal fails;
 //!   4. SIGSTOP of the kine, then of the front: each replaced, and `/readyz` through the front
 //!      answers within 5 s (StoreUnresponsive, FrontUnresponsive).
 //! - `two_slots_on_kine_postgres_serve_and_roll_without_a_failed_request`: step 1 on KinePostgres
@@ -40,6 +43,9 @@ use serde_json::{Value, json};
 const WARM_LEADER_READY: Duration = Duration::from_secs(16);
 /// ... and within this when the replacement slot won the Lease and leads cold.
 const COLD_LEADER_READY: Duration = Duration::from_secs(30);
+/// A workspace created after the leader's SIGSTOP is Ready within this: kcp's renew deadline (5 s)
+/// and the looks that see it missed, then as after a kill.
+const HUNG_LEADER_READY: Duration = Duration::from_secs(7 + 30);
 const READY_TIMEOUT: Duration = Duration::from_secs(240);
 const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 /// spec.rollout.livenessTimeout of both shards.
@@ -178,6 +184,15 @@ async fn two_slots_again(env: &Env, shard: &str, pid: i32, after: &str) -> Value
         (fresh && ready_now(o) && condition_is(o, "Progressing", "False")).then(|| o.clone())
     })
     .await
+}
+
+/// Failed polls, one per line: when each was sent, and what the client saw.
+fn failure_lines(failures: &[&(chrono::DateTime<Utc>, String)]) -> String {
+    failures
+        .iter()
+        .map(|(t, e)| format!("  {t}: {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn has_event(events: &[(String, String, String)], reason: &str, needle: &str) -> bool {
@@ -322,14 +337,22 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         workspace_ready.as_secs_f64(),
         replaced_after.as_secs_f64()
     ));
+    // A connection the dying slot's listener accepted but never answered is replayed by the front
+    // to the other slot: no poll fails in its TLS handshake. Only requests already sent may fail.
+    let handshakes: Vec<_> = new
+        .failures
+        .iter()
+        .filter(|(_, e)| e.to_lowercase().contains("handshake"))
+        .collect();
+    assert!(
+        handshakes.is_empty(),
+        "polls on new connections failed in their TLS handshake (the front replays those):\n{}",
+        failure_lines(&handshakes)
+    );
     assert!(
         after_gone.is_empty(),
         "polls sent after the killed slot was gone failed:\n{}",
-        after_gone
-            .iter()
-            .map(|(t, e)| format!("  {t}: {e}"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        failure_lines(&after_gone)
     );
     let events = events_since(&env, shard, killed_at).await;
     assert!(
@@ -444,6 +467,71 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         condition_text(&back, "Degraded")
     );
     assert!(!alive(pid), "the hung slot {pid} still runs");
+
+    // SIGSTOP of the leading slot: killed once it has missed kcp's renew deadline, not at
+    // livenessTimeout; its Lease released, the other slot leads; new connections the front gave
+    // it meanwhile are replayed to the other slot.
+    let (victim, pid) = env
+        .until(shard, Duration::from_secs(60), "a slot that leads", leader)
+        .await;
+    let standby = serving(&env.get(shard).await.unwrap())
+        .into_iter()
+        .find(|n| *n != victim)
+        .unwrap_or_else(|| env.fail("no second slot serves beside the leader"));
+    let pollers = Pollers::start(&poll);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped_at = Utc::now();
+    let stopped = Instant::now();
+    signal(pid, libc::SIGSTOP);
+    let admin = front_admin(&env, shard, &front).await;
+    let (workspace, killed_after) = tokio::join!(
+        create_workspace_ready(&admin, "after-the-leader-hung", HUNG_LEADER_READY),
+        async {
+            env.until(shard, LIVENESS, "the hung leader killed", |o| {
+                (slot_pid(o, &victim) != Some(pid)).then_some(())
+            })
+            .await;
+            stopped.elapsed()
+        }
+    );
+    let workspace_ready = workspace.unwrap_or_else(|e| env.fail(&format!("after the SIGSTOP of the leader: {e}")));
+    let back = two_slots_again(&env, shard, pid, "the leader's hang").await;
+    let (new, kept) = pollers.finish().await;
+    let new_leader = leader(&back).map(|(n, _)| n);
+    let events = events_since(&env, shard, stopped_at).await;
+    report.add(format!(
+        "SIGSTOP of the leading slot {victim}: killed {:.2}s after the signal (livenessTimeout {}s); a workspace created through the front after the signal Ready in {:.2}s; slot {} leads; polls on new connections: {}; kept-alive: {}\n  events:\n{}",
+        killed_after.as_secs_f64(),
+        LIVENESS.as_secs(),
+        workspace_ready.as_secs_f64(),
+        new_leader.as_deref().unwrap_or("-"),
+        figures(&new),
+        figures(&kept),
+        render_events(&events)
+    ));
+    assert!(
+        killed_after < LIVENESS - Duration::from_secs(2),
+        "the hung leader {victim} was killed {killed_after:?} after the signal: not before livenessTimeout ({LIVENESS:?})"
+    );
+    assert!(
+        has_event(&events, "SlotKilled", "has not renewed their Lease"),
+        "no SlotKilled event for the hung leader {victim}:\n{}",
+        render_events(&events)
+    );
+    assert!(
+        workspace_ready <= HUNG_LEADER_READY,
+        "a workspace took {workspace_ready:?} to get Ready after the leader hung (slot {standby} served beside it)"
+    );
+    // A poll sent just before the signal may be in flight on the stopped slot; any later one on a
+    // new connection reached a slot that answers, directly or replayed.
+    let settled_at = stopped_at + chrono::Duration::milliseconds(500);
+    let late: Vec<_> = new.failures.iter().filter(|(sent, _)| *sent > settled_at).collect();
+    assert!(
+        late.is_empty(),
+        "polls on new connections sent after the leader hung failed:\n{}",
+        failure_lines(&late)
+    );
+    assert!(!alive(pid), "the hung leader {pid} still runs");
 
     // slots: 1 on the same shard, and its one slot hangs.
     env.patch(shard, json!({ "spec": { "slots": 1 } })).await;

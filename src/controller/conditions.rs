@@ -448,6 +448,12 @@ fn progress_message(step: &Step) -> String {
         } => format!("killing slot {name}: it has not answered /readyz for {seconds}s"),
         Step::KillSlot {
             name,
+            cause: KillCause::HungLeader { seconds },
+        } => format!(
+            "killing slot {name}: it leads but has not renewed the controllers' Lease for {seconds}s and does not answer /readyz"
+        ),
+        Step::KillSlot {
+            name,
             cause: KillCause::Broken,
         } => format!("killing slot {name}: it answers /readyz but not kcp's own APIs"),
         Step::KillSlot {

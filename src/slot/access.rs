@@ -220,20 +220,41 @@ pub async fn hold_controllers_lease(client: &kube::Client, holder: &str, seconds
     }
 }
 
-/// The holder of the controllers lease (`hostname_<uuid>` of the leading kcp), if any.
-pub async fn controllers_lease_holder(client: &kube::Client) -> Result<Option<String>, SlotError> {
+/// The controllers' Lease as the election reads it: who holds it and when they last renewed it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ControllersLease {
+    /// `hostname_<uuid>` of the leading kcp, if any.
+    pub holder: Option<String>,
+    /// `spec.renewTime`: a leader renews every 2 s (kcp's RetryPeriod).
+    pub renewed_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The controllers' Lease (no holder when there is none).
+pub async fn controllers_lease(client: &kube::Client) -> Result<ControllersLease, SlotError> {
     let (status, body) = call(client, Method::GET, CONTROLLERS_LEASE_PATH, None).await?;
     match status {
         StatusCode::OK => {
             let lease: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-            Ok(lease["spec"]["holderIdentity"]
-                .as_str()
-                .filter(|s| !s.is_empty())
-                .map(String::from))
+            let spec = &lease["spec"];
+            Ok(ControllersLease {
+                holder: spec["holderIdentity"]
+                    .as_str()
+                    .filter(|s| !s.is_empty())
+                    .map(String::from),
+                renewed_at: spec["renewTime"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.to_utc()),
+            })
         }
-        StatusCode::NOT_FOUND => Ok(None),
+        StatusCode::NOT_FOUND => Ok(ControllersLease::default()),
         s => Err(unexpected("GET", CONTROLLERS_LEASE_PATH, s, &body)),
     }
+}
+
+/// The holder of the controllers lease (`hostname_<uuid>` of the leading kcp), if any.
+pub async fn controllers_lease_holder(client: &kube::Client) -> Result<Option<String>, SlotError> {
+    Ok(controllers_lease(client).await?.holder)
 }
 
 /// Creates a throwaway workspace `kcpshard-probe-<random>` in `root` and returns its name. Only the

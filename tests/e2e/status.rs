@@ -203,7 +203,7 @@ pub async fn serve_metrics(env: &Env) -> String {
 /// observed later. What is left is the step's own work (records written and fsynced, a process
 /// spawned): under 0.1 s on a quiet 2-core machine, but an fsync on the disk kine's sqlite writes
 /// to waits for the journal's commit of that data too: in CI a SetFront (a few records) took
-/// 0.25-0.5 s and a CompleteRoll (one) 0.1-0.25 s once. A step that waited for a process or an
+/// over 0.25 s and a CompleteRoll (one) over 0.1 s once. A step that waited for a process or an
 /// answer would take seconds.
 pub const STEP_BOUND: &str = "0.5";
 

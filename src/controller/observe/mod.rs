@@ -408,6 +408,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         slots: observations,
         unrecorded,
         lease: LeaseHolder::Unknown,
+        lease_renewed_at: None,
         probe_ready: false,
         disk,
         store_started_at,
@@ -632,8 +633,7 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
     let Ok((_, client)) = world.serving_client(ctx, Identity::ShardAdmin).await else {
         return;
     };
-    if let Ok(Ok(holder_identity)) = tokio::time::timeout(LOOK_TIMEOUT, access::controllers_lease_holder(&client)).await
-    {
+    if let Ok(Ok(lease)) = tokio::time::timeout(LOOK_TIMEOUT, access::controllers_lease(&client)).await {
         let mut identities = Vec::new();
         for (slot, seen) in world.slots.iter().zip(&world.observed.slots) {
             let identity = match &slot.process {
@@ -642,7 +642,8 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
             };
             identities.push((seen.name.clone(), identity, seen.running));
         }
-        world.observed.lease = super::lease::holder(holder_identity.as_deref(), &identities);
+        world.observed.lease = super::lease::holder(lease.holder.as_deref(), &identities);
+        world.observed.lease_renewed_at = lease.renewed_at;
     }
     let probe = world
         .state

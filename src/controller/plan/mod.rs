@@ -314,8 +314,17 @@ fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
     })
 }
 
+/// kcp's leader election gives up leading once it could not renew the controllers' Lease for this
+/// long (`RenewDeadline`, kcp v0.31 pkg/server/server.go:771-773; LeaseDuration 60 s, RetryPeriod
+/// 2 s, no flags), but a stopped process renews nothing and gives up nothing: the Lease names it for
+/// another 60 s, and no other slot's controllers run meanwhile.
+pub const LEADER_RENEW_DEADLINE: Duration = Duration::from_secs(5);
+
 /// SIGKILL for a slot past drainTimeout after SIGTERM, or one that served and has answered nothing
-/// for livenessTimeout (not even its store-free ping: wedged, not waiting for its store).
+/// for livenessTimeout (not even its store-free ping: wedged, not waiting for its store), or, at
+/// once, a leader that answers nothing and has not renewed the controllers' Lease within
+/// [`LEADER_RENEW_DEADLINE`] while another slot serves: its Lease goes once it is gone
+/// ([`lease_release`]) and the other slot leads within kcp's retry period.
 fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
     let now = observed.now;
     // An adopted kcp is stopped at the switch only: nothing could serve in its place before.
@@ -333,6 +342,11 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
             Some(_) => return None,
             None if adopted == Some(s.name.as_str()) => return None,
             None if s.health.ever_ready && s.health.broken() => KillCause::Broken,
+            None if s.health.ever_ready && s.health.failures > 0 && hung_leader(observed, &s.name) => {
+                KillCause::HungLeader {
+                    seconds: LEADER_RENEW_DEADLINE.as_secs(),
+                }
+            }
             None if s.health.ever_ready
                 && s.health.failures > 0
                 && s.health
@@ -350,6 +364,19 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
             cause,
         })
     })
+}
+
+/// `name` holds the controllers' Lease and has not renewed it within [`LEADER_RENEW_DEADLINE`],
+/// while another slot serves (the Lease was read through one) to lead in its place.
+fn hung_leader(observed: &Observed, name: &str) -> bool {
+    observed.lease == LeaseHolder::Slot(name.to_string())
+        && observed
+            .lease_renewed_at
+            .is_some_and(|at| elapsed(observed.now, at) > LEADER_RENEW_DEADLINE)
+        && observed
+            .slots
+            .iter()
+            .any(|s| s.name != name && s.running && s.listening && s.health.ready && !s.on_other_store)
 }
 
 /// A slot the Lease's DELETE can go through: it listens and answers.

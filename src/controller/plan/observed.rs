@@ -278,6 +278,8 @@ pub struct Observed {
     /// aside: their record is rebuilt from the process before anything else.
     pub unrecorded: Vec<String>,
     pub lease: LeaseHolder,
+    /// When the Lease's holder last renewed it (its `spec.renewTime`), as read with it.
+    pub lease_renewed_at: Option<DateTime<Utc>>,
     /// Whether the roll's probe workspace is Ready.
     pub probe_ready: bool,
     /// A filesystem of the state dir or the store's data below its watermark.

@@ -28,6 +28,9 @@ pub enum LeaveCause {
 pub enum KillCause {
     /// It served, and has not answered `/readyz` for livenessTimeout.
     Unresponsive { seconds: u64 },
+    /// It holds the controllers' Lease, does not answer `/readyz`, and has not renewed the Lease
+    /// within kcp's renew deadline ([`super::LEADER_RENEW_DEADLINE`]) while another slot serves.
+    HungLeader { seconds: u64 },
     /// It served, and now answers `/readyz` but not kcp's own APIs.
     Broken,
     /// Sent SIGTERM, it did not exit within drainTimeout.

@@ -101,6 +101,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         slots,
         unrecorded: vec![],
         lease: LeaseHolder::Free,
+        lease_renewed_at: None,
         probe_ready: false,
         disk: None,
         store_started_at: None,
@@ -541,6 +542,55 @@ fn a_leader_that_dies_leaves_the_front_at_once_its_lease_goes_then_a_replacement
     );
     o.slots.remove(0);
     assert_eq!(plan(&d, &o), Step::StartSlot { name: "a".into() });
+}
+
+#[test]
+fn a_hung_leader_is_killed_once_it_missed_kcps_renew_deadline_while_another_slot_serves() {
+    let mut d = desired("v1");
+    d.slots = 2;
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    o.lease = LeaseHolder::Slot("a".into());
+    o.lease_renewed_at = Some(at(6));
+    o.slots[0].health.ready = false;
+    o.slots[0].health.failures = 1;
+    o.now = at(11);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Idle,
+        "renewed 5 s ago: slow, maybe, and still leading"
+    );
+    o.now = at(12);
+    let killed = Step::KillSlot {
+        name: "a".into(),
+        cause: KillCause::HungLeader { seconds: 5 },
+    };
+    assert_eq!(plan(&d, &o), killed);
+
+    let mut answers = o.clone();
+    answers.slots[0].health.ready = true;
+    answers.slots[0].health.failures = 0;
+    assert_eq!(
+        plan(&d, &answers),
+        Step::Idle,
+        "a leader that answers is slow with its store, not hung: it gives up leading by itself"
+    );
+    let mut follower_hangs = o.clone();
+    follower_hangs.lease = LeaseHolder::Slot("b".into());
+    assert_eq!(
+        plan(&d, &follower_hangs),
+        Step::Idle,
+        "only the leader's hang stops the controllers"
+    );
+    let mut nobody_else = o.clone();
+    nobody_else.slots[1].health.ready = false;
+    nobody_else.slots[1].health.failures = 1;
+    assert!(
+        !matches!(plan(&d, &nobody_else), Step::KillSlot { .. }),
+        "no other slot serves to lead: left to livenessTimeout"
+    );
+    let mut renewal_unknown = o.clone();
+    renewal_unknown.lease_renewed_at = None;
+    assert_eq!(plan(&d, &renewal_unknown), Step::Idle);
 }
 
 #[test]
