@@ -373,18 +373,18 @@ fn hung_leader(observed: &Observed, name: &str) -> bool {
         && observed
             .lease_renewed_at
             .is_some_and(|at| elapsed(observed.now, at) > LEADER_RENEW_DEADLINE)
-        && observed
-            .slots
-            .iter()
-            .any(|s| s.name != name && s.running && s.listening && s.health.ready && !s.on_other_store)
+        && observed.slots.iter().any(|s| s.name != name && answers_on_this_store(s))
 }
 
 /// A slot the Lease's DELETE can go through: it listens and answers.
 fn lease_carrier(observed: &Observed) -> Option<&SlotObservation> {
-    observed
-        .slots
-        .iter()
-        .find(|s| s.running && s.listening && s.health.ready && !s.on_other_store)
+    observed.slots.iter().find(|s| answers_on_this_store(s))
+}
+
+/// A slot that runs, listens and is ready, on the shard's store: one that can read or write the
+/// shard's objects (a Lease among them) and lead its controllers.
+fn answers_on_this_store(slot: &SlotObservation) -> bool {
+    slot.running && slot.listening && slot.health.ready && !slot.on_other_store
 }
 
 /// The Lease held by a slot that can no longer renew it (stopped listening), or by a process that
