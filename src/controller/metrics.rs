@@ -1,7 +1,8 @@
 //! The controller's Prometheus metrics, served with the API's at `/metrics`: the steps it takes, by
 //! shard, step and result; the rolls it completes; the phases of each shard's last roll; the exits
 //! of the shard's processes it was woken by; the free space under each shard's store; each shard's
-//! conditions as its status last said them (what an alert on "not Ready" or "Degraded" reads).
+//! conditions as its status last said them (what an alert on "not Ready" or "Degraded" reads); and
+//! each shard's front's connection counts as the last look saw them (`kcpshard_front_*`).
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -17,6 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::plan::Step;
 use super::state::CompletedRoll;
+use crate::apiserver::metrics::ApiMetrics;
+use crate::front::FrontsSeen;
 use crate::store::disk::DiskSpace;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -78,6 +81,8 @@ pub struct ControllerMetrics {
     conditions: Family<ConditionLabels, Gauge>,
     /// The condition types told per shard, to drop those a later status no longer has.
     condition_types: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+    /// Each shard's front as last seen: its own series, `kcpshard_front_*{shard, slot}`.
+    pub fronts: FrontsSeen,
 }
 
 fn condition_labels(shard: &str, condition: &str) -> ConditionLabels {
@@ -99,12 +104,19 @@ impl Default for ControllerMetrics {
             store_size: Family::default(),
             conditions: Family::default(),
             condition_types: Arc::default(),
+            fronts: FrontsSeen::by_shard(),
         }
     }
 }
 
 impl ControllerMetrics {
-    pub fn register(&self, registry: &mut Registry) {
+    /// Adds these metrics to serve's: `kcpshard_controller_*`, and the fronts' `kcpshard_front_*`.
+    pub fn register_in(&self, metrics: &ApiMetrics) {
+        metrics.register("controller", |registry| self.register(registry));
+        metrics.register("front", |registry| registry.register_collector(Box::new(self.fronts.clone())));
+    }
+
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "steps",
             "Steps the controller took, by shard, step (Idle and the waits included) and result: ok, or what failed (io, store, job, process, kcp, no_serving_slot, spec, front, front_address, caddy, unanswered, state, api)",
@@ -164,8 +176,9 @@ impl ControllerMetrics {
         }
     }
 
-    /// The shard is gone: its conditions are no longer told.
+    /// The shard is gone: its conditions and its front are no longer told.
     pub fn shard_gone(&self, shard: &str) {
+        self.fronts.shard_gone(shard);
         let mut told = self.condition_types.lock().unwrap_or_else(|p| p.into_inner());
         for gone in told.remove(shard).unwrap_or_default() {
             self.conditions.remove(&condition_labels(shard, &gone));
@@ -284,7 +297,7 @@ mod tests {
         use crate::apiserver::metrics::{ApiMetrics, series_in_doc, series_of};
         let api = ApiMetrics::default();
         api.observe(&http::Method::GET, 200);
-        api.register("controller", |registry| busy().register(registry));
+        busy().register_in(&api);
         let exposed = series_of(&api.encode());
         let documented = series_in_doc("docs/how-to/monitoring.md", |l| l.starts_with("| `kcpshard_"));
         assert_eq!(
@@ -304,6 +317,16 @@ mod tests {
         metrics.step_taken("dev", &Step::EnsureStore, ms(700), Some("store"));
         metrics.process_exited("dev");
         metrics.conditions_written("dev", &[condition("Ready", "True")]);
+        let slot = crate::front::Backend {
+            slot: "a".into(),
+            address: "127.0.0.1:7001".parse().unwrap(),
+        };
+        let counts = crate::front::SlotConnections {
+            total: 7,
+            failed: 1,
+            ..Default::default()
+        };
+        metrics.fronts.seen("dev", &BTreeMap::from([("a".to_string(), counts)]), &[slot]);
         metrics.store_disk_seen(
             "dev",
             &[DiskSpace {
@@ -377,7 +400,7 @@ mod tests {
     fn the_shipped_alert_rules_read_series_serve_exports() {
         use crate::apiserver::metrics::{ApiMetrics, series_of};
         let api = ApiMetrics::default();
-        api.register("controller", |registry| busy().register(registry));
+        busy().register_in(&api);
         let exposed = series_of(&api.encode());
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/prometheus/alerts.yaml");
         let rules: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -437,6 +460,30 @@ mod tests {
             "a deleted shard is still told:\n{text}"
         );
         assert!(text.contains(r#"shard="other""#), "{text}");
+    }
+
+    #[test]
+    fn each_shards_front_is_told_by_shard_as_last_seen_and_goes_with_the_shard() {
+        use crate::apiserver::metrics::ApiMetrics;
+        let metrics = busy();
+        let api = ApiMetrics::default();
+        metrics.register_in(&api);
+        let text = api.encode();
+        for line in [
+            r#"kcpshard_front_connections_total{shard="dev",slot="a"} 7"#,
+            r#"kcpshard_front_connections_failed_total{shard="dev",slot="a"} 1"#,
+            r#"kcpshard_front_connections_open{shard="dev",slot="a"} 0"#,
+            r#"kcpshard_front_backend{shard="dev",slot="a",address="127.0.0.1:7001"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+        }
+        // A later look replaces the counts: a front restarted counts from 0 again.
+        metrics.fronts.seen("dev", &BTreeMap::new(), &[]);
+        let text = api.encode();
+        assert!(!text.contains(r#"kcpshard_front_connections_total{shard="dev""#), "{text}");
+        metrics.fronts.seen("dev", &BTreeMap::from([("b".to_string(), Default::default())]), &[]);
+        metrics.shard_gone("dev");
+        assert!(!api.encode().contains(r#"kcpshard_front_connections_total{"#), "a deleted shard's front is still told");
     }
 
     #[test]

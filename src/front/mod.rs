@@ -16,7 +16,8 @@
 //! - [`handover`]: SCM_RIGHTS passing of the listening socket to a successor.
 //! - [`fdstore`]: the listening socket from and into systemd (its descriptor store, or the
 //!   unit's stdin), and the front's readiness notice.
-//! - [`metrics`]: Prometheus text from a status snapshot.
+//! - [`metrics`]: Prometheus series from status snapshots: a front's own, and every shard's front
+//!   in serve's `/metrics`.
 //! - [`caddy`]: the other front type, a caddy the user runs, driven through its admin API.
 //!
 //! See docs/front.md for the protocol, the files and what survives what.
@@ -42,5 +43,6 @@ pub use lifecycle::{
 pub use protocol::{
     BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,
 };
+pub use metrics::FrontsSeen;
 pub use proxy::{HOLD_WINDOW, RETRY_STEP, RETRY_WINDOW};
 pub use server::{FrontConfig, run};

@@ -188,7 +188,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     );
     let controller_metrics = controller::metrics::ControllerMetrics::default();
-    metrics.register("controller", |registry| controller_metrics.register(registry));
+    controller_metrics.register_in(&metrics);
     let (exits, woken) = crate::process::exits::ExitNotices::new();
     let kind = args.runtime.unwrap_or_else(RuntimeKind::from_environment);
     let runtime = Runtime::of_kind(kind).await?;

@@ -78,6 +78,7 @@ pub(super) async fn look(
             for pid in seen.pid.iter().chain(&seen.upgrading) {
                 watch(*pid);
             }
+            ctx.metrics.fronts.seen(&shard_ref.name, &seen.connections, &seen.backends);
             // A slot is what the front forwards to only if it, as recorded now, listens where the
             // front sends: a slot replaced under the same name (after a crash) is on another port.
             let name_of = |address: SocketAddr| {
