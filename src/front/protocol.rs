@@ -48,6 +48,10 @@ pub struct SlotConnections {
     /// answer wait) that the front sent on to another serving slot, the client none the wiser.
     #[serde(default)]
     pub replayed: u64,
+    /// When a new connection was last replayed because the slot stayed silent (no answer within
+    /// the answer wait): a hung slot, seen by the front before any health check can be sure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_silent: Option<chrono::DateTime<chrono::Utc>>,
     /// Open kept-alive HTTP/1.1 connections to the slot while it is out of the serving set that
     /// may still carry a request to it: a request in flight, or a connection before its first.
     /// Once a connection's answer is out, the front closes it at its next request instead of

@@ -1,8 +1,8 @@
 //! Per-slot and per-process connection counts, kept by guards whose lifetime is the connection's:
 //! a count can never be left behind by an early return or a panic.
 //!
-//! - [`SlotCounters`]: `open`, `total`, `failed` and `replayed` of one slot, as `status` and `/metrics` show
-//!   them. [`Pinned`] adds one to `total` and `open` when a connection is given to the slot and
+//! - [`SlotCounters`]: `open`, `total`, `failed`, `replayed` and `last_silent` of one slot, as
+//!   `status` and `/metrics` show them. [`Pinned`] adds one to `total` and `open` when a connection is given to the slot and
 //!   takes it off `open` when the connection ends. [`RetiredCount`] counts it in `retired_*` while
 //!   its slot is out of the serving set.
 //! - [`OpenCount`]: connections open in this process, whatever their slot, which a shutdown or a
@@ -23,6 +23,9 @@ pub(super) struct SlotCounters {
     total: AtomicU64,
     failed: AtomicU64,
     replayed: AtomicU64,
+    /// When a connection was last replayed because this slot stayed silent: Unix time in ms, 0
+    /// for never.
+    last_silent_ms: AtomicU64,
     retired_pending: AtomicU64,
     retired_unjudged: AtomicU64,
 }
@@ -37,9 +40,14 @@ impl SlotCounters {
         self.failed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A connection this slot did not answer (it failed or stayed silent) that went to another.
-    pub fn count_replayed(&self) {
+    /// A connection this slot did not answer that went to another; `silent`: it stayed silent (it
+    /// did not fail).
+    pub fn count_replayed(&self, silent: bool) {
         self.replayed.fetch_add(1, Ordering::Relaxed);
+        if silent {
+            let now = chrono::Utc::now().timestamp_millis();
+            self.last_silent_ms.store(u64::try_from(now).unwrap_or(0), Ordering::Relaxed);
+        }
     }
 
     pub fn snapshot(&self, address: SocketAddr) -> SlotConnections {
@@ -49,6 +57,10 @@ impl SlotCounters {
             total: self.total.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             replayed: self.replayed.load(Ordering::Relaxed),
+            last_silent: match self.last_silent_ms.load(Ordering::Relaxed) {
+                0 => None,
+                ms => chrono::DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX)),
+            },
             retired_pending: self.retired_pending.load(Ordering::Relaxed),
             retired_unjudged: self.retired_unjudged.load(Ordering::Relaxed),
         }

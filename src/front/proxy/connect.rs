@@ -49,16 +49,9 @@ pub(super) async fn connect(router: &Router, peer: SocketAddr) -> Option<(Arc<Ac
     };
     let mut pin = Pinned::new(&active.counters);
     loop {
-        let attempt = tokio::time::timeout_at(deadline, TcpStream::connect(active.backend.address)).await;
-        let err = match attempt {
-            Ok(Ok(upstream)) => {
-                // The slot is a local process: a dead one closes its sockets, so no keepalive is
-                // needed here.
-                let _ = upstream.set_nodelay(true);
-                return Some((active, pin, upstream));
-            }
-            Ok(Err(err)) => err.to_string(),
-            Err(_) => "connect timed out".to_string(),
+        let err = match dial(active.backend.address, deadline).await {
+            Ok(upstream) => return Some((active, pin, upstream)),
+            Err(err) => err.to_string(),
         };
         if Instant::now() + RETRY_STEP >= deadline {
             warn!(%peer, slot = %active.backend.slot, address = %active.backend.address, error = %err,
@@ -75,4 +68,15 @@ pub(super) async fn connect(router: &Router, peer: SocketAddr) -> Option<(Arc<Ac
             pin = Pinned::new(&active.counters);
         }
     }
+}
+
+/// A connection to a slot, with TCP_NODELAY, or the error of the last try by `deadline` (timed out
+/// when it has not connected by then). The slot is a local process: a dead one closes its sockets,
+/// so no keepalive is needed.
+pub(super) async fn dial(address: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+    let upstream = tokio::time::timeout_at(deadline, TcpStream::connect(address))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let _ = upstream.set_nodelay(true);
+    Ok(upstream)
 }

@@ -21,8 +21,9 @@
 //!   slot it has not tried and the kept bytes are written there: a *replay*, counted in the
 //!   abandoned slot's `replayed`. The abandoned connection is closed unread, so nothing it might
 //!   still say reaches the client.
-//! - With no untried slot serving, a failed slot fails the connection (counted in its `failed`),
-//!   and a silent one is waited for (a slow slot is not a dead one).
+//! - With no untried slot serving, a failed slot's connection goes back to a slot it left for its
+//!   silence (a slow slot is not a dead one); with none of those either, it fails (counted in the
+//!   failed slot's `failed`), and a silent slot is waited for.
 //! - Every byte is shown once to the connection's [`keepalive::Exchange`], the client's as it is
 //!   read and the answering slot's as it passes, so that the copy that follows ([`super::pump`])
 //!   goes on following the TLS records where the opening left off.
@@ -36,22 +37,22 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::accounting::Pinned;
-use super::connect::{RETRY_WINDOW, connect};
+use super::connect::{RETRY_WINDOW, connect, dial};
 use super::router::{Active, Router};
 use crate::front::keepalive;
 
 /// The most a connection keeps of what its client sent before the slot answered: one TLS record
-/// of the largest size (RFC 8446 section 5.1: 2^14 bytes and its 5-byte header). A ClientHello is
-/// one record; Go's, with a post-quantum key share, is under 2 KiB.
+/// of the largest size (RFC 8446 section 5.1: 2^14 bytes and its 5-byte header), which a
+/// ClientHello fits in.
 pub const KEPT: usize = (1 << 14) + 5;
 
 /// The content type of a TLS handshake record (RFC 8446 section 5.1), what a ClientHello is sent in.
 const TLS_HANDSHAKE: u8 = 22;
 
 /// How long a slot may take to answer a client's first bytes before the connection is replayed to
-/// another serving slot. A kcp that runs answers a ClientHello in milliseconds, also during a roll
-/// on a loaded 2-core machine; a stopped one never does. Waiting too little costs only a handshake
-/// on another slot (the first one's is dropped unread), so this is short.
+/// another serving slot. A kcp that runs answers a ClientHello in milliseconds; a stopped one never
+/// does. Waiting too little costs only a handshake on another slot (the first one's is dropped
+/// unread), and a slot left for its silence is asked again if the next one fails, so this is short.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(1);
 
 /// A connection whose slot has answered (or that can no longer be replayed): what the copy loop
@@ -77,7 +78,9 @@ enum Abandoned {
 /// client went away.
 pub(super) async fn open(router: &Router, client: &mut TcpStream, peer: SocketAddr) -> Option<Opened> {
     let (mut active, mut pin, mut upstream) = connect(router, peer).await?;
+    // The slots this connection went to, and those of them whose connection failed.
     let mut tried = vec![active.backend.address];
+    let mut failed: Vec<SocketAddr> = Vec::new();
     let mut kept: Vec<u8> = Vec::new();
     let mut exchange = keepalive::Exchange::default();
     let mut client_ended = false;
@@ -133,26 +136,37 @@ pub(super) async fn open(router: &Router, client: &mut TcpStream, peer: SocketAd
             },
             () = tokio::time::sleep_until(answer_by.unwrap_or_else(Instant::now)), if answer_by.is_some() => Abandoned::Silent,
         };
-        // Replay on the next untried serving slot that takes the kept bytes.
+        // Replay on the next untried serving slot that takes the kept bytes; when this one failed,
+        // a slot left earlier for its silence is slow, not dead, and may be asked again.
         let gone = active.clone();
+        if let Abandoned::Failed(_) = abandoned {
+            failed.push(gone.backend.address);
+        }
         let replayed = loop {
-            let Some(next) = router.pick_untried(&tried) else {
+            let next = match abandoned {
+                Abandoned::Failed(_) => router.pick_other(&tried).or_else(|| router.pick_other(&failed)),
+                Abandoned::Silent => router.pick_other(&tried),
+            };
+            let Some(next) = next else {
                 break None;
             };
             tried.push(next.backend.address);
             match replay(&next, &kept, client_ended).await {
                 Ok(stream) => break Some((next, stream)),
-                Err(err) => debug!(%peer, slot = %next.backend.slot, error = %err, "a replay found its slot gone too"),
+                Err(err) => {
+                    debug!(%peer, slot = %next.backend.slot, error = %err, "a replay found its slot gone too");
+                    failed.push(next.backend.address);
+                }
             }
         };
         match (replayed, abandoned) {
             (Some((next, stream)), abandoned) => {
-                let why = match abandoned {
+                let why = match &abandoned {
                     Abandoned::Failed(err) => err.to_string(),
                     Abandoned::Silent => format!("no answer within {ANSWER_WAIT:?}"),
                 };
                 debug!(%peer, from = %gone.backend.slot, to = %next.backend.slot, why, "replayed a connection its slot did not answer");
-                gone.counters.count_replayed();
+                gone.counters.count_replayed(matches!(abandoned, Abandoned::Silent));
                 pin = Pinned::new(&next.counters);
                 (active, upstream) = (next, stream);
                 answer_by = (!kept.is_empty()).then(|| Instant::now() + ANSWER_WAIT);
@@ -181,10 +195,7 @@ fn read_into(stream: &TcpStream, into: &mut Vec<u8>) -> std::io::Result<Option<u
 
 /// A connection to `to` carrying what the client sent so far (and its half-close, if it ended).
 async fn replay(to: &Active, kept: &[u8], client_ended: bool) -> std::io::Result<TcpStream> {
-    let mut stream = tokio::time::timeout(RETRY_WINDOW, TcpStream::connect(to.backend.address))
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-    let _ = stream.set_nodelay(true);
+    let mut stream = dial(to.backend.address, Instant::now() + RETRY_WINDOW).await?;
     stream.write_all(kept).await?;
     if client_ended {
         stream.shutdown().await?;

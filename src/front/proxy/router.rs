@@ -166,13 +166,13 @@ impl Router {
         }
     }
 
-    /// A serving backend none of `tried` names (the fewest open connections): where a connection
-    /// whose slot did not answer is replayed.
-    pub(super) fn pick_untried(&self, tried: &[SocketAddr]) -> Option<Arc<Active>> {
+    /// A serving backend none of `excluded` names (the fewest open connections): where a
+    /// connection whose slot did not answer is replayed.
+    pub(super) fn pick_other(&self, excluded: &[SocketAddr]) -> Option<Arc<Active>> {
         let serving = self.serving.borrow();
         serving
             .iter()
-            .filter(|active| !tried.contains(&active.backend.address))
+            .filter(|active| !excluded.contains(&active.backend.address))
             .min_by_key(|active| active.counters.open())
             .cloned()
     }

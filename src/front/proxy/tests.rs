@@ -46,6 +46,11 @@ struct Slot {
 }
 
 async fn slot(answer: fn(usize) -> Vec<Vec<u8>>, pause: Duration) -> Slot {
+    slow_slot(Duration::ZERO, answer, pause).await
+}
+
+/// A [`slot`] that answers a connection's first read only `slow` after it.
+async fn slow_slot(slow: Duration, answer: fn(usize) -> Vec<Vec<u8>>, pause: Duration) -> Slot {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
@@ -61,6 +66,7 @@ async fn slot(answer: fn(usize) -> Vec<Vec<u8>>, pause: Duration) -> Slot {
                         break;
                     }
                     let pieces = if reads == 0 {
+                        tokio::time::sleep(slow).await;
                         vec![server_flight()]
                     } else {
                         counted.fetch_add(1, Ordering::SeqCst);
@@ -483,6 +489,7 @@ async fn a_slot_that_dies_before_answering_has_its_new_connections_replayed_to_a
         (6, 6, 0, 0),
         "every connection the dying slot was given went on to the other, none failed"
     );
+    assert_eq!(counts["a"].last_silent, None, "it failed, it was never silent");
     assert_eq!((counts["b"].total, counts["b"].open, counts["b"].replayed), (6, 6, 0));
     assert_eq!(
         serving.requests.load(Ordering::SeqCst),
@@ -509,7 +516,33 @@ async fn a_silent_slot_has_a_new_connection_replayed_after_the_answer_wait() {
     assert_eq!(ask(&mut stream, 5 + ANSWER).await, Asked::Answered);
     let counts = router.connections();
     assert_eq!((counts["a"].replayed, counts["a"].open, counts["a"].failed), (1, 0, 0));
+    assert!(counts["a"].last_silent.is_some(), "the front tells when the slot was silent");
     assert_eq!(counts["b"].open, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_left_for_a_silent_slot_that_then_dies_goes_back_to_the_slow_one() {
+    use super::opening::ANSWER_WAIT;
+    let slow = slow_slot(ANSWER_WAIT * 3 / 2, plain_answer, Duration::ZERO).await;
+    let (router, front, _stop) =
+        front_serving(vec![backend("a", slow.address), backend("b", dying_slot(1).await)]).await;
+    let started = tokio::time::Instant::now();
+    let mut stream = tokio::time::timeout(Duration::from_secs(30), handshaken(front, &[b"http/1.1"]))
+        .await
+        .expect("the handshake is answered by the slow slot, asked again");
+    let waited = started.elapsed();
+    assert!(
+        waited >= ANSWER_WAIT * 5 / 2 && waited < ANSWER_WAIT * 3,
+        "answered by the slow slot, asked again once the other died: after {waited:?}"
+    );
+    assert_eq!(ask(&mut stream, 5 + ANSWER).await, Asked::Answered);
+    let counts = router.connections();
+    assert_eq!(
+        (counts["a"].total, counts["a"].replayed, counts["a"].open),
+        (2, 1, 1),
+        "left for its silence, then asked again"
+    );
+    assert_eq!((counts["b"].replayed, counts["b"].failed), (1, 0));
 }
 
 #[tokio::test(start_paused = true)]
