@@ -9,7 +9,7 @@
 //! name; ObjectMeta validation; a namespace on a cluster-scoped object; deletecollection;
 //! PartialObjectMetadata, YAML and 406; /openapi/v2; SelfSubjectAccessReview and
 //! SelfSubjectReview; limit/continue; malformed selectors; resourceVersionMatch; a core/v1 event
-//! without eventTime.
+//! without eventTime; the details of NotFound and Conflict.
 //!
 //! Run it alone under the real-kcp lock: `flock /tmp/kcpshard-realkcp.lock cargo test --test api_compare`.
 //!
@@ -311,13 +311,13 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
     c.same(
         "dry-run create stored nothing",
         req(Method::GET, format!("{COLLECTION}/other")),
-        &["/reason"],
+        &["/reason", "/details"],
     )
     .await;
     c.same(
         "unknown dryRun value",
         req(Method::POST, format!("{COLLECTION}?dryRun=Some")).json(shard("other", 16444)),
-        &["/reason", "/message"],
+        &["/reason", "/message", "/details/causes"],
     )
     .await;
     c.same(
@@ -449,27 +449,52 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
         c.same(&format!("status apply by {manager}"), r, &["/status/conditions"])
             .await;
     }
+    // How tools reset field ownership: `managedFields: [{}]` in a write other than apply.
+    for (case, patch) in [
+        ("managedFields reset with a label change", json!({"metadata": {"managedFields": [{}], "labels": {"team": "b"}}})),
+        ("managedFields reset alone", json!({"metadata": {"managedFields": [{}]}})),
+    ] {
+        let (ours, real) = c
+            .same(
+                case,
+                req(Method::PATCH, format!("{COLLECTION}/ssa?fieldManager=resetter"))
+                    .typed("application/merge-patch+json")
+                    .json(patch),
+                &["/metadata/labels"],
+            )
+            .await;
+        c.agree(&format!("{case}: fields"), ownership(&ours.body), ownership(&real.body));
+    }
 
     // --- delete options ------------------------------------------------------------------------
     let wrong_uid = json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": "00000000-0000-0000-0000-000000000000"}});
-    c.same(
-        "delete with a wrong uid",
-        req(Method::DELETE, format!("{COLLECTION}/ssa")).json(wrong_uid),
-        &["/reason"],
-    )
-    .await;
+    let (ours, real) = c
+        .same(
+            "delete with a wrong uid",
+            req(Method::DELETE, format!("{COLLECTION}/ssa")).json(wrong_uid),
+            &["/reason", "/details"],
+        )
+        .await;
+    // The message up to the stored uid, which differs between the two.
+    let asked = |r: &Reply| {
+        let message = r.body["message"].as_str().unwrap_or_default();
+        message.split(" does not match").next().map(str::to_string)
+    };
+    c.agree("delete with a wrong uid: message", asked(&ours), asked(&real));
     let wrong_rv = json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"resourceVersion": "1"}});
-    c.same(
-        "delete with a stale resourceVersion",
-        req(Method::DELETE, format!("{COLLECTION}/ssa")).json(wrong_rv),
-        &["/reason"],
-    )
-    .await;
+    let (ours, real) = c
+        .same(
+            "delete with a stale resourceVersion",
+            req(Method::DELETE, format!("{COLLECTION}/ssa")).json(wrong_rv),
+            &["/reason", "/details"],
+        )
+        .await;
+    c.agree("delete with a stale resourceVersion: message", asked(&ours), asked(&real));
     let bad_policy = json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Sometimes"});
     c.same(
         "delete with an unknown propagationPolicy",
         req(Method::DELETE, format!("{COLLECTION}/ssa")).json(bad_policy),
-        &["/reason"],
+        &["/reason", "/details/causes"],
     )
     .await;
 
@@ -664,16 +689,15 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
         "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z", "count": 1,
         "source": {"component": "test"}});
     c.same(
-        // kcpshard answers it with an eventTime derived from lastTimestamp (docs/api.md).
         "a core/v1 event without eventTime",
         req(Method::POST, "/api/v1/namespaces/default/events").json(legacy),
-        &["/reason", "/lastTimestamp"],
+        &["/reason", "/lastTimestamp", "/eventTime"],
     )
     .await;
     c.same(
         "the event list with it",
         req(Method::GET, "/api/v1/namespaces/default/events"),
-        &["/items/0/reason"],
+        &["/items/0/reason", "/items/0/eventTime"],
     )
     .await;
     c.same(
@@ -682,9 +706,33 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
             Method::GET,
             "/apis/events.k8s.io/v1/namespaces/default/events/dev.legacy",
         ),
-        &["/note", "/reason"],
+        &["/note", "/reason", "/eventTime"],
     )
     .await;
+    // What `kubectl get events` prints (its columns of priority 0; `-o wide` all).
+    let columns = |table: &Value| -> Vec<(Value, Value, Value)> {
+        let columns = table["columnDefinitions"].as_array().cloned().unwrap_or_default();
+        columns
+            .iter()
+            .map(|c| (c["name"].clone(), c["priority"].clone(), c["format"].clone()))
+            .collect()
+    };
+    for group in ["/api/v1", "/apis/events.k8s.io/v1"] {
+        let (ours, real) = c
+            .same(
+                &format!("the event table of {group}"),
+                req(Method::GET, format!("{group}/namespaces/default/events"))
+                    .accept("application/json;as=Table;v=v1;g=meta.k8s.io"),
+                &["/kind"],
+            )
+            .await;
+        c.agree(&format!("{group}: event columns"), columns(&ours.body), columns(&real.body));
+        c.agree(
+            &format!("{group}: event cells"),
+            &ours.body["rows"][0]["cells"],
+            &real.body["rows"][0]["cells"],
+        );
+    }
 
     // --- deletecollection ------------------------------------------------------------------------
     c.same(
@@ -787,8 +835,13 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
         None,
     );
     kubectl("delete, dry run", &["delete", "ks", "csa", "--dry-run=server"], None);
-    // (A server-side dry run over client-side apply's fields is a deliberate difference:
-    // docs/api.md. The managers' order depends on the second their entries were written.)
+    kubectl(
+        "server-side dry run over client-side apply's fields",
+        &["apply", "--server-side", "--dry-run=server", "-o", "jsonpath={.spec.version}"],
+        Some(&edited),
+    );
+    kubectl("server-side diff over them", &["diff", "--server-side"], Some(&edited));
+    // (The managers' order depends on the second their entries were written: not compared.)
     let mut ungated = gated.clone();
     ungated["spec"].as_object_mut().unwrap().remove("rollout");
     kubectl(

@@ -165,7 +165,17 @@ impl ApiError {
         let details = match self {
             ApiError::NotFound { resource, name }
             | ApiError::AlreadyExists { resource, name }
-            | ApiError::Conflict { resource, name, .. } => Some(json!({"name": name, "kind": resource})),
+            | ApiError::Conflict { resource, name, .. } => {
+                // As apimachinery's NewNotFound and its kin: the qualified resource
+                // (`kcpshards.kcpshard.io`) split into its resource (`kind`) and `group`, the
+                // group left out for the core group.
+                let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
+                let mut details = json!({"name": name, "kind": plural});
+                if !group.is_empty() {
+                    details["group"] = json!(group);
+                }
+                Some(details)
+            }
             ApiError::ApplyConflict { causes, .. } => Some(json!({
                 "causes": causes.iter().map(|(message, field)| json!({
                     "reason": "FieldManagerConflict", "message": message, "field": field,

@@ -37,18 +37,10 @@ pub fn from_core(core: &Value) -> Value {
             out.insert(events_name.to_string(), v.clone());
         }
     }
-    // core/v1 carries the series count in `count` and the first observation in `firstTimestamp`;
-    // kubectl and client-go's legacy recorder never set eventTime, which events.k8s.io requires.
-    // eventTime is a MicroTime, which clients parse only with its six fractional digits: a
-    // second-precision time copied as it is made kubectl events fail for the whole list.
-    if !out.contains_key("eventTime") || out["eventTime"].is_null() {
-        let when = core
-            .get("lastTimestamp")
-            .or_else(|| core.get("firstTimestamp"))
-            .map(to_micro)
-            .unwrap_or(Value::Null);
-        out.insert("eventTime".into(), when);
-    }
+    // kubectl and client-go's legacy recorder never set eventTime: the real server serves such an
+    // event with `eventTime: null` in both views (a zero MicroTime), and so does this one. One
+    // that is set is a MicroTime, which clients parse only with its six fractional digits.
+    out.entry("eventTime").or_insert(Value::Null);
     normalise_event_time(&mut out);
     if let Some(source) = core.get("source")
         && out.get("reportingController").is_none_or(Value::is_null)
@@ -194,15 +186,19 @@ mod tests {
         assert_eq!(to_core(&event)["firstTimestamp"], "2026-01-02T03:04:05Z");
     }
 
-    /// client-go's legacy recorder posts core/v1 events with first/lastTimestamp and no eventTime.
+    /// client-go's legacy recorder posts core/v1 events with first/lastTimestamp and no eventTime:
+    /// served with a null one, as the real server does, and its timestamps as they were.
     #[test]
-    fn a_core_event_without_event_time_gets_one_with_microseconds() {
+    fn a_core_event_without_event_time_is_served_with_a_null_one() {
         let core = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "x", "namespace": "default"},
             "involvedObject": {"kind": "KcpShard", "name": "dev"}, "reason": "R", "message": "m",
             "firstTimestamp": "2026-11-29T10:00:00Z", "lastTimestamp": "2026-11-29T10:00:05Z", "count": 2});
         let stored = from_core(&core);
-        assert_eq!(stored["eventTime"], "2026-11-29T10:00:05.000000Z");
-        assert_eq!(to_core(&stored)["lastTimestamp"], "2026-11-29T10:00:05Z");
+        assert_eq!(stored.get("eventTime"), Some(&Value::Null));
+        let served = to_core(&stored);
+        assert_eq!(served.get("eventTime"), Some(&Value::Null));
+        assert_eq!(served["firstTimestamp"], "2026-11-29T10:00:00Z");
+        assert_eq!(served["lastTimestamp"], "2026-11-29T10:00:05Z");
     }
 
     #[test]

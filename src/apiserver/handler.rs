@@ -67,37 +67,35 @@ impl ApiRequest {
 
     /// The options of a write (`verb` names them in errors: CreateOptions, PatchOptions...).
     fn write_options(&self, verb: &str, patch_type: Option<PatchType>) -> ApiResult<WriteOptions> {
-        let options_error = |field: &str, message: String| ApiError::Invalid {
+        let options_error = |cause: FieldCause| ApiError::Invalid {
             kind: format!("{verb}Options"),
             group: "meta.k8s.io".into(),
             name: String::new(),
-            causes: vec![FieldCause::invalid(field, message)],
+            causes: vec![cause],
         };
-        let dry_run = dry_run(self.param("dryRun").into_iter(), |message| {
-            options_error("dryRun", message)
-        })?;
+        let dry_run = dry_run(self.param("dryRun").into_iter()).map_err(options_error)?;
         let explicit = self.param("fieldManager");
         if let Some(manager) = explicit
             && manager.len() > 128
         {
-            return Err(options_error(
+            return Err(options_error(FieldCause::invalid(
                 "fieldManager",
-                "Too long: may not be more than 128 bytes".into(),
-            ));
+                "Too long: may not be more than 128 bytes",
+            )));
         }
         let apply = patch_type == Some(PatchType::Apply);
         if apply && explicit.is_none() {
-            return Err(options_error(
+            return Err(options_error(FieldCause::invalid(
                 "fieldManager",
-                "Required value: is required for apply patch".into(),
-            ));
+                "Required value: is required for apply patch",
+            )));
         }
         let force = self.flag("force");
         if force && !apply {
-            return Err(options_error(
+            return Err(options_error(FieldCause::invalid(
                 "force",
-                "Forbidden: may not be specified for non-apply patch".into(),
-            ));
+                "Forbidden: may not be specified for non-apply patch",
+            )));
         }
         let manager = explicit.map(str::to_string).unwrap_or_else(|| {
             // The real server's default: the User-Agent's product, `kubectl` of `kubectl/v1.34 (...)`.
@@ -125,20 +123,18 @@ impl ApiRequest {
         } else {
             self.decode()?
         };
-        let invalid = |field: &str, message: String| ApiError::Invalid {
+        let invalid = |cause: FieldCause| ApiError::Invalid {
             kind: "DeleteOptions".into(),
             group: "meta.k8s.io".into(),
             name: String::new(),
-            causes: vec![FieldCause::invalid(field, message)],
+            causes: vec![cause],
         };
         let in_body = body["dryRun"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(Value::as_str);
-        let dry_run = dry_run(in_body.chain(self.param("dryRun")), |message| {
-            invalid("dryRun", message)
-        })?;
+        let dry_run = dry_run(in_body.chain(self.param("dryRun"))).map_err(invalid)?;
         let policy = body["propagationPolicy"]
             .as_str()
             .map(str::to_string)
@@ -147,12 +143,12 @@ impl ApiRequest {
             None | Some("Background" | "Foreground") => false,
             Some("Orphan") => true,
             Some(other) => {
-                return Err(invalid(
+                return Err(invalid(FieldCause::not_supported(
                     "propagationPolicy",
                     format!(
                         "Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\", \"nil\""
                     ),
-                ));
+                )));
             }
         };
         // The old orphanDependents flag, still sent by some clients.
@@ -172,15 +168,16 @@ impl ApiRequest {
 }
 
 /// `dryRun` values: none (a real write) or `All`; anything else is refused with `refuse`.
-fn dry_run<'a>(values: impl Iterator<Item = &'a str>, refuse: impl Fn(String) -> ApiError) -> ApiResult<bool> {
+fn dry_run<'a>(values: impl Iterator<Item = &'a str>) -> Result<bool, FieldCause> {
     let mut dry = false;
     for value in values {
         match value {
             "All" => dry = true,
             other => {
-                return Err(refuse(format!(
-                    "Unsupported value: [{other:?}]: supported values: \"All\""
-                )));
+                return Err(FieldCause::not_supported(
+                    "dryRun",
+                    format!("Unsupported value: [{other:?}]: supported values: \"All\""),
+                ));
             }
         }
     }

@@ -1,7 +1,7 @@
 //! ObjectMeta checks the real server makes on every write (k8s.io/apimachinery
 //! pkg/api/validation/objectmeta.go): label keys and values, annotation keys and total size,
 //! finalizer names, ownerReferences, and the managedFields a client may send.
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::error::FieldCause;
 
@@ -96,7 +96,10 @@ pub fn validate(object: &Value) -> Vec<FieldCause> {
             "Only one reference can have Controller set to true",
         ));
     }
-    for (i, entry) in array(metadata, "managedFields").iter().enumerate() {
+    // `[{}]` is not an entry but the request to clear them (what tools send to reset ownership).
+    let managed = array(metadata, "managedFields");
+    let reset = managed == [json!({})];
+    for (i, entry) in managed.iter().enumerate().filter(|_| !reset) {
         let field = |name: &str| format!("metadata.managedFields[{i}].{name}");
         if !matches!(entry["operation"].as_str(), Some("Apply" | "Update")) {
             causes.push(FieldCause::not_supported(

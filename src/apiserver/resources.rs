@@ -120,8 +120,8 @@ pub const STORAGE: &[&str] = &[KCPSHARDS, EVENTS];
 pub fn all() -> Vec<Resource> {
     vec![
         kcpshards(),
-        events("", View::CoreEvents, event_columns()),
-        events("events.k8s.io", View::Plain, Vec::new()),
+        events("", View::CoreEvents),
+        events("events.k8s.io", View::Plain),
     ]
 }
 
@@ -168,24 +168,6 @@ fn kcpshards() -> Resource {
     }
 }
 
-fn event_columns() -> Vec<Column> {
-    let column = |name: &str, type_: &str, path: &str| Column {
-        name: name.into(),
-        type_: type_.into(),
-        format: String::new(),
-        description: String::new(),
-        json_path: path.into(),
-        priority: 0,
-    };
-    vec![
-        column("Last Seen", "date", ".lastTimestamp"),
-        column("Type", "string", ".type"),
-        column("Reason", "string", ".reason"),
-        column("Object", "string", ".involvedObject.name"),
-        column("Message", "string", ".message"),
-    ]
-}
-
 /// What core/v1 events can be selected by (k8s.io/kubernetes pkg/registry/core/event/strategy.go).
 const CORE_EVENT_FIELDS: &[&str] = &[
     "metadata.name",
@@ -221,7 +203,7 @@ const EVENT_FIELDS: &[&str] = &[
 
 /// Events in one of their two views: core/v1 (what kubectl describe and kubectl events read) and
 /// events.k8s.io/v1 (what kube-runtime's Recorder writes), over one storage directory.
-fn events(group: &'static str, view: View, columns: Vec<Column>) -> Resource {
+fn events(group: &'static str, view: View) -> Resource {
     Resource {
         group,
         version: "v1",
@@ -235,7 +217,8 @@ fn events(group: &'static str, view: View, columns: Vec<Column>) -> Resource {
         view,
         schema: None,
         openapi_schema: json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
-        columns,
+        // Printed by the events printer (table.rs), not by columns.
+        columns: Vec::new(),
         field_selectors: match view {
             View::CoreEvents => CORE_EVENT_FIELDS,
             View::Plain => EVENT_FIELDS,

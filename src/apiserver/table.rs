@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use serde_json_path::JsonPath;
 
-use super::resources::Resource;
+use super::resources::{EVENTS, Resource};
 
 /// What each row carries besides its cells (`includeObject`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,35 +26,16 @@ impl IncludeObject {
 }
 
 pub fn table(resource: &Resource, objects: &[Value], resource_version: Option<u64>, include: IncludeObject) -> Value {
-    let mut columns = vec![json!({
-        "name": "Name", "type": "string", "format": "name", "priority": 0,
-        "description": "Name must be unique within a namespace. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names",
-    })];
-    let printer_columns = if resource.columns.is_empty() {
-        default_columns()
-    } else {
-        resource.columns.clone()
-    };
-    columns.extend(printer_columns.iter().map(|c| {
-        json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority})
-    }));
-    let paths: Vec<Option<JsonPath>> = printer_columns
-        .iter()
-        .map(|c| JsonPath::parse(&format!("${}", c.json_path)).ok())
-        .collect();
     let now = Utc::now();
+    let (columns, cells) = if resource.storage == EVENTS {
+        event_table(objects, now)
+    } else {
+        crd_table(resource, objects, now)
+    };
     let rows: Vec<Value> = objects
         .iter()
-        .map(|object| {
-            let mut cells = vec![object["metadata"]["name"].clone()];
-            for (column, path) in printer_columns.iter().zip(&paths) {
-                let value = path.as_ref().and_then(|p| p.query(object).first().cloned());
-                cells.push(match (value, column.type_.as_str()) {
-                    (None, _) => Value::Null,
-                    (Some(Value::String(s)), "date") => json!(age(&s, now)),
-                    (Some(v), _) => v,
-                });
-            }
+        .zip(cells)
+        .map(|(object, cells)| {
             let mut row = json!({"cells": cells});
             match include {
                 IncludeObject::None => {}
@@ -71,6 +52,131 @@ pub fn table(resource: &Resource, objects: &[Value], resource_version: Option<u6
         metadata["resourceVersion"] = json!(rv.to_string());
     }
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "columnDefinitions": columns, "rows": rows})
+}
+
+/// The column definitions and each object's cells.
+type Cells = (Vec<Value>, Vec<Vec<Value>>);
+
+/// A CRD's table: Name, then its printer columns (or Age).
+fn crd_table(resource: &Resource, objects: &[Value], now: DateTime<Utc>) -> Cells {
+    let mut columns = vec![json!({
+        "name": "Name", "type": "string", "format": "name", "priority": 0,
+        "description": "Name must be unique within a namespace. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names",
+    })];
+    let printer_columns = if resource.columns.is_empty() {
+        default_columns()
+    } else {
+        resource.columns.clone()
+    };
+    columns.extend(printer_columns.iter().map(|c| {
+        json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority})
+    }));
+    let paths: Vec<Option<JsonPath>> = printer_columns
+        .iter()
+        .map(|c| JsonPath::parse(&format!("${}", c.json_path)).ok())
+        .collect();
+    let cells = objects
+        .iter()
+        .map(|object| {
+            let mut cells = vec![object["metadata"]["name"].clone()];
+            for (column, path) in printer_columns.iter().zip(&paths) {
+                let value = path.as_ref().and_then(|p| p.query(object).first().cloned());
+                cells.push(match (value, column.type_.as_str()) {
+                    (None, _) => Value::Null,
+                    (Some(Value::String(s)), "date") => json!(age(&s, now)),
+                    (Some(v), _) => v,
+                });
+            }
+            cells
+        })
+        .collect();
+    (columns, cells)
+}
+
+/// The columns of events (name, priority, format), as the real server prints them in both groups
+/// (k8s.io/kubernetes pkg/printers/internalversion/printers.go, eventColumnDefinitions): kubectl
+/// shows those of priority 0 (`LAST SEEN TYPE REASON OBJECT MESSAGE`), `-o wide` all of them.
+const EVENT_COLUMNS: [(&str, i64, &str); 10] = [
+    ("Last Seen", 0, ""),
+    ("Type", 0, ""),
+    ("Reason", 0, ""),
+    ("Object", 0, ""),
+    ("Subobject", 1, ""),
+    ("Source", 1, ""),
+    ("Message", 0, ""),
+    ("First Seen", 1, ""),
+    ("Count", 1, ""),
+    ("Name", 1, "name"),
+];
+
+/// Events as printers.go's printEvent shows them, read from their core/v1 view.
+fn event_table(objects: &[Value], now: DateTime<Utc>) -> Cells {
+    let columns = EVENT_COLUMNS
+        .iter()
+        .map(|(name, priority, format)| {
+            json!({"name": name, "type": "string", "format": format, "description": "", "priority": priority})
+        })
+        .collect();
+    let cells = objects
+        .iter()
+        .map(|object| {
+            let core = if object["apiVersion"] == "v1" {
+                object.clone()
+            } else {
+                super::events::to_core(object)
+            };
+            event_cells(&core, now)
+        })
+        .collect();
+    (columns, cells)
+}
+
+fn event_cells(event: &Value, now: DateTime<Utc>) -> Vec<Value> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let since = |v: &Value| v.as_str().map_or_else(|| "<unknown>".to_string(), |t| age(t, now));
+    let first_seen = if event["firstTimestamp"].is_string() {
+        since(&event["firstTimestamp"])
+    } else {
+        since(&event["eventTime"])
+    };
+    let mut last_seen = if event["lastTimestamp"].is_string() {
+        since(&event["lastTimestamp"])
+    } else {
+        first_seen.clone()
+    };
+    let mut count = event["count"].as_i64().unwrap_or(0);
+    if event["series"].is_object() {
+        last_seen = since(&event["series"]["lastObservedTime"]);
+        count = event["series"]["count"].as_i64().unwrap_or(0);
+    } else if count == 0 {
+        count = 1;
+    }
+    let involved = &event["involvedObject"];
+    let kind = text(&involved["kind"]).to_lowercase();
+    let target = match text(&involved["name"]) {
+        name if name.is_empty() => kind,
+        name => format!("{kind}/{name}"),
+    };
+    let first_set = |a: &Value, b: &Value| Some(text(a)).filter(|s| !s.is_empty()).unwrap_or_else(|| text(b));
+    let component = first_set(&event["source"]["component"], &event["reportingComponent"]);
+    let instance = first_set(&event["source"]["host"], &event["reportingInstance"]);
+    let source = if instance.is_empty() {
+        component
+    } else {
+        format!("{component}, {instance}")
+    };
+    vec![
+        json!(last_seen),
+        json!(text(&event["type"])),
+        json!(text(&event["reason"])),
+        json!(target),
+        json!(text(&involved["fieldPath"])),
+        json!(source),
+        json!(text(&event["message"]).trim()),
+        json!(first_seen),
+        json!(count),
+        event["metadata"]["name"].clone(),
+    ]
 }
 
 fn default_columns() -> Vec<super::resources::Column> {
@@ -136,6 +242,52 @@ pub fn human_duration(seconds: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kubectl get events` prints `LAST SEEN TYPE REASON OBJECT MESSAGE` with `kcpshard/<name>`,
+    /// as from a real server, whichever group the events are read through.
+    #[test]
+    fn events_print_as_the_real_servers_printer_prints_them() {
+        let now = DateTime::parse_from_rfc3339("2026-11-29T10:05:00Z").unwrap().with_timezone(&Utc);
+        let recorded = json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": "dev.1", "namespace": "default"},
+            "eventTime": "2026-11-29T10:00:00.123456Z",
+            "regarding": {"kind": "KcpShard", "name": "dev", "apiVersion": "kcpshard.io/v1alpha1"},
+            "note": "Started slot a\n", "reason": "SlotStarting", "type": "Normal",
+            "reportingController": "kcpshard", "reportingInstance": "kcpshard-host",
+            "series": {"count": 3, "lastObservedTime": "2026-11-29T10:04:00.000000Z"},
+        });
+        let (columns, cells) = event_table(std::slice::from_ref(&recorded), now);
+        let shown: Vec<&str> = columns
+            .iter()
+            .filter(|c| c["priority"] == 0)
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(shown, ["Last Seen", "Type", "Reason", "Object", "Message"]);
+        assert_eq!(
+            cells[0],
+            [
+                json!("60s"),
+                json!("Normal"),
+                json!("SlotStarting"),
+                json!("kcpshard/dev"),
+                json!(""),
+                json!("kcpshard, kcpshard-host"),
+                json!("Started slot a"),
+                json!("5m"),
+                json!(3),
+                json!("dev.1"),
+            ]
+        );
+        let legacy = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "x"},
+            "involvedObject": {"kind": "KcpShard"}, "reason": "R", "message": "m", "type": "Warning",
+            "firstTimestamp": "2026-11-29T10:00:00Z", "source": {"component": "kubectl"}, "eventTime": null});
+        let (_, cells) = event_table(&[legacy], now);
+        assert_eq!(cells[0][0], "5m", "no lastTimestamp: the first one");
+        assert_eq!(cells[0][3], "kcpshard", "no name: the kind alone");
+        assert_eq!(cells[0][5], "kubectl");
+        assert_eq!(cells[0][8], 1, "a count of 0 is one event");
+    }
 
     #[test]
     fn human_duration_matches_kubectl() {

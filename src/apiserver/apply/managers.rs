@@ -143,6 +143,16 @@ impl Scope {
         set.retain(|p| self.owns(p));
         set
     }
+
+    /// The fields `last_applied` (kubectl's last client-side configuration) sets that `live` still
+    /// holds with the value it set: what an apply by kubectl may take over from client-side apply
+    /// without a conflict (k8s.io/apimachinery pkg/util/managedfields/internal/lastappliedmanager.go,
+    /// allowedConflictsFromLastApplied).
+    pub fn still_as_applied(self, live: &Value, last_applied: &Value, shape: Shape<'_>) -> FieldSet {
+        let mut set = self.fields(last_applied, shape);
+        set.retain(|p| !is_leaf(p) || structure::get(live, p) == structure::get(last_applied, p));
+        set
+    }
 }
 
 /// An apply that would change fields other managers own.
@@ -150,6 +160,11 @@ impl Scope {
 pub struct Conflicts(pub Vec<(String, Path)>);
 
 impl Conflicts {
+    /// Every conflicting field is one of `fields`.
+    pub fn within(&self, fields: &FieldSet) -> bool {
+        self.0.iter().all(|(_, path)| fields.contains(path))
+    }
+
     /// The real server's message (k8s.io/apiserver .../fieldmanager/internal/conflict.go).
     pub fn message(&self) -> String {
         if let [(manager, path)] = self.0.as_slice() {
@@ -391,6 +406,34 @@ mod tests {
                 .apply(&live, &second, shape, MAIN, &writer("gitops"), false)
                 .unwrap();
             assert_eq!(live["spec"], json!({"version": "v1", "kcp": {}}));
+        })
+    }
+
+    /// kubectl's server-side apply after its client-side one: what the last-applied annotation set
+    /// and the object still holds is taken over; a field someone else changed since is not.
+    #[test]
+    fn an_apply_may_take_over_only_what_client_side_apply_set_and_still_holds() {
+        with_shape(|shape| {
+            let version = [Element::Field("spec".into()), Element::Field("version".into())];
+            let listen = [
+                Element::Field("spec".into()),
+                Element::Field("front".into()),
+                Element::Field("listen".into()),
+            ];
+            let last = shard(json!({"version": "v1", "front": {"type": "Tcp", "listen": "127.0.0.1:6443"}}));
+            let live = shard(json!({"version": "v1", "front": {"type": "Tcp", "listen": "127.0.0.1:7443"}}));
+            let mut managed = Managed::default();
+            managed.update(&json!({}), &live, shape, MAIN, &writer("kubectl-client-side-apply"));
+            let edited = shard(json!({"version": "v2", "front": {"type": "Tcp", "listen": "127.0.0.1:8443"}}));
+            let conflicts = managed
+                .apply(&live, &edited, shape, MAIN, &writer("kubectl"), false)
+                .unwrap_err();
+            let allowed = MAIN.still_as_applied(&live, &last, shape);
+            assert!(allowed.contains(&version));
+            assert!(!allowed.contains(&listen), "changed since the client-side apply");
+            assert!(!conflicts.within(&allowed));
+            let only_version = Conflicts(conflicts.0.into_iter().filter(|(_, p)| p[..] == version).collect());
+            assert!(only_version.within(&allowed));
         })
     }
 

@@ -135,28 +135,35 @@ pub(super) fn check_type(resource: &Resource, body: Value) -> ApiResult<Value> {
 }
 
 /// A delete's preconditions must hold for the stored object (a 409 otherwise, worded as by the
-/// real server).
+/// real server's BeforeDelete, k8s.io/apiserver pkg/registry/rest/delete.go).
 pub(super) fn check_preconditions(
     resource: &Resource,
     name: &str,
     existing: &Value,
     options: &DeleteOptions,
 ) -> ApiResult<()> {
-    let failed = |what: &str, wanted: &str, found: &str| ApiError::Conflict {
-        resource: resource.qualified_name(),
+    // The real server names the kind here, not the resource (`KcpShard.kcpshard.io`).
+    let kind = match resource.group {
+        "" => resource.kind.clone(),
+        group => format!("{}.{group}", resource.kind),
+    };
+    let failed = |what: &str, wanted: &str, found: &str, meaning: &str| ApiError::Conflict {
+        resource: kind.clone(),
         name: name.to_string(),
-        message: format!("Precondition failed: {what} in precondition: {wanted}, {what} in object meta: {found}"),
+        message: format!(
+            "the {what} in the precondition ({wanted}) does not match the {what} in record ({found}). The object might have been {meaning}"
+        ),
     };
     if let Some(uid) = &options.uid {
         let found = existing["metadata"]["uid"].as_str().unwrap_or_default();
         if uid != found {
-            return Err(failed("UID", uid, found));
+            return Err(failed("UID", uid, found, "deleted and then recreated"));
         }
     }
     if let Some(rv) = &options.resource_version {
         let found = existing["metadata"]["resourceVersion"].as_str().unwrap_or_default();
         if rv != found {
-            return Err(failed("ResourceVersion", rv, found));
+            return Err(failed("ResourceVersion", rv, found, "modified"));
         }
     }
     Ok(())

@@ -98,19 +98,22 @@ pub(super) fn server_side_apply(
     }
     let mut managed = Managed::read(existing);
     let writer = writer(resource, &options.manager, part);
-    let mut merged = managed
-        .apply(
-            existing,
-            &config,
-            shape(resource),
-            ownership_scope(resource, part),
-            &writer,
-            options.force,
-        )
-        .map_err(|conflicts| ApiError::ApplyConflict {
-            message: conflicts.message(),
-            causes: conflicts.causes(),
-        })?;
+    let scope = ownership_scope(resource, part);
+    let mut applied = managed.apply(existing, &config, shape(resource), scope, &writer, options.force);
+    // kubectl's move from client-side apply, as the real server makes it: an apply by `kubectl`
+    // whose conflicts are all fields its last client-side apply set, still at the values it set,
+    // takes them over (lastappliedmanager.go in k8s.io/apimachinery's managedfields).
+    if let Err(conflicts) = &applied
+        && options.manager == "kubectl"
+        && let Some(last) = last_applied(resource, existing)
+        && conflicts.within(&scope.still_as_applied(existing, &last, shape(resource)))
+    {
+        applied = managed.apply(existing, &config, shape(resource), scope, &writer, true);
+    }
+    let mut merged = applied.map_err(|conflicts| ApiError::ApplyConflict {
+        message: conflicts.message(),
+        causes: conflicts.causes(),
+    })?;
     managed.write(&mut merged);
     // As the real server: only kubectl's own apply, and only where the annotation is kept.
     if part == Part::Main
@@ -125,6 +128,13 @@ pub(super) fn server_side_apply(
         annotations.insert(apply::LAST_APPLIED.into(), json!(applied.to_string()));
     }
     Ok(resource.to_view(&merged))
+}
+
+/// kubectl's last client-side configuration of `existing` (its annotation), in stored form.
+fn last_applied(resource: &Resource, existing: &Value) -> Option<Value> {
+    let text = existing["metadata"]["annotations"][apply::LAST_APPLIED].as_str()?;
+    let applied: Value = serde_json::from_str(text).ok()?;
+    Some(resource.from_view(&applied))
 }
 
 /// Whether writes to `resource` record `managedFields` (only resources with a schema: events are
@@ -157,7 +167,8 @@ pub(super) fn writer(resource: &Resource, manager: &str, part: Part) -> Writer {
 
 /// Records an Update by `manager` from `existing` to the object `next` stores. The managed fields
 /// the client sent (kubectl's upgrade from client-side apply rewrites them) replace the stored
-/// ones, as on the real server; `[{}]` clears them.
+/// ones, as on the real server; `[{}]` clears them, the request's other changes included (as kcp
+/// does: no entry for the writer either).
 pub(super) fn track_update(resource: &Resource, existing: &Value, next: Action, part: Part, manager: &str) -> Action {
     let Action::Put(mut next) = next else {
         return next;
