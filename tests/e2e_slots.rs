@@ -11,8 +11,10 @@
 //!      through the front right after the kill is Ready within 12 s when the warm standby leads
 //!      (30 s when the replacement wins kcp's election and leads cold); another slot leads; a
 //!      replacement runs and two slots serve again; events SlotCrashed and LeaseReleased;
-//!   3. SIGSTOP of a serving slot: out of the front within 3 s (SlotUnresponsive, Degraded
-//!      FewerSlots naming it), no failed poll after that; killed after livenessTimeout (10 s,
+//!   3. SIGSTOP of a serving slot under polls on new connections: none fails (the front replays
+//!      those it gave the stopped slot), and on the front's word the slot is out of the front
+//!      within 3 s (SlotUnresponsive, Degraded FewerSlots naming it), no failed poll after
+//!      that either; killed after livenessTimeout (10 s,
 //!      SlotKilled) and replaced. Then `slots: 1` on the same shard and SIGSTOP of its slot:
 //!      Ready=False and Degraded=True SlotUnresponsive within 3 s; serving again within
 //!      livenessTimeout plus one kcp start-up. Before that, SIGSTOP of the leading slot: killed
@@ -76,6 +78,29 @@ impl Pollers {
     async fn finish(self) -> (PollStats, PollStats) {
         (self.new.finish().await, self.kept.finish().await)
     }
+}
+
+/// The connections the front replayed or failed so far, by slot (since the front started): a
+/// replay is a slot that died under a new connection or left it unanswered for a second.
+async fn front_unanswered(env: &Env, shard: &str) -> String {
+    let connections = front_status(env, shard).await.connections;
+    let by_slot = |count: fn(&kcpshard::front::SlotConnections) -> u64| {
+        let counted: Vec<String> = connections
+            .iter()
+            .filter(|(_, c)| count(c) > 0)
+            .map(|(slot, c)| format!("{slot}: {}", count(c)))
+            .collect();
+        if counted.is_empty() {
+            "none".to_string()
+        } else {
+            counted.join(", ")
+        }
+    };
+    format!(
+        "the front so far replayed {} and failed {}",
+        by_slot(|c| c.replayed),
+        by_slot(|c| c.failed)
+    )
 }
 
 fn figures(stats: &PollStats) -> String {
@@ -161,10 +186,11 @@ async fn roll_under_pollers(env: &Env, shard: &str, config: &kube::Config, versi
     let took = started.elapsed();
     let (new, kept) = pollers.finish().await;
     report.add(format!(
-        "roll of 2 slots to {version}: {:.1}s, at most {most} slots ran; /readyz every 20 ms on new connections: {}; on a kept-alive connection: {}",
+        "roll of 2 slots to {version}: {:.1}s, at most {most} slots ran; /readyz every 20 ms on new connections: {}; on a kept-alive connection: {}; {}",
         took.as_secs_f64(),
         figures(&new),
-        figures(&kept)
+        figures(&kept),
+        front_unanswered(env, shard).await
     ));
     assert!(new.polls > 50, "the poller ran only {} polls", new.polls);
     for (what, stats) in [("new connections", &new), ("a kept-alive connection", &kept)] {
@@ -327,7 +353,7 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         .filter(|(sent, _)| *sent <= gone_at)
         .collect();
     report.add(format!(
-        "SIGKILL of the leading slot {victim}: its port refused {:.0} ms after the signal; failed polls sent before, in flight on it: {} ({}); new connections: {}; kept-alive: {}; slot {new_leader} leads {:.2}s after the kill; a workspace created through the front after the kill Ready in {:.2}s; two slots serve again (a replacement ready) {:.1}s after the kill",
+        "SIGKILL of the leading slot {victim}: its port refused {:.0} ms after the signal; failed polls sent before, in flight on it: {} ({}); new connections: {}; kept-alive: {}; slot {new_leader} leads {:.2}s after the kill; a workspace created through the front after the kill Ready in {:.2}s; two slots serve again (a replacement ready) {:.1}s after the kill; {}",
         (gone_at - killed_at).num_milliseconds(),
         in_flight.len(),
         in_flight.iter().map(|(t, e)| format!("{t}: {e}")).collect::<Vec<_>>().join("; "),
@@ -335,7 +361,8 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         figures(&kept),
         leads_after.as_secs_f64(),
         workspace_ready.as_secs_f64(),
-        replaced_after.as_secs_f64()
+        replaced_after.as_secs_f64(),
+        front_unanswered(&env, shard).await
     ));
     // A connection the dying slot's listener accepted but never answered is replayed by the front
     // to the other slot: no poll fails in its TLS handshake. Only requests already sent may fail.
@@ -346,8 +373,9 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         .collect();
     assert!(
         handshakes.is_empty(),
-        "polls on new connections failed in their TLS handshake (the front replays those):\n{}",
-        failure_lines(&handshakes)
+        "polls on new connections failed in their TLS handshake (the front replays those):\n{}\nthe front's counts per slot: {:?}",
+        failure_lines(&handshakes),
+        front_status(&env, shard).await.connections
     );
     assert!(
         after_gone.is_empty(),
@@ -377,6 +405,10 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         .find(|n| Some(n) != leading.as_ref())
         .unwrap_or_else(|| env.fail(&format!("no serving slot that does not lead: {:#}", o["status"])));
     let pid = slot_pid(&o, &victim).unwrap();
+    // New connections meanwhile: those the front gives the stopped slot it replays after a second
+    // unanswered, and that word takes the slot out after one failed look instead of two.
+    let during = Poller::start_every(poll.clone(), POLL_EVERY);
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let stopped_at = Utc::now();
     let stopped = Instant::now();
     signal(pid, libc::SIGSTOP);
@@ -386,6 +418,12 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         })
         .await;
     let out_after = stopped.elapsed();
+    let during = during.finish().await;
+    assert!(
+        during.failures.is_empty(),
+        "polls on new connections failed while slot {victim} hung in the front:\n{}",
+        describe_failures(&during)
+    );
     let in_front = front_status(&env, shard).await;
     assert!(
         in_front.backends.iter().all(|b| b.slot != victim),
@@ -402,7 +440,7 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         .await;
     let message = slot_message(&out, &victim);
     assert!(
-        message.contains("does not answer /readyz"),
+        message.contains("does not answer") && message.contains("/readyz"),
         "status.slots[{victim}].message: {message}"
     );
     let fewer = condition_text(&degraded, "Degraded");
@@ -437,8 +475,9 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
     let (new, kept) = pollers.finish().await;
     let events = events_since(&env, shard, stopped_at).await;
     report.add(format!(
-        "SIGSTOP of serving slot {victim} (slots: 2): out of the front {:.2}s after the signal; killed {:.1}s after (livenessTimeout {}s); two slots serve again {:.1}s after; polls once it was out of the front: new connections {}, kept-alive {}\n  status while it hung: {}\n  {}\n  then: {}\n  events:\n{}",
+        "SIGSTOP of serving slot {victim} (slots: 2): out of the front {:.2}s after the signal (polls on new connections until then: {}); killed {:.1}s after (livenessTimeout {}s); two slots serve again {:.1}s after; polls once it was out of the front: new connections {}, kept-alive {}\n  status while it hung: {}\n  {}\n  then: {}\n  events:\n{}",
         out_after.as_secs_f64(),
+        figures(&during),
         killed_after.as_secs_f64(),
         LIVENESS.as_secs(),
         replaced_after.as_secs_f64(),

@@ -566,8 +566,9 @@ pub struct RolloutSpec {
     #[schemars(pattern(DURATION_PATTERN))]
     pub drain_timeout: String,
     /// How long a slot that served may go without answering /readyz on its own port before it is
-    /// killed and replaced, e.g. "10s". It leaves the front after 2 looks that fail (a second each)
-    /// while another slot serves; this bounds how long a hung kcp stays. At most 1h.
+    /// killed and replaced, e.g. "10s". It leaves the front while another slot serves after 2 looks
+    /// that fail (a second each), or after 1 once the front saw it leave a new connection
+    /// unanswered; this bounds how long a hung kcp stays. At most 1h.
     #[schemars(pattern(DURATION_PATTERN))]
     pub liveness_timeout: String,
     /// Snapshot the store before a roll that changes spec.version, while it serves: a pg_dump of

@@ -421,19 +421,25 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         })
         .unwrap_or_default();
     ctx.succeeded(&name);
-    let action = match (&next, failure) {
-        (_, Some(_)) => Action::requeue(backoff(failing_for)),
+    let after = match (&next, failure) {
+        (_, Some(_)) => backoff(failing_for),
         // A due check of a caddy front's change is looked at again soon.
-        (Step::Idle | Step::Blocked { .. }, _) if world.observed.front_check.is_some() => {
-            Action::requeue(WHILE_PROBING)
-        }
-        (Step::Idle | Step::Blocked { .. }, _) => Action::requeue(WHEN_IDLE),
-        (Step::Wait(Wait::Settle { remaining, .. }), _) => Action::requeue(*remaining),
-        (Step::Wait(Wait::Probe | Wait::Preflight | Wait::Answer(_)), _) => Action::requeue(WHILE_PROBING),
-        (Step::Wait(Wait::Store | Wait::Front | Wait::FrontUpgrade), _) => Action::requeue(WHILE_STARTING),
-        (Step::Wait(_), _) => Action::requeue(WHILE_WAITING),
-        _ => Action::requeue(NEXT_STEP),
+        (Step::Idle | Step::Blocked { .. }, _) if world.observed.front_check.is_some() => WHILE_PROBING,
+        (Step::Idle | Step::Blocked { .. }, _) => WHEN_IDLE,
+        (Step::Wait(Wait::Settle { remaining, .. }), _) => *remaining,
+        (Step::Wait(Wait::Probe | Wait::Preflight | Wait::Answer(_)), _) => WHILE_PROBING,
+        (Step::Wait(Wait::Store | Wait::Front | Wait::FrontUpgrade), _) => WHILE_STARTING,
+        (Step::Wait(_), _) => WHILE_WAITING,
+        _ => NEXT_STEP,
     };
+    // A serving slot that failed a look may be hung: the front's word that it left a connection
+    // unanswered (which wakes nothing) takes it out of the front before its second failed look.
+    let may_hang = world
+        .observed
+        .slots
+        .iter()
+        .any(|s| s.running && s.health.ever_ready && s.health.failures > 0 && !s.health.unresponsive());
+    let action = Action::requeue(if may_hang { after.min(WHILE_PROBING) } else { after });
     Ok((action, desired.deleting && next == Step::Idle))
 }
 

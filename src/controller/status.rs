@@ -114,8 +114,8 @@ fn slot_message(seen: &SlotObservation) -> Option<String> {
     }
     if seen.health.unresponsive() {
         return Some(format!(
-            "does not answer /readyz ({} looks in a row: {})",
-            seen.health.failures,
+            "does not answer: it {} ({})",
+            seen.health.unresponsive_looks(),
             seen.health.problem.as_deref().unwrap_or("no answer")
         ));
     }

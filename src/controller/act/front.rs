@@ -117,17 +117,18 @@ impl Actor<'_> {
         }));
         for (name, cause) in &change.left {
             if *cause == LeaveCause::Unresponsive {
-                let problem = self
+                let health = self
                     .world
                     .observed
                     .slot(name)
-                    .and_then(|s| s.health.problem.clone())
+                    .map(|s| s.health.clone())
                     .unwrap_or_default();
                 notes.push(Note::warning(
                     "SlotUnresponsive",
                     format!(
-                        "slot {name} failed {} looks at /readyz on its own port in a row ({problem}); the front sends it no new connections, those pinned to it stay; it rejoins when it answers, and is killed if it does not answer within spec.rollout.livenessTimeout",
-                        crate::controller::plan::UNRESPONSIVE_AFTER
+                        "slot {name} {} ({}); the front sends it no new connections, those pinned to it stay; it rejoins when it answers, and is killed if it does not answer within spec.rollout.livenessTimeout",
+                        health.unresponsive_looks(),
+                        health.problem.unwrap_or_default()
                     ),
                 ));
             }

@@ -4,6 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use kube::runtime::reflector::ObjectRef;
 
 use super::ObservedSlot;
@@ -32,6 +34,8 @@ pub(super) struct FrontLook {
     pub upgrading: bool,
     /// It listens on another address than the spec's.
     pub elsewhere: bool,
+    /// Per slot name: when the front last replayed a new connection the slot left unanswered.
+    pub last_silent: Vec<(String, DateTime<Utc>)>,
 }
 
 impl FrontLook {
@@ -43,6 +47,7 @@ impl FrontLook {
             outdated: false,
             upgrading: false,
             elsewhere: false,
+            last_silent: vec![],
         }
     }
 }
@@ -78,7 +83,9 @@ pub(super) async fn look(
             for pid in seen.pid.iter().chain(&seen.upgrading) {
                 watch(*pid);
             }
-            ctx.metrics.fronts.seen(&shard_ref.name, &seen.connections, &seen.backends);
+            ctx.metrics
+                .fronts
+                .seen(&shard_ref.name, &seen.connections, &seen.backends);
             // A slot is what the front forwards to only if it, as recorded now, listens where the
             // front sends: a slot replaced under the same name (after a crash) is on another port.
             let name_of = |address: SocketAddr| {
@@ -101,6 +108,11 @@ pub(super) async fn look(
                     retiring: counts(|c| c.retired_pending),
                 },
                 elsewhere: seen.listen != front.listen(),
+                last_silent: seen
+                    .connections
+                    .iter()
+                    .filter_map(|(slot, c)| Some((slot.clone(), c.last_silent?)))
+                    .collect(),
                 backends: seen.backends,
                 problem: None,
                 outdated: seen.outdated,

@@ -306,6 +306,14 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
     }
     let front = ctx.front(shard, dirs)?;
     let front_look = front::look(ctx, &shard_ref, &front, &slots, &stopping).await;
+    // The front's word that a slot left a new connection unanswered since its last ok look.
+    for slot in &mut observations {
+        let ok_at = slot.health.last_ok_at;
+        slot.health.silent_in_front = front_look
+            .last_silent
+            .iter()
+            .any(|(name, at)| *name == slot.name && ok_at.is_some_and(|ok| *at > ok));
+    }
     // Not while deleting: what the front serves goes.
     let front_check = match &state.front_check {
         Some(due) if !front.is_ours() && shard.metadata.deletion_timestamp.is_none() => {

@@ -86,6 +86,9 @@ pub struct Health {
     pub last_alive_at: Option<DateTime<Utc>>,
     /// What the last failed look saw.
     pub problem: Option<String>,
+    /// The front replayed a new connection because this slot left it unanswered (for its answer
+    /// wait, 1 s) after the slot's last ok look: with one failed look, hung, not slow.
+    pub silent_in_front: bool,
 }
 
 impl Health {
@@ -99,12 +102,29 @@ impl Health {
             last_ok_at: Some(now),
             last_alive_at: Some(now),
             problem: None,
+            silent_in_front: false,
         }
     }
 
-    /// A slot that served and has failed [`UNRESPONSIVE_AFTER`] looks in a row.
+    /// A slot that served and has failed [`UNRESPONSIVE_AFTER`] looks in a row, or one look while
+    /// the front saw it leave a connection unanswered: a slot that is only slow answers the front
+    /// within its answer wait, a stopped or wedged one never does.
     pub fn unresponsive(&self) -> bool {
-        self.ever_ready && self.failures >= UNRESPONSIVE_AFTER
+        self.ever_ready && (self.failures >= UNRESPONSIVE_AFTER || (self.failures >= 1 && self.silent_in_front))
+    }
+
+    /// Why it counts as [`Self::unresponsive`], for messages: "failed 2 looks at /readyz on its
+    /// own port in a row" and what else told.
+    pub fn unresponsive_looks(&self) -> String {
+        let looks = match self.failures {
+            1 => "failed a look at /readyz on its own port".to_string(),
+            n => format!("failed {n} looks at /readyz on its own port in a row"),
+        };
+        if self.silent_in_front && self.failures < UNRESPONSIVE_AFTER {
+            format!("{looks} and left a new connection through the front unanswered for 1s")
+        } else {
+            looks
+        }
     }
 
     /// [`UNRESPONSIVE_AFTER`] looks in a row showed it broken: it will never serve (kcp redoes no

@@ -17,7 +17,7 @@ pub struct FrontChange {
 pub enum LeaveCause {
     /// A newer slot took its place, or it is one more than spec.slots.
     Replaced,
-    /// It failed [`UNRESPONSIVE_AFTER`] looks in a row.
+    /// It does not answer ([`super::Health::unresponsive`]).
     Unresponsive,
     /// Its process is gone.
     Exited,

@@ -67,6 +67,7 @@ pub(crate) fn slot(name: &str, version: &str, ready: bool) -> SlotObservation {
             last_ok_at: ready.then(|| at(9)),
             last_alive_at: ready.then(|| at(9)),
             problem: None,
+            silent_in_front: false,
         },
         listening: true,
         stopped_listening_at: None,
@@ -483,8 +484,25 @@ fn a_serving_slot_that_stops_answering_leaves_the_front_after_two_looks_and_rejo
         last_ok_at: Some(at(10)),
         last_alive_at: Some(at(10)),
         problem: None,
+        silent_in_front: false,
     };
     assert_eq!(plan(&d, &o), set_front(&["a", "b"], &["a"], &[]));
+}
+
+/// A stopped kcp's kernel still accepts: the front replays what it leaves unanswered, and says when.
+/// With that word, one failed look is enough; without it, a slow slot keeps its place.
+#[test]
+fn a_serving_slot_the_front_saw_silent_leaves_after_one_failed_look() {
+    let mut d = desired("v1");
+    d.slots = 2;
+    let mut o = observed(&["a", "b"], vec![slot("a", "v1", true), slot("b", "v1", true)]);
+    o.slots[0].health.silent_in_front = true;
+    assert_eq!(plan(&d, &o), Step::Idle, "silent once to the front, but its looks pass");
+    o.slots[0].health.ready = false;
+    o.slots[0].health.failures = 1;
+    assert_eq!(plan(&d, &o), set_front(&["b"], &[], &[("a", LeaveCause::Unresponsive)]));
+    o.slots[0].health.silent_in_front = false;
+    assert_eq!(plan(&d, &o), Step::Idle, "one failed look alone is not enough");
 }
 
 #[test]
@@ -499,6 +517,7 @@ fn a_slot_that_does_not_answer_for_the_liveness_timeout_is_killed_even_when_it_i
         last_ok_at: Some(at(2)),
         last_alive_at: Some(at(2)),
         problem: Some("no answer within 1s".into()),
+        silent_in_front: false,
     };
     o.now = at(11);
     assert_eq!(
@@ -1176,6 +1195,7 @@ fn a_slot_that_answers_but_is_not_ready_because_its_store_is_away_is_not_killed(
         last_ok_at: Some(at(-60)),
         last_alive_at: Some(at(10)),
         problem: Some("GET /readyz: HTTP 500: [-]etcd failed".into()),
+        silent_in_front: false,
     };
     o.now = at(11);
     assert_eq!(plan(&d, &o), Step::Idle, "it answers: it waits for its store");
