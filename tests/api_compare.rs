@@ -451,8 +451,14 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
     }
     // How tools reset field ownership: `managedFields: [{}]` in a write other than apply.
     for (case, patch) in [
-        ("managedFields reset with a label change", json!({"metadata": {"managedFields": [{}], "labels": {"team": "b"}}})),
-        ("managedFields reset alone", json!({"metadata": {"managedFields": [{}]}})),
+        (
+            "managedFields reset with a label change",
+            json!({"metadata": {"managedFields": [{}], "labels": {"team": "b"}}}),
+        ),
+        (
+            "managedFields reset alone",
+            json!({"metadata": {"managedFields": [{}]}}),
+        ),
     ] {
         let (ours, real) = c
             .same(
@@ -489,7 +495,11 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
             &["/reason", "/details"],
         )
         .await;
-    c.agree("delete with a stale resourceVersion: message", asked(&ours), asked(&real));
+    c.agree(
+        "delete with a stale resourceVersion: message",
+        asked(&ours),
+        asked(&real),
+    );
     let bad_policy = json!({"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Sometimes"});
     c.same(
         "delete with an unknown propagationPolicy",
@@ -726,7 +736,11 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
                 &["/kind"],
             )
             .await;
-        c.agree(&format!("{group}: event columns"), columns(&ours.body), columns(&real.body));
+        c.agree(
+            &format!("{group}: event columns"),
+            columns(&ours.body),
+            columns(&real.body),
+        );
         c.agree(
             &format!("{group}: event cells"),
             &ours.body["rows"][0]["cells"],
@@ -837,7 +851,13 @@ async fn kcpshards_api_answers_as_a_real_apiserver_does() {
     kubectl("delete, dry run", &["delete", "ks", "csa", "--dry-run=server"], None);
     kubectl(
         "server-side dry run over client-side apply's fields",
-        &["apply", "--server-side", "--dry-run=server", "-o", "jsonpath={.spec.version}"],
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "-o",
+            "jsonpath={.spec.version}",
+        ],
         Some(&edited),
     );
     kubectl("server-side diff over them", &["diff", "--server-side"], Some(&edited));

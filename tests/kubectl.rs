@@ -547,15 +547,7 @@ async fn server_dry_runs_answer_what_would_be_stored_and_store_nothing() {
     // last-applied annotation says, as a real server does: no conflict.
     let out = kubectl_stdin(
         &serve,
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "-o",
-            "json",
-            "-f",
-            "-",
-        ],
+        &["apply", "--server-side", "--dry-run=server", "-o", "json", "-f", "-"],
         &edited,
     );
     let answered: Value = serde_json::from_str(&out).unwrap();

@@ -247,7 +247,9 @@ mod tests {
     /// as from a real server, whichever group the events are read through.
     #[test]
     fn events_print_as_the_real_servers_printer_prints_them() {
-        let now = DateTime::parse_from_rfc3339("2026-11-29T10:05:00Z").unwrap().with_timezone(&Utc);
+        let now = DateTime::parse_from_rfc3339("2026-11-29T10:05:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
         let recorded = json!({
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": "dev.1", "namespace": "default"},

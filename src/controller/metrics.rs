@@ -113,7 +113,9 @@ impl ControllerMetrics {
     /// Adds these metrics to serve's: `kcpshard_controller_*`, and the fronts' `kcpshard_front_*`.
     pub fn register_in(&self, metrics: &ApiMetrics) {
         metrics.register("controller", |registry| self.register(registry));
-        metrics.register("front", |registry| registry.register_collector(Box::new(self.fronts.clone())));
+        metrics.register("front", |registry| {
+            registry.register_collector(Box::new(self.fronts.clone()))
+        });
     }
 
     fn register(&self, registry: &mut Registry) {
@@ -326,7 +328,9 @@ mod tests {
             failed: 1,
             ..Default::default()
         };
-        metrics.fronts.seen("dev", &BTreeMap::from([("a".to_string(), counts)]), &[slot]);
+        metrics
+            .fronts
+            .seen("dev", &BTreeMap::from([("a".to_string(), counts)]), &[slot]);
         metrics.store_disk_seen(
             "dev",
             &[DiskSpace {
@@ -480,10 +484,18 @@ mod tests {
         // A later look replaces the counts: a front restarted counts from 0 again.
         metrics.fronts.seen("dev", &BTreeMap::new(), &[]);
         let text = api.encode();
-        assert!(!text.contains(r#"kcpshard_front_connections_total{shard="dev""#), "{text}");
-        metrics.fronts.seen("dev", &BTreeMap::from([("b".to_string(), Default::default())]), &[]);
+        assert!(
+            !text.contains(r#"kcpshard_front_connections_total{shard="dev""#),
+            "{text}"
+        );
+        metrics
+            .fronts
+            .seen("dev", &BTreeMap::from([("b".to_string(), Default::default())]), &[]);
         metrics.shard_gone("dev");
-        assert!(!api.encode().contains(r#"kcpshard_front_connections_total{"#), "a deleted shard's front is still told");
+        assert!(
+            !api.encode().contains(r#"kcpshard_front_connections_total{"#),
+            "a deleted shard's front is still told"
+        );
     }
 
     #[test]

@@ -40,9 +40,9 @@ pub use lifecycle::{
     recorded_pid, recorded_process, runs_other_binary, start_error, start_front, start_front_taking, start_upgrade,
     starting, stop, upgrade, upgrading,
 };
+pub use metrics::FrontsSeen;
 pub use protocol::{
     BACKEND_FILE, Backend, CONTROL_SOCKET, ERROR_FILE, FrontStatus, LOG_FILE, PID_FILE, SlotConnections,
 };
-pub use metrics::FrontsSeen;
 pub use proxy::{HOLD_WINDOW, RETRY_STEP, RETRY_WINDOW};
 pub use server::{FrontConfig, run};

@@ -373,7 +373,10 @@ fn hung_leader(observed: &Observed, name: &str) -> bool {
         && observed
             .lease_renewed_at
             .is_some_and(|at| elapsed(observed.now, at) > LEADER_RENEW_DEADLINE)
-        && observed.slots.iter().any(|s| s.name != name && answers_on_this_store(s))
+        && observed
+            .slots
+            .iter()
+            .any(|s| s.name != name && answers_on_this_store(s))
 }
 
 /// A slot the Lease's DELETE can go through: it listens and answers.

@@ -46,7 +46,8 @@ impl SlotCounters {
         self.replayed.fetch_add(1, Ordering::Relaxed);
         if silent {
             let now = chrono::Utc::now().timestamp_millis();
-            self.last_silent_ms.store(u64::try_from(now).unwrap_or(0), Ordering::Relaxed);
+            self.last_silent_ms
+                .store(u64::try_from(now).unwrap_or(0), Ordering::Relaxed);
         }
     }
 

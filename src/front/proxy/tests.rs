@@ -516,7 +516,10 @@ async fn a_silent_slot_has_a_new_connection_replayed_after_the_answer_wait() {
     assert_eq!(ask(&mut stream, 5 + ANSWER).await, Asked::Answered);
     let counts = router.connections();
     assert_eq!((counts["a"].replayed, counts["a"].open, counts["a"].failed), (1, 0, 0));
-    assert!(counts["a"].last_silent.is_some(), "the front tells when the slot was silent");
+    assert!(
+        counts["a"].last_silent.is_some(),
+        "the front tells when the slot was silent"
+    );
     assert_eq!(counts["b"].open, 1);
 }
 
