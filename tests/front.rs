@@ -882,9 +882,16 @@ kill -TERM $$
 async fn an_upgrade_started_without_waiting_is_seen_through_and_a_failed_one_is_told_once() {
     let f = Fixture::new();
     let (_, old) = f.start().await;
+    // Ended as the runtime tells it: gone or a zombie. (Runtime::observe already says None while
+    // the process exits, once its argv is gone, a moment before its state does.)
     let successor_ended = async |pid: u32| {
         eventually("the successor exited", IO_TIMEOUT, async || {
-            Runtime::observe(pid).is_none()
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                let state = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.trim_start().chars().next());
+                matches!(state, Some('Z' | 'X'))
+            })
         })
         .await
     };
