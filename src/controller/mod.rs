@@ -438,7 +438,7 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         .observed
         .slots
         .iter()
-        .any(|s| s.running && s.health.ever_ready && s.health.failures > 0 && !s.health.unresponsive());
+        .any(|s| s.can_stay() && s.health.failures > 0);
     let action = Action::requeue(if may_hang { after.min(WHILE_PROBING) } else { after });
     Ok((action, desired.deleting && next == Step::Idle))
 }
