@@ -11,8 +11,8 @@
 //!      through the front right after the kill is Ready within 12 s when the warm standby leads
 //!      (30 s when the replacement wins kcp's election and leads cold); another slot leads; a
 //!      replacement runs and two slots serve again; events SlotCrashed and LeaseReleased;
-//!   3. SIGSTOP of a serving slot under polls on new connections: none fails (the front replays
-//!      those it gave the stopped slot), and on the front's word the slot is out of the front
+//!   3. SIGSTOP of a serving slot under polls on new connections: none sent after the signal
+//!      fails (the front replays those it gave the stopped slot), and on the front's word the slot is out of the front
 //!      within 3 s (SlotUnresponsive, Degraded FewerSlots naming it), no failed poll after
 //!      that either; killed after livenessTimeout (10 s,
 //!      SlotKilled) and replaced. Then `slots: 1` on the same shard and SIGSTOP of its slot:
@@ -419,10 +419,13 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
         .await;
     let out_after = stopped.elapsed();
     let during = during.finish().await;
+    // A poll sent before the signal may be in flight on the stopped slot (its handshake done): that
+    // one may time out. One sent after it goes to the other slot, or is replayed there.
+    let after_signal: Vec<_> = during.failures.iter().filter(|(sent, _)| *sent > stopped_at).collect();
     assert!(
-        during.failures.is_empty(),
-        "polls on new connections failed while slot {victim} hung in the front:\n{}",
-        describe_failures(&during)
+        after_signal.is_empty(),
+        "polls on new connections sent after slot {victim} hung failed:\n{}",
+        failure_lines(&after_signal)
     );
     let in_front = front_status(&env, shard).await;
     assert!(
