@@ -20,7 +20,7 @@
 # --preflight on|off spec.rollout.preflight is set, and each version roll's preflight (the times in
 # status.preflight: startedAt, completedAt, result) is reported beside the roll. --readiness-timeout
 # sets spec.rollout.readinessTimeout (a new slot's /readyz, and a preflight's /readyz and its
-# probe workspace each get it; a big shard needs minutes).
+# controllers' take of their Lease each get it).
 # Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--slots N[,N...]] [--rolls N]
 #                           [--pause SECONDS] [--shutdown-delay DURATION] [--kcp-arg ARG]...
 #                           [--clients] [--png DIR] [--workspaces N] [--fill-budget SECONDS]

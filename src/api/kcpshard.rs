@@ -578,10 +578,11 @@ pub struct RolloutSpec {
     pub snapshot_before_version_change: bool,
     /// Before the first slot of a new spec.version starts, run that version alone against a copy
     /// of the data (a copy of the sqlite file, or the snapshot restored into a scratch database;
-    /// Etcd stores are skipped): it must answer /readyz within readinessTimeout and get a probe
-    /// workspace Ready within readinessTimeout again, and what it changed in kcp's own schemas is compared with the serving
-    /// slots' (status.preflight). Failed blocks the roll; SchemaChanged rolls only with
-    /// allowMinorVersionChange. The copy and its processes are removed after it.
+    /// Etcd stores are skipped): it must answer /readyz within readinessTimeout, its controllers
+    /// must take their Lease within readinessTimeout again (whatever the shard's size: how fast
+    /// they catch up is the roll's probe's question), and what it changed in kcp's own schemas is
+    /// compared with the serving slots' (status.preflight). Failed blocks the roll; SchemaChanged
+    /// rolls only with allowMinorVersionChange. The copy and its processes are removed after it.
     pub preflight: bool,
     /// How many snapshots to keep; older ones are removed after each new one.
     #[schemars(range(min = 1, max = 1000))]

@@ -219,15 +219,16 @@ pub struct RollStatus {
 /// The outcome of a preflight.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum PreflightResult {
-    /// The new version started on the copy, got a workspace Ready and changed none of kcp's own
-    /// schemas or storage versions: the roll goes on.
+    /// The new version started on the copy, its controllers took their Lease, and it changed none
+    /// of kcp's own schemas or storage versions: the roll goes on.
     Compatible,
     /// The new version started and served, and changed kcp's own schemas or storage versions
     /// (see changes): the roll goes on only with spec.rollout.allowMinorVersionChange, and a roll
     /// back would need the snapshot.
     SchemaChanged,
-    /// The new version exited, missed readinessTimeout, or got no workspace Ready on the copy:
-    /// the roll is blocked, the old slots serve on.
+    /// The new version exited, missed readinessTimeout for /readyz, or its controllers did not
+    /// take their Lease on the copy within readinessTimeout (the message says which): the roll is
+    /// blocked, the old slots serve on.
     Failed,
     /// The store is not copied (Etcd): no preflight ran.
     Skipped,

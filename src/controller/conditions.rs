@@ -296,7 +296,7 @@ fn progress_reason(step: &Step) -> &'static str {
         | Step::Wait(Wait::Job {
             job: "preflight-dump" | "preflight-copy",
         })
-        | Step::PreflightProbe
+        | Step::ReleasePreflightLease
         | Step::ComparePreflight
         | Step::FailPreflight { .. }
         | Step::StopPreflight
@@ -405,9 +405,9 @@ fn progress_message(step: &Step) -> String {
         Step::CopyPreflight => "copying the data for the preflight (a job)".into(),
         Step::LaunchPreflight => "starting the new version alone on the copy of the data (preflight)".into(),
         Step::Wait(Wait::Preflight) => {
-            "waiting for the preflight's kine and kcp to answer, and a probe workspace to get Ready".into()
+            "waiting for the preflight's kine and kcp to answer, and its controllers to lead".into()
         }
-        Step::PreflightProbe => "creating a probe workspace on the preflight's kcp".into(),
+        Step::ReleasePreflightLease => "releasing the copied controllers' Lease on the preflight's kcp".into(),
         Step::ComparePreflight => "comparing kcp's own schemas on the copy with the serving slots'".into(),
         Step::FailPreflight { .. } => "recording the preflight as failed".into(),
         Step::StopPreflight => "stopping the preflight's kcp and kine".into(),

@@ -7,13 +7,13 @@
 //!    is written (before anything starts), the data copied (store/copy.rs) and served by a kine of
 //!    its own, and the new kcp started on it through the process runtime: its own root seeded
 //!    with the shard's material, its own port, leader election on, never behind the front.
-//! 2. observe: its `/readyz` on its own port, then its probe workspace.
-//! 3. PreflightProbe: the copied controllers' Lease is deleted through it (its holder leads the
-//!    real data, not the copy, and would keep the copy leaderless for the Lease's 60 s), and a
-//!    probe workspace created.
-//! 4. ComparePreflight: kcp's own schemas on the copy against `original.json` (slot/schemas.rs):
-//!    Compatible or SchemaChanged. FailPreflight: it exited, missed readinessTimeout, or its probe
-//!    missed its timeout.
+//! 2. observe: its `/readyz` on its own port, then who holds the controllers' Lease on the copy.
+//! 3. ReleasePreflightLease: the copied controllers' Lease is deleted through it (its holder leads
+//!    the real data, not the copy, and would keep the copy leaderless for the Lease's 60 s).
+//! 4. ComparePreflight, once its own controllers took the Lease: kcp's own schemas on the copy
+//!    against `original.json` (slot/schemas.rs): Compatible or SchemaChanged. FailPreflight: it
+//!    exited, missed readinessTimeout for `/readyz`, or its controllers did not take the Lease
+//!    within readinessTimeout of its release.
 //! 5. StopPreflight: its kcp and kine are asked to stop (plan/stopping.rs); once both are gone,
 //!    RemovePreflight: the copy and the scratch database go; only then is `removedAt` recorded,
 //!    so a crash of serve at any point leaves leftovers that the next observe finds and removes.
@@ -27,9 +27,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::act::{Actor, Notes};
 use super::clients::Identity;
 use super::health::LOOK_TIMEOUT;
-use super::plan::{
-    JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, ProbeRecord, Stopping,
-};
+use super::plan::{JobKind, PreflightFailure, PreflightObservation, PreflightResult, PreflightRun, Stopping};
 use super::state::{ControllerState, PreflightRecord, ShardDirs};
 use super::{Context, Error, Note, Wake};
 use crate::process::{PortReservation, ProcessRecord, ProcessSpec, Runtime, UnitName};
@@ -83,7 +81,7 @@ pub async fn start(actor: &Actor<'_>) -> Result<Notes, Error> {
         copied_at: None,
         launched_at: None,
         ready_at: None,
-        probe: None,
+        lease_released_at: None,
         result: None,
         changes: vec![],
         message: None,
@@ -270,28 +268,20 @@ pub async fn launch(actor: &Actor<'_>) -> Result<Notes, Error> {
     )])
 }
 
-/// PreflightProbe.
-pub async fn probe(actor: &Actor<'_>) -> Result<Notes, Error> {
+/// ReleasePreflightLease.
+pub async fn release_lease(actor: &Actor<'_>) -> Result<Notes, Error> {
     let record = current(actor.dirs)?;
-    let dirs = actor.dirs.preflight();
     let url = slot::slot_url(record.port);
-    let shard_admin = slot::shard_admin_client(&dirs.admin_kubeconfig(), &url).await?;
-    let admin = slot::admin_client(&actor.dirs.front_kubeconfig(), &url).await?;
-    let release_and_create = async move {
-        // The copied Lease names a slot that leads the real data: on the copy nobody renews it.
-        slot::release_controllers_lease(&shard_admin).await?;
-        Ok(slot::access::create_probe_workspace(&admin).await?)
-    };
-    let Some(workspace) = actor.ask(&url, release_and_create).await? else {
+    let shard_admin = slot::shard_admin_client(&actor.dirs.preflight().admin_kubeconfig(), &url).await?;
+    // The copied Lease names a slot that leads the real data: on the copy nobody renews it.
+    let release = async move { Ok(slot::release_controllers_lease(&shard_admin).await?) };
+    if actor.ask(&url, release).await?.is_none() {
         return Ok(vec![]);
-    };
+    }
     let now = Utc::now();
     save(actor.dirs, |r| {
         r.ready_at.get_or_insert(now);
-        r.probe = Some(ProbeRecord {
-            workspace,
-            created_at: now,
-        });
+        r.lease_released_at = Some(now);
     })?;
     Ok(vec![])
 }
@@ -310,10 +300,11 @@ pub async fn compare(actor: &Actor<'_>) -> Result<Notes, Error> {
     let changes = schemas::changes(&before, &after);
     let now = Utc::now();
     let version = &record.template.version;
+    let launched_at = record.launched_at.unwrap_or(record.started_at);
     let timings = format!(
-        "/readyz {:.1}s and a probe workspace Ready {:.1}s after its start",
-        record.ready_at.map_or(0.0, |at| seconds(record.started_at, at)),
-        seconds(record.started_at, now)
+        "/readyz {:.1}s and its controllers leading {:.1}s after its start",
+        record.ready_at.map_or(0.0, |at| seconds(launched_at, at)),
+        seconds(launched_at, now)
     );
     let (result, message) = if changes.is_empty() {
         (
@@ -374,8 +365,8 @@ pub fn fail(actor: &Actor<'_>, cause: &PreflightFailure) -> Result<Notes, Error>
             "its kcp did not answer /readyz on its own port within {timeout_seconds}s (spec.rollout.readinessTimeout; log: {})",
             log.display()
         ),
-        PreflightFailure::ProbeTimeout { timeout_seconds } => format!(
-            "a probe workspace on the copy did not reach Ready within {timeout_seconds}s: its controllers did not run (log: {})",
+        PreflightFailure::ControllersNotLeading { timeout_seconds } => format!(
+            "its controllers did not take their Lease on the copy within {timeout_seconds}s of kcpshard deleting the copied one (spec.rollout.readinessTimeout; log: {})",
             log.display()
         ),
     };
@@ -519,18 +510,20 @@ pub async fn observe(
                     tokio::time::timeout(LOOK_TIMEOUT, slot::slot_ready(&files.root(), record.port)).await,
                     Ok(Ok(true))
                 );
-            let mut probe_ready = false;
-            if let Some(probe) = &record.probe
-                && let Ok(admin) = slot::admin_client(&dirs.front_kubeconfig(), &slot::slot_url(record.port)).await
-                && let Ok(Ok(phase)) =
-                    tokio::time::timeout(LOOK_TIMEOUT, slot::access::workspace_phase(&admin, &probe.workspace)).await
+            // After the release, any holder is the preflight's kcp: nothing else reaches the copy.
+            let mut controllers_lead = false;
+            if record.lease_released_at.is_some()
+                && let Ok(shard_admin) =
+                    slot::shard_admin_client(&files.admin_kubeconfig(), &slot::slot_url(record.port)).await
+                && let Ok(Ok(lease)) =
+                    tokio::time::timeout(LOOK_TIMEOUT, slot::access::controllers_lease(&shard_admin)).await
             {
-                probe_ready = phase.as_deref() == Some("Ready");
+                controllers_lead = lease.holder.is_some();
             }
             PreflightRun::Running {
                 ready,
-                probe: record.probe.clone(),
-                probe_ready,
+                lease_released_at: record.lease_released_at,
+                controllers_lead,
             }
         }
     };

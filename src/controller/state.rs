@@ -33,9 +33,7 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{
-    Blocked, GoneSlot, JobRecord, ProbeRecord, ProcessStop, RestoreRecord, RollRecord, SlotTemplate, StopRecord,
-};
+use super::plan::{Blocked, GoneSlot, JobRecord, ProcessStop, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
 use crate::api::PreflightResult;
 use crate::fsutil;
 
@@ -285,8 +283,9 @@ pub struct PreflightRecord {
     /// When its kcp first answered `/readyz`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_at: Option<DateTime<Utc>>,
+    /// When the copied controllers' Lease was deleted through its kcp, for its own to take.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probe: Option<ProbeRecord>,
+    pub lease_released_at: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<PreflightResult>,
     /// What the new version changed in kcp's own resources (SchemaChanged).

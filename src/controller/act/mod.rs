@@ -73,7 +73,7 @@ impl Actor<'_> {
             Step::StartPreflight => super::preflight::start(self).await,
             Step::CopyPreflight => super::preflight::copy(self).await,
             Step::LaunchPreflight => super::preflight::launch(self).await,
-            Step::PreflightProbe => super::preflight::probe(self).await,
+            Step::ReleasePreflightLease => super::preflight::release_lease(self).await,
             Step::ComparePreflight => super::preflight::compare(self).await,
             Step::FailPreflight { cause } => super::preflight::fail(self, cause),
             Step::StopPreflight => super::preflight::stop(self).await,

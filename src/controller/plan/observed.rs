@@ -235,9 +235,12 @@ pub enum PreflightRun {
     Running {
         /// It answered `/readyz` on its own port.
         ready: bool,
-        /// The probe workspace made on it.
-        probe: Option<ProbeRecord>,
-        probe_ready: bool,
+        /// When kcpshard deleted the copied controllers' Lease through it.
+        lease_released_at: Option<DateTime<Utc>>,
+        /// Its own controllers hold the Lease (taken after the release): kcp installed them at its
+        /// start (or exited) and starts them once it leads (pkg/server/server.go:653, :775-783 at
+        /// v0.31.2).
+        controllers_lead: bool,
     },
     /// Its kcp is gone: how it ended (its last error line and log).
     Exited { last_words: String },

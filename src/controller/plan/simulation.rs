@@ -25,7 +25,7 @@ const ASKING: [&str; 6] = [
     "SetFront",
     "ReleaseLease",
     "StartPreflight",
-    "PreflightProbe",
+    "ReleasePreflightLease",
     "ComparePreflight",
 ];
 
@@ -224,8 +224,8 @@ impl Model {
         if let Some(p) = self.observed.preflight.as_mut().filter(|p| p.result.is_none())
             && let PreflightRun::Running {
                 ready,
-                probe,
-                probe_ready,
+                lease_released_at,
+                controllers_lead,
             } = &mut p.run
         {
             if now >= ready_at && p.template.version == "v3" {
@@ -234,9 +234,8 @@ impl Model {
                 };
             } else {
                 *ready |= now >= ready_at;
-                *probe_ready |= probe
-                    .as_ref()
-                    .is_some_and(|probe| now >= probe.created_at + chrono::Duration::milliseconds(500));
+                *controllers_lead |=
+                    lease_released_at.is_some_and(|at| now >= at + chrono::Duration::milliseconds(500));
             }
         }
     }
@@ -433,29 +432,32 @@ impl Model {
                 p.launched_at = Some(now);
                 p.run = PreflightRun::Running {
                     ready: false,
-                    probe: None,
-                    probe_ready: false,
+                    lease_released_at: None,
+                    controllers_lead: false,
                 };
             }
-            Step::PreflightProbe => {
+            Step::ReleasePreflightLease => {
                 let p = self.observed.preflight.as_mut().expect("a preflight");
                 prop_assert!(
                     matches!(p.run, PreflightRun::Running { ready: true, .. }),
-                    "probed a preflight kcp that is not ready"
+                    "released the Lease through a preflight kcp that is not ready"
                 );
                 p.run = PreflightRun::Running {
                     ready: true,
-                    probe: Some(ProbeRecord {
-                        workspace: "preflight-probe".into(),
-                        created_at: now,
-                    }),
-                    probe_ready: false,
+                    lease_released_at: Some(now),
+                    controllers_lead: false,
                 };
             }
             Step::ComparePreflight => {
                 let p = self.observed.preflight.as_mut().expect("a preflight");
-                let probed = matches!(p.run, PreflightRun::Running { probe_ready: true, .. });
-                prop_assert!(probed, "compared a preflight whose probe is not Ready");
+                let leading = matches!(
+                    p.run,
+                    PreflightRun::Running {
+                        controllers_lead: true,
+                        ..
+                    }
+                );
+                prop_assert!(leading, "compared a preflight whose controllers do not lead");
                 p.result = Some(if p.template.version == "v2" {
                     p.detail = vec!["CRD x: storedVersions changed".into()];
                     PreflightResult::SchemaChanged

@@ -83,8 +83,8 @@ pub enum PreflightFailure {
     Exited { last_words: String },
     /// Its kcp did not answer `/readyz` within readinessTimeout.
     NotReady { timeout_seconds: u64 },
-    /// Its probe workspace did not reach Ready within readinessTimeout.
-    ProbeTimeout { timeout_seconds: u64 },
+    /// Its controllers did not take their Lease within readinessTimeout of its release.
+    ControllersNotLeading { timeout_seconds: u64 },
 }
 
 /// The one thing to do next.
@@ -148,10 +148,10 @@ pub enum Step {
     /// The copy is complete: start a kine on it and the new kcp on that.
     LaunchPreflight,
     /// The preflight's kcp answers `/readyz`: free the copied controllers' Lease (its holder runs
-    /// on the real data, not on the copy) and create a probe workspace on it.
-    PreflightProbe,
-    /// The probe workspace on the copy is Ready: compare kcp's own schemas on the copy with the
-    /// serving slots' and record the result.
+    /// on the real data, not on the copy), so that the preflight's own controllers take it.
+    ReleasePreflightLease,
+    /// The preflight's controllers lead on the copy: compare kcp's own schemas on the copy with
+    /// the serving slots' and record the result.
     ComparePreflight,
     /// Record the preflight as failed.
     FailPreflight {
@@ -333,7 +333,7 @@ impl Step {
             Step::StartPreflight => "StartPreflight",
             Step::CopyPreflight => "CopyPreflight",
             Step::LaunchPreflight => "LaunchPreflight",
-            Step::PreflightProbe => "PreflightProbe",
+            Step::ReleasePreflightLease => "ReleasePreflightLease",
             Step::ComparePreflight => "ComparePreflight",
             Step::FailPreflight { .. } => "FailPreflight",
             Step::StopPreflight => "StopPreflight",

@@ -1215,14 +1215,11 @@ fn preflight_of(version: &str, run: PreflightRun) -> PreflightObservation {
     }
 }
 
-fn running(ready: bool, probe: Option<i64>, probe_ready: bool) -> PreflightRun {
+fn running(ready: bool, lease_released: Option<i64>, controllers_lead: bool) -> PreflightRun {
     PreflightRun::Running {
         ready,
-        probe: probe.map(|s| ProbeRecord {
-            workspace: "kcpshard-probe-1".into(),
-            created_at: at(s),
-        }),
-        probe_ready,
+        lease_released_at: lease_released.map(at),
+        controllers_lead,
     }
 }
 
@@ -1274,9 +1271,13 @@ fn a_version_change_runs_the_preflight_after_the_snapshot_and_before_the_new_slo
     o.preflight = Some(preflight_of("v2", running(false, None, false)));
     assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "its kcp is starting");
     o.preflight = Some(preflight_of("v2", running(true, None, false)));
-    assert_eq!(plan(&d, &o), Step::PreflightProbe);
+    assert_eq!(plan(&d, &o), Step::ReleasePreflightLease);
     o.preflight = Some(preflight_of("v2", running(true, Some(9), false)));
-    assert_eq!(plan(&d, &o), Step::Wait(Wait::Preflight), "its probe gets Ready");
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Preflight),
+        "its controllers take the Lease"
+    );
     o.preflight = Some(preflight_of("v2", running(true, Some(9), true)));
     assert_eq!(plan(&d, &o), Step::ComparePreflight);
     o.preflight = Some(finished("v2", PreflightResult::Compatible, true));
@@ -1323,13 +1324,13 @@ fn a_preflight_whose_kcp_exits_or_misses_its_timeouts_fails_and_blocks_the_roll(
     assert_eq!(
         plan(&d, &o),
         Step::Wait(Wait::Preflight),
-        "the probe gets readinessTimeout, not the roll's minute"
+        "its controllers get readinessTimeout to take the Lease"
     );
     o.preflight = Some(preflight_of("v2", running(true, Some(0), false)));
     assert_eq!(
         plan(&d, &o),
         Step::FailPreflight {
-            cause: PreflightFailure::ProbeTimeout { timeout_seconds: 120 }
+            cause: PreflightFailure::ControllersNotLeading { timeout_seconds: 120 }
         }
     );
     o.preflight = Some(finished("v2", PreflightResult::Failed, true));
