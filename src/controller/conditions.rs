@@ -17,8 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::api::Phase;
 
 use super::plan::{
-    Desired, FrontObservation, KillCause, Observed, RestartCause, RestorePhase, SlotObservation, Step, Stopping, Wait,
-    started_across_a_store_outage,
+    Desired, FrontObservation, KillCause, LeaseHolder, Observed, RestartCause, RestorePhase, SlotObservation, Step,
+    Stopping, Wait, started_across_a_store_outage,
 };
 
 /// A condition as computed, before times and generation are stamped on it.
@@ -152,10 +152,16 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
                 ),
                 healthy(),
             ),
-            None => (
-                verdict("Progressing", true, progress_reason(other), progress_message(other)),
-                healthy(),
-            ),
+            None => match catching_up(observed, other) {
+                Some(message) => (
+                    verdict("Progressing", true, "ControllersCatchingUp", message),
+                    healthy(),
+                ),
+                None => (
+                    verdict("Progressing", true, progress_reason(other), progress_message(other)),
+                    healthy(),
+                ),
+            },
         },
     };
     // A new slot that a store outage caught mid-start is started again (plan's not_ready_yet),
@@ -276,6 +282,26 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
 
 fn healthy() -> Verdict {
     verdict("Degraded", false, "AsExpected", "nothing is blocked")
+}
+
+/// While a roll waits for its probe workspace and the leading slot's controllers have work
+/// queued: who leads, their backlog, and how long since the Lease was released.
+fn catching_up(observed: &Observed, step: &Step) -> Option<String> {
+    let (Step::Wait(Wait::Probe), LeaseHolder::Slot(leader)) = (step, &observed.lease) else {
+        return None;
+    };
+    let backlog = observed.leader_backlog.as_ref().filter(|b| b.queued > 0)?;
+    let since = match observed.roll.as_ref().and_then(|r| r.lease_released_at) {
+        Some(at) => format!(
+            ", {:.0}s after the controllers' Lease was released",
+            (observed.now - at).num_milliseconds().max(0) as f64 / 1000.0
+        ),
+        None => String::new(),
+    };
+    Some(format!(
+        "slot {leader} leads kcp's controllers, which work through their backlog: {}{since}; the roll completes once a probe workspace gets Ready",
+        backlog.describe()
+    ))
 }
 
 fn progress_reason(step: &Step) -> &'static str {

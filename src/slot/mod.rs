@@ -6,6 +6,7 @@
 //! - [`identity`]: kcpshard's admin identity, the token file every slot accepts it from, and the
 //!   kubeconfig through the front that carries it.
 //! - [`access`]: readiness on a slot's own port, the controllers lease and the workspace probe.
+//! - [`backlog`]: how much work kcp's controllers have queued (a new leader catching up).
 //! - [`schemas`]: kcp's own schemas as a kcp serves them, and what changed between two readings.
 //! - [`serving`]: whether a slot that answers `/readyz` also serves kcp's own APIs, and whether a
 //!   slot that does not is broken (restart it) or slow (wait).
@@ -13,6 +14,7 @@
 //! Processes themselves are started, recorded and stopped by [`crate::process::Runtime`].
 pub mod access;
 pub mod args;
+pub mod backlog;
 pub mod identity;
 pub mod material;
 pub mod schemas;

@@ -86,6 +86,39 @@ fn a_first_start_is_ready_once_a_probe_workspace_is() {
 }
 
 #[test]
+fn a_new_leader_catching_up_says_its_backlog_and_how_long_since_the_lease_release() {
+    let mut o = observed(&["b"], vec![slot("b", "v2", true)]);
+    o.now = at(95);
+    o.roll = Some(crate::controller::plan::RollRecord {
+        from_version: Some("v1".into()),
+        to_version: "v2".into(),
+        started_at: at(0),
+        lease_released_at: Some(at(20)),
+        ..Default::default()
+    });
+    o.lease = LeaseHolder::Slot("b".into());
+    o.leader_backlog = Some(crate::slot::backlog::Backlog {
+        queued: 59,
+        deepest: vec![("kcp-workspace".into(), 46), ("gc-*".into(), 7)],
+    });
+    let v = verdicts(&desired("v2"), &o, &Step::Wait(Wait::Probe), None);
+    let progressing = find(&v, "Progressing");
+    assert_eq!(
+        (progressing.status, progressing.reason.as_str(), progressing.message.as_str()),
+        (
+            true,
+            "ControllersCatchingUp",
+            "slot b leads kcp's controllers, which work through their backlog: 59 keys queued (kcp-workspace 46, gc-* 7), 75s after the controllers' Lease was released; the roll completes once a probe workspace gets Ready"
+        )
+    );
+    assert!(status_of(&v, "Ready") && !status_of(&v, "Degraded"));
+    // Nothing queued (or not read): the probe is waited for as before.
+    o.leader_backlog.as_mut().unwrap().queued = 0;
+    let v = verdicts(&desired("v2"), &o, &Step::Wait(Wait::Probe), None);
+    assert_eq!(find(&v, "Progressing").reason, "Probing");
+}
+
+#[test]
 fn a_failed_step_is_degraded_with_its_error() {
     let o = observed(&["a"], vec![slot("a", "v1", true)]);
     let v = verdicts(&desired("v1"), &o, &Step::EnsureFront, Some("front address in use"));

@@ -19,14 +19,14 @@ use kube::runtime::reflector::ObjectRef;
 use super::clients::Identity;
 use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
-    Health, JobObservation, LeaseHolder, MigrationObservation, MigrationRecord, MirrorObservation, Observed,
+    Backlog, Health, JobObservation, LeaseHolder, MigrationObservation, MigrationRecord, MirrorObservation, Observed,
     ProcessStop, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
 use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
 use crate::front::Backend;
 use crate::process::{ProcessRecord, Runtime};
-use crate::slot::access;
+use crate::slot::{access, backlog};
 use crate::store::Kine;
 use crate::store::mirror::MirrorProgress;
 
@@ -418,6 +418,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         lease: LeaseHolder::Unknown,
         lease_renewed_at: None,
         probe_ready: false,
+        leader_backlog: None,
         disk,
         store_started_at,
         roll: state.roll.clone(),
@@ -671,5 +672,25 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
             tokio::time::timeout(LOOK_TIMEOUT, access::workspace_phase(&client, &probe.workspace)).await
     {
         world.observed.probe_ready = phase.as_deref() == Some("Ready");
+        if !world.observed.probe_ready {
+            world.observed.leader_backlog = leader_backlog(ctx, world).await;
+        }
     }
+}
+
+/// The backlog of the leading slot's controllers, read on its own port.
+async fn leader_backlog(ctx: &Context, world: &World) -> Option<Backlog> {
+    let LeaseHolder::Slot(leader) = &world.observed.lease else {
+        return None;
+    };
+    let slot = world.slot(leader)?;
+    let client = ctx
+        .slot_clients
+        .get(&slot.dirs.admin_kubeconfig(), slot.record.port, Identity::ShardAdmin)
+        .await
+        .ok()?;
+    tokio::time::timeout(LOOK_TIMEOUT, backlog::read(&client))
+        .await
+        .ok()?
+        .ok()
 }

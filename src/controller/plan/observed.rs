@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::*;
+pub use crate::slot::backlog::Backlog;
 
 /// The front, as observed through its control socket (or caddy's admin API).
 #[derive(Debug, Clone, PartialEq)]
@@ -305,6 +306,9 @@ pub struct Observed {
     pub lease_renewed_at: Option<DateTime<Utc>>,
     /// Whether the roll's probe workspace is Ready.
     pub probe_ready: bool,
+    /// While the roll's probe workspace is not Ready: the backlog of the leading slot's
+    /// controllers (read from its `/metrics`), when it could be read.
+    pub leader_backlog: Option<Backlog>,
     /// A filesystem of the state dir or the store's data below its watermark.
     pub disk: Option<crate::store::disk::DiskProblem>,
     /// When the store's processes kcpshard runs last started (a kine, a managed PostgreSQL's

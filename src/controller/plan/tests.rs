@@ -103,6 +103,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         unrecorded: vec![],
         lease: LeaseHolder::Free,
         lease_renewed_at: None,
+        leader_backlog: None,
         probe_ready: false,
         disk: None,
         store_started_at: None,
