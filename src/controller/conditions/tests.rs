@@ -104,7 +104,11 @@ fn a_new_leader_catching_up_says_its_backlog_and_how_long_since_the_lease_releas
     let v = verdicts(&desired("v2"), &o, &Step::Wait(Wait::Probe), None);
     let progressing = find(&v, "Progressing");
     assert_eq!(
-        (progressing.status, progressing.reason.as_str(), progressing.message.as_str()),
+        (
+            progressing.status,
+            progressing.reason.as_str(),
+            progressing.message.as_str()
+        ),
         (
             true,
             "ControllersCatchingUp",
