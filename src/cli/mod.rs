@@ -69,6 +69,12 @@ enum Command {
     Job(job::Args),
 }
 
+/// The command line as clap describes it: its flags, their defaults and help (docs/cli-reference.md
+/// is generated from it).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(matches!(cli.command, Command::Serve(_) | Command::Front(_)));
