@@ -398,33 +398,49 @@ mod tests {
         }
     }
 
-    /// manifests/prometheus/alerts.yaml names only series serve exports: a rule on a series that
-    /// does not exist never fires, and nothing tells.
+    /// The shipped alert rules (manifests/prometheus/alerts.yaml) and the dashboard's panels
+    /// (manifests/grafana/kcpshard.json) name only series serve exports: a rule on a series that
+    /// does not exist never fires, a panel on one stays empty, and nothing tells.
     #[test]
-    fn the_shipped_alert_rules_read_series_serve_exports() {
+    fn the_shipped_alert_rules_and_dashboard_read_series_serve_exports() {
         use crate::apiserver::metrics::{ApiMetrics, series_of};
         let api = ApiMetrics::default();
         busy().register_in(&api);
+        // A family of counters is exported once it has a sample: serve has answered a request.
+        api.observe(&http::Method::GET, 200);
         let exposed = series_of(&api.encode());
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/prometheus/alerts.yaml");
-        let rules: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let mut alerts = 0;
-        for rule in rules["groups"][0]["rules"].as_sequence().expect("a group of rules") {
-            let (alert, expr) = (rule["alert"].as_str().unwrap(), rule["expr"].as_str().unwrap());
+        let read = |what: &str, expr: &str| {
             let named: Vec<&str> = expr
                 .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                 .filter(|word| word.starts_with("kcpshard_"))
                 .collect();
-            assert!(!named.is_empty(), "{alert} reads no kcpshard series: {expr}");
+            assert!(!named.is_empty(), "{what} reads no kcpshard series: {expr}");
             for series in named {
+                // A histogram's TYPE line names it without the suffixes of its samples.
+                let histogram = series.strip_suffix("_bucket").unwrap_or(series);
                 assert!(
-                    exposed.contains(series),
-                    "{alert} reads {series}, which serve does not export"
+                    exposed.contains(series) || exposed.contains(histogram),
+                    "{what} reads {series}, which serve does not export"
                 );
             }
-            alerts += 1;
+        };
+        let manifest = |path: &str| std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let rules: serde_yaml::Value = serde_yaml::from_str(&manifest("manifests/prometheus/alerts.yaml")).unwrap();
+        let rules = rules["groups"][0]["rules"].as_sequence().expect("a group of rules");
+        for rule in rules {
+            read(rule["alert"].as_str().unwrap(), rule["expr"].as_str().unwrap());
         }
-        assert!(alerts >= 5, "{alerts} alerts");
+        assert!(rules.len() >= 5, "{} alerts", rules.len());
+        let dashboard: serde_json::Value = serde_json::from_str(&manifest("manifests/grafana/kcpshard.json")).unwrap();
+        let panels = dashboard["panels"].as_array().expect("panels");
+        for panel in panels {
+            let targets = panel["targets"].as_array().expect("each panel has targets");
+            assert!(!targets.is_empty(), "panel {} has no query", panel["title"]);
+            for target in targets {
+                read(panel["title"].as_str().unwrap(), target["expr"].as_str().unwrap());
+            }
+        }
+        assert!(panels.len() >= 10, "{} panels", panels.len());
     }
 
     #[test]
