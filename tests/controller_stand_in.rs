@@ -967,6 +967,18 @@ async fn a_front_address_that_is_taken_names_who_holds_it() {
         "{message}"
     );
     assert!(!message.contains("another program"), "{message}");
+    // The shipped alert on failing steps fires on what this serve exports.
+    let metrics = e2e::serve_metrics(&env).await;
+    let failed = metrics
+        .lines()
+        .find(|l| l.starts_with("kcpshard_controller_steps_total{") && l.contains(r#"result="front_address""#))
+        .unwrap_or_else(|| panic!("no failed EnsureFront counted in serve's /metrics:\n{metrics}"));
+    support::alerts::assert_fires_on_counter(
+        failed,
+        "KcpShardStepsFailing",
+        "warning",
+        "Steps of KcpShard dev failed (EnsureFront: front_address)",
+    );
     drop(taken);
     settled(&env, "dev", 1, Duration::from_secs(60)).await;
     env.shutdown(&["dev"]).await;

@@ -29,6 +29,7 @@ use kcpshard::store::kine::KineAddress;
 
 pub use tempfile::TempDir;
 
+pub mod alerts;
 pub mod embedded_kcp;
 mod kcp;
 mod kine;
