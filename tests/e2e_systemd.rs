@@ -1,7 +1,8 @@
 //! End to end under a real systemd (252, Debian bookworm, booted in systemd-nspawn: see
-//! tests/e2e/machine.rs): kcpshard installed as docs/how-to/install.md says, with the shipped unit
-//! (manifests/systemd/kcpshard.service), serve running as user `kcpshard`, every process it starts
-//! a transient unit of that user's manager. One machine, one shard (manifests/dev.yaml), the steps
+//! tests/e2e/machine.rs): kcpshard installed from its Debian package as docs/how-to/install.md
+//! says (`cargo deb`'s package around the binary under test: the shipped unit
+//! manifests/systemd/kcpshard.service, the user, lingering), serve running as user `kcpshard`,
+//! every process it starts a transient unit of that user's manager. One machine, one shard (manifests/dev.yaml), the steps
 //! in sequence, each under a `/readyz` poller through the front on a new connection every 20 ms:
 //!
 //! 0. Before, for the record: a plain unit (serve with detached processes, systemd's defaults)
@@ -16,9 +17,9 @@
 //!    systemd restarts it on the stored socket; 0 polls refused (those in flight through the
 //!    killed front are cut: counted apart).
 //! 6. SIGSTOP of serve: its watchdog restarts it; 0 failed.
-//! 7. A new kcpshard binary and a restart: the front hands its socket to a front of the new
-//!    binary, which becomes the unit's main process (a SIGKILL of it is restarted by systemd too);
-//!    0 failed.
+//! 7. A newer package (`apt-get install` of the next package version): it restarts serve, and the
+//!    front hands its socket to a front of the new binary, which becomes the unit's main process
+//!    (a SIGKILL of it is restarted by systemd too); 0 failed.
 //! 8. Deleting the KcpShard stops and removes its units.
 //!
 //! About 3 minutes (and about 4 more the first time, to build the root file system). A missing
@@ -49,22 +50,25 @@ const POLL_EVERY: Duration = Duration::from_millis(20);
 /// A plain unit, as a new user would write one: serve with the detached runtime (what it ran before
 /// it knew systemd), every other setting systemd's default.
 const PLAIN_UNIT: &str = "set -e
-useradd --system --user-group --home-dir /var/lib/kcpshard --no-create-home --shell /usr/sbin/nologin kcpshard
 printf '%s\\n' '[Service]' 'User=kcpshard' 'StateDirectory=kcpshard-plain' 'WorkingDirectory=/opt/kcpshard' \
-  'ExecStart=/opt/kcpshard/bin/kcpshard serve --runtime process --state-dir /var/lib/kcpshard-plain --kine-binary /opt/kcpshard/bin/kine' \
+  'ExecStart=/usr/bin/kcpshard serve --runtime process --state-dir /var/lib/kcpshard-plain --kine-binary /opt/kcpshard/bin/kine' \
   > /etc/systemd/system/kcpshard-plain.service
 systemctl daemon-reload
 systemctl start kcpshard-plain";
 const PLAIN_STATE: &str = "/var/lib/kcpshard-plain";
 
-/// The install of docs/how-to/install.md ("Install as a service"), binaries already in /opt/kcpshard
-/// and the user made (by [`PLAIN_UNIT`]).
-const INSTALL: &str = "set -e
-loginctl enable-linger kcpshard
-install -m 0644 /opt/kcpshard/manifests/systemd/kcpshard.service /etc/systemd/system/
-systemd-analyze verify /etc/systemd/system/kcpshard.service
-systemctl daemon-reload
-systemctl enable --now kcpshard";
+/// The package, as docs/how-to/install.md ("From the package") installs it (its dependencies are in
+/// the machine: dpkg), kcp and kine already in /opt/kcpshard/bin. It makes the user and the unit;
+/// the unit stays disabled.
+const INSTALL_PACKAGE: &str = "set -e
+dpkg -i /opt/kcpshard/dist/kcpshard_0.1.0-1_*.deb
+systemd-analyze verify \"$(systemctl show --property FragmentPath --value kcpshard)\"
+test \"$(systemctl is-enabled kcpshard)\" = disabled
+test -e /var/lib/systemd/linger/kcpshard
+id kcpshard";
+
+/// The upgrade to the next package, under a serving shard.
+const UPGRADE_PACKAGE: &str = "dpkg -i /opt/kcpshard/dist/kcpshard_0.1.0-2_*.deb";
 
 struct Host<'a> {
     m: &'a Machine,
@@ -98,7 +102,7 @@ impl Host<'_> {
 
     fn kcpshard(&self, args: &str) -> String {
         self.m.sh_ok(&format!(
-            "cd /opt/kcpshard && runuser -u kcpshard -- env KCPSHARD_STATE_DIR={STATE} /opt/kcpshard/bin/kcpshard {args}"
+            "cd /opt/kcpshard && runuser -u kcpshard -- env KCPSHARD_STATE_DIR={STATE} kcpshard {args}"
         ))
     }
 
@@ -192,15 +196,20 @@ impl Host<'_> {
     }
 }
 
-/// A machine with /opt/kcpshard/bin (writable: a test replaces kcpshard in it) and the repository's
-/// manifests.
-fn boot(dir: &Path, bin: &Path) -> Machine {
+/// A machine with kcp and kine in /opt/kcpshard/bin, kcpshard's packages in /opt/kcpshard/dist,
+/// and the repository's manifests.
+fn boot(dir: &Path, bin: &Path, dist: &Path) -> Machine {
     Machine::boot(
         &[
             Bind {
                 host: bin,
                 inside: "/opt/kcpshard/bin",
-                writable: true,
+                writable: false,
+            },
+            Bind {
+                host: dist,
+                inside: "/opt/kcpshard/dist",
+                writable: false,
             },
             Bind {
                 host: &repo_root().join("manifests"),
@@ -241,7 +250,7 @@ fn assert_no_failures(what: &str, stats: &PollStats) {
     );
 }
 
-/// Links (or copies) what /opt/kcpshard/bin holds: kcpshard, both kcp releases, kine.
+/// Links (or copies) what /opt/kcpshard/bin holds: both kcp releases, kine.
 fn opt_bin(dir: &Path, versions: &[&str]) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -254,8 +263,50 @@ fn opt_bin(dir: &Path, versions: &[&str]) -> PathBuf {
             std::fs::copy(&from, &to).unwrap();
         }
     }
-    std::fs::copy(kcpshard_bin(), bin.join("kcpshard")).unwrap();
     bin
+}
+
+/// Installs the package (INSTALL_PACKAGE): the binary, the user, lingering, the unit (disabled).
+fn install_package(m: &Machine) {
+    let install = m.sh(INSTALL_PACKAGE);
+    assert!(
+        install.status.success(),
+        "the package's install failed: {}{}",
+        String::from_utf8_lossy(&install.stdout),
+        String::from_utf8_lossy(&install.stderr)
+    );
+    let verify = String::from_utf8_lossy(&install.stderr).into_owned();
+    assert!(
+        !verify.contains("kcpshard.service:"),
+        "systemd-analyze verify complains about the unit: {verify}"
+    );
+}
+
+/// kcpshard's Debian package around the binary under test, as `cargo deb` packs a release build
+/// (Cargo.toml's package.metadata.deb), once as version 0.1.0-1 and once as the next, 0.1.0-2:
+/// cargo-deb takes the binary from `<target dir>/release/`, so a scratch target dir holds it there.
+fn packages(dir: &Path) -> PathBuf {
+    let release = dir.join("target/release");
+    std::fs::create_dir_all(&release).unwrap();
+    std::fs::copy(kcpshard_bin(), release.join("kcpshard")).unwrap();
+    let dist = dir.join("dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    for revision in ["1", "2"] {
+        let out = std::process::Command::new(require("cargo-deb"))
+            .args(["--no-build", "--no-strip", "--deb-revision", revision, "--output"])
+            .arg(&dist)
+            .env("CARGO_TARGET_DIR", dir.join("target"))
+            .current_dir(repo_root())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cargo-deb failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    dist
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -272,8 +323,9 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
     }
     let tmp = tempfile::Builder::new().prefix("kcpshard-systemd-").tempdir().unwrap();
     let bin = opt_bin(tmp.path(), &[&newer, &older]);
+    let dist = packages(tmp.path());
     let started = Instant::now();
-    let m = boot(tmp.path(), &bin);
+    let m = boot(tmp.path(), &bin, &dist);
     let h = Host { m: &m, started };
     let mut report = Report::default();
     h.log(&format!(
@@ -281,12 +333,14 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         m.sh_ok("systemctl --version | head -1").trim()
     ));
 
+    install_package(&m);
+
     // 0. Before: a plain unit (serve with detached processes, everything else default), restarted
     // once. systemd stops every process of the unit's cgroup, the shard's with serve.
     m.sh_ok(PLAIN_UNIT);
     // Type=simple: started before its API listens.
     m.sh_ok(&format!(
-        "cd /opt/kcpshard && for i in $(seq 100); do runuser -u kcpshard -- env KCPSHARD_STATE_DIR={PLAIN_STATE} /opt/kcpshard/bin/kcpshard apply -f /opt/kcpshard/manifests/dev.yaml && exit 0; sleep 0.3; done; exit 1"
+        "cd /opt/kcpshard && for i in $(seq 100); do runuser -u kcpshard -- env KCPSHARD_STATE_DIR={PLAIN_STATE} kcpshard apply -f /opt/kcpshard/manifests/dev.yaml && exit 0; sleep 0.3; done; exit 1"
     ));
     let before = plain_ready(&m, None).await;
     let poller = Poller::start_every(
@@ -319,19 +373,8 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
     ));
     m.sh_ok("systemctl disable --now kcpshard-plain && rm /etc/systemd/system/kcpshard-plain.service && systemctl daemon-reload");
 
-    // 1. Install, start, apply dev.yaml.
-    let install = m.sh(INSTALL);
-    assert!(
-        install.status.success(),
-        "the install failed: {}{}",
-        String::from_utf8_lossy(&install.stdout),
-        String::from_utf8_lossy(&install.stderr)
-    );
-    let verify = String::from_utf8_lossy(&install.stderr).into_owned();
-    assert!(
-        !verify.contains("kcpshard.service:"),
-        "systemd-analyze verify complains about the unit: {verify}"
-    );
+    // 1. Enable and start the packaged unit, apply dev.yaml.
+    m.sh_ok("systemctl enable --now kcpshard");
     h.kcpshard("apply -f /opt/kcpshard/manifests/dev.yaml");
     let ready = h.settled("the shard to get Ready").await;
     let slot_pid = active_pid(&ready).expect("an active slot");
@@ -579,14 +622,18 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
         stats.polls
     ));
 
-    // 7. A new kcpshard binary: the front hands its socket over, and stays the unit's.
+    // 7. The next package: it restarts serve, the front hands its socket over to a front of the
+    // new binary, and that stays the unit's.
     let front_pid = h.front_pid().unwrap();
-    let staged = bin.join("kcpshard.new");
-    std::fs::copy(bin.join("kcpshard"), &staged).unwrap();
-    std::fs::rename(&staged, bin.join("kcpshard")).unwrap();
     let poller = h.poller().await;
-    m.sh_ok("systemctl restart kcpshard");
-    let inode = m.sh_ok("stat -c %i /opt/kcpshard/bin/kcpshard").trim().to_string();
+    let serve_before = h.serve("MainPID");
+    m.sh_ok(UPGRADE_PACKAGE);
+    assert_ne!(
+        h.serve("MainPID"),
+        serve_before,
+        "the package's upgrade did not restart serve"
+    );
+    let inode = m.sh_ok("stat -c %i /usr/bin/kcpshard").trim().to_string();
     let successor = support::poll(Duration::from_secs(60), Duration::from_millis(50), || {
         let pid = h.front_pid().filter(|pid| *pid != front_pid)?;
         let runs = m.sh(&format!("stat -L -c %i /proc/{pid}/exe"));
@@ -613,7 +660,7 @@ async fn under_systemd_the_shard_serves_through_restarts_stops_a_roll_a_front_cr
     let stats = poller.finish().await;
     assert_eq!(stats.refused(), 0, "refused:\n{}", describe_failures(&stats));
     report.add(format!(
-        "a new kcpshard binary: the front handed its socket to one of the new binary, the unit's main process from then on; with a SIGKILL of it: 0 refused of {} polls, {} cut in flight",
+        "the next package: serve restarted by it, the front handed its socket to one of the new binary, the unit's main process from then on; with a SIGKILL of it: 0 refused of {} polls, {} cut in flight",
         stats.polls,
         stats.failures.len()
     ));
@@ -670,11 +717,12 @@ spec:
         std::net::TcpListener::bind(API).is_ok(),
         "{API} is taken on this machine: the systemd test's machine shares the host's network"
     );
+    let dist = packages(tmp.path());
     let started = Instant::now();
-    let m = boot(tmp.path(), &bin);
+    let m = boot(tmp.path(), &bin, &dist);
     let h = Host { m: &m, started };
-    m.sh_ok("useradd --system --user-group --home-dir /var/lib/kcpshard --no-create-home --shell /usr/sbin/nologin kcpshard");
-    m.sh_ok(INSTALL);
+    install_package(&m);
+    m.sh_ok("systemctl enable --now kcpshard");
     h.kcpshard("apply -f /opt/kcpshard/bin/pg.yaml");
     let object = |h: &Host<'_>| {
         let path = h.m.path(&format!("{STATE}/kubeconfig"));
