@@ -116,6 +116,8 @@ pub struct Context {
     /// (`kcpshard job`).
     pub kcpshard_binary: PathBuf,
     pub slot_clients: Arc<clients::SlotClients>,
+    /// The last reading of each leading slot's backlog, reused for a few seconds.
+    pub backlog_readings: observe::BacklogReadings,
     pub metrics: metrics::ControllerMetrics,
     /// Wakes the controller for a shard when one of its processes exits, or a health check saw
     /// a change.
@@ -156,6 +158,7 @@ impl Context {
             kine_binary,
             kcpshard_binary,
             slot_clients: Default::default(),
+            backlog_readings: Default::default(),
             metrics,
             health: health::HealthChecks::new(exits.clone()),
             exits,

@@ -2,8 +2,9 @@
 //! `/metrics` (client-go's `workqueue_depth{name=...}` gauge, one per queue).
 //!
 //! A new leader on a big shard works through every logical cluster before a new workspace gets
-//! Ready (at 400 workspaces kcp's `kcp-workspace` queue alone held dozens of keys for minutes):
-//! the backlog says that it is busy catching up rather than stuck.
+//! Ready (at 400 workspaces, seen on kcp v0.31.2: 1,170 keys queued, most in `kcp-apibinding` and
+//! `kcp-replication-controller`, down to 479 some 40 s later): the backlog says that it is busy
+//! catching up rather than stuck.
 use http::{Method, StatusCode};
 
 use super::SlotError;

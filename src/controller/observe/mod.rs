@@ -7,7 +7,10 @@
 //!
 //! Longer than 600 lines on purpose: one look, in the order it reads things; the parts that stand
 //! alone (the front, the store, health) are modules of their own.
+mod backlog;
 mod front;
+
+pub use backlog::BacklogReadings;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,14 +22,14 @@ use kube::runtime::reflector::ObjectRef;
 use super::clients::Identity;
 use super::health::{Failure, LOOK_TIMEOUT, Seen, Target};
 use super::plan::{
-    Backlog, Health, JobObservation, LeaseHolder, MigrationObservation, MigrationRecord, MirrorObservation, Observed,
+    Health, JobObservation, LeaseHolder, MigrationObservation, MigrationRecord, MirrorObservation, Observed,
     ProcessStop, SLOT_NAMES, SlotObservation, StopCause, StopRecord,
 };
 use super::state::{ControllerState, DataVersion, ShardDirs, SlotDirs, SlotRecord, StoreInUse, StoreRecord};
 use super::{Context, Error, Wake};
 use crate::front::Backend;
 use crate::process::{ProcessRecord, Runtime};
-use crate::slot::{access, backlog};
+use crate::slot::access;
 use crate::store::Kine;
 use crate::store::mirror::MirrorProgress;
 
@@ -673,24 +676,7 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
     {
         world.observed.probe_ready = phase.as_deref() == Some("Ready");
         if !world.observed.probe_ready {
-            world.observed.leader_backlog = leader_backlog(ctx, world).await;
+            world.observed.leader_backlog = backlog::leader_backlog(ctx, world).await;
         }
     }
-}
-
-/// The backlog of the leading slot's controllers, read on its own port.
-async fn leader_backlog(ctx: &Context, world: &World) -> Option<Backlog> {
-    let LeaseHolder::Slot(leader) = &world.observed.lease else {
-        return None;
-    };
-    let slot = world.slot(leader)?;
-    let client = ctx
-        .slot_clients
-        .get(&slot.dirs.admin_kubeconfig(), slot.record.port, Identity::ShardAdmin)
-        .await
-        .ok()?;
-    tokio::time::timeout(LOOK_TIMEOUT, backlog::read(&client))
-        .await
-        .ok()?
-        .ok()
 }
