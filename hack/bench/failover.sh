@@ -151,9 +151,12 @@ run_slots() { # slots
   local out=${png_dir:-$state}/failover-$store-slots$slots-${faults//,/-}.png
   mkdir -p "$(dirname "$out")"
   "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
-    --title "hack/bench/failover.sh: $store, slots $slots, ${faults//,/ and } x$times, $(date -u +%F)" --out "$out" >&2
+    --title "Faults of the leading slot under load: $(fault_names) x$times, $(store_type "$store"), slots $slots" \
+    --made-by "$(made_by)" --out "$out" >&2
   stop_run
 }
+
+fault_names() { local f=${faults//kill/SIGKILL}; f=${f//stop/SIGSTOP}; echo "${f//,/ and }"; }
 
 reports=()
 for slots in ${slot_counts//,/ }; do

@@ -390,13 +390,22 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line); t = r["t"]
     print(json.dumps({"from": t["startedAt"], "to": t["completedAt"], "label": f"roll {r['roll']}"}))
+    if t.get("preflightStartedAt") and t.get("preflightCompletedAt"):
+        print(json.dumps({"from": t["preflightStartedAt"], "to": t["preflightCompletedAt"], "kind": "preflight",
+                          "label": "preflight"}))
     for key, label in (("newSlotReadyAt", "new slot ready"), ("frontSwitchedAt", "front switched"),
                        ("oldSlotExitedAt", "old slot exited")):
         if t.get(key):
             print(json.dumps({"at": t[key], "label": label}))
 PY
   "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
-    --title "hack/bench/roll.sh: $1, slots $2, $(date -u +%F)" --out "$out" >&2
+    --title "$(roll_title "$1" "$2"), requests through the front" --made-by "$(made_by)" --out "$out" >&2
+}
+
+roll_title() { # store slots
+  local rolls; rolls=$(wc -l <"$state/rolls.jsonl")
+  [ "$rolls" = 1 ] && rolls="A roll" || rolls="$rolls rolls"
+  echo "$rolls ${workspaces:+at $workspaces workspaces }under load: $(store_type "$1"), slots $2"
 }
 
 failed_runs=""
