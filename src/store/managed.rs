@@ -428,9 +428,8 @@ impl Owner {
     }
 }
 
-/// A PostgreSQL server program: on PATH, else in the newest /usr/lib/postgresql/<version>/bin
-/// (Debian does not put initdb and postgres on PATH). Links are resolved: the `postgres` user runs
-/// it, and may not reach a link in a checkout's `bin/` under another user's private directory.
+/// A PostgreSQL program: on PATH, else in the newest /usr/lib/postgresql/<version>/bin (Debian does
+/// not put initdb and postgres on PATH). Links are resolved (see [`runnable`]).
 pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
     let on_path = which::which(name).ok();
     let mut debian: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
@@ -446,7 +445,7 @@ pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
         .into_iter()
         .chain(debian.into_iter().rev())
         .find(|p| p.is_file())
-        .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+        .map(runnable)
         .ok_or_else(|| {
             StoreError::Invalid(format!(
                 "no {name} on PATH or under /usr/lib/postgresql/*/bin: install the PostgreSQL server (apt-get install postgresql) for a managed store"
@@ -454,9 +453,41 @@ pub fn binary(name: &str) -> Result<PathBuf, StoreError> {
         })
 }
 
+/// The program a link leads to, when it has the link's name: the `postgres` user runs it, and may
+/// not reach a link in a checkout's `bin/` under another user's private directory. A link to a
+/// program of another name is kept: that program reads the name it was run by (Debian's
+/// `/usr/bin/pg_dump` and `/usr/bin/pg_restore` lead to `pg_wrapper`, which run as itself says
+/// "You must install at least one postgresql-client-<version> package").
+fn runnable(path: PathBuf) -> PathBuf {
+    match std::fs::canonicalize(&path) {
+        Ok(target) if target.file_name() == path.file_name() => target,
+        _ => path,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_is_followed_to_a_program_of_its_name_but_not_to_a_wrapper_that_reads_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let versioned = dir.path().join("15/bin");
+        std::fs::create_dir_all(&versioned).unwrap();
+        std::fs::write(versioned.join("pg_dump"), "").unwrap();
+        std::fs::write(dir.path().join("pg_wrapper"), "").unwrap();
+        let checkout = dir.path().join("checkout-bin");
+        std::fs::create_dir_all(&checkout).unwrap();
+        std::os::unix::fs::symlink(versioned.join("pg_dump"), checkout.join("pg_dump")).unwrap();
+        let usr_bin = dir.path().join("usr-bin");
+        std::fs::create_dir_all(&usr_bin).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("pg_wrapper"), usr_bin.join("pg_dump")).unwrap();
+
+        let real = std::fs::canonicalize(versioned.join("pg_dump")).unwrap();
+        assert_eq!(runnable(checkout.join("pg_dump")), real);
+        assert_eq!(runnable(usr_bin.join("pg_dump")), usr_bin.join("pg_dump"));
+        assert_eq!(runnable(real.clone()), real);
+    }
 
     #[test]
     fn a_directory_the_owner_cannot_search_is_named_with_what_to_do() {
