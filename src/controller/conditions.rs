@@ -142,6 +142,22 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
             verdict("Progressing", false, "RollComplete", "the shard runs the desired spec"),
             healthy(),
         ),
+        Step::Wait(Wait::JobRetry { job, at }) => {
+            let failure = observed.job_failure.as_ref();
+            let message = format!(
+                "the {job} job failed{}: {}; it runs again at {}",
+                match failure.map_or(1, |f| f.times) {
+                    1 => String::new(),
+                    times => format!(" {times} times in a row"),
+                },
+                failure.map_or("", |f| f.message.as_str()),
+                at.format("%H:%M:%SZ"),
+            );
+            (
+                verdict("Progressing", true, "AwaitingJobRetry", message.clone()),
+                verdict("Degraded", true, "JobFailed", message),
+            )
+        }
         other => match restoring {
             Some(r) => (
                 verdict(
@@ -347,6 +363,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::FailMigration { .. } => "MigrationFailed",
         Step::AdoptKcp | Step::HoldControllersLease | Step::RedirectProxy | Step::CompleteAdoption => "Adopting",
         Step::Wait(Wait::Job { .. }) | Step::FinishJob | Step::CancelJob => "RunningJob",
+        Step::Wait(Wait::JobRetry { .. }) => "AwaitingJobRetry",
         Step::BeginRestore(_) | Step::RestoreSnapshot | Step::CompleteRestore => "Restoring",
         Step::RefuseRestore { .. } => "RestoreRefused",
         Step::EnsureFront | Step::Wait(Wait::Front) => "FrontStarting",
@@ -403,6 +420,9 @@ fn progress_message(step: &Step) -> String {
         Step::Backup => "taking a snapshot of the store (asked for, or due by spec.backup.interval)".into(),
         Step::Wait(Wait::Job { job }) => {
             format!("waiting for the {job} job to end (its output: job/job.log in the shard's directory)")
+        }
+        Step::Wait(Wait::JobRetry { job, at }) => {
+            format!("the {job} job failed; it runs again at {}", at.format("%H:%M:%SZ"))
         }
         Step::FinishJob => "taking up what the job did".into(),
         Step::BeginMigration => "beginning to move the shard's data to the store spec.store names".into(),

@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use super::Note;
 use super::act::{Actor, Notes};
 use super::error::Error;
-use super::plan::{JobKind, JobRecord, JobState, RestorePhase, RestoreRecord};
+use super::plan::{JobFailure, JobKind, JobRecord, JobState, RestorePhase, RestoreRecord};
 use super::state::{BackupRecord, DataVersion, SnapshotRecord};
 use crate::fsutil::remove_if_there;
 use crate::process::{ProcessSpec, Runtime, UnitName};
@@ -146,7 +146,9 @@ pub async fn observe(runtime: &Runtime, job_dir: &Path, record: &JobRecord) -> R
     let state = match runtime.exit_status(&process).await {
         Some(status) if status.success() => JobState::Succeeded,
         Some(status) => {
-            let printed = runtime.log_tail(&process, 10).await.join("\n");
+            // This run's output only: a job that fails the same way each time it is tried says the
+            // same, so the failure is told once and its retries back off.
+            let printed = runtime.output_tail(&process, 10).await.join("\n");
             JobState::Failed {
                 message: format!(
                     "{} ({status}): {printed} (log: {})",
@@ -186,6 +188,23 @@ pub async fn finish(actor: &Actor<'_>) -> Result<Notes, Error> {
             "JobCancelled",
             format!("stopped the {} job, which nothing needed any more", record.kind.name()),
         )]);
+    }
+    match &job.state {
+        JobState::Succeeded => state.job_failure = state.job_failure.take().filter(|f| f.kind != record.kind),
+        JobState::Failed { message } => {
+            let times = state
+                .job_failure
+                .as_ref()
+                .filter(|f| f.kind == record.kind)
+                .map_or(0, |f| f.times);
+            state.job_failure = Some(JobFailure {
+                kind: record.kind.clone(),
+                at: Utc::now(),
+                message: message.clone(),
+                times: times + 1,
+            });
+        }
+        JobState::Running | JobState::Lost => {}
     }
     match (&record.kind, job.state) {
         (_, JobState::Running) => Ok(vec![]),

@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::plan::{Blocked, GoneSlot, JobRecord, ProcessStop, RestoreRecord, RollRecord, SlotTemplate, StopRecord};
+use super::plan::{
+    Blocked, GoneSlot, JobFailure, JobRecord, ProcessStop, RestoreRecord, RollRecord, SlotTemplate, StopRecord,
+};
 use crate::api::PreflightResult;
 use crate::fsutil;
 
@@ -361,6 +363,9 @@ pub struct ControllerState {
     /// The job under way (a dump, a restore), recorded before its process starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobRecord>,
+    /// The last job that failed, until one of its kind succeeds (it is tried again later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_failure: Option<JobFailure>,
     /// The processes asked to stop (the store's, a slot's kine, the front), recorded before the
     /// stop is sent; the latest per thing stopped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

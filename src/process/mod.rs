@@ -342,6 +342,20 @@ impl Runtime {
         }
     }
 
+    /// The last `lines` the recorded process printed, since its start only: not what an earlier
+    /// process of the same log printed, nor the runtime's start line (which holds the time).
+    pub async fn output_tail(&self, record: &ProcessRecord, lines: usize) -> Vec<String> {
+        let output = self.log_since_start(record).await;
+        let printed: Vec<&str> = output
+            .lines()
+            .filter(|line| !line.starts_with(detached::START_MARKER))
+            .collect();
+        printed[printed.len().saturating_sub(lines)..]
+            .iter()
+            .map(|line| line.to_string())
+            .collect()
+    }
+
     /// Where the recorded process's output is: a file, or the journal command that shows it.
     pub fn log_location(record: &ProcessRecord) -> String {
         match (record.unit(), &record.log) {
@@ -465,6 +479,46 @@ mod tests {
         let old = r#"{"pid":7,"startTime":42,"program":"/bin/kine","args":[],"startedAt":"2026-11-29T17:00:00.000Z"}"#;
         let r: ProcessRecord = serde_json::from_str(old).unwrap();
         assert_eq!((r.unit(), r.stop_signal()), (None, Signal::SIGTERM));
+    }
+
+    #[tokio::test]
+    async fn a_process_output_is_what_it_printed_since_its_start_without_the_start_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("job.log");
+        std::fs::write(
+            &log,
+            format!(
+                "{m}pg_dump at 2026-12-07T07:20:38.177Z: /usr/bin/pg_dump --dbname=kcp\n\
+                 pg_dump: error: connection refused\n\
+                 {m}pg_dump at 2026-12-07T07:20:40.504Z: /usr/bin/pg_dump --dbname=kcp\n\
+                 pg_dump: error: server closed the connection\n\
+                 pg_dump: detail: it was shutting down\n",
+                m = detached::START_MARKER
+            ),
+        )
+        .unwrap();
+        let record = ProcessRecord {
+            pid: 7,
+            start_time: 42,
+            program: "/usr/bin/pg_dump".into(),
+            args: vec![],
+            started_at: "2026-12-07T07:20:40.504Z".into(),
+            unit: None,
+            log: Some(log),
+            stop_signal: None,
+        };
+        let runtime = Runtime::new();
+        assert_eq!(
+            runtime.output_tail(&record, 10).await,
+            [
+                "pg_dump: error: server closed the connection",
+                "pg_dump: detail: it was shutting down"
+            ]
+        );
+        assert_eq!(
+            runtime.output_tail(&record, 1).await,
+            ["pg_dump: detail: it was shutting down"]
+        );
     }
 
     #[test]

@@ -436,6 +436,7 @@ pub async fn observe(ctx: &Context, shard: &crate::api::KcpShard, dirs: &ShardDi
         store_refused: store_in_use.refused.clone(),
         orphaned_kines,
         job,
+        job_failure: state.job_failure.clone(),
         stopping,
         killed_and_gone,
         front_check,

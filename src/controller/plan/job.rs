@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{SlotTemplate, Step, Wait};
+use super::{Observed, SlotTemplate, Step, Wait};
 
 /// What a job does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,6 +76,32 @@ pub struct JobRecord {
     pub cancelled_at: Option<DateTime<Utc>>,
 }
 
+/// The last job that failed, kept until one of its kind succeeds: the same job does not start
+/// again before [`JobFailure::retry_at`], so a job that fails at once each time (a store that
+/// refuses pg_dump) is tried every 10 s, then less often, not as fast as it can fail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobFailure {
+    pub kind: JobKind,
+    pub at: DateTime<Utc>,
+    /// Its exit status and the last lines it printed.
+    pub message: String,
+    /// How many times in a row it failed.
+    pub times: u32,
+}
+
+/// The wait before a failed job is tried again, doubled with each failure in a row up to
+/// [`LONGEST_RETRY`].
+const FIRST_RETRY: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
+const LONGEST_RETRY: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
+
+impl JobFailure {
+    pub fn retry_at(&self) -> DateTime<Utc> {
+        let doublings = self.times.saturating_sub(1).min(10);
+        self.at + (FIRST_RETRY * 2_i32.pow(doublings)).min(LONGEST_RETRY)
+    }
+}
+
 /// How a job stands, as observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobState {
@@ -122,13 +148,22 @@ pub fn towards_preflight_copy(job: Option<&JobObservation>, template: &SlotTempl
 }
 
 /// The step towards a job of `wanted`: wait for it while it runs, kill one that does other work
-/// (one job at a time), else `start` it. A job that ended was taken up by FinishJob before.
-pub fn towards(job: Option<&JobObservation>, wanted: &JobKind, start: Step) -> Step {
-    match job {
+/// (one job at a time), wait while the same job failed too recently, else `start` it. A job that
+/// ended was taken up by FinishJob before.
+pub fn towards(observed: &Observed, wanted: &JobKind, start: Step) -> Step {
+    match &observed.job {
         Some(job) if job.running() && job.record.cancelled_at.is_none() && &job.record.kind == wanted => {
             Step::Wait(Wait::Job { job: wanted.name() })
         }
         Some(job) if job.running() => Step::CancelJob,
-        _ => start,
+        _ => match &observed.job_failure {
+            Some(failure) if &failure.kind == wanted && observed.now < failure.retry_at() => {
+                Step::Wait(Wait::JobRetry {
+                    job: wanted.name(),
+                    at: failure.retry_at(),
+                })
+            }
+            _ => start,
+        },
     }
 }

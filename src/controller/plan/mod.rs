@@ -278,8 +278,10 @@ fn backup(desired: &Desired, observed: &Observed) -> Option<Step> {
         Some(job) if job.running() && matches!(job.record.kind, JobKind::Backup { .. }) => {
             Some(Step::Wait(Wait::Job { job: "backup" }))
         }
-        Some(job) if job.running() => Some(Step::CancelJob),
-        _ => Some(Step::Backup),
+        _ => {
+            let request = desired.snapshot_request.clone().filter(|_| asked);
+            Some(job::towards(observed, &JobKind::Backup { request }, Step::Backup))
+        }
     }
 }
 

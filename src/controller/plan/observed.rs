@@ -333,6 +333,8 @@ pub struct Observed {
     pub orphaned_kines: Vec<String>,
     /// The shard's job (a dump, a restore), while it has one.
     pub job: Option<JobObservation>,
+    /// The last job that failed, until one of its kind succeeds.
+    pub job_failure: Option<JobFailure>,
     /// The processes asked to stop (the store's, a slot's kine, the front) that still run.
     pub stopping: Vec<ProcessStop>,
     /// A check of a caddy front's change through the front, while one is due.

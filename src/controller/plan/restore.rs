@@ -54,5 +54,5 @@ pub(super) fn restoring(desired: &Desired, observed: &Observed) -> Step {
             .map(|r| r.snapshot.clone())
             .unwrap_or_default(),
     };
-    job::towards(observed.job.as_ref(), &restore, Step::RestoreSnapshot)
+    job::towards(observed, &restore, Step::RestoreSnapshot)
 }

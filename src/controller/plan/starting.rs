@@ -60,7 +60,7 @@ pub(super) fn starts(desired: &Desired, observed: &Observed) -> Option<Step> {
         let dump = JobKind::Snapshot {
             template: Box::new(desired.template.clone()),
         };
-        return Some(job::towards(observed.job.as_ref(), &dump, Step::Snapshot));
+        return Some(job::towards(observed, &dump, Step::Snapshot));
     }
     if desired.preflight
         && current.is_empty()

@@ -69,6 +69,11 @@ pub enum Wait {
     Preflight,
     /// The running job (a dump, a restore: its [`JobKind::name`]) to end.
     Job { job: &'static str },
+    /// The time to try a job that failed again (job.rs, [`super::JobFailure`]).
+    JobRetry {
+        job: &'static str,
+        at: chrono::DateTime<chrono::Utc>,
+    },
     /// Processes asked to stop to exit.
     Stopping { what: Stopping },
     /// The answer to a request the step made (to kcp, to PostgreSQL): the step takes it up once

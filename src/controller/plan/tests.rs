@@ -116,6 +116,7 @@ pub(crate) fn observed(backends: &[&str], slots: Vec<SlotObservation>) -> Observ
         store_refused: None,
         orphaned_kines: vec![],
         job: None,
+        job_failure: None,
         stopping: vec![],
         killed_and_gone: vec![],
         front_check: None,
@@ -806,6 +807,69 @@ fn a_job_that_failed_or_was_lost_is_finished_then_started_again() {
     }
     o.job = None;
     assert_eq!(plan(&d, &o), Step::Snapshot);
+}
+
+#[test]
+fn a_job_that_keeps_failing_is_tried_again_after_10s_then_less_often_and_another_job_is_not_held_back() {
+    let mut d = desired("v2");
+    d.snapshot_before_version_change = true;
+    let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
+    let failed = |times, seconds| JobFailure {
+        kind: dump_for("v2"),
+        at: at(seconds),
+        message: "snapshot (exit status: 1): pg_dump: error: connection refused".into(),
+        times,
+    };
+    o.job_failure = Some(failed(1, 100));
+    o.now = at(105);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::JobRetry {
+            job: "snapshot",
+            at: at(110)
+        }),
+        "not started again as fast as it fails"
+    );
+    let status = crate::controller::conditions::verdicts(&d, &o, &plan(&d, &o), None);
+    let degraded = status.iter().find(|v| v.type_ == "Degraded").unwrap();
+    assert_eq!((degraded.status, degraded.reason.as_str()), (true, "JobFailed"));
+    assert!(
+        degraded.message.contains("connection refused; it runs again at"),
+        "{}",
+        degraded.message
+    );
+    o.now = at(110);
+    assert_eq!(plan(&d, &o), Step::Snapshot, "tried again 10 s after it failed");
+
+    o.job_failure = Some(failed(3, 100));
+    o.now = at(139);
+    assert!(
+        matches!(plan(&d, &o), Step::Wait(Wait::JobRetry { .. })),
+        "40 s after a third failure"
+    );
+    o.now = at(140);
+    assert_eq!(plan(&d, &o), Step::Snapshot);
+    o.job_failure = Some(failed(20, 100));
+    o.now = at(399);
+    assert!(
+        matches!(plan(&d, &o), Step::Wait(Wait::JobRetry { .. })),
+        "at most 5 minutes apart"
+    );
+    o.now = at(400);
+    assert_eq!(plan(&d, &o), Step::Snapshot);
+
+    // Another version asked for: its snapshot is another job, which starts at once.
+    let d3 = {
+        let mut d3 = desired("v3");
+        d3.snapshot_before_version_change = true;
+        d3
+    };
+    o.now = at(101);
+    assert_eq!(plan(&d3, &o), Step::Snapshot);
+    // A backup asked for meanwhile is another job too.
+    let mut idle = desired("v1");
+    idle.snapshot_request = Some("t1".into());
+    assert_eq!(plan(&idle, &o), Step::Backup);
 }
 
 #[test]
