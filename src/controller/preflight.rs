@@ -475,8 +475,9 @@ fn current(dirs: &ShardDirs) -> Result<PreflightRecord, Error> {
     dirs.load_state()?.preflight.ok_or(Error::NoPreflight)
 }
 
-/// What the plan needs of the recorded preflight: its kcp's state (one `/readyz` and one look at
-/// its probe workspace, each bounded by [`LOOK_TIMEOUT`]) and whether anything of it is left.
+/// What the plan needs of the recorded preflight: its kcp's state (one `/readyz` and, once the
+/// copied Lease was released, one read of who holds it now, each bounded by [`LOOK_TIMEOUT`]) and
+/// whether anything of it is left.
 pub async fn observe(
     ctx: &Context,
     shard: &crate::api::KcpShard,
@@ -513,8 +514,10 @@ pub async fn observe(
             // After the release, any holder is the preflight's kcp: nothing else reaches the copy.
             let mut controllers_lead = false;
             if record.lease_released_at.is_some()
-                && let Ok(shard_admin) =
-                    slot::shard_admin_client(&files.admin_kubeconfig(), &slot::slot_url(record.port)).await
+                && let Ok(shard_admin) = ctx
+                    .slot_clients
+                    .get(&files.admin_kubeconfig(), record.port, Identity::ShardAdmin)
+                    .await
                 && let Ok(Ok(lease)) =
                     tokio::time::timeout(LOOK_TIMEOUT, slot::access::controllers_lease(&shard_admin)).await
             {
