@@ -151,7 +151,7 @@ run_slots() { # slots
   local out=${png_dir:-$state}/failover-$store-slots$slots-${faults//,/-}.png
   mkdir -p "$(dirname "$out")"
   "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
-    --title "Faults of the leading slot under load: $(fault_names) x$times, $(store_type "$store"), slots $slots" \
+    --title "$(fault_names) of the leading slot x$times under load ($(store_type "$store"), slots $slots)" \
     --made-by "$(made_by)" --out "$out" >&2
   stop_run
 }

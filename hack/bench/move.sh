@@ -121,7 +121,7 @@ for line in open(sys.argv[1]):
             print(json.dumps({"at": ev[key], "label": label}))
 PY
   "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
-    --title "Moves of the data under load: KineSqlite -> PostgreSQL -> KineSqlite, $1 workspaces" \
+    --title "Moves of the data under load, KineSqlite -> PostgreSQL -> KineSqlite, $1 workspaces" \
     --made-by "$(made_by)" --out "$out" >&2
 }
 

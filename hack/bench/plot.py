@@ -5,7 +5,8 @@ examples/roll_load.rs's --timeline CSV), with the run's phases marked (from a JS
 "kind": "preflight" is shaded apart and in the legend).
 
 A bin is 100 ms, or wider on a long run, so that no bin is narrower than a pixel. --title says
-what the run is; --made-by (the command, the kcpshard commit and the date) is printed small below.
+what the run is, and the plot adds its finding (how many requests failed); --made-by (the
+command, the kcpshard commit and the date) is printed small below.
 
 Used by hack/bench/roll.sh, move.sh and failover.sh (matplotlib in the venv they make):
   python plot.py --timeline timeline.csv --marks marks.jsonl --title TEXT --made-by TEXT --out run.png
@@ -114,7 +115,9 @@ def main():
     top.legend(loc="lower left", fontsize=8, ncol=5, framealpha=0.9)
     top.set_ylim(bottom=0)
     top.set_xlim(0, last * width)
-    fig.suptitle(a.title, fontsize=11, y=0.995)
+    finding = (f"{total_failed:,} of {len(rows):,} requests failed" if total_failed
+               else f"none of {len(rows):,} requests failed")
+    fig.suptitle(f"{a.title}: {finding}", fontsize=11, y=0.995)
     fig.tight_layout(rect=(0, 0.03 if a.made_by else 0, 1, 1))
     if a.made_by:
         fig.text(0.995, 0.005, a.made_by, ha="right", va="bottom", fontsize=7, color="#777777")

@@ -399,13 +399,13 @@ for line in open(sys.argv[1]):
             print(json.dumps({"at": t[key], "label": label}))
 PY
   "$(plot_python)" hack/bench/plot.py --timeline "$state/timeline.csv" --marks "$state/marks.jsonl" \
-    --title "$(roll_title "$1" "$2"), requests through the front" --made-by "$(made_by)" --out "$out" >&2
+    --title "$(roll_title "$1" "$2")" --made-by "$(made_by)" --out "$out" >&2
 }
 
 roll_title() { # store slots
   local rolls; rolls=$(wc -l <"$state/rolls.jsonl")
   [ "$rolls" = 1 ] && rolls="A roll" || rolls="$rolls rolls"
-  echo "$rolls ${workspaces:+at $workspaces workspaces }under load: $(store_type "$1"), slots $2"
+  echo "$rolls ${workspaces:+at $workspaces workspaces }under load through the front ($(store_type "$1"), slots $2)"
 }
 
 failed_runs=""
