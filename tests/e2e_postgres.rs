@@ -436,9 +436,7 @@ async fn a_managed_postgres_is_created_started_and_stopped_with_the_shard() {
 
     // Its postmaster dies (SIGQUIT: an immediate shutdown, no checkpoint): the exit wakes the
     // controller, which starts the cluster again (crash recovery) and says so.
-    let postmaster = std::fs::read_to_string(env.shard_dir(shard).join("store/postgres/data/postmaster.pid"))
-        .ok()
-        .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
+    let postmaster = managed_postmaster(&env, shard)
         .unwrap_or_else(|| env.fail("no pid in the managed PostgreSQL's postmaster.pid"));
     let store_starts = |events: &[k8s_openapi::api::core::v1::Event]| {
         events

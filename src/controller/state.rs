@@ -551,6 +551,57 @@ mod tests {
         assert_eq!(dirs.load_state().unwrap(), state);
     }
 
+    /// Records only gain fields (absent in an older file: None) or lose them (ignored), so a
+    /// newer release reads an older one's state dir as it is (docs/how-to/install.md, "Upgrade
+    /// kcpshard itself"). The one change of meaning so far: a preflight recorded its probe
+    /// workspace (`probe`) until it recorded the release of the copied Lease (`leaseReleasedAt`);
+    /// a preflight that an older release left running reads as one whose Lease was not released
+    /// yet, and is released once more (its kcp takes it again within its retry period).
+    #[test]
+    fn a_preflight_recorded_by_an_older_release_reads_as_one_whose_lease_is_not_released_yet() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = ShardDirs::new(dir.path(), "dev");
+        let now = Utc::now();
+        let record = PreflightRecord {
+            template: crate::controller::plan::tests::template("v0.31.2"),
+            port: 7001,
+            started_at: now,
+            scratch_database: None,
+            dump: None,
+            copied_at: Some(now),
+            launched_at: Some(now),
+            ready_at: Some(now),
+            lease_released_at: Some(now),
+            result: None,
+            changes: vec![],
+            message: None,
+            completed_at: None,
+            removed_at: None,
+        };
+        let mut older = serde_json::to_value(ControllerState {
+            preflight: Some(record.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        let preflight = older["preflight"].as_object_mut().unwrap();
+        preflight.remove("leaseReleasedAt");
+        preflight.insert(
+            "probe".into(),
+            serde_json::json!({ "workspace": "kcpshard-probe-1", "createdAt": now }),
+        );
+        std::fs::create_dir_all(dirs.root()).unwrap();
+        std::fs::write(dirs.controller_file(), older.to_string()).unwrap();
+
+        let read = dirs.load_state().unwrap().preflight.unwrap();
+        assert_eq!(
+            read,
+            PreflightRecord {
+                lease_released_at: None,
+                ..record
+            }
+        );
+    }
+
     #[test]
     fn a_state_file_that_does_not_parse_is_named_as_corrupt() {
         let dir = tempfile::tempdir().unwrap();

@@ -269,6 +269,15 @@ pub async fn run(config: FrontConfig) -> Result<(), FrontError> {
         _ = async { let _ = handed_over.wait_for(|s| s.is_some()).await; } => "handover",
     };
     let handed = front.handed_over.borrow().is_some();
+    if handed {
+        // Kept-alive clients move to the successor: every slot counts as retired here, so each
+        // kept-alive HTTP/1.1 connection is closed at its next request, before any byte of it is
+        // forwarded (front/keepalive.rs), and its client opens a new one, which the successor
+        // accepts and routes. Otherwise it would stay on this front until the drain timeout,
+        // where no change of the serving set reaches it: a roll meanwhile would leave it on a
+        // slot that is shutting down. Streams (watches) run on here until they end.
+        router.serve(Vec::new());
+    }
 
     // Stop accepting, and close the listening socket (it lives on in a successor, if any).
     let _ = stop_accepting.send(true);

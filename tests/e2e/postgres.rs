@@ -40,6 +40,18 @@ pub fn managed_postgres_store(port: u16, password_file: &std::path::Path) -> Val
     })
 }
 
+/// The postmaster's pid of a shard's managed PostgreSQL, from its `postmaster.pid`.
+pub fn managed_postmaster(env: &Env, shard: &str) -> Option<i32> {
+    let pid_file = env.shard_dir(shard).join("store/postgres/data/postmaster.pid");
+    std::fs::read_to_string(pid_file)
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Live kine processes of this shard's slots on this PostgreSQL (their endpoint names both).
 pub fn slot_kines(pg: &crate::support::Postgres, shard: &str) -> Vec<(i32, String)> {
     processes_with(&format!("@127.0.0.1:{}/", pg.port))
