@@ -200,11 +200,11 @@ pub(super) fn migration(desired: &Desired, observed: &Observed) -> Option<Step> 
             })
         });
     }
-    // The switch: every old slot stops (the front holds new connections meanwhile), then the
-    // mirror takes the old store's last changes.
+    // The switch: every old slot stops once settled, as in a roll (the front holds new
+    // connections meanwhile), then the mirror takes the old store's last changes.
     let old: Vec<&SlotObservation> = observed.slots.iter().filter(|s| !s.on_other_store).collect();
     if let Some(s) = old.iter().find(|s| s.running && !s.stopping()) {
-        return Some(Step::TerminateSlot { name: s.name.clone() });
+        return Some(super::settled_or_settling(observed, s));
     }
     if let Some(s) = old.iter().find(|s| s.running) {
         return Some(Step::Wait(Wait::Exit { slot: s.name.clone() }));

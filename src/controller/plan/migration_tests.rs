@@ -244,6 +244,17 @@ fn the_switch_holds_the_front_stops_every_old_slot_then_ends_the_mirror() {
     // New connections wait in the front.
     assert_eq!(plan(&d, &o), set_front(&[], &[], &[("a", LeaveCause::Replaced)]));
     o.front = FrontObservation::serving(&[]);
+    // As in a roll, a stops once it has settled: a request sent to it just before the switch is
+    // answered before SIGTERM, after which kcp answers /readyz 500.
+    o.slots[0].left_front_at = Some(o.now);
+    assert_eq!(
+        plan(&d, &o),
+        Step::Wait(Wait::Settle {
+            slot: "a".into(),
+            remaining: SWITCH_SETTLE
+        })
+    );
+    o.slots[0].left_front_at = Some(o.now - chrono::TimeDelta::milliseconds(500));
     assert_eq!(plan(&d, &o), Step::TerminateSlot { name: "a".into() });
     o.slots[0].stop = Some(StopRecord {
         cause: StopCause::Retired,

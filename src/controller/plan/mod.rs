@@ -440,24 +440,38 @@ fn retirements(desired: &Desired, observed: &Observed, wanted: &[String]) -> Opt
         if !serving_stays && (s.health.ever_ready || interim) {
             continue;
         }
-        let remaining = match s.left_front_at {
-            Some(left) if s.health.ever_ready => {
-                let waited = elapsed(observed.now, left);
-                let retiring = observed.front.retiring_to(&s.name) > 0;
-                let until = if retiring { RETIRE_WAIT } else { SWITCH_SETTLE };
-                until.saturating_sub(waited)
+        match settled_or_settling(observed, s) {
+            terminate @ Step::TerminateSlot { .. } => return Some(terminate),
+            settle => {
+                settling.get_or_insert(settle);
             }
-            _ => Duration::ZERO,
-        };
-        if remaining.is_zero() {
-            return Some(Step::TerminateSlot { name: s.name.clone() });
         }
-        settling.get_or_insert(Step::Wait(Wait::Settle {
-            slot: s.name.clone(),
-            remaining,
-        }));
     }
     settling
+}
+
+/// A slot that left the front gets SIGTERM once it has settled: the front closed its kept-alive
+/// connections at their next request (up to [`RETIRE_WAIT`] while some are still open to it), or
+/// [`SWITCH_SETTLE`] passed. Until then its clients' next requests reach it, and kcp answers
+/// `/readyz` 500 from SIGTERM on.
+fn settled_or_settling(observed: &Observed, s: &SlotObservation) -> Step {
+    let remaining = match s.left_front_at {
+        Some(left) if s.health.ever_ready => {
+            let waited = elapsed(observed.now, left);
+            let retiring = observed.front.retiring_to(&s.name) > 0;
+            let until = if retiring { RETIRE_WAIT } else { SWITCH_SETTLE };
+            until.saturating_sub(waited)
+        }
+        _ => Duration::ZERO,
+    };
+    if remaining.is_zero() {
+        Step::TerminateSlot { name: s.name.clone() }
+    } else {
+        Step::Wait(Wait::Settle {
+            slot: s.name.clone(),
+            remaining,
+        })
+    }
 }
 
 /// A roll whose old slots can no longer lead (each stopped listening, or gone) and whose Lease has
