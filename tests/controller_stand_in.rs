@@ -403,14 +403,13 @@ async fn rolled_to_b(env: &Env) {
     .await;
 }
 
-/// SIGTERM while a step is in progress: serve waits its grace for the step, then aborts it and
-/// waits until it is gone, and only then lets go of the state dir. The step here is EnsureFront of
-/// a caddy front whose admin API accepts connections and never answers (the check of caddy's
-/// admin API is part of the step, bounded at 15 s). serve exits within 5 s, says it cut the step,
-/// and logs no line of a step after it let go of the state dir. The next serve brings the shard up
-/// once its spec names a front that answers.
+/// SIGTERM while the controller looks at a caddy front whose admin API accepts connections and
+/// never answers (each look waits its 1 s bound for it; EnsureFront's check of it is a request
+/// beside the reconcile): serve exits within 5 s and logs no line of a step after it let go of the
+/// state dir (a look past serve's grace is aborted and waited for: cli/serve/shutdown.rs's tests).
+/// The next serve brings the shard up once its spec names a front that answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go() {
+async fn sigterm_in_the_middle_of_a_look_ends_it_before_the_state_dir_is_let_go() {
     // Bound and never accepted from: the kernel completes the connections, nobody answers.
     let silent_admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut env = Env::start().await;
@@ -438,13 +437,8 @@ async fn sigterm_in_the_middle_of_a_step_cuts_it_before_the_state_dir_is_let_go(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    env.log(&format!("serve exited {:.2?} after SIGTERM mid-step", asked.elapsed()));
+    env.log(&format!("serve exited {:.2?} after SIGTERM mid-look", asked.elapsed()));
     let log = std::fs::read_to_string(env.serve_log()).unwrap();
-    assert!(
-        log.contains("did not finish within") && log.contains("aborting it"),
-        "serve did not cut the step in progress:\n{}",
-        env.serve_log_tail(30)
-    );
     let (_, after) = log
         .split_once("letting go of the state dir")
         .unwrap_or_else(|| panic!("serve never let go of the state dir:\n{}", env.serve_log_tail(30)));

@@ -30,6 +30,17 @@ pub enum Front {
     },
 }
 
+/// What [`Front::start`] did, or the check it leaves to the step.
+pub enum FrontStart {
+    /// What happened, for an event.
+    Started(String),
+    /// A caddy's admin API at `admin` is to be asked whether it has the handler: what it answered, for an event.
+    Check {
+        admin: String,
+        check: std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, Error>> + Send>>,
+    },
+}
+
 /// The front as observed.
 pub struct FrontSeen {
     /// Where it listens (kcpshard's front says; a caddy's is the spec's).
@@ -159,37 +170,46 @@ impl Front {
     /// Starts kcpshard's front on the spec's address (once it is free: a front that holds it is named) and
     /// returns: looks see it starting ([`Front::starting`]) until it answers. Under systemd, a
     /// unit that restarts a front that crashed a moment ago is left to do so, on the socket it
-    /// keeps (looks see it starting: [`Front::restarted_by_unit`]). For a caddy, checks that its admin API
-    /// answers and has the handler. Returns what happened, for an event.
-    pub async fn start(&self) -> Result<String, Error> {
+    /// keeps (looks see it starting: [`Front::restarted_by_unit`]). For a caddy, the check that
+    /// its admin API answers and has the handler, a request for the step to make beside the
+    /// reconcile (controller/requests.rs): caddy is not kcpshard's to start.
+    pub async fn start(&self) -> Result<FrontStart, Error> {
         match self {
             Front::Tcp { shard, runtime, .. } => {
                 let (launch, listen) = self.launch().expect("a Tcp front has a launch");
                 // A front that systemd restarts holds the address in its unit's descriptor store.
                 if runtime.unit_active(&UnitName::front(shard)).await {
                     return match front::ensure_running(launch, listen).await {
-                        Ok(client) => Ok(format!(
+                        Ok(client) => Ok(FrontStart::Started(format!(
                             "the front's unit restarted it on {listen} (pid {})",
                             client.status().await?.pid
-                        )),
+                        ))),
                         // Looks see it starting until it answers.
-                        Err(restarting @ FrontError::RestartingUnderUnit { .. }) => Ok(restarting.to_string()),
+                        Err(restarting @ FrontError::RestartingUnderUnit { .. }) => {
+                            Ok(FrontStart::Started(restarting.to_string()))
+                        }
                         Err(e) => Err(e.into()),
                     };
                 }
                 address_free(listen)?;
                 let started = front::start_front(launch, listen).await?;
-                Ok(format!(
+                Ok(FrontStart::Started(format!(
                     "started the front on {listen} (pid {}); it serves once it answers on its control socket",
                     started.pid
-                ))
+                )))
             }
             Front::Caddy { admin, upstream_id, .. } => {
-                admin.upstreams(upstream_id).await?;
-                Ok(format!(
-                    "caddy's admin API at {} answers and has the reverse_proxy @id {upstream_id}",
-                    admin.address()
-                ))
+                let (admin, upstream_id) = (admin.clone(), upstream_id.clone());
+                Ok(FrontStart::Check {
+                    admin: admin.address().to_string(),
+                    check: Box::pin(async move {
+                        admin.upstreams(&upstream_id).await?;
+                        Ok(format!(
+                            "caddy's admin API at {} answers and has the reverse_proxy @id {upstream_id}",
+                            admin.address()
+                        ))
+                    }),
+                })
             }
         }
     }

@@ -41,3 +41,51 @@ pub(super) async fn shutdown_signal() {
     }
     tracing::info!("shutting down; slots, stores and fronts keep running");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// Set when the task's future is dropped: it can no longer run.
+    struct Gone(Arc<AtomicBool>);
+
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_past_its_grace_is_gone_before_end_task_returns() {
+        let gone = Arc::new(AtomicBool::new(false));
+        let guard = Gone(gone.clone());
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await
+        });
+        let started = tokio::time::Instant::now();
+        end_task(task, SHUTDOWN_GRACE, "a step that never ends").await;
+        assert_eq!(started.elapsed(), SHUTDOWN_GRACE);
+        assert!(
+            gone.load(Ordering::SeqCst),
+            "end_task returned while the task could still run"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_that_ends_within_its_grace_is_waited_for_not_cut() {
+        let finished = Arc::new(AtomicBool::new(false));
+        let done = finished.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            done.store(true, Ordering::SeqCst);
+        });
+        let started = tokio::time::Instant::now();
+        end_task(task, SHUTDOWN_GRACE, "a short step").await;
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        assert!(finished.load(Ordering::SeqCst), "the task was cut before it finished");
+    }
+}

@@ -5,6 +5,7 @@ use super::Actor;
 use super::Notes;
 use crate::controller::Note;
 use crate::controller::error::Error;
+use crate::controller::front::FrontStart;
 use crate::controller::plan::{FrontChange, FrontCheck, LeaveCause};
 use crate::front::Backend;
 use crate::slot;
@@ -19,13 +20,20 @@ impl Actor<'_> {
             // caddy's config (`kcpshard front caddy-config`), before caddy can run.
             slot::material::capture_shared(&self.dirs.slot(&ready.name).root(), &self.dirs.shared())?;
         }
-        let started = front.start().await.map_err(|e| match e {
+        let unready = |e| match e {
             Error::Caddy(cause) => Error::CaddyUnready {
                 cause,
                 shared: self.dirs.shared(),
             },
             other => other,
-        })?;
+        };
+        let started = match front.start().await? {
+            FrontStart::Started(started) => started,
+            FrontStart::Check { admin, check } => match self.ask(&admin, check).await.map_err(unready)? {
+                Some(checked) => checked,
+                None => return Ok(vec![]),
+            },
+        };
         Ok(vec![Note::normal("FrontStarted", started)])
     }
 
