@@ -35,10 +35,9 @@ pub async fn start_snapshot(actor: &Actor<'_>) -> Result<Notes, Error> {
 }
 
 /// Backup: starts a snapshot of the store asked for with the kcpshard.io/snapshotRequestedAt
-/// annotation (a value none was taken for yet) or due by spec.backup.interval.
-pub async fn start_backup(actor: &Actor<'_>) -> Result<Notes, Error> {
-    let answered = actor.world.state.snapshot_request_answered.as_ref();
-    let request = actor.desired.snapshot_request.clone().filter(|r| Some(r) != answered);
+/// annotation's value `request` (the plan saw none taken for it yet), or due by
+/// spec.backup.interval (None).
+pub async fn start_backup(actor: &Actor<'_>, request: Option<String>) -> Result<Notes, Error> {
     let why = match &request {
         Some(request) => format!("asked for at {request}"),
         None => format!(

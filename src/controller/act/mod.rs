@@ -67,7 +67,7 @@ impl Actor<'_> {
             Step::EnsureStore => self.ensure_store().await,
             Step::KillStore => self.kill_store(),
             Step::Snapshot => super::jobs::start_snapshot(self).await,
-            Step::Backup => super::jobs::start_backup(self).await,
+            Step::Backup { request } => super::jobs::start_backup(self, request.clone()).await,
             Step::FinishJob => super::jobs::finish(self).await,
             Step::CancelJob => super::jobs::cancel(self),
             Step::StartPreflight => super::preflight::start(self).await,

@@ -280,7 +280,10 @@ fn backup(desired: &Desired, observed: &Observed) -> Option<Step> {
         }
         _ => {
             let request = desired.snapshot_request.clone().filter(|_| asked);
-            Some(job::towards(observed, &JobKind::Backup { request }, Step::Backup))
+            let wanted = JobKind::Backup {
+                request: request.clone(),
+            };
+            Some(job::towards(observed, &wanted, Step::Backup { request }))
         }
     }
 }

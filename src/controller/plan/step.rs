@@ -135,8 +135,11 @@ pub enum Step {
     /// 6): a job (job.rs), whose end FinishJob takes up.
     Snapshot,
     /// Start a snapshot of the store asked for (kcpshard.io/snapshotRequestedAt) or due
-    /// (spec.backup.interval): a job, whose end FinishJob takes up.
-    Backup,
+    /// (spec.backup.interval): a job, whose end FinishJob takes up. `request` is the annotation's
+    /// value it answers (None: due by the interval).
+    Backup {
+        request: Option<String>,
+    },
     /// A job ended: take up its result (a dump kept and recorded, a restore's version recorded),
     /// or report how it failed; the record goes.
     FinishJob,
@@ -334,7 +337,7 @@ impl Step {
             Step::KillFront => "KillFront",
             Step::FinishFrontCheck { .. } => "FinishFrontCheck",
             Step::Snapshot => "Snapshot",
-            Step::Backup => "Backup",
+            Step::Backup { .. } => "Backup",
             Step::StartPreflight => "StartPreflight",
             Step::CopyPreflight => "CopyPreflight",
             Step::LaunchPreflight => "LaunchPreflight",

@@ -690,7 +690,13 @@ fn a_snapshot_asked_for_or_due_is_taken_once_the_shard_is_steady() {
     assert_eq!(plan(&d, &o), Step::Idle);
 
     d.snapshot_request = Some("t1".into());
-    assert_eq!(plan(&d, &o), Step::Backup, "asked for");
+    assert_eq!(
+        plan(&d, &o),
+        Step::Backup {
+            request: Some("t1".into())
+        },
+        "asked for"
+    );
     let asked = JobKind::Backup {
         request: Some("t1".into()),
     };
@@ -713,7 +719,11 @@ fn a_snapshot_asked_for_or_due_is_taken_once_the_shard_is_steady() {
     d.backup_interval = Some(Duration::from_secs(60));
     assert_eq!(plan(&d, &o), Step::Idle, "the last one is 5 s old");
     o.now = at(65);
-    assert_eq!(plan(&d, &o), Step::Backup, "due a minute after the last one");
+    assert_eq!(
+        plan(&d, &o),
+        Step::Backup { request: None },
+        "due a minute after the last one, the request answered before"
+    );
     o.now = at(70);
     o.last_backup_at = Some(at(66));
     assert_eq!(
@@ -734,7 +744,10 @@ fn a_snapshot_asked_for_or_due_is_taken_once_the_shard_is_steady() {
     o.job = None;
 
     o.store_up = false;
-    assert_ne!(plan(&d, &o), Step::Backup, "nothing to copy from a store that is down");
+    assert!(
+        !matches!(plan(&d, &o), Step::Backup { .. }),
+        "nothing to copy from a store that is down"
+    );
     o.store_up = true;
     let mut v2 = d.clone();
     v2.template = template("v2");
@@ -869,7 +882,12 @@ fn a_job_that_keeps_failing_is_tried_again_after_10s_then_less_often_and_another
     // A backup asked for meanwhile is another job too.
     let mut idle = desired("v1");
     idle.snapshot_request = Some("t1".into());
-    assert_eq!(plan(&idle, &o), Step::Backup);
+    assert_eq!(
+        plan(&idle, &o),
+        Step::Backup {
+            request: Some("t1".into())
+        }
+    );
 }
 
 #[test]
