@@ -142,17 +142,8 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
             verdict("Progressing", false, "RollComplete", "the shard runs the desired spec"),
             healthy(),
         ),
-        Step::Wait(Wait::JobRetry { job, at }) => {
-            let failure = observed.job_failure.as_ref();
-            let message = format!(
-                "the {job} job failed{}: {}; it runs again at {}",
-                match failure.map_or(1, |f| f.times) {
-                    1 => String::new(),
-                    times => format!(" {times} times in a row"),
-                },
-                failure.map_or("", |f| f.message.as_str()),
-                at.format("%H:%M:%SZ"),
-            );
+        Step::Wait(Wait::JobRetry { .. }) => {
+            let message = progress_message(step, observed);
             (
                 verdict("Progressing", true, "AwaitingJobRetry", message.clone()),
                 verdict("Degraded", true, "JobFailed", message),
@@ -164,7 +155,7 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
                     "Progressing",
                     true,
                     "Restoring",
-                    format!("restoring {}: {}", r.file_name(), progress_message(other)),
+                    format!("restoring {}: {}", r.file_name(), progress_message(other, observed)),
                 ),
                 healthy(),
             ),
@@ -174,7 +165,12 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
                     healthy(),
                 ),
                 None => (
-                    verdict("Progressing", true, progress_reason(other), progress_message(other)),
+                    verdict(
+                        "Progressing",
+                        true,
+                        progress_reason(other),
+                        progress_message(other, observed),
+                    ),
                     healthy(),
                 ),
             },
@@ -328,7 +324,7 @@ fn progress_reason(step: &Step) -> &'static str {
         Step::EnsureStore | Step::Wait(Wait::Store) => "StoreStarting",
         Step::KillStore => "StoreRestarting",
         Step::Snapshot
-        | Step::Backup
+        | Step::Backup { .. }
         | Step::Wait(Wait::Job {
             job: "snapshot" | "backup",
         }) => "TakingSnapshot",
@@ -406,9 +402,9 @@ fn progress_reason(step: &Step) -> &'static str {
     }
 }
 
-fn progress_message(step: &Step) -> String {
+fn progress_message(step: &Step, observed: &Observed) -> String {
     match step {
-        Step::Wait(Wait::Answer(step)) => progress_message(step),
+        Step::Wait(Wait::Answer(step)) => progress_message(step, observed),
         Step::AdoptSlot { name } => format!("recording slot {name}, which runs without a record"),
         Step::IssueIdentity => "issuing an admin identity for the shard".into(),
         Step::UpdateIdentities => "updating the shard's admin identities".into(),
@@ -417,12 +413,21 @@ fn progress_message(step: &Step) -> String {
         Step::EnsureStore => "starting the store".into(),
         Step::KillStore => "restarting a kine that does not answer reads".into(),
         Step::Snapshot => "taking a snapshot of the store before the version changes".into(),
-        Step::Backup => "taking a snapshot of the store (asked for, or due by spec.backup.interval)".into(),
+        Step::Backup { .. } => "taking a snapshot of the store (asked for, or due by spec.backup.interval)".into(),
         Step::Wait(Wait::Job { job }) => {
             format!("waiting for the {job} job to end (its output: job/job.log in the shard's directory)")
         }
         Step::Wait(Wait::JobRetry { job, at }) => {
-            format!("the {job} job failed; it runs again at {}", at.format("%H:%M:%SZ"))
+            let failure = observed.job_failure.as_ref();
+            format!(
+                "the {job} job failed{}: {}; it runs again at {}",
+                match failure.map_or(1, |f| f.times) {
+                    1 => String::new(),
+                    times => format!(" {times} times in a row"),
+                },
+                failure.map_or("", |f| f.message.as_str()),
+                at.format("%H:%M:%SZ"),
+            )
         }
         Step::FinishJob => "taking up what the job did".into(),
         Step::BeginMigration => "beginning to move the shard's data to the store spec.store names".into(),
