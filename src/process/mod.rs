@@ -346,9 +346,10 @@ impl Runtime {
     /// process of the same log printed, nor the runtime's start line (which holds the time).
     pub async fn output_tail(&self, record: &ProcessRecord, lines: usize) -> Vec<String> {
         let output = self.log_since_start(record).await;
+        // A log file's output since the start begins with the runtime's start line.
         let printed: Vec<&str> = output
             .lines()
-            .filter(|line| !line.starts_with(detached::START_MARKER))
+            .skip_while(|line| line.starts_with(detached::START_MARKER))
             .collect();
         printed[printed.len().saturating_sub(lines)..]
             .iter()
