@@ -1,6 +1,6 @@
 //! The leading slot's backlog while the roll's probe waits, read at most every [`READ_EVERY`].
 //!
-//! kcp's `/metrics` grows with the shard (3.7 MB, read in 77 ms, at about 250 workspaces) and the
+//! kcp's `/metrics` grows with the shard (megabytes at a few hundred workspaces) and the
 //! controller looks every 100 ms while the probe waits, so reading it on every look would put ten
 //! such reads a second on the very slot that is catching up. A reading is kept and reused until it
 //! is [`READ_EVERY`] old; a read that failed is kept as well, so a slot too busy to answer is not
