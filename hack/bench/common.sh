@@ -1,6 +1,7 @@
 # Shared by the real-shard benchmarks (hack/bench/roll.sh, hack/bench/failover.sh); sourced, not run.
 # It copies the binaries, starts `kcpshard serve` on a scratch state dir, applies the KcpShard "bench"
-# (KineSqlite, or KinePostgres with a PostgreSQL kcpshard runs itself), waits for Ready, starts
+# (KineSqlite, KinePostgres with a PostgreSQL kcpshard runs itself, or Etcd: a one-member etcd the
+# script runs), waits for Ready, starts
 # examples/roll_load.rs through the front (a /readyz poller every 20 ms, 4 keep-alive and 4
 # new-connection GET clients, 3 watches; a per-request timeline for hack/bench/plot.py), and stops
 # everything it started again at exit.
@@ -90,7 +91,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# Starts serve and a shard "bench" with STORE (sqlite|postgres) and SLOTS, waits for Ready. Extra
+# Starts serve and a shard "bench" with STORE (sqlite|postgres|etcd) and SLOTS, waits for Ready. Extra
 # YAML fields of spec.rollout and spec.kcp come as flow-map items ("a: b, c: d"). Sets state,
 # front_port, KUBECONFIG; writes $state/about.txt.
 start_shard() { # store slots [rollout fields] [kcp fields]
@@ -116,6 +117,22 @@ start_shard() { # store slots [rollout fields] [kcp fields]
     local pg_port; pg_port=$(free_port)
     (umask 077; python3 -c 'import secrets; print(secrets.token_hex(16))' >"$state/pgpass")
     store_spec="{type: KinePostgres, kinePostgres: {host: 127.0.0.1, port: $pg_port, database: kcp, user: kcp, passwordFrom: {file: $state/pgpass}, managed: true}}"
+  elif [ "$store" = etcd ]; then
+    # A one-member etcd of the pinned release, as a user runs beside kcp; stop_run stops it (its
+    # argv names the state dir). A quota above etcd's 2 GiB default: kcp at 1,000 workspaces
+    # writes more than that between etcd's compactions.
+    local client_port peer_port; client_port=$(free_port); peer_port=$(free_port)
+    "$root/bin/etcd" --name bench --data-dir "$state/etcd" \
+      --listen-client-urls "http://127.0.0.1:$client_port" --advertise-client-urls "http://127.0.0.1:$client_port" \
+      --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+      --initial-cluster "bench=http://127.0.0.1:$peer_port" --quota-backend-bytes 8589934592 >"$state/etcd.log" 2>&1 &
+    for _ in $(seq 1 300); do
+      "$root/bin/etcdctl" --endpoints "127.0.0.1:$client_port" endpoint health >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+    "$root/bin/etcdctl" --endpoints "127.0.0.1:$client_port" endpoint health >/dev/null 2>&1 ||
+      { echo "$bench: etcd did not get healthy; see $state/etcd.log" >&2; exit 1; }
+    store_spec="{type: Etcd, etcd: {endpoints: [\"http://127.0.0.1:$client_port\"]}}"
   else
     store_spec="{type: KineSqlite}"
   fi
@@ -152,7 +169,8 @@ start_load() {
 # Fills the shard with up to N workspaces in root (`prod-00000`...), made through the front as
 # kcpshard's admin identity in batches of 50 (one `kubectl create` each), each batch waited for
 # until Ready before the next; stops adding after BUDGET seconds. Writes $state/fill.json and a
-# line to $state/about.txt: how many got Ready, how long it took, the active slot's RSS after.
+# line to $state/about.txt: how many got Ready, how long it took, the active slot's RSS and the
+# store's size on disk after.
 fill_workspaces() { # n budget_seconds
   python3 - "$kubectl" "$state" "$1" "$2" <<'PY' | tee -a "$state/about.txt" >&2
 import json, subprocess, sys, time
@@ -189,11 +207,21 @@ for s in st.get("slots", []):
         rss.append(f"slot {s['name']} {kib / 1024:.0f} MiB")
     except (KeyError, OSError, StopIteration):
         pass
-json.dump({"asked": n, "made": made, "ready": got, "seconds": round(seconds, 1), "batches": batches},
-          open(f"{state}/fill.json", "w"))
+# The store's data on disk: kine's sqlite file, the managed PostgreSQL's cluster, or the etcd's dir.
+import os
+def size(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+               if os.path.isfile(os.path.join(d, f)))
+store_dirs = [f"{state}/shards/bench/store/state.db", f"{state}/shards/bench/store/postgres/data", f"{state}/etcd"]
+disk = sum(size(p) for p in store_dirs if os.path.exists(p))
+json.dump({"asked": n, "made": made, "ready": got, "seconds": round(seconds, 1), "batches": batches,
+           "storeBytes": disk}, open(f"{state}/fill.json", "w"))
 creates = sum(b["createSeconds"] for b in batches)
 print(f"prod-shaped: {got} of {n} workspaces Ready in {seconds:.0f} s ({creates:.0f} s in kubectl create, "
-      f"batches of 50 waited for until Ready; budget {budget:.0f} s); kcp RSS after: {', '.join(rss) or '-'}")
+      f"batches of 50 waited for until Ready; budget {budget:.0f} s); kcp RSS after: {', '.join(rss) or '-'}; "
+      f"store on disk: {disk / 2**20:.0f} MiB")
 PY
 }
 

@@ -5,7 +5,7 @@
 # rolls it under the roll bench's load: a version change (hack/versions.env: OLDER -> NEWER) and a
 # restart. It is hack/bench/roll.sh with these options, so the report is the roll bench's: failed
 # requests by kind, each roll's phases, the controller time, the kcp RSS after the fill.
-# Usage: hack/bench/prod-shaped.sh [--workspaces N] [--fill-budget SECONDS] [--store sqlite|postgres]
+# Usage: hack/bench/prod-shaped.sh [--workspaces N] [--fill-budget SECONDS] [--store sqlite|postgres|etcd|all]
 #                                  [--rolls N] [--preflight on|off] [roll.sh options...]
 #   --preflight on|off sets spec.rollout.preflight and reports the preflight of the version roll
 #   (status.preflight's startedAt and completedAt) beside the roll.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Rolls of a real shard under load through the front. For each store (KineSqlite; then
-# KinePostgres with a PostgreSQL that kcpshard runs itself, `managed: true`) and each --slots value:
+# Rolls of a real shard under load through the front. For each store (KineSqlite; KinePostgres with
+# a PostgreSQL that kcpshard runs itself, `managed: true`; Etcd, a one-member etcd the script runs)
+# and each --slots value:
 # starts `kcpshard serve` on a scratch state dir, applies a KcpShard with spec.slots, waits for
 # Ready, starts examples/roll_load.rs (a /readyz poller every 20 ms, 4 keep-alive and 4
 # new-connection GET clients, 3 client-go-like watches, all through the front; hack/bench/common.sh
@@ -21,11 +22,11 @@
 # status.preflight: startedAt, completedAt, result) is reported beside the roll. --readiness-timeout
 # sets spec.rollout.readinessTimeout (a new slot's /readyz, and a preflight's /readyz and its
 # controllers' take of their Lease each get it).
-# Usage: hack/bench/roll.sh [--store sqlite|postgres|both] [--slots N[,N...]] [--rolls N]
+# Usage: hack/bench/roll.sh [--store sqlite|postgres|etcd|both|all] [--slots N[,N...]] [--rolls N]
 #                           [--pause SECONDS] [--shutdown-delay DURATION] [--kcp-arg ARG]...
 #                           [--clients] [--png DIR] [--workspaces N] [--fill-budget SECONDS]
 #                           [--preflight on|off] [--readiness-timeout DURATION]
-#   defaults: both, slots 1, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
+#   defaults: both (sqlite and postgres; all adds etcd), slots 1, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
 #   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
 #   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/how-to/upgrade.md, "A new slot that never
 #   gets ready"). `--slots 2,1` runs slots 2, then slots 1, on each store, side by side in one report.
@@ -65,14 +66,15 @@ while [ $# -gt 0 ]; do
       case "$2" in on) preflight=true ;; off) preflight=false ;; *) echo "roll.sh: --preflight takes on or off" >&2; exit 2 ;; esac
       shift 2 ;;
     --readiness-timeout) readiness_timeout=$2; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$stores" in
   both) stores="sqlite postgres" ;;
-  sqlite|postgres) ;;
-  *) echo "roll.sh: --store must be sqlite, postgres or both" >&2; exit 2 ;;
+  all) stores="sqlite postgres etcd" ;;
+  sqlite|postgres|etcd) ;;
+  *) echo "roll.sh: --store must be sqlite, postgres, etcd, both (sqlite and postgres) or all" >&2; exit 2 ;;
 esac
 for n in ${slot_counts//,/ }; do
   case "$n" in 1|2|3) ;; *) echo "roll.sh: --slots takes 1, 2 or 3 (comma-separated)" >&2; exit 2 ;; esac
