@@ -8,7 +8,8 @@
 #
 # Before sourcing: `set -euo pipefail`, command_line (the script's arguments), bench (the script's
 # name, for messages). Then per run: `start_shard STORE SLOTS [ROLLOUT_FIELDS] [KCP_FIELDS]`,
-# `start_load`, `stop_load`, `wait_slots N`, `stop_run`. Env: KCPSHARD and ROLL_LOAD: built
+# `start_load`, `stop_load`, `wait_slots N`, `stop_run`; front_type=caddy puts caddy in front
+# (default: kcpshard's own). Env: KCPSHARD and ROLL_LOAD: built
 # binaries to use instead of `cargo build --release`; KEEP=1 keeps each state dir (logs, serve's and
 # kcp's) after the run.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -51,11 +52,13 @@ now() { date +%s.%N; }
 
 state=""
 serve=""
+etcd=""
+caddy=""
 load=""
 front_port=""
 keep_state=""
 # Stops what one run started: the load, the shard (its finalizer stops the slots, kines, the front
-# and a managed PostgreSQL), serve, then anything still naming the state dir in its argv.
+# and a managed PostgreSQL), serve, an etcd store, a caddy front, then anything still naming the state dir in its argv.
 stop_load() {
   [ -n "$load" ] && { kill -TERM "$load" 2>/dev/null || true; wait "$load" 2>/dev/null || true; }
   load=""
@@ -68,6 +71,10 @@ stop_run() {
   fi
   [ -n "$serve" ] && { kill -TERM "$serve" 2>/dev/null || true; wait "$serve" 2>/dev/null || true; }
   serve=""
+  [ -n "$etcd" ] && { kill -TERM "$etcd" 2>/dev/null || true; wait "$etcd" 2>/dev/null || true; }
+  etcd=""
+  [ -n "$caddy" ] && { kill -TERM "$caddy" 2>/dev/null || true; wait "$caddy" 2>/dev/null || true; }
+  caddy=""
   if [ -n "$state" ]; then
     local pids
     pids=$(pgrep -f -- "$state" || true)
@@ -126,6 +133,7 @@ start_shard() { # store slots [rollout fields] [kcp fields]
       --listen-client-urls "http://127.0.0.1:$client_port" --advertise-client-urls "http://127.0.0.1:$client_port" \
       --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
       --initial-cluster "bench=http://127.0.0.1:$peer_port" --quota-backend-bytes 8589934592 >"$state/etcd.log" 2>&1 &
+    etcd=$!
     for _ in $(seq 1 300); do
       "$root/bin/etcdctl" --endpoints "127.0.0.1:$client_port" endpoint health >/dev/null 2>&1 && break
       sleep 0.1
@@ -135,6 +143,11 @@ start_shard() { # store slots [rollout fields] [kcp fields]
     store_spec="{type: Etcd, etcd: {endpoints: [\"http://127.0.0.1:$client_port\"]}}"
   else
     store_spec="{type: KineSqlite}"
+  fi
+  local front_spec="{type: Tcp, listen: \"127.0.0.1:$front_port\"}" caddy_admin=""
+  if [ "${front_type:-tcp}" = caddy ]; then
+    caddy_admin=127.0.0.1:$(free_port)
+    front_spec="{type: Caddy, listen: \"127.0.0.1:$front_port\", caddy: {adminAddress: \"$caddy_admin\", upstreamId: kcp-proxy}}"
   fi
   local began; began=$(now)
   for _ in $(seq 1 30); do
@@ -147,13 +160,29 @@ spec:
   slots: $slots
   kcp: {binary: "$root/bin/kcp-{version}"${kcp_fields:+, $kcp_fields}}
   store: $store_spec
-  front: {type: Tcp, listen: "127.0.0.1:$front_port"}
+  front: $front_spec
   rollout: {allowDowngrade: true${rollout_fields:+, $rollout_fields}}
 EOF
     sleep 1
   done
+  [ -n "$caddy_admin" ] && start_caddy "$caddy_admin"
   "$ks" rollout status bench --timeout 600 >/dev/null
   echo "$store, slots $slots: first start to Ready: $(python3 -c "print(f'{$(now)-$began:.1f}')") s" >&2
+}
+
+# Caddy in front of the shard as docs/how-to/fronts.md sets it up: once the first slot has made the
+# shard's certificate, its config from `kcpshard front caddy-config`, caddy (Debian's, on PATH) run
+# with it; the controller then points caddy's upstream at the slot through the admin API.
+start_caddy() { # admin_address
+  local shared=$state/shards/bench/shared
+  for _ in $(seq 1 3000); do [ -s "$shared/apiserver.key" ] && break; sleep 0.1; done
+  [ -s "$shared/apiserver.key" ] || { echo "$bench: no slot made the shard's certificate; see $state/serve.log" >&2; exit 1; }
+  mkdir -p "$state/caddy-home"
+  "$ks" front caddy-config --listen "127.0.0.1:$front_port" --admin "$1" --upstream-id kcp-proxy \
+    --cert "$shared/apiserver.crt" --key "$shared/apiserver.key" --storage "$state/caddy-home/storage" >"$state/caddy.json"
+  HOME=$state/caddy-home XDG_CONFIG_HOME=$state/caddy-home/.config XDG_DATA_HOME=$state/caddy-home/.local/share \
+    caddy run --config "$state/caddy.json" >"$state/caddy.log" 2>&1 &
+  caddy=$!
 }
 
 # examples/roll_load.rs through the front; its counts go to $state/load.json, its per-request

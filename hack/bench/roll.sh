@@ -25,12 +25,13 @@
 # Usage: hack/bench/roll.sh [--store sqlite|postgres|etcd|both|all] [--slots N[,N...]] [--rolls N]
 #                           [--pause SECONDS] [--shutdown-delay DURATION] [--kcp-arg ARG]...
 #                           [--clients] [--png DIR] [--workspaces N] [--fill-budget SECONDS]
-#                           [--preflight on|off] [--readiness-timeout DURATION]
+#                           [--preflight on|off] [--readiness-timeout DURATION] [--front tcp|caddy]
 #   defaults: both (sqlite and postgres; all adds etcd), slots 1, 10 rolls, 5 s between a roll's end and the next, spec.kcp.shutdownDelay unset
 #   (kcpshard's default, 0s). --kcp-arg adds one argument to spec.kcp.extraArgs (repeatable), e.g.
 #   `--kcp-arg --feature-gates=APIServerIdentity=false` (docs/how-to/upgrade.md, "A new slot that never
 #   gets ready"). `--slots 2,1` runs slots 2, then slots 1, on each store, side by side in one report.
 #   --png DIR writes roll-<store>-slots<N>.png there (default: the state dir, gone unless KEEP=1).
+#   --front caddy puts Debian's caddy in front instead of kcpshard's own (docs/how-to/fronts.md).
 # Needs hack/install-deps.sh (kcp, kine, kubectl, PostgreSQL). Run alone: kcp is heavy, and other
 # real-kcp runs on the machine change the figures (e.g. `flock /tmp/kcpshard-realkcp.lock ...`).
 # Env: KCPSHARD and ROLL_LOAD: built binaries to use instead of `cargo build --release`;
@@ -60,13 +61,16 @@ while [ $# -gt 0 ]; do
     --kcp-arg) kcp_args+="\"$2\", "; shift 2 ;;
     --clients) clients=1; shift ;;
     --png) png_dir=$2; shift 2 ;;
+    --front)
+      case "$2" in tcp|caddy) front_type=$2 ;; *) echo "roll.sh: --front takes tcp or caddy" >&2; exit 2 ;; esac
+      shift 2 ;;
     --workspaces) workspaces=$2; shift 2 ;;
     --fill-budget) fill_budget=$2; shift 2 ;;
     --preflight)
       case "$2" in on) preflight=true ;; off) preflight=false ;; *) echo "roll.sh: --preflight takes on or off" >&2; exit 2 ;; esac
       shift 2 ;;
     --readiness-timeout) readiness_timeout=$2; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "roll.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -407,7 +411,9 @@ PY
 roll_title() { # store slots
   local rolls; rolls=$(wc -l <"$state/rolls.jsonl")
   [ "$rolls" = 1 ] && rolls="A roll" || rolls="$rolls rolls"
-  echo "$rolls ${workspaces:+at $workspaces workspaces }under load through the front ($(store_type "$1"), slots $2)"
+  local through="the front"
+  [ "${front_type:-tcp}" = caddy ] && through=caddy
+  echo "$rolls ${workspaces:+at $workspaces workspaces }under load through $through ($(store_type "$1"), slots $2)"
 }
 
 failed_runs=""
