@@ -5,7 +5,8 @@
 //! - A slot: `/readyz` on its own port with the shard admin, [`LOOK_TIMEOUT`] per look, every
 //!   [`SERVING_INTERVAL`] once it answered ([`STARTING_INTERVAL`] while it starts), and again at once
 //!   after a failed look, so that a hung slot fails [`super::plan::UNRESPONSIVE_AFTER`] looks in about
-//!   2 x LOOK_TIMEOUT. A slot kcpshard sent SIGTERM is also watched for the moment its port stops
+//!   2 x LOOK_TIMEOUT, and a stopped one (state `T` in `/proc`: SIGSTOP, a debugger) in about 2 x
+//!   [`STARTING_INTERVAL`], without being asked. A slot kcpshard sent SIGTERM is also watched for the moment its port stops
 //!   listening (every [`LISTEN_POLL`]): from then on it can no longer lead (docs/background.md
 //!   section 3), which is when the Lease may go.
 //! - A kine: one etcd read with [`LOOK_TIMEOUT`] (store::kine_read), at the same pace.
@@ -49,6 +50,8 @@ pub struct Failure {
     /// The process answered something (an HTTP status, or its store-free ping): not ready, but not
     /// wedged either (a kcp whose store is away).
     pub alive: bool,
+    /// The process is stopped (state `T` in `/proc`): it answers nothing until it is continued.
+    pub stopped: bool,
 }
 
 impl Failure {
@@ -58,6 +61,7 @@ impl Failure {
             message: message.into(),
             broken: false,
             alive: false,
+            stopped: false,
         }
     }
 }
@@ -229,11 +233,22 @@ where
             tokio::time::sleep(SERVING_INTERVAL).await;
             continue;
         }
+        // A stopped process fails its look at once: asking it would only wait out the timeout.
         // A look of a slot asks twice in a row (`/readyz`, then kcp's own API), each bounded by
         // LOOK_TIMEOUT; this bounds the whole.
-        let outcome = match tokio::time::timeout(2 * LOOK_TIMEOUT, look()).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(Failure::slow(format!("no answer within {LOOK_TIMEOUT:?}"))),
+        let outcome = if stopped(target) {
+            Err(Failure {
+                stopped: true,
+                ..Failure::slow(format!(
+                    "the process is stopped (state T in /proc/{}/stat: SIGSTOP, or held by a debugger)",
+                    target.pid
+                ))
+            })
+        } else {
+            match tokio::time::timeout(2 * LOOK_TIMEOUT, look()).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(Failure::slow(format!("no answer within {LOOK_TIMEOUT:?}"))),
+            }
         };
         let now = Utc::now();
         let mut changed = false;
@@ -289,6 +304,7 @@ pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
                 health.failures += 1;
             }
             health.broken_looks = if failure.broken { health.broken_looks + 1 } else { 0 };
+            health.stopped = failure.stopped;
             if failure.alive {
                 health.last_alive_at = Some(now);
             }
@@ -299,6 +315,10 @@ pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
 
 fn alive(target: &Target) -> bool {
     crate::process::procfs::stat(target.pid).is_some_and(|s| s.start_time == target.start_time && !s.is_dead())
+}
+
+fn stopped(target: &Target) -> bool {
+    crate::process::procfs::stat(target.pid).is_some_and(|s| s.start_time == target.start_time && s.is_stopped())
 }
 
 #[cfg(test)]
@@ -326,12 +346,58 @@ mod tests {
                 message: "GET /clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces?limit=1: HTTP 404".into(),
                 broken: true,
                 alive: true,
+                stopped: false,
             })
         };
         record(&mut h, broken(), t);
         assert!(!h.broken(), "one broken look is not enough");
         record(&mut h, broken(), t);
         assert!(h.broken() && h.unresponsive());
+    }
+
+    #[tokio::test]
+    async fn a_stopped_process_is_unresponsive_after_two_short_looks_without_being_asked() {
+        let (wakes, mut woken) = ExitNotices::new();
+        let checks = HealthChecks::new(Arc::new(wakes));
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = child.id();
+        let target = Target {
+            shard: "dev".into(),
+            name: "slot-a".into(),
+            pid,
+            start_time: crate::process::procfs::stat(pid).unwrap().start_time,
+        };
+        let shard = ObjectRef::new("dev");
+        // Would answer at once: only the process's state can fail these looks.
+        let look = || async { Ok(()) };
+        let seen = checks.seen(target.clone(), shard.clone(), None, false, look).await;
+        assert!(seen.health.ready, "the first look is waited for");
+        let _ = woken.recv().await; // ready
+        let stop = |signal| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
+        stop(nix::sys::signal::Signal::SIGSTOP);
+        let stopped = tokio::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(2), woken.recv())
+            .await
+            .expect("woken once unresponsive");
+        let took = stopped.elapsed();
+        assert!(
+            took < SERVING_INTERVAL + 2 * STARTING_INTERVAL + Duration::from_millis(200),
+            "{took:?}"
+        );
+        let seen = checks.seen(target.clone(), shard.clone(), None, false, look).await;
+        assert!(seen.health.unresponsive(), "{seen:?}");
+        assert!(
+            seen.health.stopped && seen.health.problem.as_deref().is_some_and(|p| p.contains("stopped")),
+            "{seen:?}"
+        );
+        stop(nix::sys::signal::Signal::SIGCONT);
+        tokio::time::timeout(Duration::from_secs(2), woken.recv())
+            .await
+            .expect("woken once it answers again");
+        let seen = checks.seen(target, shard, None, false, look).await;
+        assert!(seen.health.ready && !seen.health.unresponsive(), "{seen:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[tokio::test]

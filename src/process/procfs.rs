@@ -23,6 +23,13 @@ impl Stat {
     pub fn is_dead(&self) -> bool {
         matches!(self.state, 'Z' | 'X' | 'x')
     }
+
+    /// The process is stopped (SIGSTOP, SIGTSTP) or held by a debugger: it answers nothing until it
+    /// is continued. For a process of many threads this is its main thread's state, which a stop
+    /// signal stops with all the others.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self.state, 'T' | 't')
+    }
 }
 
 /// Parses the text of `/proc/<pid>/stat`. The command name (field 2) is in parentheses and may

@@ -625,6 +625,7 @@ async fn slot_health(
             serving.map_err(|e| Failure {
                 broken: e.kind() == crate::slot::NotServingKind::Broken,
                 alive: ping || !matches!(e.answer, crate::slot::serving::Answer::None(_)),
+                stopped: false,
                 message: e.to_string(),
             })
         }

@@ -327,8 +327,8 @@ pub const LEADER_RENEW_DEADLINE: Duration = Duration::from_secs(5);
 
 /// SIGKILL for a slot past drainTimeout after SIGTERM, or one that served and has answered nothing
 /// for livenessTimeout (not even its store-free ping: wedged, not waiting for its store), or, at
-/// once, a leader that answers nothing and has not renewed the controllers' Lease within
-/// [`LEADER_RENEW_DEADLINE`] while another slot serves: its Lease goes once it is gone
+/// once, a leader that cannot be leading ([`cannot_lead`]) and has not renewed the controllers'
+/// Lease within [`LEADER_RENEW_DEADLINE`] while another slot serves: its Lease goes once it is gone
 /// ([`lease_release`]) and the other slot leads within kcp's retry period.
 fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
     let now = observed.now;
@@ -347,7 +347,7 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
             Some(_) => return None,
             None if adopted == Some(s.name.as_str()) => return None,
             None if s.health.ever_ready && s.health.broken() => KillCause::Broken,
-            None if s.health.ever_ready && s.health.failures > 0 && hung_leader(observed, &s.name) => {
+            None if s.health.ever_ready && cannot_lead(&s.health, now) && hung_leader(observed, &s.name) => {
                 KillCause::HungLeader {
                     seconds: LEADER_RENEW_DEADLINE.as_secs(),
                 }
@@ -369,6 +369,19 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
             cause,
         })
     })
+}
+
+/// A slot whose controllers cannot be running, however busy it is: its process is stopped, or it
+/// has answered nothing, not even its store-free ping, for [`LEADER_RENEW_DEADLINE`]. A new leader
+/// catching up on a few hundred workspaces answers slowly (a ping in up to 1 s, `/readyz` failing)
+/// and may renew its Lease late as seen through another slot's kine: that one leads, and killing it
+/// would start the catch-up over.
+fn cannot_lead(health: &Health, now: chrono::DateTime<chrono::Utc>) -> bool {
+    health.failures > 0
+        && (health.stopped
+            || health
+                .last_alive_at
+                .is_some_and(|at| elapsed(now, at) > LEADER_RENEW_DEADLINE))
 }
 
 /// `name` holds the controllers' Lease and has not renewed it within [`LEADER_RENEW_DEADLINE`],

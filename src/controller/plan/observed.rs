@@ -90,6 +90,9 @@ pub struct Health {
     /// The front replayed a new connection because this slot left it unanswered (for its answer
     /// wait, 1 s) after the slot's last ok look: with one failed look, hung, not slow.
     pub silent_in_front: bool,
+    /// Its last look found the process stopped (state `T` in `/proc`: SIGSTOP, a debugger): hung,
+    /// not slow, whatever it answered before.
+    pub stopped: bool,
 }
 
 impl Health {
@@ -104,6 +107,7 @@ impl Health {
             last_alive_at: Some(now),
             problem: None,
             silent_in_front: false,
+            stopped: false,
         }
     }
 

@@ -68,6 +68,7 @@ pub(crate) fn slot(name: &str, version: &str, ready: bool) -> SlotObservation {
             last_alive_at: ready.then(|| at(9)),
             problem: None,
             silent_in_front: false,
+            stopped: false,
         },
         listening: true,
         stopped_listening_at: None,
@@ -487,6 +488,7 @@ fn a_serving_slot_that_stops_answering_leaves_the_front_after_two_looks_and_rejo
         last_alive_at: Some(at(10)),
         problem: None,
         silent_in_front: false,
+        stopped: false,
     };
     assert_eq!(plan(&d, &o), set_front(&["a", "b"], &["a"], &[]));
 }
@@ -520,6 +522,7 @@ fn a_slot_that_does_not_answer_for_the_liveness_timeout_is_killed_even_when_it_i
         last_alive_at: Some(at(2)),
         problem: Some("no answer within 1s".into()),
         silent_in_front: false,
+        stopped: false,
     };
     o.now = at(11);
     assert_eq!(
@@ -574,6 +577,7 @@ fn a_hung_leader_is_killed_once_it_missed_kcps_renew_deadline_while_another_slot
     o.lease_renewed_at = Some(at(6));
     o.slots[0].health.ready = false;
     o.slots[0].health.failures = 1;
+    o.slots[0].health.stopped = true;
     o.now = at(11);
     assert_eq!(
         plan(&d, &o),
@@ -585,7 +589,24 @@ fn a_hung_leader_is_killed_once_it_missed_kcps_renew_deadline_while_another_slot
         name: "a".into(),
         cause: KillCause::HungLeader { seconds: 5 },
     };
-    assert_eq!(plan(&d, &o), killed);
+    assert_eq!(plan(&d, &o), killed, "stopped");
+
+    let mut busy = o.clone();
+    busy.slots[0].health.stopped = false;
+    busy.slots[0].health.last_alive_at = Some(at(11));
+    assert_eq!(
+        plan(&d, &busy),
+        Step::Idle,
+        "a new leader catching up answers slowly (its ping; /readyz failing) and its renewals, read through \
+         another slot's kine, look late: it leads, and a kill would start the catch-up over"
+    );
+    let mut silent = busy.clone();
+    silent.slots[0].health.last_alive_at = Some(at(6));
+    assert_eq!(
+        plan(&d, &silent),
+        killed,
+        "nothing answered, not even its ping, for the renew deadline: wedged"
+    );
 
     let mut answers = o.clone();
     answers.slots[0].health.ready = true;
@@ -1279,6 +1300,7 @@ fn a_slot_that_answers_but_is_not_ready_because_its_store_is_away_is_not_killed(
         last_alive_at: Some(at(10)),
         problem: Some("GET /readyz: HTTP 500: [-]etcd failed".into()),
         silent_in_front: false,
+        stopped: false,
     };
     o.now = at(11);
     assert_eq!(plan(&d, &o), Step::Idle, "it answers: it waits for its store");
