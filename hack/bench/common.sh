@@ -35,7 +35,7 @@ kubectl=$root/bin/kubectl
 # The small print under a plot: the command, the kcpshard it ran, when.
 made_by() { echo "hack/bench/$bench $command_line; kcpshard $commit; $(date -u '+%F %H:%M UTC')"; }
 # The store's name in the spec, for titles.
-store_type() { case "$1" in postgres) echo KinePostgres ;; sqlite) echo KineSqlite ;; *) echo "$1" ;; esac; }
+store_type() { case "$1" in postgres) echo KinePostgres ;; sqlite) echo KineSqlite ;; etcd) echo Etcd ;; *) echo "$1" ;; esac; }
 
 # The plotting venv (matplotlib, pinned in hack/versions.env), made on first use.
 plot_python() {
