@@ -165,8 +165,18 @@ spec:
 EOF
     sleep 1
   done
-  [ -n "$caddy_admin" ] && start_caddy "$caddy_admin"
-  "$ks" rollout status bench --timeout 600 >/dev/null
+  if [ -n "$caddy_admin" ]; then
+    start_caddy "$caddy_admin"
+    # Until the controller's next look finds caddy, the shard still says it waits for it, which
+    # ends `rollout status` at once.
+    local deadline=$(($(date +%s) + 600))
+    until "$ks" rollout status bench --timeout 600 >/dev/null 2>&1; do
+      [ "$(date +%s)" -lt "$deadline" ] || { echo "$bench: not Ready through caddy in 600 s; see $state/serve.log" >&2; exit 1; }
+      sleep 2
+    done
+  else
+    "$ks" rollout status bench --timeout 600 >/dev/null
+  fi
   echo "$store, slots $slots: first start to Ready: $(python3 -c "print(f'{$(now)-$began:.1f}')") s" >&2
 }
 
