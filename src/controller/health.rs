@@ -224,9 +224,10 @@ where
 {
     let stopping = check.stopping.subscribe();
     loop {
-        if !alive(target) {
+        // One read of /proc/<pid>/stat a look: whether the process still runs, and whether it is stopped.
+        let Some(stat) = running_stat(target) else {
             return;
-        }
+        };
         let started = tokio::time::Instant::now();
         if *stopping.borrow() && !check.seen.borrow().listening {
             // Sent SIGTERM and no longer listening: nothing to ask; only its exit is awaited.
@@ -236,7 +237,7 @@ where
         // A stopped process fails its look at once: asking it would only wait out the timeout.
         // A look of a slot asks twice in a row (`/readyz`, then kcp's own API), each bounded by
         // LOOK_TIMEOUT; this bounds the whole.
-        let outcome = if stopped(target) {
+        let outcome = if stat.is_stopped() {
             Err(Failure {
                 stopped: true,
                 ..Failure::slow(format!(
@@ -313,17 +314,24 @@ pub fn record(health: &mut Health, outcome: LookResult, now: DateTime<Utc>) {
     }
 }
 
-fn alive(target: &Target) -> bool {
-    crate::process::procfs::stat(target.pid).is_some_and(|s| s.start_time == target.start_time && !s.is_dead())
-}
-
-fn stopped(target: &Target) -> bool {
-    crate::process::procfs::stat(target.pid).is_some_and(|s| s.start_time == target.start_time && s.is_stopped())
+/// The target's process state, while it is the same process (not a reused pid) and not dead.
+fn running_stat(target: &Target) -> Option<crate::process::procfs::Stat> {
+    crate::process::procfs::stat(target.pid).filter(|s| s.start_time == target.start_time && !s.is_dead())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Slot a of shard dev, as the running process `pid`.
+    fn slot_a(pid: u32) -> Target {
+        Target {
+            shard: "dev".into(),
+            name: "slot-a".into(),
+            pid,
+            start_time: crate::process::procfs::stat(pid).unwrap().start_time,
+        }
+    }
 
     #[test]
     fn a_slot_counts_failures_only_once_it_served_and_an_answer_clears_them() {
@@ -361,12 +369,7 @@ mod tests {
         let checks = HealthChecks::new(Arc::new(wakes));
         let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
         let pid = child.id();
-        let target = Target {
-            shard: "dev".into(),
-            name: "slot-a".into(),
-            pid,
-            start_time: crate::process::procfs::stat(pid).unwrap().start_time,
-        };
+        let target = slot_a(pid);
         let shard = ObjectRef::new("dev");
         // Would answer at once: only the process's state can fail these looks.
         let look = || async { Ok(()) };
@@ -405,13 +408,7 @@ mod tests {
         let (wakes, mut woken) = ExitNotices::new();
         let checks = HealthChecks::new(Arc::new(wakes));
         let answers = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let me = crate::process::procfs::stat(std::process::id()).unwrap();
-        let target = Target {
-            shard: "dev".into(),
-            name: "slot-a".into(),
-            pid: std::process::id(),
-            start_time: me.start_time,
-        };
+        let target = slot_a(std::process::id());
         let shard = ObjectRef::new("dev");
         let look = {
             let answers = answers.clone();
