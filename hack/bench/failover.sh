@@ -10,8 +10,8 @@
 #   - out of the front: the fault to the FrontSwitched event that leaves the slot out (else the
 #     first status in which it no longer serves),
 #   - killed (stop only): the fault to the first status without the stopped process,
-#   - leader (kcp): the fault to the first "Successfully acquired lease" in any other slot's kcp log
-#     (with slots 1: the replacement's),
+#   - leader (kcp): the fault to the first "Successfully acquired lease" in any slot's kcp log, and
+#     that slot (the other one, or the replacement, which may take the faulted slot's name),
 #   - workspace Ready: the fault to a workspace created through the front after it reaching Ready
 #     (a leader runs kcp's controllers, and the front reaches a slot that serves),
 #   - back to N: the fault to N ready, serving slots again, Ready=True,

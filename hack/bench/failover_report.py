@@ -8,8 +8,9 @@ Per fault (times in seconds after the signal):
 - out of the front: the controller's FrontSwitched event that leaves the slot out, else the first
   status (`kubectl get ks -w`) in which it no longer serves;
 - killed (SIGSTOP only): the first status without the stopped process;
-- leader (kcp): the first "Successfully acquired lease" in a kcp log of another slot (with one
-  slot: of the replacement);
+- leader (kcp): the first "Successfully acquired lease" in any slot's kcp log after the signal (the
+  signalled process logs nothing after it, so this is another process: the other slot, or a
+  replacement that took the same slot name), and which slot logged it;
 - workspace Ready: a workspace created through the front after the signal reaching phase Ready;
 - back to N: N ready, serving slots again, one leading, Ready=True.
 """
@@ -43,7 +44,7 @@ def mark(at, label):
 
 f2 = lambda v: f"{v:.2f}" if v is not None else "-"
 head = ("| fault | slot | failed | of them after out of the front | failed by client and kind | out of the front"
-        " | killed | leader (kcp) | workspace Ready | back to N | Warning events |")
+        " | killed | leader (kcp), slot | workspace Ready | back to N | Warning events |")
 print(head)
 print("|" + "---|" * (head.count("|") - 1))
 rows = []
@@ -64,7 +65,7 @@ for k, f in enumerate(faults):
             break
     out = switched or first(lambda ss: not any(s["name"] == f["slot"] and s.get("pid") == f["pid"] and s.get("serving") for s in ss))
     killed = first(lambda ss: not any(s.get("pid") == f["pid"] for s in ss))
-    lease = next((x for x, d in leases if x >= at and (d != f["slot"] or slots == 1)), None)
+    lease, leader = next(((x, d) for x, d in leases if x >= at), (None, None))
     fails = [r for r in timeline if r["outcome"] != "ok" and at <= float(r["at"]) < until]
     late = [r for r in fails if out is not None and float(r["at"]) - float(r["took_ms"]) / 1000 > out]
     kinds = {}
@@ -77,12 +78,12 @@ for k, f in enumerate(faults):
             warnings[e.get("reason")] = warnings.get(e.get("reason"), 0) + 1
     d = lambda x: x - at if x is not None else None
     row = {"fault": f["fault"], "failed": len(fails), "late": len(late), "out": d(out),
-           "killed": d(killed) if f["fault"] == "stop" else None, "lease": d(lease), "ws": d(f["wsReady"]),
+           "killed": d(killed) if f["fault"] == "stop" else None, "lease": d(lease), "leader": leader, "ws": d(f["wsReady"]),
            "back": d(f["back"])}
     rows.append(row)
     print(f"| {f['fault']} {f['i']} | {f['slot']} | {len(fails)} | {len(late)} | "
           + (", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "-")
-          + f" | {f2(row['out'])} | {f2(row['killed'])} | {f2(row['lease'])} | {f2(row['ws'])} | {f2(row['back'])} | "
+          + f" | {f2(row['out'])} | {f2(row['killed'])} | {f2(row['lease'])} {leader or ''} | {f2(row['ws'])} | {f2(row['back'])} | "
           + (", ".join(f"{v} {k}" for k, v in sorted(warnings.items())) or "-") + " |")
     mark(at, {"kill": "SIGKILL", "stop": "SIGSTOP"}[f["fault"]] + " of the leading slot")
     mark(out, "out of the front")
