@@ -122,7 +122,7 @@ t = {k: ts(r.get(k)) for k in ["startedAt", "newSlotStartedAt", "newSlotReadyAt"
                                "oldSlotStoppedListeningAt", "leaseReleasedAt", "probeSucceededAt",
                                "oldSlotExitedAt", "completedAt"]}
 # serve logs each step it plans (kcpshard::controller=debug), then takes it at once: TerminateSlot
-# sends the old slot SIGTERM, ReleaseLease sends the Lease DELETE.
+# sends the old slot SIGTERM, ReleaseLease hands the Lease to a new slot.
 within = lambda x, a, b: x is not None and a is not None and b is not None and a <= x <= b
 found = {}
 ansi = re.compile(r"\x1b\[[0-9;]*m")
@@ -189,7 +189,7 @@ if slots > 1:
           " the latest time of each kind, so the columns from 'slot started' on are the last replacement's, and"
           " the ones before it take the time up to 'slot started'. The controller column (which would count"
           " them) is left out.")
-head = ("| roll | change | spec->start | slot started | ready | switched | SIGTERM old | old stopped listening | lease DELETE"
+head = ("| roll | change | spec->start | slot started | ready | switched | SIGTERM old | old stopped listening | lease handed"
         " | lease released | probe Ready | old exited | done | gap | leaderless | kcp start-up | kcp stop listening"
         " | kcp takeover | controller | of it: settle |")
 print(head)
@@ -207,13 +207,13 @@ for r in rows:
         gap = t["probeSucceededAt"] - t["oldSlotExitedAt"]
         no_leader = t["probeSucceededAt"] - t["oldSlotStoppedListeningAt"]
         delete_sent = t.get("leaseDeleteSent") or t["leaseReleasedAt"]
-        # kcp's takeover starts when the controller sends the Lease DELETE (the DELETE's own time is kcp's).
+        # kcp's takeover starts when the controller sends the Lease's hand-over (the request's own time is kcp's).
         takeover = t["probeSucceededAt"] - delete_sent
         if t.get("sigterm") is not None:
             stop_listening = t["oldSlotStoppedListeningAt"] - t["sigterm"]
             settle = t["sigterm"] - t["frontSwitchedAt"]
             # kcpshard's own time on the roll's path: starting the slot (snapshot, its kine), switching,
-            # the settle wait, sending the DELETE once the old slot stopped listening, and finishing
+            # the settle wait, sending the hand-over once the old slot stopped listening, and finishing
             # after the probe and the old slot's exit (its kine's stop, the roll record).
             controller = ((t["newSlotStartedAt"] - s) + (t["frontSwitchedAt"] - t["newSlotReadyAt"]) + settle
                           + (delete_sent - t["oldSlotStoppedListeningAt"])
@@ -244,8 +244,8 @@ for r in rows:
 from datetime import datetime
 phases = [("startedAt", "start"), ("newSlotStartedAt", "new slot starting"), ("newSlotReadyAt", "ready, switching"),
           ("frontSwitchedAt", "switched, before SIGTERM"), ("sigterm", "old slot got SIGTERM, still listening"),
-          ("oldSlotStoppedListeningAt", "old stopped listening, before lease DELETE"),
-          ("leaseDeleteSent", "lease DELETE in flight"), ("leaseReleasedAt", "lease released, before probe Ready"),
+          ("oldSlotStoppedListeningAt", "old stopped listening, before the Lease hand-over"),
+          ("leaseDeleteSent", "Lease hand-over in flight"), ("leaseReleasedAt", "lease released, before probe Ready"),
           ("probeSucceededAt", "probe Ready, stopping the old slot"), ("completedAt", None)]
 def place(at):
     x = datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
@@ -285,7 +285,7 @@ w = load["watch"]
 print(f"  watches: {w['lists']} lists, {w['watches']} watch requests, {w['relists410']} re-lists after 410, "
       f"streams ended by the server {w['streamsEndedByServer']}, cut {sum(w['streamsCut'].values())} {w['streamsCut']}, events {w['events']}")
 print("\nthe controllers' hand-over, seconds (kcp's logs):")
-print("| roll | old stopped listening -> old stopped leading | lease DELETE sent -> new slot leads | new slot leads -> probe Ready | no leader (old stopped leading -> new leads) | new slot leads -> old exited |")
+print("| roll | old stopped listening -> old stopped leading | Lease hand-over sent -> new slot leads | new slot leads -> probe Ready | no leader (old stopped leading -> new leads) | new slot leads -> old exited |")
 print("|---|---|---|---|---|---|")
 for r in rows:
     t = r["t"]

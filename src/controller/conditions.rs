@@ -523,7 +523,7 @@ fn progress_message(step: &Step, observed: &Observed) -> String {
             name,
             cause: RestartCause::NotReady { timeout_seconds },
         } => format!("starting slot {name} again: it did not get ready within {timeout_seconds}s"),
-        Step::ReleaseLease { .. } => "releasing the kcp-controllers Lease so a serving slot leads".into(),
+        Step::ReleaseLease { .. } => "handing the kcp-controllers Lease to a serving slot so that it leads".into(),
         Step::Probe | Step::Wait(Wait::Probe) => "checking that a workspace reaches Ready".into(),
         Step::ProbeSucceeded => "a probe workspace reached Ready".into(),
         Step::CompleteRoll => "finishing the roll".into(),

@@ -322,11 +322,23 @@ mod tests {
         let f = Fixture::default();
         assert_eq!(f.probe("dev", "a", SLOW, 7).await, None);
         // Another step failing, or Probe failing while its request runs, keeps it.
-        f.requests.step_failed("dev", &Step::ReleaseLease { holder: None });
+        f.requests.step_failed(
+            "dev",
+            &Step::ReleaseLease {
+                holder: None,
+                to: "a".into(),
+            },
+        );
         f.requests.step_failed("dev", &Step::Probe);
         assert_eq!(f.requests.waiting("dev"), Some("Probe"));
         tokio::time::sleep(SLOW).await;
-        f.requests.step_failed("dev", &Step::ReleaseLease { holder: None });
+        f.requests.step_failed(
+            "dev",
+            &Step::ReleaseLease {
+                holder: None,
+                to: "a".into(),
+            },
+        );
         assert_eq!(f.requests.answered("dev"), Some(Step::Probe));
         f.requests.step_failed("dev", &Step::Probe);
         assert_eq!(

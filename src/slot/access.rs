@@ -200,7 +200,7 @@ pub async fn hold_controllers_lease(client: &kube::Client, holder: &str, seconds
     let (leases, name) = CONTROLLERS_LEASE_PATH
         .rsplit_once('/')
         .expect("the Lease's path ends in its name");
-    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    let now = micro_time_now();
     let lease = serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -218,6 +218,50 @@ pub async fn hold_controllers_lease(client: &kube::Client, holder: &str, seconds
         StatusCode::CONFLICT => Ok(false),
         s => Err(unexpected("POST", leases, s, &body)),
     }
+}
+
+/// kcp's LeaseDuration (kcp v0.31 pkg/server/server.go:771-773): how long a Lease it did not
+/// renew keeps the other candidates waiting.
+const KCP_LEASE_SECONDS: u32 = 60;
+
+/// Names the kcp whose election identity is `to` the holder of Lease `kube-system/kcp-controllers`
+/// in `system:admin` (created if there is none), as of now. That kcp's elector, at its next try
+/// (every 2-4.4 s: RetryPeriod 2 s with client-go's jitter 1.2), reads itself as the holder and
+/// renews: it leads. Any other candidate, a slot just starting among them, reads a valid Lease of
+/// someone else and waits; after a plain DELETE the first to try would win, and a starting slot's
+/// first try can come before the serving slot's next one. (client-go as kcp v0.31.2 pins it,
+/// kcp-dev/kubernetes ba4f7d493d5b, tools/leaderelection/leaderelection.go: `acquire` tries every
+/// RetryPeriod with jitter 1.2, :259-274; `tryAcquireOrRenew` creates a missing Lease, :449-463,
+/// waits on one held by another, :471-474, and renews one that names itself, :478-493.)
+/// Ok(true): handed; Ok(false): the Lease changed between the read and the write (a kcp took or
+/// renewed it).
+pub async fn hand_controllers_lease(client: &kube::Client, to: &str) -> Result<bool, SlotError> {
+    let (status, body) = call(client, Method::GET, CONTROLLERS_LEASE_PATH, None).await?;
+    let mut lease: serde_json::Value = match status {
+        StatusCode::OK => serde_json::from_slice(&body)
+            .map_err(|e| SlotError::Client(format!("GET {CONTROLLERS_LEASE_PATH}: not a Lease: {e}")))?,
+        StatusCode::NOT_FOUND => return hold_controllers_lease(client, to, KCP_LEASE_SECONDS).await,
+        s => return Err(unexpected("GET", CONTROLLERS_LEASE_PATH, s, &body)),
+    };
+    let now = micro_time_now();
+    let spec = &mut lease["spec"];
+    let transitions = spec["leaseTransitions"].as_i64().unwrap_or(0) + 1;
+    spec["holderIdentity"] = to.into();
+    spec["acquireTime"] = now.clone().into();
+    spec["renewTime"] = now.into();
+    spec["leaseTransitions"] = transitions.into();
+    // The read's metadata.resourceVersion goes back with it: a change meanwhile is a conflict.
+    let (status, body) = call(client, Method::PUT, CONTROLLERS_LEASE_PATH, Some(&lease)).await?;
+    match status {
+        s if s.is_success() => Ok(true),
+        StatusCode::CONFLICT => Ok(false),
+        s => Err(unexpected("PUT", CONTROLLERS_LEASE_PATH, s, &body)),
+    }
+}
+
+/// Now as a Lease's MicroTime.
+fn micro_time_now() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
 
 /// The controllers' Lease as the election reads it: who holds it and when they last renewed it.

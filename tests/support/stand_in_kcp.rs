@@ -11,6 +11,8 @@
 //! - it runs a leader election over a file in the shard's directory (three levels above its root:
 //!   `shards/<name>/stand-in-lease`, shared by every stand-in of a shard) with kcp's rules: a 60 s
 //!   Lease, never released, and it logs `"(re-)starting leader election" identity="..."` as kcp;
+//!   kcpshard may hand the Lease to another identity (a PUT, or a POST when there is none), and
+//!   that stand-in leads at its next try, as client-go's elector does;
 //! - on SIGTERM it fails `/readyz`, stops listening after `--shutdown-delay-duration`, stops leading
 //!   (its election reaches the Lease through its own listener, as kcp's does) and exits;
 //! - it serves kcp's system CRDs (one, `shards.core.kcp.io`) and empty lists of APIResourceSchemas
@@ -31,7 +33,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Method, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
@@ -40,6 +42,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 const LEASE_SECONDS: u64 = 60;
 const LEASE_PATH: &str =
     "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcp-controllers";
+const LEASES_PATH: &str = "/clusters/system:admin/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
 const WORKSPACES_PATH: &str = "/clusters/root/apis/tenancy.kcp.io/v1alpha1/workspaces";
 const SYSTEM_CRDS: &str = "/clusters/system:system-crds/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
 const CRDS: &str = r#"{"items":[{"metadata":{"name":"shards.core.kcp.io"},"spec":{"versions":[{"name":"v1alpha1","served":true,"storage":true}]},"status":{"storedVersions":["v1alpha1"]}}]}"#;
@@ -89,10 +92,15 @@ impl Lease {
             Some((holder, renewed)) => holder == me || now_secs() > renewed + LEASE_SECONDS,
         };
         if free {
-            let tmp = self.path.with_extension(format!("tmp.{}", std::process::id()));
-            std::fs::write(&tmp, format!("{me} {}", now_secs())).unwrap();
-            std::fs::rename(&tmp, &self.path).unwrap();
+            self.name(me);
         }
+    }
+
+    /// The Lease names `holder`, renewed now (a try that leads, or kcpshard's hand-over).
+    fn name(&self, holder: &str) {
+        let tmp = self.path.with_extension(format!("tmp.{}", std::process::id()));
+        std::fs::write(&tmp, format!("{holder} {}", now_secs())).unwrap();
+        std::fs::rename(&tmp, &self.path).unwrap();
     }
 
     fn leader_alive(&self) -> bool {
@@ -282,7 +290,19 @@ async fn main() {
                                 tokio::time::sleep(Duration::from_millis(20)).await;
                             }
                         }
-                        let answer = match (request.method().clone(), path.as_str()) {
+                        let method = request.method().clone();
+                        let body = request
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        let holder_in_body = || {
+                            serde_json::from_slice::<serde_json::Value>(&body).ok()?["spec"]["holderIdentity"]
+                                .as_str()
+                                .map(str::to_string)
+                        };
+                        let answer = match (method, path.as_str()) {
                             _ if !authorized => reply(StatusCode::UNAUTHORIZED, "{}"),
                             (Method::GET, "/readyz") if ready => reply(StatusCode::OK, "ok"),
                             (Method::GET, "/readyz") => reply(
@@ -298,6 +318,23 @@ async fn main() {
                             (Method::DELETE, LEASE_PATH) => match std::fs::remove_file(&lease.path) {
                                 Ok(()) => reply(StatusCode::OK, "{}"),
                                 Err(_) => reply(StatusCode::NOT_FOUND, "{}"),
+                            },
+                            // kcpshard hands the Lease over: a PUT of the one read, or a create.
+                            (Method::PUT, LEASE_PATH) => match holder_in_body() {
+                                Some(holder) if lease.holder().is_some() => {
+                                    lease.name(&holder);
+                                    reply(StatusCode::OK, "{}")
+                                }
+                                Some(_) => reply(StatusCode::NOT_FOUND, "{}"),
+                                None => reply(StatusCode::BAD_REQUEST, "{}"),
+                            },
+                            (Method::POST, LEASES_PATH) => match holder_in_body() {
+                                Some(_) if lease.holder().is_some() => reply(StatusCode::CONFLICT, "{}"),
+                                Some(holder) => {
+                                    lease.name(&holder);
+                                    reply(StatusCode::CREATED, "{}")
+                                }
+                                None => reply(StatusCode::BAD_REQUEST, "{}"),
                             },
                             (Method::GET, SYSTEM_CRDS) => reply(StatusCode::OK, CRDS),
                             (Method::GET, p) if p.starts_with("/clusters/*/apis/apis.kcp.io/") => {

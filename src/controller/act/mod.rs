@@ -97,7 +97,7 @@ impl Actor<'_> {
             Step::RemoveSlot { name, crashed } => self.remove_slot(name, *crashed).await,
             Step::RestartSlot { name, cause } => self.restart_slot(name, cause).await,
             Step::AbortRoll { name, cause } => self.abort_roll(name, cause),
-            Step::ReleaseLease { holder } => self.release_lease(holder.as_deref()).await,
+            Step::ReleaseLease { holder, to } => self.release_lease(holder.as_deref(), to).await,
             Step::Probe => self.probe().await,
             Step::ProbeSucceeded => self.probe_succeeded().await,
             Step::CompleteRoll => self.complete_roll(),

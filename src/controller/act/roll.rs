@@ -12,11 +12,32 @@ use crate::controller::plan::{GoneSlot, ProbeRecord};
 use crate::controller::state::CompletedRoll;
 use crate::slot;
 
+/// What ReleaseLease did to the controllers' Lease.
+enum Released {
+    Handed,
+    TakenMeanwhile,
+    Deleted,
+    NoLease,
+}
+
 impl Actor<'_> {
-    pub(super) async fn release_lease(&self, holder: Option<&str>) -> Result<Notes, Error> {
-        let (through, client) = self.world.serving_client(self.ctx, Identity::ShardAdmin).await?;
-        let release = async move { Ok(slot::access::release_controllers_lease(&client).await?) };
-        let Some(deleted) = self.ask(&through, release).await? else {
+    pub(super) async fn release_lease(&self, holder: Option<&str>, to: &str) -> Result<Notes, Error> {
+        let client = self.world.slot_client(self.ctx, to, Identity::ShardAdmin).await?;
+        let successor = match self.world.slot(to).and_then(|s| s.process.as_ref()) {
+            Some(process) => self.ctx.identity(process).await,
+            None => None,
+        };
+        let release = async move {
+            Ok(match &successor {
+                Some(identity) if slot::access::hand_controllers_lease(&client, identity).await? => Released::Handed,
+                Some(_) => Released::TakenMeanwhile,
+                // Every slot that answered /readyz has logged its identity (controller/lease.rs):
+                // should one not have, the first candidate to try after the DELETE leads.
+                None if slot::access::release_controllers_lease(&client).await? => Released::Deleted,
+                None => Released::NoLease,
+            })
+        };
+        let Some(released) = self.ask(to, release).await? else {
             return Ok(vec![]);
         };
         // The holder stopped listening (or exited): from then on no slot could lead until now.
@@ -37,12 +58,18 @@ impl Actor<'_> {
             ),
             None => "held by a kcp that no longer runs".to_string(),
         };
-        let message = if deleted {
-            format!(
-                "deleted Lease kube-system/kcp-controllers ({whose}, through slot {through}) so a serving slot leads at once"
-            )
-        } else {
-            "no kcp-controllers Lease to release".to_string()
+        let lease = "Lease kube-system/kcp-controllers";
+        let message = match released {
+            Released::Handed => format!(
+                "handed {lease} ({whose}) to slot {to}, which serves: it leads at its next election retry (2-4.4 s), before any slot that starts meanwhile"
+            ),
+            Released::TakenMeanwhile => {
+                format!("{lease} ({whose}) changed while it was handed to slot {to}: a kcp took it")
+            }
+            Released::Deleted => format!(
+                "deleted {lease} ({whose}) through slot {to}, whose identity is not known, so that a serving slot leads at once"
+            ),
+            Released::NoLease => format!("no {lease} to release"),
         };
         Ok(vec![Note::normal("LeaseReleased", message)])
     }

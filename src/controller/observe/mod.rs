@@ -84,18 +84,22 @@ impl World {
                     .find(|s| s.running && s.listening && s.health.ready)
             })
             .ok_or(Error::NoServingSlot)?;
-        let recorded = self.slot(&slot.name).expect("observed slots have records");
+        Ok((slot.name.clone(), self.slot_client(ctx, &slot.name, identity).await?))
+    }
+
+    /// A client of slot `name` (a recorded one) on its own port.
+    pub async fn slot_client(&self, ctx: &Context, name: &str, identity: Identity) -> Result<kube::Client, Error> {
+        let recorded = self.slot(name).expect("observed slots have records");
         // The shard admin is in the slot's own kubeconfig; kcpshard's admin identity, which every
         // slot accepts, in the shard's kubeconfig through the front.
         let kubeconfig = match identity {
             Identity::ShardAdmin => recorded.dirs.admin_kubeconfig(),
             Identity::Admin => self.front_kubeconfig.clone(),
         };
-        let client = ctx
+        Ok(ctx
             .slot_clients
             .get(&kubeconfig, recorded.record.port, identity)
-            .await?;
-        Ok((slot.name.clone(), client))
+            .await?)
     }
 }
 
@@ -665,9 +669,17 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
         .as_ref()
         .filter(|r| r.probe_succeeded_at.is_none())
         .and_then(|r| r.probe.clone());
-    // A non-root shard's probe is the Lease: held by a running slot once no old slot may lead.
+    // A non-root shard's probe is the Lease: held by a running slot once no old slot may lead, and
+    // renewed by it since ReleaseLease handed it over (until then it names a slot not yet leading).
     if probe.as_ref().is_some_and(|p| p.workspace.is_empty()) {
-        world.observed.probe_ready = matches!(&world.observed.lease, LeaseHolder::Slot(name)
+        let released_at = world.state.roll.as_ref().and_then(|r| r.lease_released_at);
+        let renewed_since_handed = match (world.observed.lease_renewed_at, released_at) {
+            (Some(renewed), Some(released)) => renewed > released,
+            (_, None) => true,
+            (None, Some(_)) => false,
+        };
+        world.observed.probe_ready = renewed_since_handed
+            && matches!(&world.observed.lease, LeaseHolder::Slot(name)
             if world.observed.slots.iter().any(|s| &s.name == name && s.running && s.listening));
         return;
     }

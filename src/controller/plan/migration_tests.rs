@@ -302,7 +302,13 @@ fn after_the_switch_the_new_slot_takes_new_connections_the_old_store_stops_and_t
     o.lease = LeaseHolder::Gone;
     assert_eq!(plan(&d, &o), set_front(&["b"], &["b"], &[]));
     o.front = FrontObservation::serving(&["b"]);
-    assert_eq!(plan(&d, &o), Step::ReleaseLease { holder: None });
+    assert_eq!(
+        plan(&d, &o),
+        Step::ReleaseLease {
+            holder: None,
+            to: "b".into()
+        }
+    );
     o.lease = LeaseHolder::Slot("b".into());
     assert_eq!(plan(&d, &o), Step::StopOldStore);
     o.migration.as_mut().unwrap().old_store_running = false;

@@ -296,9 +296,12 @@ fn leads(observed: &Observed, slot: &str) -> bool {
 /// it was ready stops the roll; otherwise its own store stops and its records go.
 fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
     let gone = observed.slots.iter().find(|s| !s.running)?;
-    if leads(observed, &gone.name) && lease_carrier(observed).is_some() {
+    if leads(observed, &gone.name)
+        && let Some(successor) = successor(observed)
+    {
         return Some(Step::ReleaseLease {
             holder: Some(gone.name.clone()),
+            to: successor.name.clone(),
         });
     }
     if gone.stop.is_none() && !gone.health.ever_ready && gone.template == desired.template && observed.roll.is_some() {
@@ -391,15 +394,23 @@ fn hung_leader(observed: &Observed, name: &str) -> bool {
         && observed
             .lease_renewed_at
             .is_some_and(|at| elapsed(observed.now, at) > LEADER_RENEW_DEADLINE)
-        && observed
-            .slots
-            .iter()
-            .any(|s| s.name != name && answers_on_this_store(s))
+        && another_answers(observed, name)
 }
 
-/// A slot the Lease's DELETE can go through: it listens and answers.
-fn lease_carrier(observed: &Observed) -> Option<&SlotObservation> {
-    observed.slots.iter().find(|s| answers_on_this_store(s))
+/// A slot other than `name` answers on the shard's store: it can lead in its place.
+fn another_answers(observed: &Observed, name: &str) -> bool {
+    observed
+        .slots
+        .iter()
+        .any(|s| s.name != name && answers_on_this_store(s))
+}
+
+/// The slot a released Lease is handed to (through itself): one that answers on the shard's store,
+/// the front's first.
+fn successor(observed: &Observed) -> Option<&SlotObservation> {
+    let answering = |name: &String| observed.slot(name).filter(|s| answers_on_this_store(s));
+    let first_in_front = observed.front.backends().iter().find_map(answering);
+    first_in_front.or_else(|| observed.slots.iter().find(|s| answers_on_this_store(s)))
 }
 
 /// A slot that runs, listens and is ready, on the shard's store: one that can read or write the
@@ -411,15 +422,16 @@ fn answers_on_this_store(slot: &SlotObservation) -> bool {
 /// The Lease held by a slot that can no longer renew it (stopped listening), or by a process that
 /// is gone.
 fn lease_release(observed: &Observed) -> Option<Step> {
-    lease_carrier(observed)?;
+    let to = successor(observed)?.name.clone();
     match &observed.lease {
         LeaseHolder::Slot(name) => {
             let holder = observed.slot(name)?;
             (holder.stopping() && !holder.listening).then(|| Step::ReleaseLease {
                 holder: Some(name.clone()),
+                to,
             })
         }
-        LeaseHolder::Gone => Some(Step::ReleaseLease { holder: None }),
+        LeaseHolder::Gone => Some(Step::ReleaseLease { holder: None, to }),
         _ => None,
     }
 }

@@ -617,15 +617,20 @@ impl Model {
                 // Its own kine is stopped with it (StopSlotStore).
                 self.slot_kines.remove(name);
             }
-            Step::ReleaseLease { .. } => {
+            Step::ReleaseLease { to, .. } => {
                 let holder = self.lease.as_ref().and_then(|h| o.slot(h));
                 if let Some(h) = holder {
                     prop_assert!(
                         !h.running || (h.stopping() && !h.listening),
-                        "deleted the Lease of {h:?}"
+                        "took the Lease from {h:?}"
                     );
                 }
-                self.lease = None;
+                let successor = o.slot(to).expect("handed to a recorded slot");
+                prop_assert!(
+                    successor.running && successor.listening && successor.health.ready,
+                    "handed the Lease to {successor:?}, which does not serve"
+                );
+                self.lease = Some(to.clone());
             }
             Step::Probe => {
                 self.observed.roll.as_mut().expect("a roll").probe = Some(ProbeRecord {

@@ -268,10 +268,12 @@ pub enum Step {
         name: String,
         cause: BlockCause,
     },
-    /// Delete the controllers' Lease, whose holder is gone or can no longer renew it (it stopped
-    /// listening), so a serving slot leads within kcp's retry period instead of after 60 s.
+    /// Hand the controllers' Lease, whose holder is gone or can no longer renew it (it stopped
+    /// listening), to serving slot `to`, so that it leads at its next election retry instead of
+    /// after 60 s, and no slot that starts meanwhile leads first.
     ReleaseLease {
         holder: Option<String>,
+        to: String,
     },
     /// Create the probe workspace.
     Probe,

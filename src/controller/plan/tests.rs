@@ -282,8 +282,12 @@ fn a_step_whose_request_is_unanswered_waits_for_it_while_a_slot_that_dies_is_act
     // An answered request is taken up first, even when its own effect means the plan would not
     // choose its step again (ReleaseLease deleted the Lease; its record is still to be written).
     let mut released = o.clone();
-    released.answered = Some(Step::ReleaseLease { holder: None });
-    assert_eq!(plan(&d, &released), Step::ReleaseLease { holder: None });
+    let release = Step::ReleaseLease {
+        holder: None,
+        to: "a".into(),
+    };
+    released.answered = Some(release.clone());
+    assert_eq!(plan(&d, &released), release);
     // A request of another step does not hold this one back.
     o.answer_awaited = Some("ReleaseLease");
     assert_eq!(plan(&d, &o), Step::Probe);
@@ -354,7 +358,8 @@ fn a_version_change_with_one_slot_walks_the_whole_roll() {
     assert_eq!(
         plan(&d, &o),
         Step::ReleaseLease {
-            holder: Some("a".into())
+            holder: Some("a".into()),
+            to: "b".into()
         }
     );
     o.lease = LeaseHolder::Free;
@@ -553,10 +558,11 @@ fn a_leader_that_dies_leaves_the_front_at_once_its_lease_goes_then_a_replacement
     assert_eq!(
         plan(&d, &o),
         Step::ReleaseLease {
-            holder: Some("a".into())
+            holder: Some("a".into()),
+            to: "b".into()
         }
     );
-    o.lease = LeaseHolder::Free;
+    o.lease = LeaseHolder::Slot("b".into());
     assert_eq!(
         plan(&d, &o),
         Step::RemoveSlot {
@@ -636,6 +642,31 @@ fn a_hung_leader_is_killed_once_it_missed_kcps_renew_deadline_while_another_slot
 }
 
 #[test]
+fn a_dead_leader_s_lease_is_handed_to_a_slot_the_front_serves_never_to_one_that_starts() {
+    let mut d = desired("v1");
+    d.slots = 2;
+    // a led and died; c, its replacement, runs and listens but is not ready yet; b serves.
+    let mut o = observed(
+        &["b"],
+        vec![slot("a", "v1", true), slot("c", "v1", false), slot("b", "v1", true)],
+    );
+    o.slots[0].running = false;
+    o.slots[0].listening = false;
+    o.slots[1].listening = true;
+    o.lease = LeaseHolder::Slot("a".into());
+    let handed_to = |d: &Desired, o: &Observed| match plan(d, o) {
+        Step::ReleaseLease { to, .. } => to,
+        other => panic!("planned {other:?}"),
+    };
+    assert_eq!(handed_to(&d, &o), "b");
+    // Two serve: the front's first, whatever the order of the records.
+    d.slots = 3;
+    o.slots[1] = slot("c", "v1", true);
+    o.front = FrontObservation::serving(&["b", "c"]);
+    assert_eq!(handed_to(&d, &o), "b");
+}
+
+#[test]
 fn a_lease_is_never_deleted_while_its_holder_listens_nor_when_it_may_be_a_slot_not_yet_known() {
     let d = desired("v1");
     let mut o = observed(&["a"], vec![slot("a", "v1", true)]);
@@ -644,7 +675,13 @@ fn a_lease_is_never_deleted_while_its_holder_listens_nor_when_it_may_be_a_slot_n
     o.lease = LeaseHolder::Unmatched;
     assert_eq!(plan(&d, &o), Step::Idle);
     o.lease = LeaseHolder::Gone;
-    assert_eq!(plan(&d, &o), Step::ReleaseLease { holder: None });
+    assert_eq!(
+        plan(&d, &o),
+        Step::ReleaseLease {
+            holder: None,
+            to: "a".into()
+        }
+    );
 }
 
 #[test]
