@@ -381,7 +381,7 @@ fn progress_reason(step: &Step) -> &'static str {
             what: Stopping::SlotStore { .. },
         }
         | Step::RemoveSlot { .. } => "SlotStopping",
-        Step::KillSlot { .. } => "SlotKilling",
+        Step::KillSlot { .. } | Step::Wait(Wait::RenewDeadline { .. }) => "SlotKilling",
         Step::RestartSlot { .. } => "SlotRestarting",
         Step::ReleaseLease { .. } => "ReleasingLease",
         Step::Probe | Step::ProbeSucceeded | Step::Wait(Wait::Probe) => "Probing",
@@ -490,6 +490,10 @@ fn progress_message(step: &Step, observed: &Observed) -> String {
         }
         Step::TerminateSlot { name } => format!("stopping slot {name}"),
         Step::Wait(Wait::Exit { slot }) => format!("slot {slot} drains its connections and exits"),
+        Step::Wait(Wait::RenewDeadline { slot, remaining }) => format!(
+            "slot {slot} leads kcp's controllers but cannot run them (stopped, or answering nothing): killing it in {:.1}s, when it has missed kcp's renew deadline for their Lease",
+            remaining.as_secs_f64()
+        ),
         Step::CloseConnections { name } => format!("closing the front's connections to slot {name}"),
         Step::StopSlotStore { name } => format!("stopping the kine of slot {name}"),
         Step::RemoveSlot { name, .. } => format!("slot {name} exited; dropping its records"),

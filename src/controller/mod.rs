@@ -429,7 +429,9 @@ async fn step(shard: &KcpShard, ctx: &Context) -> Result<(Action, bool), Error> 
         // A due check of a caddy front's change is looked at again soon.
         (Step::Idle | Step::Blocked { .. }, _) if world.observed.front_check.is_some() => WHILE_PROBING,
         (Step::Idle | Step::Blocked { .. }, _) => WHEN_IDLE,
-        (Step::Wait(Wait::Settle { remaining, .. }), _) => *remaining,
+        (Step::Wait(Wait::Settle { remaining, .. } | Wait::RenewDeadline { remaining, .. }), _) => {
+            (*remaining).max(NEXT_STEP)
+        }
         (Step::Wait(Wait::Probe | Wait::Preflight | Wait::Answer(_)), _) => WHILE_PROBING,
         (Step::Wait(Wait::Store | Wait::Front | Wait::FrontUpgrade), _) => WHILE_STARTING,
         (Step::Wait(_), _) => WHILE_WAITING,

@@ -253,7 +253,7 @@ fn next_step(desired: &Desired, observed: &Observed) -> Step {
         {
             Step::CompleteRestore
         }
-        None => Step::Idle,
+        None => renew_deadline(observed).map_or(Step::Idle, Step::Wait),
     }
 }
 
@@ -385,6 +385,25 @@ fn cannot_lead(health: &Health, now: chrono::DateTime<chrono::Utc>) -> bool {
             || health
                 .last_alive_at
                 .is_some_and(|at| elapsed(now, at) > LEADER_RENEW_DEADLINE))
+}
+
+/// A leader that cannot lead while another slot serves, whose renew deadline is still to come:
+/// waited for to the moment ([`kills`] kills it then), not at the idle pace of a look every 2 s.
+fn renew_deadline(observed: &Observed) -> Option<Wait> {
+    let LeaseHolder::Slot(name) = &observed.lease else {
+        return None;
+    };
+    let leader = observed.slot(name)?;
+    let renewed_at = observed.lease_renewed_at?;
+    let waits = leader.running
+        && leader.stop.is_none()
+        && leader.health.ever_ready
+        && cannot_lead(&leader.health, observed.now)
+        && another_answers(observed, name);
+    waits.then(|| Wait::RenewDeadline {
+        slot: name.clone(),
+        remaining: LEADER_RENEW_DEADLINE.saturating_sub(elapsed(observed.now, renewed_at)),
+    })
 }
 
 /// `name` holds the controllers' Lease and has not renewed it within [`LEADER_RENEW_DEADLINE`],

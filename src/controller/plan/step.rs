@@ -63,6 +63,9 @@ pub enum Wait {
     Settle { slot: String, remaining: Duration },
     /// A slot sent SIGTERM: it stops listening, drains and exits.
     Exit { slot: String },
+    /// A leader that cannot lead (stopped, or silent) to miss kcp's renew deadline for the
+    /// controllers' Lease, when it is killed.
+    RenewDeadline { slot: String, remaining: Duration },
     /// The probe workspace to reach Ready.
     Probe,
     /// The preflight's kcp to answer `/readyz`, or its probe workspace to reach Ready.

@@ -584,11 +584,14 @@ fn a_hung_leader_is_killed_once_it_missed_kcps_renew_deadline_while_another_slot
     o.slots[0].health.ready = false;
     o.slots[0].health.failures = 1;
     o.slots[0].health.stopped = true;
-    o.now = at(11);
+    o.now = at_ms(9_500);
     assert_eq!(
         plan(&d, &o),
-        Step::Idle,
-        "renewed 5 s ago: slow, maybe, and still leading"
+        Step::Wait(Wait::RenewDeadline {
+            slot: "a".into(),
+            remaining: Duration::from_millis(1_500)
+        }),
+        "stopped, renewed 3.5 s ago: looked at again at the deadline, not at the idle pace"
     );
     o.now = at(12);
     let killed = Step::KillSlot {
