@@ -19,7 +19,7 @@
 //!      Ready=False and Degraded=True SlotUnresponsive within 3 s; serving again within
 //!      livenessTimeout plus one kcp start-up. Before that, SIGSTOP of the leading slot: killed
 //!      before livenessTimeout (it missed kcp's renew deadline: SlotKilled), a workspace created
-//!      after the signal Ready within 22 s, the standby leads, no poll on a new connection sent
+//!      after the signal Ready within 23 s, the standby leads, no poll on a new connection sent
 //!      after the signal fails;
 //!   4. SIGSTOP of the kine, then of the front: each replaced, and `/readyz` through the front
 //!      answers within 5 s (StoreUnresponsive, FrontUnresponsive).
@@ -44,9 +44,9 @@ use serde_json::{Value, json};
 /// workspace was Ready 7.8 s after it on a quiet 2-core machine, and 12.2 s after it with another
 /// real-kcp test running beside it (CI, 2026-12-05).
 const WARM_LEADER_READY: Duration = Duration::from_secs(16);
-/// A workspace created after the leader's SIGSTOP is Ready within this: kcp's renew deadline (5 s)
-/// and the look at it, then as after a kill.
-const HUNG_LEADER_READY: Duration = Duration::from_secs(6 + 16);
+/// A workspace created after the leader's SIGSTOP is Ready within this: kcp's renew deadline, 5 s
+/// after its last renewal, and the kill, then as after a kill.
+const HUNG_LEADER_READY: Duration = WARM_LEADER_READY.saturating_add(Duration::from_secs(7));
 const READY_TIMEOUT: Duration = Duration::from_secs(240);
 const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
 /// spec.rollout.livenessTimeout of both shards.
