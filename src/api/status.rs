@@ -187,7 +187,8 @@ pub struct RollStatus {
     /// When the old slot's process exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub old_slot_exited_at: Option<MicroTime>,
-    /// When the kcp-controllers Lease was deleted, so the new slot could take leadership.
+    /// When the kcp-controllers Lease was handed to a serving slot (taken from a holder that is
+    /// gone or stopped listening), so that it leads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_released_at: Option<MicroTime>,
     /// When a probe workspace reached phase Ready (a leader runs controllers).
