@@ -325,7 +325,7 @@ async fn two_slots_on_kine_sqlite_survive_a_roll_a_crash_and_hangs() {
     let (new_leader, new_leader_pid) = new_leader;
     // The dead leader's Lease is handed to the standby, which leads at its next election try
     // (every 2-4.4 s); the replacement kcpshard starts meanwhile finds it held and follows. Had it
-    // led first (its first try comes about 3 s after its start), the controllers would have waited
+    // led first (its first try comes 1.3-3 s after its start), the controllers would have waited
     // for its start-up.
     assert!(
         standbys.contains(&new_leader_pid),

@@ -673,11 +673,12 @@ async fn observe_lease_and_probe(ctx: &Context, world: &mut World) {
     // renewed by it since ReleaseLease handed it over (until then it names a slot not yet leading).
     if probe.as_ref().is_some_and(|p| p.workspace.is_empty()) {
         let released_at = world.state.roll.as_ref().and_then(|r| r.lease_released_at);
-        let renewed_since_handed = match (world.observed.lease_renewed_at, released_at) {
-            (Some(renewed), Some(released)) => renewed > released,
-            (_, None) => true,
-            (None, Some(_)) => false,
-        };
+        let renewed_since_handed = released_at.is_none_or(|released| {
+            world
+                .observed
+                .lease_renewed_at
+                .is_some_and(|renewed| renewed > released)
+        });
         world.observed.probe_ready = renewed_since_handed
             && matches!(&world.observed.lease, LeaseHolder::Slot(name)
             if world.observed.slots.iter().any(|s| &s.name == name && s.running && s.listening));
