@@ -403,3 +403,136 @@ pub async fn delete_stale_probes(client: &kube::Client) -> Result<usize, SlotErr
     }
     Ok(deleted)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The Lease as kcp's apiserver keeps it: a write must carry the resourceVersion it read.
+    #[derive(Default)]
+    struct LeaseStore {
+        lease: Option<serde_json::Value>,
+        version: u64,
+        /// A kcp that renews right after each GET, as a leader that is still alive would.
+        renewing: Option<&'static str>,
+        /// Every request answers 500 (an apiserver whose store is away).
+        failing: bool,
+    }
+
+    impl LeaseStore {
+        fn held_by(holder: &str, transitions: i64) -> Self {
+            let mut store = LeaseStore::default();
+            store.store(serde_json::json!({
+                "metadata": { "name": "kcp-controllers", "namespace": "kube-system" },
+                "spec": { "holderIdentity": holder, "leaseDurationSeconds": 60, "leaseTransitions": transitions },
+            }));
+            store
+        }
+
+        fn store(&mut self, mut lease: serde_json::Value) {
+            self.version += 1;
+            lease["metadata"]["resourceVersion"] = self.version.to_string().into();
+            self.lease = Some(lease);
+        }
+
+        fn spec(&self) -> &serde_json::Value {
+            &self.lease.as_ref().expect("a Lease")["spec"]
+        }
+
+        fn answer(&mut self, method: &Method, path: &str, body: &[u8]) -> (StatusCode, Vec<u8>) {
+            let (leases, _) = CONTROLLERS_LEASE_PATH.rsplit_once('/').unwrap();
+            let status = match (method, path) {
+                _ if self.failing => StatusCode::INTERNAL_SERVER_ERROR,
+                (&Method::GET, CONTROLLERS_LEASE_PATH) => {
+                    let Some(lease) = self.lease.clone() else {
+                        return (StatusCode::NOT_FOUND, Vec::new());
+                    };
+                    if let Some(holder) = self.renewing {
+                        let mut renewed = lease.clone();
+                        renewed["spec"]["holderIdentity"] = holder.into();
+                        self.store(renewed);
+                    }
+                    return (StatusCode::OK, serde_json::to_vec(&lease).unwrap());
+                }
+                (&Method::PUT, CONTROLLERS_LEASE_PATH) => {
+                    let lease: serde_json::Value = serde_json::from_slice(body).unwrap();
+                    if lease["metadata"]["resourceVersion"] != self.version.to_string().as_str() {
+                        StatusCode::CONFLICT
+                    } else {
+                        self.store(lease);
+                        StatusCode::OK
+                    }
+                }
+                (&Method::POST, p) if p == leases && self.lease.is_some() => StatusCode::CONFLICT,
+                (&Method::POST, p) if p == leases => {
+                    self.store(serde_json::from_slice(body).unwrap());
+                    StatusCode::CREATED
+                }
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            (status, Vec::new())
+        }
+    }
+
+    fn client(store: &Arc<Mutex<LeaseStore>>) -> kube::Client {
+        let store = store.clone();
+        let service = tower::service_fn(move |request: Request<kube::client::Body>| {
+            let store = store.clone();
+            async move {
+                let (parts, body) = request.into_parts();
+                let body = body.collect().await?.to_bytes();
+                let (status, answer) = store.lock().unwrap().answer(&parts.method, parts.uri.path(), &body);
+                let response = http::Response::builder()
+                    .status(status)
+                    .body(kube::client::Body::from(answer))
+                    .unwrap();
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(response)
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn a_held_lease_is_handed_to_the_successor_as_a_new_term() {
+        let store = Arc::new(Mutex::new(LeaseStore::held_by("slot-a", 2)));
+        assert!(hand_controllers_lease(&client(&store), "slot-b").await.unwrap());
+        let store = store.lock().unwrap();
+        let spec = store.spec();
+        assert_eq!(spec["holderIdentity"], "slot-b");
+        assert_eq!(spec["leaseTransitions"], 3);
+        assert_eq!(spec["leaseDurationSeconds"], 60, "the rest of the Lease is kept");
+        assert_eq!(spec["acquireTime"], spec["renewTime"]);
+    }
+
+    #[tokio::test]
+    async fn a_missing_lease_is_created_for_the_successor() {
+        let store = Arc::new(Mutex::new(LeaseStore::default()));
+        assert!(hand_controllers_lease(&client(&store), "slot-b").await.unwrap());
+        let store = store.lock().unwrap();
+        assert_eq!(store.spec()["holderIdentity"], "slot-b");
+        assert_eq!(store.spec()["leaseDurationSeconds"], KCP_LEASE_SECONDS);
+    }
+
+    #[tokio::test]
+    async fn a_lease_renewed_between_the_read_and_the_write_stays_with_its_renewer() {
+        let mut lease = LeaseStore::held_by("slot-a", 2);
+        lease.renewing = Some("slot-a");
+        let store = Arc::new(Mutex::new(lease));
+        assert!(!hand_controllers_lease(&client(&store), "slot-b").await.unwrap());
+        assert_eq!(store.lock().unwrap().spec()["holderIdentity"], "slot-a");
+    }
+
+    #[tokio::test]
+    async fn an_apiserver_error_is_an_error_naming_the_request() {
+        let store = Arc::new(Mutex::new(LeaseStore::held_by("slot-a", 2)));
+        store.lock().unwrap().failing = true;
+        let err = hand_controllers_lease(&client(&store), "slot-b").await.unwrap_err();
+        assert!(
+            matches!(&err, SlotError::Unexpected { method, status: 500, .. } if method == "GET"),
+            "{err}"
+        );
+        assert_eq!(store.lock().unwrap().spec()["holderIdentity"], "slot-a");
+    }
+}
