@@ -565,10 +565,11 @@ pub struct RolloutSpec {
     /// How long the old slot may take to exit after SIGTERM before it is killed, e.g. "30s". At most 1h.
     #[schemars(pattern(DURATION_PATTERN))]
     pub drain_timeout: String,
-    /// How long a slot that served may go without answering /readyz on its own port before it is
-    /// killed and replaced, e.g. "10s". It leaves the front while another slot serves after 2 looks
-    /// that fail (a second each), or after 1 once the front saw it leave a new connection
-    /// unanswered; this bounds how long a hung kcp stays. At most 1h.
+    /// How long a slot that served may go without answering anything on its own port (not even
+    /// kcp's store-free /livez/ping) and without working (using CPU) before it is killed and
+    /// replaced, e.g. "10s". It leaves the front while another slot serves after 2 looks that fail
+    /// (a second each), or after 1 once the front saw it leave a new connection unanswered; this
+    /// bounds how long a stopped or wedged kcp stays. A busy one is not killed. At most 1h.
     #[schemars(pattern(DURATION_PATTERN))]
     pub liveness_timeout: String,
     /// Snapshot the store before a roll that changes spec.version, while it serves: a pg_dump of

@@ -58,7 +58,7 @@ pub fn verdicts(desired: &Desired, observed: &Observed, step: &Step, failure: Op
     let hung_message = || {
         let s = unresponsive[0];
         format!(
-            "slot {} is the only slot behind the front and fails /readyz on its own port ({}); the front keeps forwarding to it, and it is killed and replaced once it has answered nothing at all (not even /livez/ping) for spec.rollout.livenessTimeout",
+            "slot {} is the only slot behind the front and fails /readyz on its own port ({}); the front keeps forwarding to it, and it is killed and replaced once it has answered nothing at all (not even /livez/ping) and done next to no work (CPU) for spec.rollout.livenessTimeout",
             s.name,
             s.health.problem.as_deref().unwrap_or("no answer")
         )

@@ -36,6 +36,11 @@ pub const STARTING_INTERVAL: Duration = Duration::from_millis(200);
 pub const LISTEN_POLL: Duration = Duration::from_millis(10);
 /// How long observe waits for the first look at a process it has just found.
 const FIRST_LOOK: Duration = Duration::from_millis(1_500);
+/// A process that used at least this share of one core between two looks is working: a failed
+/// look of it counts as alive, not hung. A kcp catching up on 1,000 workspaces while another starts
+/// beside it on two cores answered nothing, not even its store-free ping within [`LOOK_TIMEOUT`],
+/// for 10 s and more while it used 70-95% of a core; a stopped or deadlocked one uses next to none.
+pub const WORKING_SHARE: f64 = 0.1;
 
 /// What a look found: Ok, or what failed.
 pub type LookResult = Result<(), Failure>;
@@ -47,8 +52,9 @@ pub struct Failure {
     /// The answer shows the process broken, not slow: a slot whose `/readyz` is ok and whose kcp
     /// answers 404 for its own APIs (`slot::serving`).
     pub broken: bool,
-    /// The process answered something (an HTTP status, or its store-free ping): not ready, but not
-    /// wedged either (a kcp whose store is away).
+    /// The process answered something (an HTTP status, or its store-free ping), or it worked
+    /// meanwhile ([`WORKING_SHARE`]): not ready, but not wedged either (a kcp whose store is away,
+    /// or one too busy to answer).
     pub alive: bool,
     /// The process is stopped (state `T` in `/proc`): it answers nothing until it is continued.
     pub stopped: bool,
@@ -223,12 +229,16 @@ where
     Fut: Future<Output = LookResult>,
 {
     let stopping = check.stopping.subscribe();
+    let mut cpu_before: Option<(Duration, tokio::time::Instant)> = None;
     loop {
-        // One read of /proc/<pid>/stat a look: whether the process still runs, and whether it is stopped.
+        // One read of /proc/<pid>/stat a look: whether the process still runs, whether it is
+        // stopped, and how much CPU it used since the last look.
         let Some(stat) = running_stat(target) else {
             return;
         };
         let started = tokio::time::Instant::now();
+        let share = cpu_before.map(|(cpu, at)| core_share(stat.cpu_time().saturating_sub(cpu), started - at));
+        cpu_before = Some((stat.cpu_time(), started));
         if *stopping.borrow() && !check.seen.borrow().listening {
             // Sent SIGTERM and no longer listening: nothing to ask; only its exit is awaited.
             tokio::time::sleep(SERVING_INTERVAL).await;
@@ -251,6 +261,7 @@ where
                 Err(_) => Err(Failure::slow(format!("no answer within {LOOK_TIMEOUT:?}"))),
             }
         };
+        let outcome = outcome.map_err(|failure| working(failure, share));
         let now = Utc::now();
         let mut changed = false;
         check.seen.send_modify(|seen| {
@@ -292,6 +303,30 @@ async fn watch_listener(check: &Check, port: Option<u16>, wake: &impl Fn()) {
             return std::future::pending().await;
         }
         tokio::time::sleep(LISTEN_POLL).await;
+    }
+}
+
+/// The share of one core that `used` CPU time is over `wall` time (0 over no time).
+fn core_share(used: Duration, wall: Duration) -> f64 {
+    match wall.is_zero() {
+        true => 0.0,
+        false => used.as_secs_f64() / wall.as_secs_f64(),
+    }
+}
+
+/// A failed look of a process that was not stopped and used at least [`WORKING_SHARE`] of a core
+/// since its last look (`share`) is alive: busy, not wedged, whatever it answered.
+fn working(failure: Failure, share: Option<f64>) -> Failure {
+    match share {
+        Some(share) if !failure.stopped && !failure.alive && share >= WORKING_SHARE => Failure {
+            alive: true,
+            message: format!(
+                "{}; its process works meanwhile (uses CPU): busy, not hung",
+                failure.message
+            ),
+            ..failure
+        },
+        _ => failure,
     }
 }
 
@@ -401,6 +436,63 @@ mod tests {
         assert!(seen.health.ready && !seen.health.unresponsive(), "{seen:?}");
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_failed_look_of_a_process_that_works_is_alive_and_of_a_stopped_or_idle_one_is_not() {
+        let timed_out = || Failure::slow("GET /readyz: no answer: none within 1s");
+        let busy = working(timed_out(), Some(0.9));
+        assert!(busy.alive && busy.message.contains("busy, not hung"), "{busy:?}");
+        assert_eq!(working(timed_out(), Some(0.02)), timed_out(), "next to no CPU: wedged");
+        assert_eq!(
+            working(timed_out(), None),
+            timed_out(),
+            "the first look has nothing to compare"
+        );
+        let stopped = Failure {
+            stopped: true,
+            ..timed_out()
+        };
+        assert_eq!(working(stopped.clone(), Some(0.9)), stopped);
+        assert_eq!(core_share(Duration::from_millis(300), Duration::from_secs(1)), 0.3);
+        assert_eq!(core_share(Duration::from_millis(300), Duration::ZERO), 0.0);
+    }
+
+    /// Real processes, real time: CPU time is the kernel's.
+    #[tokio::test]
+    async fn a_busy_process_that_answers_nothing_is_alive_and_an_idle_one_is_not() {
+        let (wakes, _woken) = ExitNotices::new();
+        let checks = HealthChecks::new(Arc::new(wakes));
+        let spawn = |script: &str| std::process::Command::new("sh").args(["-c", script]).spawn().unwrap();
+        let (mut busy, mut idle) = (spawn("while :; do :; done"), spawn("exec sleep 60"));
+        let (busy_target, idle_target) = (slot_a(busy.id()), slot_a(idle.id()));
+        let look = || async { Err(Failure::slow("no answer within 1s")) };
+        let shard = ObjectRef::new("dev");
+        checks.seen(busy_target.clone(), shard.clone(), None, false, look).await;
+        checks.seen(idle_target.clone(), shard, None, false, look).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let alive = |target: &Target| checks.last(target).and_then(|seen| seen.health.last_alive_at);
+        while alive(&busy_target).is_none() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(STARTING_INTERVAL).await;
+        }
+        let seen = checks.last(&busy_target).unwrap();
+        assert!(seen.health.last_alive_at.is_some(), "a busy loop is alive: {seen:?}");
+        assert!(
+            seen.health
+                .problem
+                .as_deref()
+                .is_some_and(|p| p.contains("busy, not hung")),
+            "{seen:?}"
+        );
+        let seen = checks.last(&idle_target).unwrap();
+        assert!(
+            seen.health.last_alive_at.is_none(),
+            "an idle process that answers nothing: {seen:?}"
+        );
+        for child in [&mut busy, &mut idle] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 //! listens on a TCP port (the socket tables), which can be asked without connecting.
 use std::fs;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// The parts of `/proc/<pid>/stat` that identify a process and say whether it still runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +17,8 @@ pub struct Stat {
     /// Field 22: clock ticks after boot at which the process started. With the pid, it names one
     /// process for the lifetime of the machine.
     pub start_time: u64,
+    /// Fields 14 and 15: clock ticks the process (all its threads) ran in user and kernel mode.
+    pub cpu_ticks: u64,
 }
 
 impl Stat {
@@ -29,6 +32,11 @@ impl Stat {
     /// signal stops with all the others.
     pub fn is_stopped(&self) -> bool {
         matches!(self.state, 'T' | 't')
+    }
+
+    /// The CPU time the process has used.
+    pub fn cpu_time(&self) -> Duration {
+        Duration::from_secs_f64(self.cpu_ticks as f64 / rustix::param::clock_ticks_per_second() as f64)
     }
 }
 
@@ -44,6 +52,7 @@ pub fn parse_stat(text: &str) -> Option<Stat> {
         pgrp: field(5)?.parse().ok()?,
         session: field(6)?.parse().ok()?,
         start_time: field(22)?.parse().ok()?,
+        cpu_ticks: field(14)?.parse::<u64>().ok()? + field(15)?.parse::<u64>().ok()?,
     })
 }
 
@@ -219,6 +228,7 @@ mod tests {
         assert_eq!(s.pgrp, 4242);
         assert_eq!(s.session, 4242);
         assert_eq!(s.start_time, 987654);
+        assert_eq!(s.cpu_ticks, 3, "utime 1 + stime 2");
         assert!(!s.is_dead());
     }
 

@@ -292,7 +292,7 @@ impl Actor<'_> {
             KillCause::Unresponsive { seconds } => (
                 StopCause::Unresponsive,
                 format!(
-                    "slot {name} has not answered /readyz on its own port for {seconds}s (spec.rollout.livenessTimeout; last: {}); killed it, a replacement starts",
+                    "slot {name} has answered nothing on its own port, not even /livez/ping, and done next to no work (CPU) for {seconds}s (spec.rollout.livenessTimeout; last: {}); killed it, a replacement starts",
                     self.world
                         .observed
                         .slot(name)
@@ -303,7 +303,7 @@ impl Actor<'_> {
             KillCause::HungLeader { seconds } => (
                 StopCause::Unresponsive,
                 format!(
-                    "slot {name} leads kcp's controllers but has not renewed their Lease for over {seconds}s (kcp's renew deadline), and its process is stopped or has answered nothing, not even /livez/ping, for as long (last: {}); while it exists its Lease stops every other slot from leading, so killed it (not waiting for spec.rollout.livenessTimeout); its Lease goes once it is gone, another slot leads, a replacement starts",
+                    "slot {name} leads kcp's controllers but has not renewed their Lease for over {seconds}s (kcp's renew deadline), and its process is stopped, or has answered nothing, not even /livez/ping, and done next to no work (CPU) for as long (last: {}); while it exists its Lease stops every other slot from leading, so killed it (not waiting for spec.rollout.livenessTimeout); its Lease goes once it is gone, another slot leads, a replacement starts",
                     self.world
                         .observed
                         .slot(name)

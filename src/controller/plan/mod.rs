@@ -329,7 +329,8 @@ fn gone_slots(desired: &Desired, observed: &Observed) -> Option<Step> {
 pub const LEADER_RENEW_DEADLINE: Duration = Duration::from_secs(5);
 
 /// SIGKILL for a slot past drainTimeout after SIGTERM, or one that served and has answered nothing
-/// for livenessTimeout (not even its store-free ping: wedged, not waiting for its store), or, at
+/// and done next to no work for livenessTimeout (not even its store-free ping, and no CPU: wedged,
+/// neither waiting for its store nor busy), or, at
 /// once, a leader that cannot be leading ([`cannot_lead`]) and has not renewed the controllers'
 /// Lease within [`LEADER_RENEW_DEADLINE`] while another slot serves: its Lease goes once it is gone
 /// ([`lease_release`]) and the other slot leads within kcp's retry period.
@@ -374,11 +375,13 @@ fn kills(desired: &Desired, observed: &Observed) -> Option<Step> {
     })
 }
 
-/// A slot whose controllers cannot be running, however busy it is: its process is stopped, or it
-/// has answered nothing, not even its store-free ping, for [`LEADER_RENEW_DEADLINE`]. A new leader
-/// catching up on a few hundred workspaces answers slowly (a ping in up to 1 s, `/readyz` failing)
-/// and may renew its Lease late as seen through another slot's kine: that one leads, and killing it
-/// would start the catch-up over.
+/// A slot whose controllers cannot be running: its process is stopped, or it has answered nothing,
+/// not even its store-free ping, and done next to no work (CPU, [`crate::controller::health::WORKING_SHARE`]) for
+/// [`LEADER_RENEW_DEADLINE`]. A new leader catching up on hundreds of workspaces answers slowly or
+/// not at all (at 1,000 workspaces on two cores, beside a kcp starting, no ping within 1 s for
+/// over 10 s) and may renew its Lease late: it leads, or takes its Lease again at its next try
+/// (kcp re-runs its election, v0.31.2 pkg/server/server.go:758-768), and killing it would start
+/// the catch-up over.
 fn cannot_lead(health: &Health, now: chrono::DateTime<chrono::Utc>) -> bool {
     health.failures > 0
         && (health.stopped

@@ -606,15 +606,15 @@ fn a_hung_leader_is_killed_once_it_missed_kcps_renew_deadline_while_another_slot
     assert_eq!(
         plan(&d, &busy),
         Step::Idle,
-        "a new leader catching up answers slowly (its ping; /readyz failing) and its renewals, read through \
-         another slot's kine, look late: it leads, and a kill would start the catch-up over"
+        "a new leader catching up answers slowly or not at all but works (uses CPU), and its renewals look \
+         late: it leads, and a kill would start the catch-up over"
     );
     let mut silent = busy.clone();
     silent.slots[0].health.last_alive_at = Some(at(6));
     assert_eq!(
         plan(&d, &silent),
         killed,
-        "nothing answered, not even its ping, for the renew deadline: wedged"
+        "nothing answered, not even its ping, and next to no CPU used, for the renew deadline: wedged"
     );
 
     let mut answers = o.clone();
