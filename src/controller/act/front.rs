@@ -77,13 +77,18 @@ impl Actor<'_> {
                 slot.dirs.update(|r| r.left_front_at = Some(now))?;
             }
         }
-        let joined_new = change.joined.iter().any(|j| {
-            self.world
-                .slot(j)
-                .is_some_and(|s| s.record.template == self.desired.template)
-        });
+        // A new slot was ready when the front was first asked to take it: an answer taken up
+        // later does not move that time past the switch it asked for.
+        let joined_new_at = change
+            .joined
+            .iter()
+            .filter_map(|j| self.world.slot(j))
+            .filter(|s| s.record.template == self.desired.template)
+            .map(|s| s.record.served_at.unwrap_or(now))
+            .max();
+        let joined_new = joined_new_at.is_some();
         if joined_new {
-            self.update_roll(|roll| roll.new_slot_ready_at = Some(now))?;
+            self.update_roll(|roll| roll.new_slot_ready_at = joined_new_at)?;
         }
         // The first slot made the shard's key material; every later slot gets a copy before it starts.
         let mut renewed = None;
