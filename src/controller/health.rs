@@ -39,9 +39,9 @@ const FIRST_LOOK: Duration = Duration::from_millis(1_500);
 /// A process that used at least this share of one core between two looks is working: a failed
 /// look of it counts as alive, not hung. A kcp catching up on 1,000 workspaces while another starts
 /// beside it on two cores answered nothing, not even its store-free ping within [`LOOK_TIMEOUT`],
-/// for 10 s and more while it used 70-95% of a core; a stopped one, or one blocked on a stuck disk,
-/// uses next to none. One that spins while its server is wedged is not told from busy: killing a
-/// busy kcp restarts its catch-up, which on a big shard is the worse mistake.
+/// for 10 s and more while busy (`ps`: 72-94% of a core); a stopped one, or one blocked on a stuck
+/// disk, uses next to none. One that spins while its server is wedged is not told from busy:
+/// killing a busy kcp restarts its catch-up, which on a big shard is the worse mistake.
 pub const WORKING_SHARE: f64 = 0.1;
 
 /// What a look found: Ok, or what failed.
