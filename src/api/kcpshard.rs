@@ -229,6 +229,8 @@ pub struct KcpSettings {
     pub binary: String,
     /// Extra command-line flags passed to every slot's kcp, after the ones kcpshard sets, e.g.
     /// ["--v=2"]. Flags kcpshard owns (--root-directory, --secure-port, --etcd-servers, ...) are refused.
+    /// kcpshard also sets --etcd-healthcheck-timeout and --etcd-readycheck-timeout to 8s (kcp's
+    /// default 2s: a busy kcp's /readyz then fails on its own slow store read); these may set them again.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub extra_args: Vec<String>,

@@ -17,7 +17,8 @@
 //!   (`--oidc-*`) and `--authentication-config` are free for the user's identities.
 //!
 //! Extra arguments from the slot template may add flags but never replace one of these: a
-//! template that tries is refused with the flag named.
+//! template that tries is refused with the flag named. They may set again what kcpshard only
+//! defaults: how long kcp's checks of its store may take ([`STORE_CHECK_TIMEOUT`]).
 //!
 //! Flag names verified against `kcp start options` of v0.31.0, v0.31.2, v0.32.2 and v0.32.3 (and
 //! `pkg/server/options/{options,controllers,flags}.go` of v0.32.3). `--batteries-included` may be
@@ -27,6 +28,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::api::validation::OWNED_KCP_FLAGS;
+
+/// `--etcd-healthcheck-timeout` and `--etcd-readycheck-timeout` (kcp's default: 2 s each). kcp's
+/// `/readyz` (and `/livez`) include a read of its store, the `etcd` and `etcd-readiness` checks
+/// (k8s.io/apiserver `pkg/server/options/etcd.go:359-369`); a read that takes longer than this
+/// fails them, and that failure is the answer of every check until the next read, let through
+/// only every half of this (`pkg/storage/storagebackend/factory/etcd3.go:198-220`; both in the
+/// kcp-dev/kubernetes fork kcp v0.31 builds with). A kcp catching up on 1,000 workspaces after it
+/// took the Lease read its store in more than 2 s while it served everything else, and its
+/// `/readyz` answered clients 500 `[-]etcd failed` (docs/benchmarks.md, "A shard shaped like
+/// production"). A store that does not answer within this still fails them.
+pub const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// Everything that makes one slot's kcp command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +193,8 @@ pub fn kcp_args(launch: &SlotLaunch) -> Result<Vec<String>, ArgsError> {
         format!("--shard-external-url={external_url}"),
         format!("--shutdown-delay-duration={}", go_duration(launch.shutdown_delay)),
         format!("--token-auth-file={}", launch.token_auth_file.display()),
+        format!("--etcd-healthcheck-timeout={}", go_duration(STORE_CHECK_TIMEOUT)),
+        format!("--etcd-readycheck-timeout={}", go_duration(STORE_CHECK_TIMEOUT)),
     ];
     let tls = &launch.etcd_tls;
     for (flag, file) in [
@@ -447,6 +461,19 @@ mod tests {
         assert!(args.iter().filter(|a| a.starts_with("--token-auth-file")).count() == 1);
         l.token_auth_file = "relative.csv".into();
         assert!(matches!(kcp_args(&l), Err(ArgsError::Invalid { .. })));
+    }
+
+    #[test]
+    fn store_checks_get_longer_than_kcps_2s_and_extra_args_may_set_them_again() {
+        let args = kcp_args(&launch()).unwrap();
+        assert!(has(&args, "--etcd-healthcheck-timeout=8s"));
+        assert!(has(&args, "--etcd-readycheck-timeout=8s"));
+        let mut l = launch();
+        l.extra_args = vec!["--etcd-readycheck-timeout=3s".into()];
+        let args = kcp_args(&l).unwrap();
+        // pflag keeps the last value given: the user's.
+        let last = args.iter().rev().find(|a| a.starts_with("--etcd-readycheck-timeout="));
+        assert_eq!(last.map(String::as_str), Some("--etcd-readycheck-timeout=3s"));
     }
 
     #[test]
